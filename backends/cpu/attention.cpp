@@ -1,0 +1,77 @@
+#include "attention.h"
+
+#include <cmath>
+#include <limits>
+
+namespace kvsdk::cpu {
+
+float dot_f32(const float* a, const float* b, size_t n) {
+  // Four partial sums: lets the compiler vectorise without -ffast-math reassociation.
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += a[i] * b[i];
+    s1 += a[i + 1] * b[i + 1];
+    s2 += a[i + 2] * b[i + 2];
+    s3 += a[i + 3] * b[i + 3];
+  }
+  for (; i < n; ++i) s0 += a[i] * b[i];
+  return (s0 + s1) + (s2 + s3);
+}
+
+OnlineAttention::OnlineAttention(const float* q_rows, const int32_t* row_positions, size_t n_rows,
+                                 size_t head_dim, float scale)
+    : q_(q_rows),
+      qpos_(row_positions),
+      n_rows_(n_rows),
+      dim_(head_dim),
+      scale_(scale),
+      max_(n_rows, -std::numeric_limits<float>::infinity()),
+      sum_(n_rows, 0.0f),
+      acc_(n_rows * head_dim, 0.0f) {}
+
+void OnlineAttention::add_chunk(const float* k, const float* v, const int32_t* positions,
+                                size_t n_tokens) {
+  if (n_tokens == 0) return;
+  scores_.resize(n_tokens);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (size_t r = 0; r < n_rows_; ++r) {
+    const float* q = q_ + r * dim_;
+    const int32_t limit = qpos_[r];
+    float chunk_max = neg_inf;
+    for (size_t t = 0; t < n_tokens; ++t) {
+      if (positions[t] > limit) {
+        scores_[t] = neg_inf;
+        continue;
+      }
+      const float s = dot_f32(q, k + t * dim_, dim_) * scale_;
+      scores_[t] = s;
+      if (s > chunk_max) chunk_max = s;
+    }
+    if (chunk_max == neg_inf) continue;  // nothing visible in this chunk
+    float* acc = acc_.data() + r * dim_;
+    if (chunk_max > max_[r]) {
+      const float rescale = std::exp(max_[r] - chunk_max);  // exp(-inf) = 0 on the first chunk
+      sum_[r] *= rescale;
+      for (size_t d = 0; d < dim_; ++d) acc[d] *= rescale;
+      max_[r] = chunk_max;
+    }
+    const float m = max_[r];
+    for (size_t t = 0; t < n_tokens; ++t) {
+      if (scores_[t] == neg_inf) continue;
+      const float p = std::exp(scores_[t] - m);
+      sum_[r] += p;
+      const float* vt = v + t * dim_;
+      for (size_t d = 0; d < dim_; ++d) acc[d] += p * vt[d];
+    }
+  }
+}
+
+void OnlineAttention::finish(float* out) const {
+  for (size_t r = 0; r < n_rows_; ++r) {
+    const float inv = sum_[r] > 0.0f ? 1.0f / sum_[r] : 0.0f;
+    for (size_t d = 0; d < dim_; ++d) out[r * dim_ + d] = acc_[r * dim_ + d] * inv;
+  }
+}
+
+}  // namespace kvsdk::cpu

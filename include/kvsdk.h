@@ -1,0 +1,359 @@
+/*
+ * kvsdk.h — the stable C ABI of kvsdk, an embeddable SDK for the key/value (KV) cache of
+ * transformer language models.
+ *
+ * The host application owns the model and its forward pass; kvsdk owns the KV cache of each
+ * conversation: it holds it inside a hard memory budget, compresses it, computes attention over
+ * it and (see the snapshot section) suspends and resumes it.
+ *
+ * This header is the specification. It reads top to bottom as a user's journey:
+ *   version -> status and errors -> context -> geometry -> policy -> cache
+ *   -> append / attend / read -> stats.
+ *
+ * ABI rules (hold for every function below):
+ *   - Handles are opaque; every `*_create` has a `*_destroy`, and `*_destroy(NULL)` is a no-op.
+ *   - Every fallible call returns a `kvsdk_status`. On failure, outputs are left untouched and
+ *     the object the call operated on is unchanged. `kvsdk_last_error()` adds detail.
+ *   - Option structs begin with `uint32_t struct_size` and are filled by their `*_init()`
+ *     function; a struct from a newer header (larger `struct_size`) is accepted if the fields
+ *     this library does not know are zero, a struct smaller than the first version is rejected.
+ *   - Outputs come back through pointer arguments and are owned by the caller.
+ *   - Same major version means same ABI.
+ *
+ * Threading (per object):
+ *   - `kvsdk_context` is thread-safe: many caches on many threads may share one context.
+ *   - `kvsdk_cache` is used by one thread at a time (the caller serialises access to one cache);
+ *     distinct caches may be used concurrently, even when they share a context.
+ *   - Free functions without a handle (version, status strings, *_init) are thread-safe.
+ *
+ * C99-clean: no C++ and no dependency types appear here.
+ */
+#ifndef KVSDK_H
+#define KVSDK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------------------------------------ */
+/* Export macro                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+#if defined(KVSDK_STATIC)
+#  define KVSDK_API
+#elif defined(_WIN32)
+#  if defined(KVSDK_BUILDING)
+#    define KVSDK_API __declspec(dllexport)
+#  else
+#    define KVSDK_API __declspec(dllimport)
+#  endif
+#elif defined(__GNUC__) || defined(__clang__)
+#  define KVSDK_API __attribute__((visibility("default")))
+#else
+#  define KVSDK_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Version                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+#define KVSDK_VERSION_MAJOR 0
+#define KVSDK_VERSION_MINOR 1
+#define KVSDK_VERSION_PATCH 0
+/** Version as one integer: major * 10000 + minor * 100 + patch. */
+#define KVSDK_VERSION_NUMBER \
+  (KVSDK_VERSION_MAJOR * 10000 + KVSDK_VERSION_MINOR * 100 + KVSDK_VERSION_PATCH)
+
+/** Run-time version of the linked library, as KVSDK_VERSION_NUMBER. Compare with the
+ *  compile-time macro to detect a mismatched library. Never fails. Thread-safe. */
+KVSDK_API uint32_t kvsdk_version(void);
+
+/** Run-time version as a static string "MAJOR.MINOR.PATCH". Never NULL; not to be freed. */
+KVSDK_API const char *kvsdk_version_string(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Status codes and errors                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/** Result of every fallible call. Numbers are explicit and never renumbered. */
+typedef enum kvsdk_status {
+  KVSDK_OK = 0,
+  KVSDK_E_INVALID_ARG = 1,   /**< NULL pointer, bad size, bad struct_size, out-of-range value. */
+  KVSDK_E_OUT_OF_RANGE = 2,  /**< Layer or head index beyond the cache geometry. */
+  KVSDK_E_BUDGET = 3,        /**< The memory budget cannot hold the result; nothing changed. */
+  KVSDK_E_NO_MEMORY = 4,     /**< The system allocator failed; nothing changed. */
+  KVSDK_E_UNSUPPORTED = 5,   /**< Not implemented in this build or on this backend. */
+  KVSDK_E_IO = 6,            /**< A file could not be opened, read, written or synced. */
+  KVSDK_E_CORRUPT = 7,       /**< Input bytes fail validation (truncated, bad checksum, ...). */
+  KVSDK_E_VERSION = 8,       /**< Input uses a newer major format version than this library. */
+  KVSDK_E_GEOMETRY = 9,      /**< Geometry mismatch (e.g. a snapshot of another model). */
+  KVSDK_E_STATE = 10,        /**< The call is not valid in the object's current state. */
+  KVSDK_E_BACKEND = 11,      /**< The backend (e.g. the CUDA driver) reported an error. */
+  KVSDK_E_INTERNAL = 12      /**< A bug in kvsdk; please report it with kvsdk_last_error(). */
+} kvsdk_status;
+
+/** Short static English description of a status ("budget exceeded", ...). Unknown values give
+ *  "unknown status". Never NULL; not to be freed. Thread-safe. */
+KVSDK_API const char *kvsdk_status_str(kvsdk_status status);
+
+/** Detail of the last failure on the calling thread (thread-local). Successful calls do not
+ *  clear it. Never NULL (empty string when nothing failed yet). The pointer is valid until the
+ *  next kvsdk call on the same thread. */
+KVSDK_API const char *kvsdk_last_error(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Context: a backend and a memory budget shared by the caches created on it                  */
+/* ------------------------------------------------------------------------------------------ */
+
+/** Where cache storage lives and attention runs. Numbers are never renumbered. */
+typedef enum kvsdk_backend {
+  KVSDK_BACKEND_CPU = 0,
+  KVSDK_BACKEND_CUDA = 1
+} kvsdk_backend;
+
+typedef struct kvsdk_context kvsdk_context;
+
+typedef struct kvsdk_context_options {
+  uint32_t struct_size;   /**< sizeof(kvsdk_context_options); set by kvsdk_context_options_init. */
+  int32_t backend;        /**< A kvsdk_backend. Default KVSDK_BACKEND_CPU. */
+  int32_t device;         /**< Device ordinal for KVSDK_BACKEND_CUDA; ignored on CPU. Default 0. */
+  uint64_t budget_bytes;  /**< Hard limit on cache storage bytes, summed over every cache of this
+                               context. 0 means unlimited. Default 0. */
+} kvsdk_context_options;
+
+/** Fills `options` with defaults (CPU, unlimited budget) and sets struct_size.
+ *  Errors: KVSDK_E_INVALID_ARG if `options` is NULL. */
+KVSDK_API kvsdk_status kvsdk_context_options_init(kvsdk_context_options *options);
+
+/** Creates a context. `options` may be NULL for defaults. On success `*out` owns a new context
+ *  that the caller releases with kvsdk_context_destroy after destroying every cache on it.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL out, bad struct_size, unknown backend),
+ *          KVSDK_E_UNSUPPORTED (backend not compiled in or not implemented yet),
+ *          KVSDK_E_BACKEND (device missing), KVSDK_E_NO_MEMORY. */
+KVSDK_API kvsdk_status kvsdk_context_create(kvsdk_context **out,
+                                            const kvsdk_context_options *options);
+
+/** Releases the caller's reference to a context. NULL is a no-op. Caches created on the
+ *  context keep it alive: its memory is freed when the last of them is destroyed, so destroying
+ *  the context first is safe (the caches keep working). */
+KVSDK_API void kvsdk_context_destroy(kvsdk_context *ctx);
+
+/** Bytes currently charged against the context budget by all its caches.
+ *  Errors: KVSDK_E_INVALID_ARG if `ctx` or `out_bytes` is NULL. Thread-safe. */
+KVSDK_API kvsdk_status kvsdk_context_used_bytes(const kvsdk_context *ctx, uint64_t *out_bytes);
+
+/** The context's budget in bytes (0 = unlimited).
+ *  Errors: KVSDK_E_INVALID_ARG if `ctx` or `out_bytes` is NULL. Thread-safe. */
+KVSDK_API kvsdk_status kvsdk_context_budget_bytes(const kvsdk_context *ctx, uint64_t *out_bytes);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Geometry: the shape of one model's attention                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/** Element type of the tensors the host passes in and gets back. */
+typedef enum kvsdk_dtype {
+  KVSDK_DTYPE_F32 = 0,
+  KVSDK_DTYPE_F16 = 1,  /**< IEEE 754 binary16, stored in uint16_t. */
+  KVSDK_DTYPE_BF16 = 2  /**< bfloat16, stored in uint16_t. */
+} kvsdk_dtype;
+
+/** How the host applies rotary position embeddings (RoPE). kvsdk stores keys as given (already
+ *  rotated); the style matters to methods that must undo or redo the rotation. */
+typedef enum kvsdk_rope_style {
+  KVSDK_ROPE_NONE = 0,
+  KVSDK_ROPE_INTERLEAVED = 1,  /**< pairs (x[2i], x[2i+1]) — llama2.c, Meta Llama. */
+  KVSDK_ROPE_HALF = 2          /**< pairs (x[i], x[i+d/2]) — GPT-NeoX, HF Llama. */
+} kvsdk_rope_style;
+
+typedef struct kvsdk_geometry {
+  uint32_t struct_size;  /**< sizeof(kvsdk_geometry); set by kvsdk_geometry_init. */
+  uint32_t n_layers;     /**< Transformer layers, >= 1. */
+  uint32_t n_q_heads;    /**< Query heads per layer, a multiple of n_kv_heads. */
+  uint32_t n_kv_heads;   /**< Key/value heads per layer (GQA when fewer than n_q_heads). */
+  uint32_t head_dim;     /**< Channels per head, 1..1024. */
+  int32_t dtype;         /**< A kvsdk_dtype for keys, values, queries and outputs. Default F32. */
+  int32_t rope_style;    /**< A kvsdk_rope_style. Default KVSDK_ROPE_INTERLEAVED. */
+  float rope_theta;      /**< RoPE base. Default 10000. */
+  float attn_scale;      /**< Softmax scale; 0 means 1/sqrt(head_dim). Default 0. */
+} kvsdk_geometry;
+
+/** Fills `geometry` with defaults (all counts 0, which the host must set) and sets struct_size.
+ *  Errors: KVSDK_E_INVALID_ARG if `geometry` is NULL. */
+KVSDK_API kvsdk_status kvsdk_geometry_init(kvsdk_geometry *geometry);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Policy: how a cache stays inside its budget                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/** Compression methods (DESIGN §2 presets). Numbers are never renumbered. A method this build
+ *  does not implement yet makes kvsdk_cache_create return KVSDK_E_UNSUPPORTED. */
+typedef enum kvsdk_method {
+  KVSDK_METHOD_FULL = 0,           /**< Exact cache, no compression (implemented). */
+  KVSDK_METHOD_STREAMING_LLM = 1,  /**< Attention sinks + recent window. */
+  KVSDK_METHOD_H2O = 2,            /**< Heavy hitters by accumulated attention + recent window. */
+  KVSDK_METHOD_SNAPKV = 3,         /**< Observation-window scores, pooled, per KV head. */
+  KVSDK_METHOD_PYRAMIDKV = 4,      /**< SnapKV selection with a linear per-layer schedule. */
+  KVSDK_METHOD_XKV = 5,            /**< Greedy personalised per-layer allocation (XKV). */
+  KVSDK_METHOD_KIVI = 6,           /**< Low-bit asymmetric quantization, no eviction. */
+  KVSDK_METHOD_SPINDLEKV = 7,      /**< Codebooks in shallow layers, eviction in deep layers. */
+  KVSDK_METHOD_MINICACHE = 8,      /**< Cross-layer SLERP merging in deep layers. */
+  KVSDK_METHOD_SMALLKV = 9,        /**< Proxy-model attention compensation. */
+  KVSDK_METHOD_SPECACHE = 10       /**< Low-bit shadow + full-precision backing + prefetch. */
+} kvsdk_method;
+#define KVSDK_METHOD_COUNT 11
+
+/** Score pooling kinds for observation-window methods. */
+typedef enum kvsdk_pool_kind {
+  KVSDK_POOL_MAX = 0,
+  KVSDK_POOL_AVG = 1
+} kvsdk_pool_kind;
+
+/** Policy parameters. Fields that a method does not use are ignored by it. kvsdk_policy_init
+ *  sets each method's defaults from its paper. */
+typedef struct kvsdk_policy {
+  uint32_t struct_size;     /**< sizeof(kvsdk_policy); set by kvsdk_policy_init. */
+  int32_t method;           /**< A kvsdk_method. */
+  int32_t quant_bits;       /**< KIVI representation overlay: 0 = exact, or 8/4/2/1 bits. */
+  int32_t quant_group;      /**< KIVI group size G (tokens for keys, channels for values). 32. */
+  int32_t quant_residual;   /**< KIVI exact residual window R (tokens). 128. */
+  int32_t sink_tokens;      /**< StreamingLLM / H2O attention sinks kept forever. 4. */
+  int32_t recent_tokens;    /**< Recent window kept exact by eviction methods. 32. */
+  int32_t obs_window;       /**< Observation window w (queries) of SnapKV/PyramidKV/XKV. 32. */
+  int32_t pool_kernel;      /**< 1-D pooling kernel over scores. 7. */
+  int32_t pool_kind;        /**< A kvsdk_pool_kind. Max. */
+  float heavy_ratio;        /**< H2O share of kept tokens that are heavy hitters. 0.5. */
+  float schedule_alpha;     /**< SpindleKV/PyramidKV schedule alpha. 0.525. */
+  float schedule_beta;      /**< SpindleKV/PyramidKV schedule beta. 0.05. */
+} kvsdk_policy;
+
+/** Fills `policy` with the defaults of `method` and sets struct_size.
+ *  Errors: KVSDK_E_INVALID_ARG if `policy` is NULL or `method` is not a kvsdk_method. */
+KVSDK_API kvsdk_status kvsdk_policy_init(kvsdk_policy *policy, kvsdk_method method);
+
+/** Parses a preset name such as "full", "snapkv", "kivi" or a composition "xkv+kivi2"
+ *  (method, then '+kiviN' for an N-bit KIVI overlay) into `policy` (initialised with the
+ *  method's defaults). On failure `policy` is untouched.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL arguments, unknown name). */
+KVSDK_API kvsdk_status kvsdk_policy_parse(kvsdk_policy *policy, const char *spec);
+
+/** Canonical lower-case name of a method ("full", "streaming_llm", ...), or NULL if unknown. */
+KVSDK_API const char *kvsdk_method_name(kvsdk_method method);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Cache: one conversation's KV cache for one model geometry                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct kvsdk_cache kvsdk_cache;
+
+/** Creates an empty cache on `ctx`. `policy` may be NULL for KVSDK_METHOD_FULL. The cache keeps
+ *  a reference to `ctx` (see kvsdk_context_destroy). On success `*out` owns the cache; release it
+ *  with kvsdk_cache_destroy.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL out/ctx/geometry, bad struct_size, invalid geometry or
+ *          policy values), KVSDK_E_UNSUPPORTED (method not implemented yet), KVSDK_E_NO_MEMORY. */
+KVSDK_API kvsdk_status kvsdk_cache_create(kvsdk_cache **out, kvsdk_context *ctx,
+                                          const kvsdk_geometry *geometry,
+                                          const kvsdk_policy *policy);
+
+/** Destroys a cache and returns its bytes to the context budget. NULL is a no-op. */
+KVSDK_API void kvsdk_cache_destroy(kvsdk_cache *cache);
+
+/** Copies the cache's geometry into `*out` (out->struct_size must be set, e.g. by
+ *  kvsdk_geometry_init). Errors: KVSDK_E_INVALID_ARG. */
+KVSDK_API kvsdk_status kvsdk_cache_geometry(const kvsdk_cache *cache, kvsdk_geometry *out);
+
+/** Appends the keys and values of `n_tokens` tokens to one layer.
+ *  `k` and `v`: n_tokens x n_kv_heads x head_dim elements of the geometry's dtype (token-major,
+ *  keys already rotated by RoPE), each buffer `kv_bytes` bytes long (checked).
+ *  `positions`: n_tokens absolute positions >= 0 (used for causal masking and kept with every
+ *  token through eviction).
+ *  Errors: KVSDK_E_INVALID_ARG (NULL pointers, n_tokens == 0, kv_bytes mismatch, negative
+ *          position), KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_BUDGET (the result does not fit the
+ *          budget and the policy cannot compress enough), KVSDK_E_NO_MEMORY.
+ *  On any error the cache is unchanged. */
+KVSDK_API kvsdk_status kvsdk_cache_append(kvsdk_cache *cache, uint32_t layer, size_t n_tokens,
+                                          const void *k, const void *v, const int32_t *positions,
+                                          size_t kv_bytes);
+
+/** Computes softmax attention of `n_queries` queries of one layer over the cached tokens.
+ *  `q`: n_queries x n_q_heads x head_dim elements of the geometry's dtype, `q_bytes` long.
+ *  `q_positions`: NULL (every query sees every cached token) or n_queries positions; a query
+ *  then sees only cached tokens whose position is <= its own (causal prefill).
+ *  `out`: n_queries x n_q_heads x head_dim elements of the geometry's dtype, `out_bytes` long.
+ *  Query head h reads KV head h / (n_q_heads / n_kv_heads). Scores and the softmax accumulate in
+ *  f32. A query that sees no token gets a zero output. The cache is not modified.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL pointers, zero queries, size mismatch),
+ *          KVSDK_E_OUT_OF_RANGE (layer). On error `out` is untouched. */
+KVSDK_API kvsdk_status kvsdk_cache_attend(kvsdk_cache *cache, uint32_t layer, size_t n_queries,
+                                          const void *q, const int32_t *q_positions,
+                                          size_t q_bytes, void *out, size_t out_bytes);
+
+/** Materialises the dense keys, values and positions that one KV head of one layer currently
+ *  holds (dequantised/reconstructed for compressed tiers), in position order.
+ *  Size query: with `k`, `v` and `positions` all NULL, writes the token count to `*n_tokens`.
+ *  Otherwise `capacity_tokens` is the capacity of the buffers (k and v: capacity x head_dim
+ *  elements of the geometry's dtype; positions: capacity int32); any of the three may be NULL
+ *  to skip it. Writes the token count to `*n_tokens`.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache or n_tokens, capacity too small),
+ *          KVSDK_E_OUT_OF_RANGE (layer or kv_head). */
+KVSDK_API kvsdk_status kvsdk_cache_read(const kvsdk_cache *cache, uint32_t layer,
+                                        uint32_t kv_head, void *k, void *v, int32_t *positions,
+                                        size_t capacity_tokens, size_t *n_tokens);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Stats: what the cache holds and what it costs                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/** Storage tiers. Bytes are reported per tier; every byte a cache holds is in exactly one. */
+typedef enum kvsdk_tier {
+  KVSDK_TIER_EXACT = 0,       /**< f16 keys and values. */
+  KVSDK_TIER_QUANTIZED = 1,   /**< KIVI codes, scales and zero points. */
+  KVSDK_TIER_CODEBOOK = 2,    /**< SpindleKV codebooks, indices and magnitudes. */
+  KVSDK_TIER_MERGED = 3,      /**< MiniCache shared directions, magnitudes, retained tokens. */
+  KVSDK_TIER_VALUE_ONLY = 4,  /**< SmallKV marginal tokens (values only). */
+  KVSDK_TIER_METADATA = 5     /**< Positions, importance scores, allocation state. */
+} kvsdk_tier;
+/** Slots reserved in the per-tier arrays below (room for tiers added later). */
+#define KVSDK_TIER_SLOTS 8
+
+typedef struct kvsdk_cache_stats {
+  uint32_t struct_size;                   /**< Set by the caller (sizeof). */
+  uint32_t n_layers;
+  uint64_t tokens;                        /**< Cached tokens summed over layers and KV heads. */
+  uint64_t appended_tokens;               /**< Tokens ever appended, summed over layers. */
+  uint64_t bytes;                         /**< Budgeted bytes this cache holds (all tiers). */
+  uint64_t bytes_by_tier[KVSDK_TIER_SLOTS];
+  uint64_t full_bytes;                    /**< What an exact f16 cache of every appended token
+                                               would hold (keys, values, positions). */
+  uint64_t backing_bytes;                 /**< Off-budget full-precision backing store. */
+  uint64_t budget_bytes;                  /**< The context budget (0 = unlimited). */
+  uint64_t context_used_bytes;            /**< Bytes charged to the context by all its caches. */
+} kvsdk_cache_stats;
+
+/** Fills `*out` (out->struct_size must be set by the caller).
+ *  Errors: KVSDK_E_INVALID_ARG (NULL, struct_size too small). */
+KVSDK_API kvsdk_status kvsdk_cache_stats_get(const kvsdk_cache *cache, kvsdk_cache_stats *out);
+
+typedef struct kvsdk_layer_stats {
+  uint32_t struct_size;                   /**< Set by the caller (sizeof). */
+  uint32_t layer;
+  uint64_t tokens;                        /**< Cached tokens summed over KV heads. */
+  uint64_t tokens_min_head;               /**< Fewest tokens any KV head holds. */
+  uint64_t tokens_max_head;               /**< Most tokens any KV head holds. */
+  uint64_t appended_tokens;               /**< Tokens ever appended to this layer. */
+  uint64_t bytes;                         /**< Budgeted bytes of this layer. */
+  uint64_t bytes_by_tier[KVSDK_TIER_SLOTS];
+} kvsdk_layer_stats;
+
+/** Fills `*out` for one layer (out->struct_size must be set by the caller).
+ *  Errors: KVSDK_E_INVALID_ARG (NULL, struct_size too small), KVSDK_E_OUT_OF_RANGE (layer). */
+KVSDK_API kvsdk_status kvsdk_cache_layer_stats_get(const kvsdk_cache *cache, uint32_t layer,
+                                                   kvsdk_layer_stats *out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KVSDK_H */

@@ -1,0 +1,69 @@
+// C ABI: contexts.
+#include <memory>
+
+#include "core/context.h"
+#include "core/error.h"
+#include "core/options.h"
+#include "kvsdk.h"
+#include "kvsdk_cuda.h"
+
+using namespace kvsdk;
+
+namespace {
+
+kvsdk_context_options context_defaults() {
+  kvsdk_context_options o{};
+  o.struct_size = sizeof(o);
+  o.backend = KVSDK_BACKEND_CPU;
+  o.device = 0;
+  o.budget_bytes = 0;
+  return o;
+}
+
+}  // namespace
+
+extern "C" {
+
+KVSDK_API kvsdk_status kvsdk_context_options_init(kvsdk_context_options* options) {
+  return guard("kvsdk_context_options_init", [&] {
+    KVSDK_REQUIRE(options != nullptr, "options is NULL");
+    *options = context_defaults();
+  });
+}
+
+KVSDK_API kvsdk_status kvsdk_context_create(kvsdk_context** out,
+                                            const kvsdk_context_options* options) {
+  return guard("kvsdk_context_create", [&] {
+    KVSDK_REQUIRE(out != nullptr, "out is NULL");
+    const kvsdk_context_options defaults = context_defaults();
+    const kvsdk_context_options o =
+        options ? read_versioned(options, defaults, sizeof(kvsdk_context_options), "options")
+                : defaults;
+    KVSDK_REQUIRE(o.backend == KVSDK_BACKEND_CPU || o.backend == KVSDK_BACKEND_CUDA,
+                  "options.backend is ", o.backend, " (not a kvsdk_backend)");
+    if (o.backend == KVSDK_BACKEND_CUDA) cuda::require_backend(o.device);
+    auto handle = std::make_unique<kvsdk_context>();
+    handle->impl = std::make_shared<Context>(kvsdk_backend(o.backend), o.device, o.budget_bytes);
+    *out = handle.release();
+  });
+}
+
+KVSDK_API void kvsdk_context_destroy(kvsdk_context* ctx) { delete ctx; }
+
+KVSDK_API kvsdk_status kvsdk_context_used_bytes(const kvsdk_context* ctx, uint64_t* out_bytes) {
+  return guard("kvsdk_context_used_bytes", [&] {
+    KVSDK_REQUIRE(ctx != nullptr, "ctx is NULL");
+    KVSDK_REQUIRE(out_bytes != nullptr, "out_bytes is NULL");
+    *out_bytes = ctx->impl->used();
+  });
+}
+
+KVSDK_API kvsdk_status kvsdk_context_budget_bytes(const kvsdk_context* ctx, uint64_t* out_bytes) {
+  return guard("kvsdk_context_budget_bytes", [&] {
+    KVSDK_REQUIRE(ctx != nullptr, "ctx is NULL");
+    KVSDK_REQUIRE(out_bytes != nullptr, "out_bytes is NULL");
+    *out_bytes = ctx->impl->budget();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,182 @@
+#include "core/cache.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "attention.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace kvsdk {
+
+namespace {
+
+// Rows of f32 scratch per attention chunk: bounds the working set independent of cache length.
+constexpr size_t kChunkTokens = 256;
+
+}  // namespace
+
+Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk_policy& policy)
+    : ctx_(std::move(ctx)), geometry_(geometry), policy_(policy), layers_(geometry.n_layers) {
+  for (LayerState& l : layers_) l.heads.resize(geometry_.n_kv_heads);
+}
+
+Cache::~Cache() { ctx_->release(charged_); }
+
+void Cache::check_layer(uint32_t layer) const {
+  if (layer >= geometry_.n_layers) {
+    fail(KVSDK_E_OUT_OF_RANGE, "layer ", layer, " is out of range (the geometry has ",
+         geometry_.n_layers, " layers)");
+  }
+}
+
+void Cache::append(uint32_t layer, size_t n_tokens, const void* k, const void* v,
+                   const int32_t* positions) {
+  check_layer(layer);
+  for (size_t t = 0; t < n_tokens; ++t) {
+    KVSDK_REQUIRE(positions[t] >= 0, "positions[", t, "] is ", positions[t], " (must be >= 0)");
+  }
+  const uint32_t dim = geometry_.head_dim;
+  const uint64_t add = uint64_t(n_tokens) * geometry_.n_kv_heads * ExactStore::bytes_per_token(dim);
+  if (!ctx_->try_reserve(add)) {
+    fail(KVSDK_E_BUDGET, "appending ", n_tokens, " tokens to layer ", layer, " needs ", add,
+         " bytes but the context has ", ctx_->available(), " of its ", ctx_->budget(),
+         " budget bytes free (policy 'full' does not compress)");
+  }
+  LayerState& L = layers_[layer];
+  try {
+    // Reserve first so the copy below cannot fail half-way.
+    for (ExactStore& h : L.heads) {
+      h.positions.reserve(h.size() + n_tokens);
+      h.k.reserve((h.size() + n_tokens) * dim);
+      h.v.reserve((h.size() + n_tokens) * dim);
+    }
+  } catch (...) {
+    ctx_->release(add);
+    throw;
+  }
+  const size_t row = geometry_.kv_elems_per_token();
+  for (uint32_t head = 0; head < geometry_.n_kv_heads; ++head) {
+    ExactStore& h = L.heads[head];
+    const size_t old = h.size();
+    h.positions.insert(h.positions.end(), positions, positions + n_tokens);
+    h.k.resize((old + n_tokens) * dim);
+    h.v.resize((old + n_tokens) * dim);
+    for (size_t t = 0; t < n_tokens; ++t) {
+      load_f16(geometry_.dtype, k, t * row + head * dim, dim, h.k.data() + (old + t) * dim);
+      load_f16(geometry_.dtype, v, t * row + head * dim, dim, h.v.data() + (old + t) * dim);
+    }
+  }
+  L.appended_tokens += n_tokens;
+  charged_ += add;
+}
+
+void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_t* q_positions,
+                   void* out) const {
+  check_layer(layer);
+  const uint32_t dim = geometry_.head_dim;
+  const uint32_t group = geometry_.group_size();
+  const size_t n_rows = n_queries * group;
+  // Work on private buffers; `out` is written only once everything succeeded.
+  std::vector<float> q_rows(n_rows * dim), out_rows(n_rows * dim), result(n_queries *
+                                                                          geometry_.q_elems_per_token());
+  std::vector<int32_t> row_pos(n_rows);
+  std::vector<float> kbuf(kChunkTokens * dim), vbuf(kChunkTokens * dim);
+  for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
+    for (size_t i = 0; i < n_queries; ++i) {
+      for (uint32_t j = 0; j < group; ++j) {
+        const size_t r = i * group + j;
+        const size_t h = size_t(g) * group + j;
+        load_f32(geometry_.dtype, q, i * geometry_.q_elems_per_token() + h * dim, dim,
+                 q_rows.data() + r * dim);
+        row_pos[r] = q_positions ? q_positions[i] : std::numeric_limits<int32_t>::max();
+      }
+    }
+    cpu::OnlineAttention att(q_rows.data(), row_pos.data(), n_rows, dim, geometry_.attn_scale);
+    const ExactStore& s = layers_[layer].heads[g];
+    for (size_t t0 = 0; t0 < s.size(); t0 += kChunkTokens) {
+      const size_t n = std::min(kChunkTokens, s.size() - t0);
+      load_f32(KVSDK_DTYPE_F16, s.k.data(), t0 * dim, n * dim, kbuf.data());
+      load_f32(KVSDK_DTYPE_F16, s.v.data(), t0 * dim, n * dim, vbuf.data());
+      att.add_chunk(kbuf.data(), vbuf.data(), s.positions.data() + t0, n);
+    }
+    att.finish(out_rows.data());
+    for (size_t i = 0; i < n_queries; ++i) {
+      for (uint32_t j = 0; j < group; ++j) {
+        const size_t h = size_t(g) * group + j;
+        std::copy_n(out_rows.data() + (i * group + j) * dim, dim,
+                    result.data() + i * geometry_.q_elems_per_token() + h * dim);
+      }
+    }
+  }
+  store_f32(geometry_.dtype, result.data(), result.size(), out, 0);
+}
+
+size_t Cache::head_tokens(uint32_t layer, uint32_t kv_head) const {
+  check_layer(layer);
+  if (kv_head >= geometry_.n_kv_heads) {
+    fail(KVSDK_E_OUT_OF_RANGE, "kv_head ", kv_head, " is out of range (the geometry has ",
+         geometry_.n_kv_heads, " KV heads)");
+  }
+  return layers_[layer].heads[kv_head].size();
+}
+
+size_t Cache::read(uint32_t layer, uint32_t kv_head, void* k, void* v, int32_t* positions,
+                   size_t capacity) const {
+  const size_t n = head_tokens(layer, kv_head);
+  if (!k && !v && !positions) return n;
+  KVSDK_REQUIRE(capacity >= n, "capacity_tokens is ", capacity, " but layer ", layer, " head ",
+                kv_head, " holds ", n, " tokens");
+  const ExactStore& s = layers_[layer].heads[kv_head];
+  const size_t dim = geometry_.head_dim;
+  if (k) store_f16(geometry_.dtype, s.k.data(), n * dim, k, 0);
+  if (v) store_f16(geometry_.dtype, s.v.data(), n * dim, v, 0);
+  if (positions) std::copy_n(s.positions.data(), n, positions);
+  return n;
+}
+
+void Cache::layer_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) const {
+  for (int i = 0; i < KVSDK_TIER_SLOTS; ++i) by_tier[i] = 0;
+  for (const ExactStore& h : layers_[layer].heads) {
+    by_tier[KVSDK_TIER_EXACT] += h.size() * ExactStore::kv_bytes_per_token(geometry_.head_dim);
+    by_tier[KVSDK_TIER_METADATA] += h.size() * ExactStore::meta_bytes_per_token();
+  }
+}
+
+kvsdk_layer_stats Cache::layer_stats(uint32_t layer) const {
+  check_layer(layer);
+  kvsdk_layer_stats s{};
+  s.struct_size = sizeof(s);
+  s.layer = layer;
+  const LayerState& L = layers_[layer];
+  s.tokens_min_head = std::numeric_limits<uint64_t>::max();
+  for (const ExactStore& h : L.heads) {
+    s.tokens += h.size();
+    s.tokens_min_head = std::min<uint64_t>(s.tokens_min_head, h.size());
+    s.tokens_max_head = std::max<uint64_t>(s.tokens_max_head, h.size());
+  }
+  s.appended_tokens = L.appended_tokens;
+  layer_bytes(layer, s.bytes_by_tier);
+  for (uint64_t b : s.bytes_by_tier) s.bytes += b;
+  return s;
+}
+
+kvsdk_cache_stats Cache::stats() const {
+  kvsdk_cache_stats s{};
+  s.struct_size = sizeof(s);
+  s.n_layers = geometry_.n_layers;
+  for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+    const kvsdk_layer_stats ls = layer_stats(l);
+    s.tokens += ls.tokens;
+    s.appended_tokens += ls.appended_tokens;
+    s.bytes += ls.bytes;
+    for (int i = 0; i < KVSDK_TIER_SLOTS; ++i) s.bytes_by_tier[i] += ls.bytes_by_tier[i];
+    s.full_bytes +=
+        ls.appended_tokens * geometry_.n_kv_heads * ExactStore::bytes_per_token(geometry_.head_dim);
+  }
+  s.budget_bytes = ctx_->budget();
+  s.context_used_bytes = ctx_->used();
+  return s;
+}
+
+}  // namespace kvsdk

@@ -1,0 +1,63 @@
+// A cache: one conversation's KV cache for one model geometry, stored per layer and KV head in
+// tiers, charged against its context's budget.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/context.h"
+#include "core/exact_store.h"
+#include "core/geometry.h"
+#include "kvsdk.h"
+
+namespace kvsdk {
+
+struct LayerState {
+  std::vector<ExactStore> heads;  // one per KV head
+  uint64_t appended_tokens = 0;
+};
+
+class Cache {
+ public:
+  Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk_policy& policy);
+  ~Cache();
+  Cache(const Cache&) = delete;
+  Cache& operator=(const Cache&) = delete;
+
+  const Geometry& geometry() const { return geometry_; }
+  const kvsdk_policy& policy() const { return policy_; }
+  const Context& context() const { return *ctx_; }
+  const LayerState& layer(uint32_t l) const { return layers_[l]; }
+
+  // Each throws kvsdk::Error and leaves the cache unchanged on failure.
+  void append(uint32_t layer, size_t n_tokens, const void* k, const void* v,
+              const int32_t* positions);
+  void attend(uint32_t layer, size_t n_queries, const void* q, const int32_t* q_positions,
+              void* out) const;
+  // Copies one head's rows out in host dtype; returns the row count. Null outputs are skipped.
+  size_t read(uint32_t layer, uint32_t kv_head, void* k, void* v, int32_t* positions,
+              size_t capacity) const;
+  size_t head_tokens(uint32_t layer, uint32_t kv_head) const;
+
+  kvsdk_cache_stats stats() const;
+  kvsdk_layer_stats layer_stats(uint32_t layer) const;
+  uint64_t charged_bytes() const { return charged_; }
+
+ private:
+  void check_layer(uint32_t layer) const;
+  void layer_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) const;
+
+  std::shared_ptr<Context> ctx_;
+  Geometry geometry_;
+  kvsdk_policy policy_;
+  std::vector<LayerState> layers_;
+  uint64_t charged_ = 0;  // bytes this cache holds charged to ctx_
+};
+
+}  // namespace kvsdk
+
+struct kvsdk_cache {
+  std::unique_ptr<kvsdk::Cache> impl;
+};

@@ -1,0 +1,42 @@
+// A context: one backend and one byte budget shared by every cache created on it. Thread-safe:
+// caches on different threads reserve and release bytes concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "kvsdk.h"
+
+namespace kvsdk {
+
+class Context {
+ public:
+  Context(kvsdk_backend backend, int32_t device, uint64_t budget_bytes)
+      : backend_(backend), device_(device), budget_(budget_bytes) {}
+
+  kvsdk_backend backend() const { return backend_; }
+  int32_t device() const { return device_; }
+  uint64_t budget() const { return budget_; }  // 0 = unlimited
+  uint64_t used() const;
+
+  // Charges `bytes` to the budget if they fit; returns false (charging nothing) otherwise.
+  bool try_reserve(uint64_t bytes);
+  void release(uint64_t bytes);
+  // Bytes still free (UINT64_MAX when unlimited).
+  uint64_t available() const;
+
+ private:
+  const kvsdk_backend backend_;
+  const int32_t device_;
+  const uint64_t budget_;
+  mutable std::mutex mutex_;
+  uint64_t used_ = 0;
+};
+
+}  // namespace kvsdk
+
+// The C handle: a shared reference, so caches keep their context alive.
+struct kvsdk_context {
+  std::shared_ptr<kvsdk::Context> impl;
+};

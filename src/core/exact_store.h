@@ -1,0 +1,26 @@
+// The exact tier of one KV head: f16 keys and values with their original positions, in the order
+// they were appended (eviction removes rows but never reorders survivors).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kvsdk {
+
+struct ExactStore {
+  std::vector<int32_t> positions;  // [n]
+  std::vector<uint16_t> k;         // [n][head_dim] f16
+  std::vector<uint16_t> v;         // [n][head_dim] f16
+
+  size_t size() const { return positions.size(); }
+
+  // Budgeted bytes per stored token (keys + values, and the position as metadata).
+  static uint64_t kv_bytes_per_token(uint32_t head_dim) { return uint64_t(head_dim) * 2 * 2; }
+  static uint64_t meta_bytes_per_token() { return sizeof(int32_t); }
+  static uint64_t bytes_per_token(uint32_t head_dim) {
+    return kv_bytes_per_token(head_dim) + meta_bytes_per_token();
+  }
+};
+
+}  // namespace kvsdk

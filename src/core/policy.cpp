@@ -1,0 +1,131 @@
+#include "core/policy.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/options.h"
+
+namespace kvsdk {
+
+namespace {
+
+const char* const kMethodNames[KVSDK_METHOD_COUNT] = {
+    "full", "streaming_llm", "h2o", "snapkv", "pyramidkv", "xkv",
+    "kivi", "spindlekv", "minicache", "smallkv", "specache"};
+
+}  // namespace
+
+bool method_valid(int32_t method) { return method >= 0 && method < KVSDK_METHOD_COUNT; }
+
+kvsdk_policy policy_defaults(kvsdk_method method) {
+  kvsdk_policy p{};
+  p.struct_size = sizeof(kvsdk_policy);
+  p.method = method;
+  p.quant_bits = 0;
+  p.quant_group = 32;      // KIVI: G = 32
+  p.quant_residual = 128;  // KIVI: R = 128
+  p.sink_tokens = 4;       // StreamingLLM: 4 attention sinks
+  p.recent_tokens = 32;
+  p.obs_window = 32;       // SnapKV: observation window of 32 queries
+  p.pool_kernel = 7;       // SnapKV: pooling kernel 7
+  p.pool_kind = KVSDK_POOL_MAX;
+  p.heavy_ratio = 0.5f;    // H2O: half heavy hitters, half recent
+  p.schedule_alpha = 0.525f;  // SpindleKV §3.3
+  p.schedule_beta = 0.05f;
+  if (method == KVSDK_METHOD_KIVI || method == KVSDK_METHOD_SPECACHE) p.quant_bits = 2;
+  return p;
+}
+
+kvsdk_policy policy_from_c(const kvsdk_policy* caller) {
+  KVSDK_REQUIRE(caller != nullptr, "policy is NULL");
+  KVSDK_REQUIRE(caller->struct_size >= sizeof(uint32_t) * 2, "policy.struct_size is ",
+                caller->struct_size, " (too small; call kvsdk_policy_init first)");
+  KVSDK_REQUIRE(method_valid(caller->method), "policy.method is ", caller->method,
+                " (not a kvsdk_method)");
+  const kvsdk_policy p = read_versioned(caller, policy_defaults(kvsdk_method(caller->method)),
+                                        sizeof(kvsdk_policy), "policy");
+  KVSDK_REQUIRE(p.quant_bits == 0 || p.quant_bits == 1 || p.quant_bits == 2 ||
+                    p.quant_bits == 4 || p.quant_bits == 8,
+                "policy.quant_bits is ", p.quant_bits, " (must be 0, 1, 2, 4 or 8)");
+  KVSDK_REQUIRE(p.quant_group >= 1 && p.quant_group <= 4096, "policy.quant_group is ",
+                p.quant_group, " (must be 1..4096)");
+  KVSDK_REQUIRE(p.quant_residual >= 0, "policy.quant_residual is negative");
+  KVSDK_REQUIRE(p.sink_tokens >= 0, "policy.sink_tokens is negative");
+  KVSDK_REQUIRE(p.recent_tokens >= 0, "policy.recent_tokens is negative");
+  KVSDK_REQUIRE(p.obs_window >= 1, "policy.obs_window is ", p.obs_window, " (must be >= 1)");
+  KVSDK_REQUIRE(p.pool_kernel >= 1 && p.pool_kernel % 2 == 1, "policy.pool_kernel is ",
+                p.pool_kernel, " (must be odd and >= 1)");
+  KVSDK_REQUIRE(p.pool_kind == KVSDK_POOL_MAX || p.pool_kind == KVSDK_POOL_AVG,
+                "policy.pool_kind is ", p.pool_kind, " (not a kvsdk_pool_kind)");
+  KVSDK_REQUIRE(std::isfinite(p.heavy_ratio) && p.heavy_ratio >= 0.0f && p.heavy_ratio <= 1.0f,
+                "policy.heavy_ratio must be in [0, 1]");
+  KVSDK_REQUIRE(std::isfinite(p.schedule_alpha) && std::isfinite(p.schedule_beta),
+                "policy schedule parameters must be finite");
+  return p;
+}
+
+void require_policy_implemented(const kvsdk_policy& p) {
+  if (p.method != KVSDK_METHOD_FULL) {
+    fail(KVSDK_E_UNSUPPORTED, "method '", kMethodNames[p.method],
+         "' is not implemented in this version of kvsdk (only 'full' is)");
+  }
+  if (p.quant_bits != 0) {
+    fail(KVSDK_E_UNSUPPORTED, "KIVI quantization (quant_bits = ", p.quant_bits,
+         ") is not implemented in this version of kvsdk");
+  }
+}
+
+std::string policy_spec(const kvsdk_policy& p) {
+  std::string s = kMethodNames[p.method];
+  const bool quant_is_default = policy_defaults(kvsdk_method(p.method)).quant_bits == p.quant_bits;
+  if (!quant_is_default && p.quant_bits != 0) s += "+kivi" + std::to_string(p.quant_bits);
+  return s;
+}
+
+}  // namespace kvsdk
+
+using namespace kvsdk;
+
+extern "C" {
+
+KVSDK_API const char* kvsdk_method_name(kvsdk_method method) {
+  return method_valid(method) ? kMethodNames[method] : nullptr;
+}
+
+KVSDK_API kvsdk_status kvsdk_policy_init(kvsdk_policy* policy, kvsdk_method method) {
+  return guard("kvsdk_policy_init", [&] {
+    KVSDK_REQUIRE(policy != nullptr, "policy is NULL");
+    KVSDK_REQUIRE(method_valid(method), "method ", int(method), " is not a kvsdk_method");
+    *policy = policy_defaults(method);
+  });
+}
+
+KVSDK_API kvsdk_status kvsdk_policy_parse(kvsdk_policy* policy, const char* spec) {
+  return guard("kvsdk_policy_parse", [&] {
+    KVSDK_REQUIRE(policy != nullptr, "policy is NULL");
+    KVSDK_REQUIRE(spec != nullptr, "spec is NULL");
+    const std::string s(spec);
+    const size_t plus = s.find('+');
+    const std::string head = s.substr(0, plus);
+    int method = -1;
+    for (int m = 0; m < KVSDK_METHOD_COUNT; ++m) {
+      if (head == kMethodNames[m]) method = m;
+    }
+    KVSDK_REQUIRE(method >= 0, "unknown method '", head, "' in policy '", s, "'");
+    kvsdk_policy p = policy_defaults(kvsdk_method(method));
+    if (plus != std::string::npos) {
+      const std::string overlay = s.substr(plus + 1);
+      const std::string prefix = "kivi";
+      KVSDK_REQUIRE(overlay.size() > prefix.size() && overlay.compare(0, 4, prefix) == 0,
+                    "unknown overlay '", overlay, "' in policy '", s, "' (expected kiviN)");
+      const std::string bits = overlay.substr(prefix.size());
+      KVSDK_REQUIRE(bits == "1" || bits == "2" || bits == "4" || bits == "8", "overlay '", overlay,
+                    "' in policy '", s, "': bits must be 1, 2, 4 or 8");
+      p.quant_bits = std::stoi(bits);
+    }
+    *policy = p;
+  });
+}
+
+}  // extern "C"

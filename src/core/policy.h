@@ -1,0 +1,20 @@
+// Policy presets and their parameters (DESIGN §2): defaults from each method's paper, parsing of
+// preset names such as "xkv+kivi2", and validation.
+#pragma once
+
+#include <string>
+
+#include "kvsdk.h"
+
+namespace kvsdk {
+
+kvsdk_policy policy_defaults(kvsdk_method method);
+// Validates a caller's struct (any struct_size) and returns the known version.
+kvsdk_policy policy_from_c(const kvsdk_policy* caller);
+// Throws KVSDK_E_UNSUPPORTED when this build cannot run the policy yet.
+void require_policy_implemented(const kvsdk_policy& policy);
+// "snapkv+kivi2"-style canonical name.
+std::string policy_spec(const kvsdk_policy& policy);
+bool method_valid(int32_t method);
+
+}  // namespace kvsdk

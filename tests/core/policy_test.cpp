@@ -1,0 +1,87 @@
+// Policy presets: defaults, parsing, validation, and methods not implemented yet.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "kvsdk.h"
+#include "test_util.h"
+
+TEST(Policy, InitSetsPaperDefaults) {
+  kvsdk_policy p;
+  ASSERT_EQ(kvsdk_policy_init(&p, KVSDK_METHOD_SNAPKV), KVSDK_OK);
+  EXPECT_EQ(p.struct_size, sizeof(kvsdk_policy));
+  EXPECT_EQ(p.method, KVSDK_METHOD_SNAPKV);
+  EXPECT_EQ(p.obs_window, 32);
+  EXPECT_EQ(p.pool_kernel, 7);
+  EXPECT_EQ(p.quant_group, 32);
+  EXPECT_EQ(p.quant_residual, 128);
+  ASSERT_EQ(kvsdk_policy_init(&p, KVSDK_METHOD_KIVI), KVSDK_OK);
+  EXPECT_EQ(p.quant_bits, 2);
+}
+
+TEST(Policy, EveryMethodHasAName) {
+  for (int m = 0; m < KVSDK_METHOD_COUNT; ++m) {
+    const char* name = kvsdk_method_name(kvsdk_method(m));
+    ASSERT_NE(name, nullptr);
+    kvsdk_policy p;
+    ASSERT_EQ(kvsdk_policy_parse(&p, name), KVSDK_OK) << name;
+    EXPECT_EQ(p.method, m);
+  }
+  EXPECT_EQ(kvsdk_method_name(kvsdk_method(KVSDK_METHOD_COUNT)), nullptr);
+}
+
+TEST(Policy, ParsesCompositions) {
+  kvsdk_policy p;
+  ASSERT_EQ(kvsdk_policy_parse(&p, "xkv+kivi2"), KVSDK_OK);
+  EXPECT_EQ(p.method, KVSDK_METHOD_XKV);
+  EXPECT_EQ(p.quant_bits, 2);
+  ASSERT_EQ(kvsdk_policy_parse(&p, "minicache+kivi4"), KVSDK_OK);
+  EXPECT_EQ(p.method, KVSDK_METHOD_MINICACHE);
+  EXPECT_EQ(p.quant_bits, 4);
+}
+
+TEST(Policy, RejectsBadSpecsAndLeavesOutputUntouched) {
+  kvsdk_policy p;
+  std::memset(&p, 0xab, sizeof(p));
+  kvsdk_policy copy = p;
+  for (const char* bad : {"", "fulll", "snapkv+", "snapkv+kivi3", "snapkv+q2", "+kivi2"}) {
+    EXPECT_EQ(kvsdk_policy_parse(&p, bad), KVSDK_E_INVALID_ARG) << bad;
+    EXPECT_EQ(std::memcmp(&p, &copy, sizeof(p)), 0) << bad;
+    EXPECT_STRNE(kvsdk_last_error(), "");
+  }
+  EXPECT_EQ(kvsdk_policy_parse(nullptr, "full"), KVSDK_E_INVALID_ARG);
+  EXPECT_EQ(kvsdk_policy_parse(&p, nullptr), KVSDK_E_INVALID_ARG);
+  EXPECT_EQ(kvsdk_policy_init(&p, kvsdk_method(99)), KVSDK_E_INVALID_ARG);
+}
+
+TEST(Policy, UnimplementedMethodsReturnUnsupported) {
+  auto ctx = kvsdk_test::make_context();
+  const kvsdk_geometry g = kvsdk_test::make_geometry(2, 4, 2, 16);
+  for (int m = 1; m < KVSDK_METHOD_COUNT; ++m) {
+    kvsdk_policy p;
+    kvsdk_policy_init(&p, kvsdk_method(m));
+    kvsdk_cache* cache = nullptr;
+    EXPECT_EQ(kvsdk_cache_create(&cache, ctx.get(), &g, &p), KVSDK_E_UNSUPPORTED)
+        << kvsdk_method_name(kvsdk_method(m));
+    EXPECT_EQ(cache, nullptr);
+    EXPECT_NE(std::string(kvsdk_last_error()).find("not implemented"), std::string::npos);
+  }
+}
+
+TEST(Policy, ValidatesParameters) {
+  auto ctx = kvsdk_test::make_context();
+  const kvsdk_geometry g = kvsdk_test::make_geometry(2, 4, 2, 16);
+  kvsdk_policy p;
+  kvsdk_policy_init(&p, KVSDK_METHOD_FULL);
+  p.quant_bits = 3;
+  kvsdk_cache* cache = nullptr;
+  EXPECT_EQ(kvsdk_cache_create(&cache, ctx.get(), &g, &p), KVSDK_E_INVALID_ARG);
+  kvsdk_policy_init(&p, KVSDK_METHOD_FULL);
+  p.pool_kernel = 4;
+  EXPECT_EQ(kvsdk_cache_create(&cache, ctx.get(), &g, &p), KVSDK_E_INVALID_ARG);
+  kvsdk_policy_init(&p, KVSDK_METHOD_FULL);
+  p.method = 42;
+  EXPECT_EQ(kvsdk_cache_create(&cache, ctx.get(), &g, &p), KVSDK_E_INVALID_ARG);
+  EXPECT_EQ(cache, nullptr);
+}
