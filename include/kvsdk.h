@@ -354,8 +354,8 @@ KVSDK_API kvsdk_status kvsdk_cache_observe(kvsdk_cache *cache, uint32_t layer, s
                                            size_t q_bytes);
 
 /** Enforces the budget (and an applied allocation or profile) now: computes the allocation over
- *  every layer and evicts what does not fit. Without any budget, allocation or profile it does
- *  nothing. Errors: KVSDK_E_INVALID_ARG (NULL), KVSDK_E_BUDGET (even the policy's fixed
+ *  every layer and evicts what does not fit. Without a budget (context or per-cache) or a fixed
+ *  allocation it does nothing. Errors: KVSDK_E_INVALID_ARG (NULL), KVSDK_E_BUDGET (even the policy's fixed
  *  metadata does not fit; nothing changed), KVSDK_E_NO_MEMORY. */
 KVSDK_API kvsdk_status kvsdk_cache_compress(kvsdk_cache *cache);
 

@@ -191,6 +191,40 @@ TEST(Compress, SnapkvKeepsTheTokenTheWindowAttendsTo) {
   EXPECT_EQ(rp[1], 56);
 }
 
+TEST(Compress, H2oScoresPersistForKeptTokensAcrossCompressions) {
+  const kvsdk_geometry g = make_geometry(1, 2, 1, 4);
+  kvsdk_policy p = preset("h2o");
+  p.sink_tokens = 1;
+  auto ctx = make_context(0);
+  auto cache = make_cache(ctx.get(), g, &p);
+  std::vector<float> k(40 * 4, 0.0f), v(40 * 4, 1.0f);
+  k[5 * 4 + 1] = 8.0f;  // token 5 is what the early queries look for
+  auto pos = iota_positions(40);
+  ASSERT_EQ(kvsdk_cache_append(cache.get(), 0, 40, k.data(), v.data(), pos.data(), 40 * 16), KVSDK_OK);
+  std::vector<float> q(4 * 8, 0.0f);
+  for (int i = 0; i < 4; ++i) q[i * 8 + 1] = q[i * 8 + 5] = 1.0f;  // both query heads
+  ASSERT_EQ(kvsdk_cache_observe(cache.get(), 0, 4, q.data(), nullptr, 4 * 32), KVSDK_OK);
+  uint64_t unit = 0;
+  kvsdk_cache_token_capacity(cache.get(), nullptr, &unit);
+  ASSERT_EQ(unit, 4u * 2 * 2 + 4 + 4);  // f16 K+V, position, f32 score
+  ASSERT_EQ(kvsdk_cache_set_budget(cache.get(), 10 * unit), KVSDK_OK);
+  // Decode: 30 more tokens that nobody attends to much; each append evicts one row.
+  for (int32_t t = 40; t < 70; ++t) {
+    std::vector<float> kt(4, 0.1f), vt(4, 1.0f), qt(8, 0.0f);
+    ASSERT_EQ(kvsdk_cache_append(cache.get(), 0, 1, kt.data(), vt.data(), &t, 16), KVSDK_OK);
+    ASSERT_EQ(kvsdk_cache_observe(cache.get(), 0, 1, qt.data(), &t, 32), KVSDK_OK);
+  }
+  std::vector<int32_t> rp(10);
+  size_t got = 0;
+  ASSERT_EQ(kvsdk_cache_read(cache.get(), 0, 0, nullptr, nullptr, rp.data(), 10, &got), KVSDK_OK);
+  ASSERT_EQ(got, 10u);
+  EXPECT_EQ(rp[0], 0);  // sink
+  // The heavy hitter kept its accumulated score through 30 evictions.
+  EXPECT_NE(std::find(rp.begin(), rp.end(), 5), rp.end());
+  for (int32_t t = 6; t < 40; ++t) EXPECT_EQ(std::find(rp.begin(), rp.end(), t), rp.end()) << t;
+  EXPECT_EQ(rp[9], 69);
+}
+
 TEST(Compress, AppendOverBudgetStoresOnlyWhatFits) {
   // Prefill: observe the window first, then append a whole prompt to a cache whose budget holds
   // a fraction of it: incoming tokens are scored from the caller's buffer and the budget is
