@@ -330,7 +330,8 @@ KVSDK_API kvsdk_status kvsdk_cache_read(const kvsdk_cache *cache, uint32_t layer
  *                  of the rest) and the newest rows. Scores persist for kept rows.
  *   snapkv         the last obs_window observed queries (causal, f32 softmax) summed per key,
  *                  averaged over the group, pooled (pool_kernel, pool_kind) over the context
- *                  before the window; keeps the newest obs_window rows plus the top scores.
+ *                  before the window; keeps the window rows (as many newest rows as window
+ *                  queries are held) and the top scores.
  *                  Without an observed window a layer keeps its newest rows.
  *   pyramidkv      snapkv selection; tokens per layer decrease linearly with depth (SpindleKV
  *                  §3.3, schedule_alpha / schedule_beta).
@@ -344,8 +345,9 @@ KVSDK_API kvsdk_status kvsdk_cache_read(const kvsdk_cache *cache, uint32_t layer
  *  queries. `q`: n_queries x n_q_heads x head_dim elements of the geometry's dtype, `q_bytes`
  *  long; `q_positions`: NULL (queries see every key) or n_queries positions (causal).
  *  h2o adds the queries' attention over the currently held rows to their scores; window methods
- *  keep the newest obs_window observed queries (a window that grows may evict tokens to make room
- *  for its bytes); full and streaming_llm ignore them.
+ *  keep the newest obs_window observed queries, at most as many as fit in an eighth of the budget
+ *  spread over all layers (at least one); a window that grows may evict tokens to make room for
+ *  its bytes. full and streaming_llm ignore the queries.
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/q, zero queries, size mismatch),
  *          KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_BUDGET (the window cannot fit),
  *          KVSDK_E_NO_MEMORY. On error the cache is unchanged. */

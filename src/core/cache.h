@@ -78,6 +78,7 @@ class Cache {
   uint64_t fixed_bytes() const;
   uint64_t target_bytes() const;
   uint64_t layer_length(uint32_t layer, const Incoming* in) const;
+  uint64_t protected_rows(uint32_t layer, uint64_t length) const;
   HeadScores layer_scores(uint32_t layer, const Incoming* in) const;
   std::vector<float> importance_vector(uint32_t layer, const HeadScores& scores,
                                        uint64_t length) const;

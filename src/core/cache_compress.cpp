@@ -69,6 +69,14 @@ bool Cache::reserve(uint64_t bytes) {
   return ctx_->try_reserve(bytes);
 }
 
+uint64_t Cache::protected_rows(uint32_t layer, uint64_t length) const {
+  // The rows of the observation window: as many newest rows as the layer holds window queries
+  // (obs_window before any observation).
+  const size_t w = layers_[layer].window_pos.empty() ? size_t(policy_.obs_window)
+                                                     : layers_[layer].window_pos.size();
+  return std::min<uint64_t>(w, length);
+}
+
 uint64_t Cache::layer_length(uint32_t layer, const Incoming* in) const {
   return layers_[layer].heads[0].size() + (in && in->layer == layer ? in->n : 0);
 }
@@ -96,7 +104,7 @@ Cache::HeadScores Cache::layer_scores(uint32_t layer, const Incoming* in) const 
   }
   if (!uses_window() || L.window_pos.empty() || n == 0) return out;  // recency only
   const policy::QueryBlock window{L.window_q.data(), L.window_pos.data(), L.window_pos.size()};
-  const size_t prot = std::min<size_t>(size_t(policy_.obs_window), n);
+  const size_t prot = size_t(protected_rows(layer, n));
   out.resize(geometry_.n_kv_heads);
   std::vector<int32_t> pos(n);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
@@ -125,9 +133,9 @@ Cache::HeadScores Cache::layer_scores(uint32_t layer, const Incoming* in) const 
 
 // XKV importance vector w_i of one layer (XKV Eq. (3), Fig. 8): the pooled window attention of
 // the context part, averaged over KV heads. Without an observed window every token weighs 1.
-std::vector<float> Cache::importance_vector(uint32_t /*layer*/, const HeadScores& scores,
+std::vector<float> Cache::importance_vector(uint32_t layer, const HeadScores& scores,
                                             uint64_t length) const {
-  const size_t prot = std::min<uint64_t>(uint64_t(policy_.obs_window), length);
+  const size_t prot = size_t(protected_rows(layer, length));
   std::vector<float> w(length - prot, scores.empty() ? 1.0f : 0.0f);
   for (const std::vector<float>& hs : scores) {
     for (size_t t = 0; t < w.size(); ++t) w[t] += hs[t] / float(scores.size());
@@ -142,7 +150,7 @@ std::vector<uint64_t> Cache::plan_caps(uint64_t capacity, const Incoming* in,
   std::vector<uint64_t> lengths(n_layers), prot(n_layers);
   for (uint32_t l = 0; l < n_layers; ++l) {
     lengths[l] = layer_length(l, in);
-    prot[l] = std::min<uint64_t>(uint64_t(policy_.obs_window), lengths[l]);
+    prot[l] = protected_rows(l, lengths[l]);
   }
   if (!fixed_alloc_.empty()) return fixed_alloc_;
   if (!profile_shares_.empty()) return policy::allocate_by_shares(profile_shares_, capacity);
@@ -196,8 +204,8 @@ void Cache::apply_caps(const std::vector<uint64_t>& caps, const Incoming* in,
           recent = size_t(k) - sinks - heavy;
           break;
         }
-        default:  // window methods: the observation window (newest obs_window rows) stays
-          if (sc) recent = size_t(policy_.obs_window);
+        default:  // window methods: the rows of the observation window stay
+          if (sc) recent = size_t(protected_rows(l, n));
           break;
       }
       keep[l][h] = policy::select_keep(size_t(n), size_t(k), sinks, recent, sc);
@@ -420,10 +428,18 @@ void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32
     L.scores.swap(updated);
     return;
   }
-  // Window methods: the rolling window keeps the newest obs_window observed queries.
-  const size_t w = size_t(policy_.obs_window);
+  // Window methods: the rolling window keeps the newest obs_window observed queries, but never
+  // more than an eighth of the budget over all layers (small models under tight budgets would
+  // otherwise spend the budget on queries instead of tokens).
+  const uint64_t row_bytes = uint64_t(qe) * 4 + 4;
+  size_t w = size_t(policy_.obs_window);
+  const uint64_t target_now = target_bytes();
+  if (target_now != std::numeric_limits<uint64_t>::max()) {
+    const uint64_t share = target_now / 8 / (uint64_t(geometry_.n_layers) * row_bytes);
+    w = size_t(std::max<uint64_t>(1, std::min<uint64_t>(w, share)));
+  }
   const size_t old_n = L.window_pos.size();
-  const size_t new_n = std::min(w, old_n + n_queries);
+  const size_t new_n = std::min(w, old_n + n_queries);  // may shrink when the budget did
   std::vector<float> wq;
   std::vector<int32_t> wp;
   wq.reserve(new_n * qe);
@@ -438,7 +454,6 @@ void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32
       wp.push_back(pos[i - old_n]);
     }
   }
-  const uint64_t row_bytes = uint64_t(qe) * 4 + 4;
   if (new_n > old_n) {
     const uint64_t delta = (new_n - old_n) * row_bytes;
     if (!reserve(delta)) {
@@ -452,6 +467,10 @@ void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32
       }
     }
     charged_ += delta;
+  } else if (new_n < old_n) {
+    const uint64_t freed = (old_n - new_n) * row_bytes;
+    ctx_->release(freed);
+    charged_ -= freed;
   }
   L.window_q.swap(wq);
   L.window_pos.swap(wp);
