@@ -330,8 +330,7 @@ KVSDK_API kvsdk_status kvsdk_cache_read(const kvsdk_cache *cache, uint32_t layer
  *                  of the rest) and the newest rows. Scores persist for kept rows.
  *   snapkv         the last obs_window observed queries (causal, f32 softmax) summed per key,
  *                  averaged over the group, pooled (pool_kernel, pool_kind) over the context
- *                  before the window; keeps the window rows (as many newest rows as window
- *                  queries are held) and the top scores.
+ *                  before the window; keeps the newest obs_window rows and the top scores.
  *                  Without an observed window a layer keeps its newest rows.
  *   pyramidkv      snapkv selection; tokens per layer decrease linearly with depth (SpindleKV
  *                  §3.3, schedule_alpha / schedule_beta).

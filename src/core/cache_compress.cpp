@@ -69,12 +69,10 @@ bool Cache::reserve(uint64_t bytes) {
   return ctx_->try_reserve(bytes);
 }
 
-uint64_t Cache::protected_rows(uint32_t layer, uint64_t length) const {
-  // The rows of the observation window: as many newest rows as the layer holds window queries
-  // (obs_window before any observation).
-  const size_t w = layers_[layer].window_pos.empty() ? size_t(policy_.obs_window)
-                                                     : layers_[layer].window_pos.size();
-  return std::min<uint64_t>(w, length);
+uint64_t Cache::protected_rows(uint32_t /*layer*/, uint64_t length) const {
+  // SnapKV keeps the observation window itself: the newest obs_window rows (whatever number of
+  // window queries the budget let the layer hold).
+  return std::min<uint64_t>(uint64_t(policy_.obs_window), length);
 }
 
 uint64_t Cache::layer_length(uint32_t layer, const Incoming* in) const {
