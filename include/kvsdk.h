@@ -95,9 +95,10 @@ typedef enum kvsdk_status {
   KVSDK_E_INTERNAL = 12      /**< A bug in kvsdk; please report it with kvsdk_last_error(). */
 } kvsdk_status;
 
-/** Short static English description of a status ("budget exceeded", ...). Unknown values give
- *  "unknown status". Never NULL; not to be freed. Thread-safe. */
-KVSDK_API const char *kvsdk_status_str(kvsdk_status status);
+/** Short static English description of a status value ("memory budget exceeded", ...). Takes
+ *  an int32_t so that any value is safe to pass; unknown values give "unknown status". Never
+ *  NULL; not to be freed. Thread-safe. */
+KVSDK_API const char *kvsdk_status_str(int32_t status);
 
 /** Detail of the last failure on the calling thread (thread-local). Successful calls do not
  *  clear it. Never NULL (empty string when nothing failed yet). The pointer is valid until the
@@ -229,9 +230,9 @@ typedef struct kvsdk_policy {
   float schedule_beta;      /**< SpindleKV/PyramidKV schedule beta. 0.05. */
 } kvsdk_policy;
 
-/** Fills `policy` with the defaults of `method` and sets struct_size.
+/** Fills `policy` with the defaults of `method` (a kvsdk_method value) and sets struct_size.
  *  Errors: KVSDK_E_INVALID_ARG if `policy` is NULL or `method` is not a kvsdk_method. */
-KVSDK_API kvsdk_status kvsdk_policy_init(kvsdk_policy *policy, kvsdk_method method);
+KVSDK_API kvsdk_status kvsdk_policy_init(kvsdk_policy *policy, int32_t method);
 
 /** Parses a preset name such as "full", "snapkv", "kivi" or a composition "xkv+kivi2"
  *  (method, then '+kiviN' for an N-bit KIVI overlay) into `policy` (initialised with the
@@ -239,8 +240,9 @@ KVSDK_API kvsdk_status kvsdk_policy_init(kvsdk_policy *policy, kvsdk_method meth
  *  Errors: KVSDK_E_INVALID_ARG (NULL arguments, unknown name). */
 KVSDK_API kvsdk_status kvsdk_policy_parse(kvsdk_policy *policy, const char *spec);
 
-/** Canonical lower-case name of a method ("full", "streaming_llm", ...), or NULL if unknown. */
-KVSDK_API const char *kvsdk_method_name(kvsdk_method method);
+/** Canonical lower-case name of a kvsdk_method value ("full", "streaming_llm", ...), or NULL if
+ *  `method` is not one. Thread-safe. */
+KVSDK_API const char *kvsdk_method_name(int32_t method);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Cache: one conversation's KV cache for one model geometry                                   */
