@@ -545,7 +545,7 @@ KVSDK_API kvsdk_status kvsdk_cache_layer_stats_get(const kvsdk_cache *cache, uin
  *  its major version (unknown additions are ignored or reported as unsupported) and rejects a
  *  newer major version with KVSDK_E_VERSION. */
 #define KVSDK_SNAPSHOT_FORMAT_MAJOR 1
-#define KVSDK_SNAPSHOT_FORMAT_MINOR 0
+#define KVSDK_SNAPSHOT_FORMAT_MINOR 1
 
 typedef struct kvsdk_save_options {
   uint32_t struct_size;      /**< sizeof(kvsdk_save_options); set by kvsdk_save_options_init. */

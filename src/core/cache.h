@@ -14,6 +14,14 @@
 
 namespace kvsdk {
 
+// Cache-level state of the allocation stage (saved in snapshots with the per-layer state).
+struct PolicyRuntime {
+  uint64_t cache_budget = 0;             // 0 = only the context budget applies
+  std::vector<uint64_t> fixed_alloc;     // host-set allocation (planner), tokens per layer
+  std::vector<double> profile_shares;    // applied allocation profile
+  std::vector<uint64_t> last_caps;       // allocation of the last global compression
+};
+
 struct LayerState {
   std::vector<ExactStore> heads;  // one per KV head
   uint64_t appended_tokens = 0;
@@ -68,6 +76,9 @@ class Cache {
   // Per-layer shares of an allocation profile; an empty vector returns to the policy.
   void set_profile_shares(const std::vector<double>& shares);
   std::vector<uint64_t> allocation() const;  // tokens per KV head, per layer, now
+  // Snapshot support: the allocation-stage state, and its restore (validated by the reader).
+  PolicyRuntime policy_runtime() const;
+  void restore_policy_runtime(PolicyRuntime rt);
 
   kvsdk_cache_stats stats() const;
   kvsdk_layer_stats layer_stats(uint32_t layer) const;
@@ -102,6 +113,7 @@ class Cache {
   std::vector<uint64_t> fixed_alloc_;   // host-set allocation (planner), tokens per layer
   std::vector<double> profile_shares_;  // applied allocation profile
   std::vector<uint64_t> last_caps_;     // allocation of the last global compression
+  // (the four above are PolicyRuntime; kept as members for the hot paths)
 
   std::shared_ptr<Context> ctx_;
   Geometry geometry_;

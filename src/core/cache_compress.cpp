@@ -85,6 +85,17 @@ std::vector<uint64_t> Cache::allocation() const {
   return a;
 }
 
+PolicyRuntime Cache::policy_runtime() const {
+  return PolicyRuntime{cache_budget_, fixed_alloc_, profile_shares_, last_caps_};
+}
+
+void Cache::restore_policy_runtime(PolicyRuntime rt) {
+  cache_budget_ = rt.cache_budget;
+  fixed_alloc_ = std::move(rt.fixed_alloc);
+  profile_shares_ = std::move(rt.profile_shares);
+  last_caps_ = std::move(rt.last_caps);
+}
+
 // Scores of every candidate row (stored rows, then the incoming ones) per KV head.
 Cache::HeadScores Cache::layer_scores(uint32_t layer, const Incoming* in) const {
   const LayerState& L = layers_[layer];
