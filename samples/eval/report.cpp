@@ -150,7 +150,7 @@ void write_plot(const std::string& path, const std::vector<Record>& records) {
     for (size_t m = 0; m < models.size(); ++m) {
       g << "set title '" << models[m] << "'\nset xlabel 'cache bytes (% of full)'\n";
       g << (panel == 0 ? "set ylabel 'top-1 agreement'\nset yrange [0:1.05]\nunset logscale y\n"
-                       : "set ylabel 'mean KL (nats)'\nset autoscale y\nset yrange [*:*]\n");
+                       : "set ylabel 'mean KL (nats)'\nset yrange [0:*]\n");
       const auto& [first, names] = blocks_per_model[m];
       if (names.empty()) {
         g << "plot NaN notitle\n";
@@ -159,7 +159,7 @@ void write_plot(const std::string& path, const std::vector<Record>& records) {
       g << "plot ";
       for (size_t i = 0; i < names.size(); ++i) {
         g << (i ? ", " : "") << "'" << data_path << "' index " << first + i << " using 1:"
-          << (panel == 0 ? 2 : 3) << " with linespoints title '" << names[i] << "'";
+          << (panel == 0 ? 2 : 3) << " with linespoints pointsize 1.5 title '" << names[i] << "'";
       }
       g << "\n";
     }
