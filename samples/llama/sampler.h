@@ -15,6 +15,9 @@ class Sampler {
   // temperature 0 means greedy.
   Sampler(float temperature, uint64_t seed) : temperature_(temperature), state_(seed ? seed : 1) {}
   int sample(const float* logits, size_t n);
+  // The generator's state: a Sampler built with it as the seed continues the same sequence
+  // (the demo hands it to the process that resumes the conversation).
+  uint64_t state() const { return state_; }
 
  private:
   float next_uniform();  // xorshift64*, in [0, 1)
