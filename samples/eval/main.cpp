@@ -161,7 +161,7 @@ std::vector<int> evaluation_text(const Options& o, const std::string& name, cons
   return tokens;
 }
 
-// True when kvsdk builds a cache for `spec` on this model; prints why not otherwise.
+// False (with a note) when `spec` does not parse or kvsdk does not implement it yet.
 bool policy_available(const std::string& spec, const llama::Model& model, kvsdk_policy* policy) {
   if (kvsdk_policy_parse(policy, spec.c_str()) != KVSDK_OK) {
     std::fprintf(stderr, "note: policy '%s' skipped: %s\n", spec.c_str(), kvsdk_last_error());
@@ -174,7 +174,9 @@ bool policy_available(const std::string& spec, const llama::Model& model, kvsdk_
   const kvsdk_status st = kvsdk_cache_create(&cache, ctx, &g, policy);
   kvsdk_cache_destroy(cache);
   kvsdk_context_destroy(ctx);
-  if (st == KVSDK_OK) return true;
+  // Only "not implemented" skips a policy: any other refusal is measured (and recorded as a
+  // failure) so that it shows in the results instead of disappearing.
+  if (st != KVSDK_E_UNSUPPORTED) return true;
   std::fprintf(stderr, "note: policy '%s' skipped: %s (%s)\n", spec.c_str(), kvsdk_status_str(st),
                kvsdk_last_error());
   return false;
