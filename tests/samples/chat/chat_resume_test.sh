@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# kvsdk-chat autosave + --resume: three greedy turns in one process must give the same third
+# reply as two turns, a process exit, and the third turn in a process resumed from the journal.
+set -euo pipefail
+chat="$1"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+args=(--model shakespeare-small --temperature 0 --reply-tokens 40)
+printf 'Good morrow, cousin.\nWhat news?\nThen farewell.\n' |
+  "$chat" "${args[@]}" --session "$work/one.kvsnap" >"$work/one.txt" 2>"$work/one.err"
+printf 'Good morrow, cousin.\nWhat news?\n' |
+  "$chat" "${args[@]}" --session "$work/two.kvsnap" >"$work/two.txt" 2>"$work/two.err"
+printf 'Then farewell.\n' |
+  "$chat" "${args[@]}" --resume "$work/two.kvsnap" >"$work/three.txt" 2>"$work/three.err"
+cat "$work/three.err"
+grep -q "1 journal turns applied" "$work/three.err" || { echo "FAIL: turn 2 was not a journal delta"; exit 1; }
+grep -q "resumed" "$work/three.err" || { echo "FAIL: no resume"; exit 1; }
+# The reply to the third turn: everything after the third "JULIET:" line of the single run.
+expected="$(awk '/^JULIET:$/{n++} n==3' "$work/one.txt")"
+got="$(cat "$work/three.txt")"
+[ "$(printf "%s\n" "$got" | wc -l)" -ge 2 ] || { echo "FAIL: empty reply"; exit 1; }
+if [ "$expected" != "$got" ]; then
+  echo "FAIL: resumed reply differs"; echo "--- expected"; echo "$expected"; echo "--- got"; echo "$got"
+  exit 1
+fi
+echo "chat resume test: OK"
