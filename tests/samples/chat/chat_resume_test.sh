@@ -23,4 +23,14 @@ if [ "$expected" != "$got" ]; then
   echo "FAIL: resumed reply differs"; echo "--- expected"; echo "$expected"; echo "--- got"; echo "$got"
   exit 1
 fi
+# A missing or damaged session file is a clear error, not a crash.
+if "$chat" "${args[@]}" --resume "$work/missing.kvsnap" </dev/null 2>"$work/err.txt"; then
+  echo "FAIL: resuming a missing file succeeded"; exit 1
+fi
+grep -q "kvsdk_cache_load failed" "$work/err.txt" || { echo "FAIL: unclear error"; cat "$work/err.txt"; exit 1; }
+head -c 100 "$work/one.kvsnap" >"$work/torn.kvsnap"
+if "$chat" "${args[@]}" --resume "$work/torn.kvsnap" </dev/null 2>"$work/err.txt"; then
+  echo "FAIL: resuming a truncated file succeeded"; exit 1
+fi
+grep -q "corrupt" "$work/err.txt" || { echo "FAIL: unclear error"; cat "$work/err.txt"; exit 1; }
 echo "chat resume test: OK"
