@@ -185,7 +185,7 @@ struct Row {
 std::string text_of(const llama::Tokenizer& tok, const std::vector<int>& ids, int prev) {
   std::string s;
   for (int id : ids) {
-    s += tok.decode(prev, id);
+    if (id != llama::Tokenizer::kBos) s += tok.decode(prev, id);  // BOS is not text
     prev = id;
   }
   return s;
