@@ -22,7 +22,7 @@
 namespace kvsdk::format {
 
 constexpr uint16_t kFormatMajor = 1;
-constexpr uint16_t kFormatMinor = 0;
+constexpr uint16_t kFormatMinor = 1;  // 1: eviction policy state (PolicyState)
 
 constexpr size_t kFileHeaderBytes = 32;
 constexpr size_t kFrameHeaderBytes = 32;

@@ -9,6 +9,7 @@
 #include "core/policy.h"
 #include "journal.h"
 #include "kvsdk_generated.h"
+#include "policy_state.h"
 #include "xxhash64.h"
 #include "zstd_frame.h"
 
@@ -177,6 +178,7 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
     fail(KVSDK_E_BUDGET, "the snapshot holds ", declared_bytes, " bytes but the context has only ",
          opt.available_bytes, " budget bytes free");
   }
+  read_policy_state(m.policy_state(), g, s.policy, declared, s.layers, s.runtime);
 }
 
 void read_tier_chunk(const fb::TierChunk& c, const Geometry& g, Snapshot& s,
@@ -265,6 +267,12 @@ void read_journal(Reader& rd, Snapshot& s) {
         parts.push_back(fb::GetFrame(p.flatbuffer.data())->payload_as_JournalDelta());
       }
       apply_delta(s.geometry, parts, s.layers);
+      std::vector<std::vector<uint64_t>> rows(s.geometry.n_layers);
+      for (uint32_t l = 0; l < s.geometry.n_layers; ++l) {
+        for (const ExactStore& e : s.layers[l].heads) rows[l].push_back(e.size());
+      }
+      read_policy_state(parts.back()->policy_state(), s.geometry, s.policy, rows, s.layers,
+                        s.runtime);
       for (const RawFrame& p : pending) {
         s.journal_frames.push_back({p.offset, p.header.payload_bytes, p.header.kind});
       }
