@@ -11,6 +11,7 @@ packages=(
   googletest libgtest-dev libbenchmark-dev
   clang libclang-rt-dev
   gnuplot-nox python3
+  python3-numpy
 )
 
 missing=()
