@@ -293,7 +293,8 @@ KVSDK_API kvsdk_status kvsdk_cache_attend(kvsdk_cache *cache, uint32_t layer, si
                                           size_t q_bytes, void *out, size_t out_bytes);
 
 /** Materialises the dense keys, values and positions that one KV head of one layer currently
- *  holds (dequantised/reconstructed for compressed tiers), in position order.
+ *  holds (dequantised/reconstructed for compressed tiers), in stored order: append order, which
+ *  eviction preserves for the surviving tokens.
  *  Size query: with `k`, `v` and `positions` all NULL, writes the token count to `*n_tokens`.
  *  Otherwise `capacity_tokens` is the capacity of the buffers (k and v: capacity x head_dim
  *  elements of the geometry's dtype; positions: capacity int32); any of the three may be NULL
