@@ -97,7 +97,8 @@ class Cache:
         return n.value
 
     def read(self, layer, kv_head, numpy=False):
-        """Dense keys, values and positions of one KV head, in stored order (append order, which eviction preserves)."""
+        """Dense keys, values and positions of one KV head, in stored order (append order,
+        which eviction preserves)."""
         capacity = self.token_count(layer, kv_head)
         d = self._geometry.head_dim
         kb = buffers.empty(self._typecode, capacity * d, numpy)

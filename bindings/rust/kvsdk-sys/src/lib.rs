@@ -210,8 +210,10 @@ extern "C" {
         policy: *const kvsdk_policy,
     ) -> kvsdk_status;
     pub fn kvsdk_cache_destroy(cache: *mut kvsdk_cache);
-    pub fn kvsdk_cache_geometry(cache: *const kvsdk_cache, out: *mut kvsdk_geometry)
-        -> kvsdk_status;
+    pub fn kvsdk_cache_geometry(
+        cache: *const kvsdk_cache,
+        out: *mut kvsdk_geometry,
+    ) -> kvsdk_status;
     pub fn kvsdk_cache_append(
         cache: *mut kvsdk_cache,
         layer: u32,
@@ -243,8 +245,10 @@ extern "C" {
     ) -> kvsdk_status;
 
     // Stats
-    pub fn kvsdk_cache_stats_get(cache: *const kvsdk_cache, out: *mut kvsdk_cache_stats)
-        -> kvsdk_status;
+    pub fn kvsdk_cache_stats_get(
+        cache: *const kvsdk_cache,
+        out: *mut kvsdk_cache_stats,
+    ) -> kvsdk_status;
     pub fn kvsdk_cache_layer_stats_get(
         cache: *const kvsdk_cache,
         layer: u32,

@@ -22,7 +22,8 @@ pub struct Cache {
 // it is not Sync.
 unsafe impl Send for Cache {}
 
-/// What one KV head of one layer holds, dense, in stored order (append order, which eviction preserves) (`Cache::read`).
+/// What one KV head of one layer holds, dense, in stored order (append order, which eviction
+/// preserves); see `Cache::read`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct HeadData<T> {
     /// tokens x head_dim keys.
@@ -187,7 +188,8 @@ impl Cache {
         Ok(n)
     }
 
-    /// Dense keys, values and positions of one KV head of one layer, in stored order (append order, which eviction preserves).
+    /// Dense keys, values and positions of one KV head of one layer, in stored order (append
+    /// order, which eviction preserves).
     pub fn read<T: Element>(&self, layer: u32, kv_head: u32) -> Result<HeadData<T>> {
         self.require_element::<T>()?;
         let capacity = self.token_count(layer, kv_head)?;

@@ -30,7 +30,7 @@ pub use context::{Backend, Context, ContextOptions};
 pub use element::Element;
 pub use error::{Error, Result, Status};
 pub use geometry::{Dtype, Geometry, RopeStyle};
-pub use policy::{Method, PoolKind, Policy};
+pub use policy::{Method, Policy, PoolKind};
 pub use stats::{CacheStats, LayerStats, Tier, TIER_SLOTS};
 
 /// Raw C declarations, for what the safe API does not cover.

@@ -53,8 +53,7 @@ fn append_read_attend_and_stats() {
     for qh in 0..g.n_q_heads as usize {
         let kvh = qh / 2;
         for c in 0..d {
-            let mean: f32 =
-                (0..5).map(|t| v[(t * 2 + kvh) * d + c]).sum::<f32>() / 5.0;
+            let mean: f32 = (0..5).map(|t| v[(t * 2 + kvh) * d + c]).sum::<f32>() / 5.0;
             assert!((out[qh * d + c] - mean).abs() < 1e-6, "head {qh} channel {c}");
         }
     }
@@ -175,7 +174,14 @@ fn caches_outlive_their_context_and_move_between_threads() {
         let ctx = ctx.clone();
         handles.push(std::thread::spawn(move || {
             let mut cache = Cache::new(&ctx, &g, &Policy::new(Method::Full).unwrap()).unwrap();
-            cache.append(0, &kv(0..i + 1, &g, 1.0), &kv(0..i + 1, &g, 1.0), &(0..i + 1).collect::<Vec<_>>()).unwrap();
+            cache
+                .append(
+                    0,
+                    &kv(0..i + 1, &g, 1.0),
+                    &kv(0..i + 1, &g, 1.0),
+                    &(0..i + 1).collect::<Vec<_>>(),
+                )
+                .unwrap();
             cache
         }));
     }

@@ -123,7 +123,8 @@ public final class Cache {
         return n
     }
 
-    /// Dense keys, values and positions of one KV head, in stored order (append order, which eviction preserves).
+    /// Dense keys, values and positions of one KV head, in stored order (append order, which
+    /// eviction preserves).
     public func read<T: TensorElement>(layer: UInt32, kvHead: UInt32,
                                  as _: T.Type = T.self) throws -> HeadData<T> {
         try requireElement(T.self)

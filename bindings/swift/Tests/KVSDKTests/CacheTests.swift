@@ -84,7 +84,8 @@ final class CacheTests: XCTestCase {
         XCTAssertEqual(status { try cache.append(layer: 0, keys: [UInt16](repeating: 0, count: 16),
                                                  values: [UInt16](repeating: 0, count: 16),
                                                  positions: [2]) }, .invalidArg)
-        XCTAssertEqual(status { _ = try cache.attend(layer: 0, queries: [Float](repeating: 0, count: 3)) },
+        let threeElements = [Float](repeating: 0, count: 3)
+        XCTAssertEqual(status { _ = try cache.attend(layer: 0, queries: threeElements) },
                        .invalidArg)
         XCTAssertEqual(status { _ = try cache.read(layer: 0, kvHead: 7, as: Float.self) },
                        .outOfRange)

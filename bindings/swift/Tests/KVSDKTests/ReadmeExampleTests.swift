@@ -7,10 +7,12 @@ final class ReadmeExampleTests: XCTestCase {
     func testReadmeExample() throws {
         let context = try Context(budgetBytes: 64 << 20)
         let geometry = Geometry(nLayers: 2, nQHeads: 4, nKVHeads: 2, headDim: 8, dtype: .f32)
-        let cache = try Cache(context: context, geometry: geometry, policy: Policy(parsing: "full"))
+        let policy = try Policy(parsing: "full")
+        let cache = try Cache(context: context, geometry: geometry, policy: policy)
         let kv = [Float](repeating: 0.25, count: 3 * geometry.kvElementsPerToken)
         try cache.append(layer: 0, keys: kv, values: kv, positions: [0, 1, 2])
-        let out = try cache.attend(layer: 0, queries: [Float](repeating: 1, count: geometry.qElementsPerQuery))
+        let queries = [Float](repeating: 1, count: geometry.qElementsPerQuery)
+        let out = try cache.attend(layer: 0, queries: queries)
         do {
             try cache.append(layer: 5, keys: kv, values: kv, positions: [3, 4, 5])  // no layer 5
         } catch let error as KVSDKError {
