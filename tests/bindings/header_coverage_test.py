@@ -45,7 +45,7 @@ def header_constants(header):
 
 def main(src):
     header = read(os.path.join(src, "include", "kvsdk.h"))
-    sys_rs = read(os.path.join(src, "bindings/rust/kvsdk-sys/src/lib.rs"))
+    sys_rs = read_all(os.path.join(src, "bindings/rust/kvsdk-sys/src/**/*.rs"))
     safe_rs = read_all(os.path.join(src, "bindings/rust/kvsdk/src/**/*.rs"))
     capi_py = read(os.path.join(src, "bindings/python/kvsdk/_capi.py"))
     api_py = read_all(os.path.join(src, "bindings/python/kvsdk/*.py"), exclude=("_capi.py",))

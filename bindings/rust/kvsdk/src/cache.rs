@@ -14,7 +14,7 @@ use std::ptr::{self, NonNull};
 #[derive(Debug)]
 pub struct Cache {
     raw: NonNull<sys::kvsdk_cache>,
-    geometry: Geometry,
+    pub(crate) geometry: Geometry,
 }
 
 // SAFETY: the header allows a cache to be used by one thread at a time, from any thread, so it
@@ -72,7 +72,20 @@ impl Cache {
         Ok(Geometry::from_raw(&raw))
     }
 
-    fn require_element<T: Element>(&self) -> Result<()> {
+    /// Queries in a buffer of `q_len` elements: one per position when positions are given
+    /// (the library checks the byte size), else q_len / (n_q_heads * head_dim), which must divide.
+    pub(crate) fn query_count(&self, q_len: usize, q_positions: Option<&[i32]>) -> Result<usize> {
+        let per_query = self.geometry.q_elems_per_query();
+        match q_positions {
+            Some(p) => Ok(p.len()),
+            None if per_query > 0 && q_len % per_query == 0 => Ok(q_len / per_query),
+            None => Err(Error::invalid(format!(
+                "{q_len} query elements are not a whole number of queries of {per_query}"
+            ))),
+        }
+    }
+
+    pub(crate) fn require_element<T: Element>(&self) -> Result<()> {
         if T::matches(self.geometry.dtype) {
             Ok(())
         } else {
@@ -129,17 +142,7 @@ impl Cache {
         out: &mut [T],
     ) -> Result<()> {
         self.require_element::<T>()?;
-        let per_query = self.geometry.q_elems_per_query();
-        let n_queries = match q_positions {
-            Some(p) => p.len(),
-            None if per_query > 0 && q.len() % per_query == 0 => q.len() / per_query,
-            None => {
-                return Err(Error::invalid(format!(
-                    "{} query elements are not a whole number of queries of {per_query}",
-                    q.len()
-                )))
-            }
-        };
+        let n_queries = self.query_count(q.len(), q_positions)?;
         let q_positions_ptr = q_positions.map_or(ptr::null(), |p| p.as_ptr());
         // SAFETY: live handle; the library checks q_bytes and out_bytes against n_queries and
         // the geometry before touching either buffer.
