@@ -55,6 +55,19 @@ class Cache:
         check(lib.kvsdk_cache_geometry(self.handle, ctypes.byref(raw)))
         return Geometry.from_c(raw)
 
+    def _query_count(self, qb, q_positions):
+        """(number of queries, positions Buffer or None): one query per position when
+        positions are given (the library checks the byte size), else whole queries in `qb`.
+        The caller keeps the Buffer alive while the library uses its pointer."""
+        per_query = self._geometry.q_elems_per_query
+        if q_positions is not None:
+            pb = buffers.positions(q_positions)
+            return pb.count, pb
+        if per_query and qb.count % per_query == 0:
+            return qb.count // per_query, None
+        raise invalid(f"{qb.count} query elements are not a whole number of queries of "
+                      f"{per_query}")
+
     def append(self, layer, k, v, positions):
         """Appends len(positions) tokens to `layer`; k and v hold
         tokens x n_kv_heads x head_dim elements (token-major, keys already rotated)."""
@@ -70,23 +83,15 @@ class Cache:
         q_positions: None (every query sees every token) or one position per query (causal).
         Returns `out` (a new buffer when None, else the given writable buffer, filled)."""
         qb = buffers.Buffer(q, self._typecode)
-        per_query = self._geometry.q_elems_per_query
-        if q_positions is not None:
-            pb = buffers.positions(q_positions)
-            n_queries, pos_ptr = pb.count, pb.as_int32_ptr()
-        elif per_query and qb.count % per_query == 0:
-            n_queries, pos_ptr = qb.count // per_query, None
-        else:
-            raise invalid(f"{qb.count} query elements are not a whole number of queries of "
-                          f"{per_query}")
+        n_queries, pb = self._query_count(qb, q_positions)
         if out is None:
             ob = buffers.empty(self._typecode, qb.count, like_numpy=qb.numpy)
         else:
             ob = buffers.Buffer(out, self._typecode)
             if ob.obj is not out:
                 raise invalid("out must be a writable array of the cache's element type")
-        check(lib.kvsdk_cache_attend(self.handle, layer, n_queries, qb.ptr, pos_ptr, qb.nbytes,
-                                     ob.ptr, ob.nbytes))
+        check(lib.kvsdk_cache_attend(self.handle, layer, n_queries, qb.ptr,
+                                     pb and pb.as_int32_ptr(), qb.nbytes, ob.ptr, ob.nbytes))
         return ob.obj
 
     def token_count(self, layer, kv_head):
