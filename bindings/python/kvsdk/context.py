@@ -3,6 +3,7 @@
 Thread-safe (the header's contract): one Context may be shared by caches on many threads.
 """
 import ctypes
+import dataclasses
 
 from ._capi import lib
 from .errors import check
@@ -14,8 +15,7 @@ class Context:
     Caches keep the library-side context alive, so closing it before them is safe."""
 
     def __init__(self, options=None, *, budget_bytes=None):
-        if options is None:
-            options = ContextOptions()
+        options = ContextOptions() if options is None else dataclasses.replace(options)
         if budget_bytes is not None:
             options.budget_bytes = budget_bytes
         raw_options = options.to_c()
