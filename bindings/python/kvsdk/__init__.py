@@ -15,6 +15,8 @@ from ._capi import lib as _lib
 from .cache import Cache, HeadData
 from .context import Context
 from .errors import KvsdkError, Status, status_str
+from .snapshot import FORMAT_VERSION as SNAPSHOT_FORMAT
+from .snapshot import LoadInfo, SaveOptions
 from .structs import (Backend, CacheStats, ContextOptions, Dtype, Geometry, LayerStats, Method,
                     PoolKind, Policy, RopeStyle, Tier, method_name)
 
@@ -28,7 +30,7 @@ def version_string():
     return _lib.kvsdk_version_string().decode()
 
 
-__all__ = ["Backend", "Cache", "CacheStats", "Context", "ContextOptions", "Dtype", "Geometry",
+__all__ = ["LoadInfo", "SNAPSHOT_FORMAT", "SaveOptions", "Backend", "Cache", "CacheStats", "Context", "ContextOptions", "Dtype", "Geometry",
            "HEADER_VERSION", "HeadData", "KvsdkError", "LayerStats", "Method", "PoolKind",
            "Policy", "RopeStyle", "Status", "Tier", "buffers", "method_name", "status_str",
            "version", "version_string"]

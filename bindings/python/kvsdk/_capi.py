@@ -59,6 +59,19 @@ class kvsdk_layer_stats(Structure):
                 ("appended_tokens", c_uint64), ("bytes", c_uint64),
                 ("bytes_by_tier", c_uint64 * KVSDK_TIER_SLOTS)]
 
+# ----- Snapshots -----------------------------------------------------------------------------
+KVSDK_SNAPSHOT_FORMAT_MAJOR = 1
+KVSDK_SNAPSHOT_FORMAT_MINOR = 0
+
+class kvsdk_save_options(Structure):
+    _fields_ = [("struct_size", c_uint32), ("zstd_level", c_int32),
+                ("include_backing", c_uint32), ("max_frame_bytes", c_uint64)]
+
+class kvsdk_load_info(Structure):
+    _fields_ = [("struct_size", c_uint32), ("format_major", c_uint32),
+                ("format_minor", c_uint32), ("journal_frames_applied", c_uint32),
+                ("journal_frames_dropped", c_uint32)]
+
 # Opaque handles travel as void pointers.
 handle = c_void_p
 status = c_int32
@@ -97,6 +110,17 @@ _FUNCTIONS = {
     # Stats
     "kvsdk_cache_stats_get": (status, [handle, POINTER(kvsdk_cache_stats)]),
     "kvsdk_cache_layer_stats_get": (status, [handle, c_uint32, POINTER(kvsdk_layer_stats)]),
+    # Snapshots
+    "kvsdk_save_options_init": (status, [POINTER(kvsdk_save_options)]),
+    "kvsdk_cache_save": (status, [handle, c_char_p, POINTER(kvsdk_save_options)]),
+    "kvsdk_cache_save_to_buffer": (status, [handle, POINTER(kvsdk_save_options), c_void_p,
+                                            c_size_t, POINTER(c_size_t)]),
+    "kvsdk_cache_save_delta": (status, [handle, c_char_p, POINTER(kvsdk_save_options)]),
+    "kvsdk_cache_load": (status, [POINTER(handle), handle, c_char_p, POINTER(kvsdk_geometry),
+                                  POINTER(kvsdk_load_info)]),
+    "kvsdk_cache_load_from_buffer": (status, [POINTER(handle), handle, c_void_p, c_size_t,
+                                              POINTER(kvsdk_geometry), POINTER(kvsdk_load_info)]),
+    "kvsdk_cache_policy": (status, [handle, POINTER(kvsdk_policy)]),
 }
 
 

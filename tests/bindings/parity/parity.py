@@ -1,5 +1,5 @@
-"""Binding parity, Python side: the scenario of SCENARIO.md through the kvsdk package,
-recorded to sys.argv[1]. The C and Rust programs must write the same bytes."""
+"""Binding parity, Python side: the scenario of SCENARIO.md through the kvsdk package. Writes
+the record to sys.argv[1] and the snapshot to sys.argv[2]; the C and Rust programs must match."""
 import array
 import struct
 import sys
@@ -7,6 +7,7 @@ import sys
 import kvsdk
 
 LAYERS, Q_HEADS, KV_HEADS, HEAD_DIM, PROMPT, DECODE = 3, 4, 2, 16, 24, 4
+PER_QUERY = Q_HEADS * HEAD_DIM
 
 
 class Rng:
@@ -21,45 +22,64 @@ class Rng:
         return out
 
 
-def f32_bytes(values):
-    return struct.pack(f"<{len(values)}f", *values)
+class Record(bytearray):
+    def f32s(self, values):
+        self.extend(struct.pack(f"<{len(values)}f", *values))
+
+    def i32s(self, values):
+        self.extend(struct.pack(f"<{len(values)}i", *values))
+
+    def u64s(self, values):
+        self.extend(struct.pack(f"<{len(values)}Q", *values))
 
 
-def main(path):
-    rng = Rng(20261120)
-    rec = bytearray()
+def main(record_path, snapshot_path):
+    rng, rec = Rng(20261120), Record()
     ctx = kvsdk.Context()
     g = kvsdk.Geometry(n_layers=LAYERS, n_q_heads=Q_HEADS, n_kv_heads=KV_HEADS,
                        head_dim=HEAD_DIM, dtype=kvsdk.Dtype.F32)
     cache = kvsdk.Cache(ctx, g, kvsdk.Policy.parse("full"))
 
-    def append_and_attend(layer, pos0, n, causal):
-        pos = list(range(pos0, pos0 + n))
-        k, v = rng.fill(n * KV_HEADS * HEAD_DIM), rng.fill(n * KV_HEADS * HEAD_DIM)
-        cache.append(layer, k, v, pos)
-        q = rng.fill(n * Q_HEADS * HEAD_DIM)
-        rec.extend(f32_bytes(cache.attend(layer, q, pos if causal else None)))
+    def decode_step(cache, layer, pos):
+        k, v = rng.fill(KV_HEADS * HEAD_DIM), rng.fill(KV_HEADS * HEAD_DIM)
+        cache.append(layer, k, v, [pos])
+        q = rng.fill(PER_QUERY)
+        rec.f32s(cache.attend(layer, q))
 
     for layer in range(LAYERS):
-        append_and_attend(layer, 0, PROMPT, True)
+        positions = list(range(PROMPT))
+        k, v = rng.fill(PROMPT * KV_HEADS * HEAD_DIM), rng.fill(PROMPT * KV_HEADS * HEAD_DIM)
+        cache.append(layer, k, v, positions)
+        q = rng.fill(PROMPT * PER_QUERY)
+        rec.f32s(cache.attend(layer, q, positions))
+
     for step in range(DECODE):
         for layer in range(LAYERS):
-            append_and_attend(layer, PROMPT + step, 1, False)
+            decode_step(cache, layer, PROMPT + step)
     for layer in range(LAYERS):
         for head in range(KV_HEADS):
             data = cache.read(layer, head)
-            rec.extend(struct.pack("<Q", len(data.positions)))
-            rec.extend(f32_bytes(data.keys) + f32_bytes(data.values))
-            rec.extend(struct.pack(f"<{len(data.positions)}i", *data.positions))
+            rec.u64s([len(data.positions)])
+            rec.f32s(data.keys)
+            rec.f32s(data.values)
+            rec.i32s(data.positions)
     s = cache.stats()
-    rec.extend(struct.pack("<3Q", s.tokens, s.appended_tokens, s.bytes))
-    rec.extend(struct.pack("<8Q", *s.bytes_by_tier))
-    rec.extend(struct.pack("<Q", s.full_bytes))
+    rec.u64s([s.tokens, s.appended_tokens, s.bytes, *s.bytes_by_tier, s.full_bytes])
+
+    cache.save(snapshot_path)
+    loaded, _ = kvsdk.Cache.load(ctx, snapshot_path, expected=g)
+    p = loaded.policy
+    rec.i32s([p.method, p.obs_window, p.pool_kernel, p.pool_kind])
+    for layer in range(LAYERS):
+        rec.f32s(loaded.attend(layer, rng.fill(PER_QUERY)))
+    for layer in range(LAYERS):
+        decode_step(loaded, layer, PROMPT + DECODE)
+    loaded.close()
     cache.close()
     ctx.close()
-    with open(path, "wb") as f:
+    with open(record_path, "wb") as f:
         f.write(rec)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

@@ -256,6 +256,11 @@ extern "C" {
     ) -> kvsdk_status;
 }
 
+// ----- Snapshots: suspend and resume (declared in snapshot.rs) -----------------------------
+
+mod snapshot;
+pub use snapshot::*;
+
 #[cfg(test)]
 mod tests {
     extern crate std;

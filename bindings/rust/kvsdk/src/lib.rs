@@ -23,6 +23,7 @@ mod element;
 mod error;
 mod geometry;
 mod policy;
+mod snapshot;
 mod stats;
 
 pub use cache::{Cache, HeadData};
@@ -31,6 +32,7 @@ pub use element::Element;
 pub use error::{Error, Result, Status};
 pub use geometry::{Dtype, Geometry, RopeStyle};
 pub use policy::{Method, Policy, PoolKind};
+pub use snapshot::{LoadInfo, SaveOptions, SNAPSHOT_FORMAT};
 pub use stats::{CacheStats, LayerStats, Tier, TIER_SLOTS};
 
 /// Raw C declarations, for what the safe API does not cover.
@@ -61,6 +63,19 @@ pub(crate) unsafe fn static_str(p: *const std::ffi::c_char) -> &'static str {
     }
     // SAFETY: guaranteed by the caller.
     unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("")
+}
+
+/// A path as the NUL-terminated bytes the C ABI takes.
+pub(crate) fn c_path(path: &std::path::Path) -> Result<std::ffi::CString> {
+    #[cfg(unix)]
+    let bytes = {
+        use std::os::unix::ffi::OsStrExt;
+        path.as_os_str().as_bytes().to_vec()
+    };
+    #[cfg(not(unix))]
+    let bytes =
+        path.to_str().ok_or_else(|| Error::invalid("path is not UTF-8"))?.as_bytes().to_vec();
+    std::ffi::CString::new(bytes).map_err(|_| Error::invalid("path contains NUL"))
 }
 
 /// The README's Rust examples (collected by build.rs), compiled and run as doc tests.
