@@ -30,7 +30,8 @@ def version_string():
     return _lib.kvsdk_version_string().decode()
 
 
-__all__ = ["LoadInfo", "SNAPSHOT_FORMAT", "SaveOptions", "Backend", "Cache", "CacheStats", "Context", "ContextOptions", "Dtype", "Geometry",
-           "HEADER_VERSION", "HeadData", "KvsdkError", "LayerStats", "Method", "PoolKind",
-           "Policy", "RopeStyle", "Status", "Tier", "buffers", "method_name", "status_str",
+__all__ = ["Backend", "Cache", "CacheStats", "Context", "ContextOptions", "Dtype", "Geometry",
+           "HEADER_VERSION", "HeadData", "KvsdkError", "LayerStats", "LoadInfo",
+           "Method", "Policy", "PoolKind", "RopeStyle", "SNAPSHOT_FORMAT",
+           "SaveOptions", "Status", "Tier", "buffers", "method_name", "status_str",
            "version", "version_string"]

@@ -40,8 +40,9 @@ fn save_load_round_trip_is_bit_identical() {
     let path = dir.join("conversation.kvsdk");
     let options = SaveOptions::default();
     let bytes = cache.save_to_vec(&options).unwrap();
-    cache.save(&path, &options).unwrap(); // the last save is the base of later deltas
-                                          // Each save carries a fresh random snapshot id, so two saves agree in length, not bytes.
+    // The last save is the base of later deltas. Each save carries a fresh random snapshot
+    // id, so two saves agree in length, not in bytes.
+    cache.save(&path, &options).unwrap();
     assert_eq!(std::fs::read(&path).unwrap().len(), bytes.len());
 
     let (mut from_file, info) = Cache::load(&ctx, &path, Some(&geometry())).unwrap();

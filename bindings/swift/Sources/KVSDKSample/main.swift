@@ -1,4 +1,5 @@
-// kvsdk Swift sample: a cache inside a budget, prefill + decode, stats, and a clean budget error.
+// kvsdk Swift sample: a cache inside a budget, prefill, stats, a clean budget error, and
+// suspend/resume through a snapshot.
 import KVSDK
 
 let geometry = Geometry(nLayers: 2, nQHeads: 4, nKVHeads: 2, headDim: 8, dtype: .f32)
@@ -37,6 +38,16 @@ do {
     }
     let after = try cache.stats()
     precondition(after == stats, "a failed append changed the cache")
+
+    // Suspend to bytes and resume in a fresh context: the next step is bit-identical.
+    let snapshot = try cache.saveToBytes()
+    let (resumed, info) = try Cache.load(context: try Context(), bytes: snapshot,
+                                         expected: geometry)
+    print("snapshot \(snapshot.count) bytes, format \(info.formatMajor).\(info.formatMinor)")
+    let q = draw(geometry.qElementsPerQuery)
+    let fromResumed = try resumed.attend(layer: 1, queries: q)
+    let fromOriginal = try cache.attend(layer: 1, queries: q)
+    precondition(fromResumed == fromOriginal, "the resumed cache differs")
     print("sample finished: OK")
 } catch {
     fatalError("sample failed: \(error)")

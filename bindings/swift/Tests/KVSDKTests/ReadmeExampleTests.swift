@@ -19,6 +19,10 @@ final class ReadmeExampleTests: XCTestCase {
             print(error.status, error.message)
             XCTAssertEqual(error.status, .outOfRange)
         }
+        let snapshot = try cache.saveToBytes()  // suspend (or cache.save(to: path))
+        let (resumed, _) = try Cache.load(context: context, bytes: snapshot, expected: geometry)
+        let again = try resumed.attend(layer: 0, queries: queries)  // equals `out`, bit for bit
         XCTAssertEqual(out[0], 0.25)
+        XCTAssertEqual(again, out)
     }
 }

@@ -16,7 +16,8 @@ final class SnapshotTests: XCTestCase {
         let (loaded, info) = try Cache.load(context: context, bytes: bytes, expected: geometry)
         XCTAssertEqual(info.formatMajor, snapshotFormat.major)
         let q = [Float](repeating: 0.5, count: geometry.qElementsPerQuery)
-        XCTAssertEqual(try loaded.attend(layer: 1, queries: q), try cache.attend(layer: 1, queries: q))
+        XCTAssertEqual(try loaded.attend(layer: 1, queries: q),
+                       try cache.attend(layer: 1, queries: q))
         XCTAssertEqual(try loaded.policy().method, .full)
 
         var corrupt = bytes
