@@ -14,13 +14,12 @@ public final class Cache {
     /// The geometry as the library reports it (attnScale resolved).
     public let geometry: Geometry
 
-    public init(context: Context, geometry: Geometry, policy: Policy? = nil) throws {
+    public convenience init(context: Context, geometry: Geometry, policy: Policy? = nil) throws {
         var g = geometry.raw
         var p = try policy ?? Policy(method: .full)
         var out: OpaquePointer?
         try check(kvsdk_cache_create(&out, context.handle, &g, &p.raw))
-        handle = out!
-        self.geometry = try Cache.geometry(of: out!)
+        try self.init(adopting: out!)
     }
 
     /// Takes ownership of a raw handle the library returned (e.g. a loader).
