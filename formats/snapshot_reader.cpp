@@ -204,8 +204,9 @@ void read_tier_chunk(const fb::TierChunk& c, const Geometry& g, Snapshot& s,
     if (n > declared[l][h] - e.size()) {
       fail(KVSDK_E_CORRUPT, "layer ", l, " head ", h, " has more rows than its metadata declares");
     }
-    for (int32_t p : *r->positions()) {
-      if (p < 0) fail(KVSDK_E_CORRUPT, "negative position in layer ", l, " head ", h);
+    const int32_t* pos = r->positions()->data();
+    if (std::any_of(pos, pos + n, [](int32_t p) { return p < 0; })) {
+      fail(KVSDK_E_CORRUPT, "negative position in layer ", l, " head ", h);
     }
     // Reserve the declared size once it is plausible for this file (never trust a count alone).
     if (e.size() == 0 && declared[l][h] * ExactStore::bytes_per_token(g.head_dim) <= reserve_limit) {
@@ -213,7 +214,7 @@ void read_tier_chunk(const fb::TierChunk& c, const Geometry& g, Snapshot& s,
       e.k.reserve(declared[l][h] * dim);
       e.v.reserve(declared[l][h] * dim);
     }
-    e.positions.insert(e.positions.end(), r->positions()->begin(), r->positions()->end());
+    e.positions.insert(e.positions.end(), pos, pos + n);
     e.k.insert(e.k.end(), r->keys()->data(), r->keys()->data() + n * dim);
     e.v.insert(e.v.end(), r->values()->data(), r->values()->data() + n * dim);
   }
@@ -328,7 +329,10 @@ Snapshot read_snapshot(const unsigned char* data, size_t size, const ReadOptions
   if (size - pos < kTrailerBytes) corrupt_at(pos, "truncated (trailer cut off)");
   const Trailer t = decode_trailer(data + pos, s.snapshot_id);
   if (t.index_offset != s.frames.back().offset) corrupt_at(pos, "trailer points to another index");
-  if (t.file_hash != xxh64(data, pos, 0)) corrupt_at(pos, "snapshot checksum mismatch");
+  Xxh64Stream records(0);
+  records.update(data, kFileHeaderBytes);
+  for (const FrameRecord& f : s.frames) records.update(data + f.offset, kFrameHeaderBytes);
+  if (t.records_hash != records.digest()) corrupt_at(pos, "snapshot checksum mismatch");
   s.base_end = pos + kTrailerBytes;
 
   for (uint32_t l = 0; l < s.geometry.n_layers; ++l) {

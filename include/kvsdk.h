@@ -400,7 +400,8 @@ KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options *options);
  *  synced. A crash or power loss at any point leaves either the previous file at `path` or the
  *  new one, never a mix. `options` may be NULL for defaults. The cache is not modified, but it
  *  remembers this save as the base of later kvsdk_cache_save_delta calls on `path`.
- *  Bookkeeping for that costs 8 bytes per stored token in host memory, outside the budget.
+ *  Bookkeeping for that costs 8 bytes of host memory per stored row (token and KV head),
+ *  outside the budget. The file is created with mode 0600 (a conversation is private data).
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options), KVSDK_E_IO (cannot create,
  *          write, sync or rename; the previous file at `path` is intact and no temporary file is
  *          left behind), KVSDK_E_NO_MEMORY.
