@@ -93,7 +93,9 @@ void MergedLayerPair::append(const float* rows_prev, const float* rows_cur, size
   std::vector<char> keep(n, 0);
   if (!threshold_set_) {
     // Prefill: the ceil(γ·n) most distant tokens (ties: earlier token first) stay unmerged.
-    const size_t n_keep = std::min(n, size_t(std::ceil(double(cfg_.gamma) * double(n))));
+    // (The small subtraction keeps f32's 0.05 = 0.0500000007 from turning 15.0 into 16.)
+    const size_t n_keep =
+        std::min(n, size_t(std::ceil(double(cfg_.gamma) * double(n) - 1e-6)));
     std::vector<size_t> order(n);
     std::iota(order.begin(), order.end(), size_t(0));
     std::stable_sort(order.begin(), order.end(),
