@@ -26,6 +26,30 @@ uint16_t f16_round_up(float x) {
 
 uint32_t levels(uint32_t bits) { return bits == 1 ? 1u : (1u << bits) - 1u; }
 
+// out[c] = z[c] + code_c * s[c] for one packed row; the width is a template parameter so the
+// inner loop has constant shifts (this runs in attention's inner loop).
+template <uint32_t B>
+void dequant_row(const uint8_t* packed, size_t dim, const float* s, const float* z, float* out) {
+  constexpr uint32_t per_byte = 8 / B, mask = (1u << B) - 1u;
+  size_t c = 0;
+  for (size_t byte = 0; c < dim; ++byte) {
+    const uint32_t bits = packed[byte];
+    for (uint32_t j = 0; j < per_byte && c < dim; ++j, ++c) {
+      out[c] = kivi_dequant((bits >> (j * B)) & mask, s[c], z[c]);
+    }
+  }
+}
+
+void dequant_row(uint32_t bits, const uint8_t* packed, size_t dim, const float* s, const float* z,
+                 float* out) {
+  switch (bits) {
+    case 1: return dequant_row<1>(packed, dim, s, z, out);
+    case 2: return dequant_row<2>(packed, dim, s, z, out);
+    case 4: return dequant_row<4>(packed, dim, s, z, out);
+    default: return dequant_row<8>(packed, dim, s, z, out);
+  }
+}
+
 }  // namespace
 
 bool kivi_bits_supported(uint32_t bits) { return bits == 1 || bits == 2 || bits == 4 || bits == 8; }
@@ -90,15 +114,13 @@ void kivi_quantize_keys(const float* k, size_t n_tokens, size_t dim, uint32_t bi
 void kivi_dequantize_keys(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
                           size_t first, size_t count, size_t dim, uint32_t bits, float* out) {
   const size_t row_bytes = kivi_packed_bytes(dim, bits);
-  std::vector<uint8_t> row(dim);
   std::vector<float> s(dim), z(dim);
   for (size_t c = 0; c < dim; ++c) {
     s[c] = f16_to_f32(scale[c]);
     z[c] = f16_to_f32(zero[c]);
   }
   for (size_t i = 0; i < count; ++i) {
-    kivi_unpack(codes + (first + i) * row_bytes, dim, bits, row.data());
-    for (size_t c = 0; c < dim; ++c) out[i * dim + c] = kivi_dequant(row[c], s[c], z[c]);
+    dequant_row(bits, codes + (first + i) * row_bytes, dim, s.data(), z.data(), out + i * dim);
   }
 }
 
@@ -130,14 +152,15 @@ void kivi_dequantize_values(const uint8_t* codes, const uint16_t* scale, const u
                             size_t n_tokens, size_t dim, size_t group, uint32_t bits, float* out) {
   const size_t n_groups = kivi_value_groups(dim, group);
   const size_t row_bytes = kivi_packed_bytes(dim, bits);
-  std::vector<uint8_t> row(dim);
+  std::vector<float> s(dim), z(dim);  // the row's group parameters spread over its channels
   for (size_t t = 0; t < n_tokens; ++t) {
-    kivi_unpack(codes + t * row_bytes, dim, bits, row.data());
     for (size_t g = 0; g < n_groups; ++g) {
       const size_t lo = g * group, hi = std::min(dim, lo + group);
-      const float s = f16_to_f32(scale[t * n_groups + g]), z = f16_to_f32(zero[t * n_groups + g]);
-      for (size_t c = lo; c < hi; ++c) out[t * dim + c] = kivi_dequant(row[c], s, z);
+      const float gs = f16_to_f32(scale[t * n_groups + g]), gz = f16_to_f32(zero[t * n_groups + g]);
+      std::fill(s.begin() + lo, s.begin() + hi, gs);
+      std::fill(z.begin() + lo, z.begin() + hi, gz);
     }
+    dequant_row(bits, codes + t * row_bytes, dim, s.data(), z.data(), out + t * dim);
   }
 }
 

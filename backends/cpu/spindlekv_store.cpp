@@ -23,9 +23,8 @@ void SpindleHeadStore::append(const float* k, const float* v, const int32_t* pos
 }
 
 void SpindleHeadStore::read_rows(size_t first, size_t count, float* k, float* v) const {
-  const size_t dim = head_dim();
   keys_.reconstruct(first, count, k);
-  for (size_t t = 0; t < count; ++t) rope_.apply(k + t * dim, positions_[first + t]);
+  rope_.apply_rows(k, positions_.data() + first, count);
   values_.reconstruct(first, count, v);
 }
 

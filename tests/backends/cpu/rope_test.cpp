@@ -61,3 +61,23 @@ TEST(Rope, NoneLeavesRowsUnchangedAndPreservesNorm) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Rope, ApplyRowsMatchesPerRowApply) {
+  const size_t dim = 128, n = 300;
+  for (kvsdk_rope_style style : {KVSDK_ROPE_INTERLEAVED, KVSDK_ROPE_HALF}) {
+    const kvsdk::cpu::Rope rope(dim, 500000.0f, style);
+    std::vector<int32_t> pos(n);
+    for (size_t t = 0; t < n; ++t) pos[t] = int32_t(t < 150 ? 40000 + t : 90000 + 3 * t);  // runs and gaps
+    std::vector<float> x = normal_rows(n * dim, 12), y = x;
+    rope.apply_rows(y.data(), pos.data(), n);
+    for (size_t t = 0; t < n; ++t) {
+      std::vector<float> want(&x[t * dim], &x[(t + 1) * dim]);
+      rope.apply(want.data(), pos[t]);
+      for (size_t d = 0; d < dim; ++d) EXPECT_NEAR(y[t * dim + d], want[d], 2e-6f) << t << "," << d;
+    }
+  }
+}
+
+}  // namespace
