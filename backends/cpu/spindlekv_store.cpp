@@ -17,8 +17,11 @@ void SpindleHeadStore::append(const float* k, const float* v, const int32_t* pos
   const size_t dim = head_dim();
   std::vector<float> pre(k, k + n * dim);
   for (size_t t = 0; t < n; ++t) rope_.inverse(&pre[t * dim], positions[t]);
-  keys_.append(pre.data(), n);
-  values_.append(v, n);
+  for (size_t first = 0; first < n; first += kSpindlePrefillBlock) {
+    const size_t c = std::min(kSpindlePrefillBlock, n - first);
+    keys_.append(&pre[first * dim], c);
+    values_.append(v + first * dim, c);
+  }
   positions_.insert(positions_.end(), positions, positions + n);
 }
 

@@ -1,6 +1,11 @@
 // One KV head of a SpindleKV shallow layer (paper 001, §3.2): keys and values each in their own
 // codebook (θ_K = 0.98, θ_V = 0.95). The codebook compares keys before RoPE, so the rotation the
 // host applied is removed on append and re-applied at the token's position on reconstruction.
+//
+// Algorithm 1's cosine graph is quadratic in the rows it covers, so a long prefill is encoded in
+// blocks of kSpindlePrefillBlock tokens: each block first joins existing entries above θ (as
+// decode tokens do), and the rest of the block runs the greedy construction. This bounds the
+// graph to ~block² pairs (a few MB) and the work to O(n · (block + entries) · head_dim).
 #pragma once
 
 #include <cstddef>
@@ -12,6 +17,8 @@
 #include "spindlekv_codebook.h"
 
 namespace kvsdk::cpu {
+
+constexpr size_t kSpindlePrefillBlock = 1024;
 
 struct SpindleBytes {
   uint64_t key_codebook = 0;    // key entries + key indices + key magnitudes

@@ -1,6 +1,7 @@
 // The per-head KIVI store (residual window, block flushes, byte accounting) and attention over it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "attention.h"
@@ -148,5 +149,42 @@ INSTANTIATE_TEST_SUITE_P(Widths, KiviAttention,
                            return "bits" + std::to_string(i.param.bits) + "n" +
                                   std::to_string(i.param.n);
                          });
+
+}  // namespace
+
+namespace {
+
+// Rows read in arbitrary ranges (across key blocks and into the residual) equal a full read; head
+// dims that are not a multiple of G get a shorter last value group.
+TEST(KiviStore, PartialReadsAndShortLastValueGroup) {
+  const size_t dim = 40, n = 230;  // value groups of 32 + 8 channels
+  const KiviConfig cfg{4, 32, 64};
+  KiviHeadStore s(dim, cfg);
+  const std::vector<float> k = normal_rows(n * dim, 61), v = normal_rows(n * dim, 62);
+  std::vector<int32_t> pos(n);
+  for (size_t i = 0; i < n; ++i) pos[i] = int32_t(i);
+  s.append(k.data(), v.data(), pos.data(), n);
+  EXPECT_EQ(s.value_scales().size(), s.quantized_tokens() * 2);
+  std::vector<float> kall(n * dim), vall(n * dim);
+  s.read_rows(0, n, kall.data(), vall.data());
+  for (size_t first : {0u, 5u, 31u, 32u, 63u, 150u, 159u, 160u, 229u}) {
+    for (size_t count : {1u, 2u, 33u, 70u}) {
+      if (first + count > n) continue;
+      std::vector<float> kp(count * dim), vp(count * dim);
+      s.read_rows(first, count, kp.data(), vp.data());
+      EXPECT_TRUE(std::equal(kp.begin(), kp.end(), kall.begin() + first * dim)) << first << "+" << count;
+      EXPECT_TRUE(std::equal(vp.begin(), vp.end(), vall.begin() + first * dim)) << first << "+" << count;
+    }
+  }
+  // Every quantized value within half a step of its group (the 8-channel group has its own range);
+  // the store quantizes the f16 rows it held in the residual.
+  const std::vector<float> v16 = f16_rounded(v);
+  for (size_t t = 0; t < s.quantized_tokens(); ++t) {
+    for (size_t c = 0; c < dim; ++c) {
+      const float step = kvsdk::f16_to_f32(s.value_scales()[t * 2 + c / 32]);
+      EXPECT_LE(std::fabs(vall[t * dim + c] - v16[t * dim + c]), 0.5f * step * (1 + 1e-5f) + 1e-6f);
+    }
+  }
+}
 
 }  // namespace

@@ -232,3 +232,27 @@ TEST(SpindleHeadStore, KeysAreGroupedBeforeRopeAndRotatedBackOnRead) {
 }
 
 }  // namespace
+
+namespace {
+
+// A prefill longer than one block is encoded block by block: still every row covered, and the
+// same result as appending the blocks one by one.
+TEST(SpindleHeadStore, LongPrefillIsEncodedInBlocks) {
+  const size_t dim = 16, n = kSpindlePrefillBlock + 300;
+  const std::vector<float> k = clustered_rows(n, dim, 6, 0.02f, 51), v = clustered_rows(n, dim, 6, 0.02f, 52);
+  std::vector<int32_t> pos(n);
+  for (size_t t = 0; t < n; ++t) pos[t] = int32_t(t);
+  SpindleHeadStore whole(dim, 10000.0f, KVSDK_ROPE_NONE), parts(dim, 10000.0f, KVSDK_ROPE_NONE);
+  whole.append(k.data(), v.data(), pos.data(), n);
+  parts.append(k.data(), v.data(), pos.data(), kSpindlePrefillBlock);
+  parts.append(&k[kSpindlePrefillBlock * dim], &v[kSpindlePrefillBlock * dim], &pos[kSpindlePrefillBlock], 300);
+  EXPECT_EQ(whole.keys().index(), parts.keys().index());
+  EXPECT_EQ(whole.values().entry_data(), parts.values().entry_data());
+  EXPECT_LE(whole.keys().entries(), 30u);
+  for (size_t t = 0; t < n; ++t) {
+    const std::vector<float> c = entry(whole.keys(), whole.keys().index()[t]);
+    EXPECT_GT(cosine(&k[t * dim], c.data(), dim), kSpindleThetaK - 1e-6) << t;
+  }
+}
+
+}  // namespace
