@@ -8,7 +8,7 @@
  *
  * This header is the specification. It reads top to bottom as a user's journey:
  *   version -> status and errors -> context -> geometry -> policy -> cache
- *   -> append / attend / read -> stats.
+ *   -> append / attend / read -> stats -> snapshots (save / load).
  *
  * ABI rules (hold for every function below):
  *   - Handles are opaque; every `*_create` has a `*_destroy`, and `*_destroy(NULL)` is a no-op.
@@ -95,9 +95,10 @@ typedef enum kvsdk_status {
   KVSDK_E_INTERNAL = 12      /**< A bug in kvsdk; please report it with kvsdk_last_error(). */
 } kvsdk_status;
 
-/** Short static English description of a status ("budget exceeded", ...). Unknown values give
- *  "unknown status". Never NULL; not to be freed. Thread-safe. */
-KVSDK_API const char *kvsdk_status_str(kvsdk_status status);
+/** Short static English description of a status value ("memory budget exceeded", ...). Takes
+ *  an int32_t so that any value is safe to pass; unknown values give "unknown status". Never
+ *  NULL; not to be freed. Thread-safe. */
+KVSDK_API const char *kvsdk_status_str(int32_t status);
 
 /** Detail of the last failure on the calling thread (thread-local). Successful calls do not
  *  clear it. Never NULL (empty string when nothing failed yet). The pointer is valid until the
@@ -229,9 +230,9 @@ typedef struct kvsdk_policy {
   float schedule_beta;      /**< SpindleKV/PyramidKV schedule beta. 0.05. */
 } kvsdk_policy;
 
-/** Fills `policy` with the defaults of `method` and sets struct_size.
+/** Fills `policy` with the defaults of `method` (a kvsdk_method value) and sets struct_size.
  *  Errors: KVSDK_E_INVALID_ARG if `policy` is NULL or `method` is not a kvsdk_method. */
-KVSDK_API kvsdk_status kvsdk_policy_init(kvsdk_policy *policy, kvsdk_method method);
+KVSDK_API kvsdk_status kvsdk_policy_init(kvsdk_policy *policy, int32_t method);
 
 /** Parses a preset name such as "full", "snapkv", "kivi" or a composition "xkv+kivi2"
  *  (method, then '+kiviN' for an N-bit KIVI overlay) into `policy` (initialised with the
@@ -239,8 +240,9 @@ KVSDK_API kvsdk_status kvsdk_policy_init(kvsdk_policy *policy, kvsdk_method meth
  *  Errors: KVSDK_E_INVALID_ARG (NULL arguments, unknown name). */
 KVSDK_API kvsdk_status kvsdk_policy_parse(kvsdk_policy *policy, const char *spec);
 
-/** Canonical lower-case name of a method ("full", "streaming_llm", ...), or NULL if unknown. */
-KVSDK_API const char *kvsdk_method_name(kvsdk_method method);
+/** Canonical lower-case name of a kvsdk_method value ("full", "streaming_llm", ...), or NULL if
+ *  `method` is not one. Thread-safe. */
+KVSDK_API const char *kvsdk_method_name(int32_t method);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Cache: one conversation's KV cache for one model geometry                                   */
@@ -291,7 +293,8 @@ KVSDK_API kvsdk_status kvsdk_cache_attend(kvsdk_cache *cache, uint32_t layer, si
                                           size_t q_bytes, void *out, size_t out_bytes);
 
 /** Materialises the dense keys, values and positions that one KV head of one layer currently
- *  holds (dequantised/reconstructed for compressed tiers), in position order.
+ *  holds (dequantised/reconstructed for compressed tiers), in stored order: append order, which
+ *  eviction preserves for the surviving tokens.
  *  Size query: with `k`, `v` and `positions` all NULL, writes the token count to `*n_tokens`.
  *  Otherwise `capacity_tokens` is the capacity of the buffers (k and v: capacity x head_dim
  *  elements of the geometry's dtype; positions: capacity int32); any of the three may be NULL
@@ -351,6 +354,127 @@ typedef struct kvsdk_layer_stats {
  *  Errors: KVSDK_E_INVALID_ARG (NULL, struct_size too small), KVSDK_E_OUT_OF_RANGE (layer). */
 KVSDK_API kvsdk_status kvsdk_cache_layer_stats_get(const kvsdk_cache *cache, uint32_t layer,
                                                    kvsdk_layer_stats *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Snapshots: suspend and resume                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A snapshot holds everything a cache needs to continue bit-identically: geometry, policy and
+ * its parameters, per-layer state and every tier's rows with their positions. Format (see
+ * formats/kvsdk.fbs and formats/container.h): a header (magic "KVSDKSNP", format major.minor),
+ * frames (each one FlatBuffer compressed as a zstd frame with its content checksum, plus a
+ * 64-bit hash of the compressed bytes), a footer index, a trailer with a hash of the whole
+ * snapshot, then optional journal frames appended by kvsdk_cache_save_delta. Little-endian on
+ * every platform, so a snapshot moves between machines and backends.
+ *
+ * Loading validates everything before it is used (FlatBuffers Verifier with limits, sizes against
+ * the geometry, every checksum): corrupt or truncated input yields KVSDK_E_CORRUPT, never a crash.
+ * A cache loaded from a snapshot is charged to its context's budget like any other. */
+
+/** Version of the snapshot format this library writes. A reader accepts every minor version of
+ *  its major version (unknown additions are ignored or reported as unsupported) and rejects a
+ *  newer major version with KVSDK_E_VERSION. */
+#define KVSDK_SNAPSHOT_FORMAT_MAJOR 1
+#define KVSDK_SNAPSHOT_FORMAT_MINOR 0
+
+typedef struct kvsdk_save_options {
+  uint32_t struct_size;      /**< sizeof(kvsdk_save_options); set by kvsdk_save_options_init. */
+  int32_t zstd_level;        /**< zstd compression level, 1..19 (also negative "fast" levels
+                                  down to -7). Default 3. Level 0 means the default. */
+  uint32_t include_backing;  /**< 1: also write the off-budget full-precision backing store of
+                                  tiered policies (SpeCache); 0: leave it out. Caches without a
+                                  backing store (every policy of this version) ignore it.
+                                  Default 0. */
+  uint64_t max_frame_bytes;  /**< Largest uncompressed rows payload per frame: per-layer data is
+                                  split into frames of at most this many bytes of rows (at least
+                                  one row per frame), which keeps every FlatBuffer far below its
+                                  2 GiB limit. 1..256 MiB; 0 means the default, 8 MiB. */
+} kvsdk_save_options;
+
+/** Fills `options` with defaults (zstd level 3, no backing store, 8 MiB frames).
+ *  Errors: KVSDK_E_INVALID_ARG if `options` is NULL. Thread-safe. */
+KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options *options);
+
+/** Saves the whole cache to the file `path` atomically: the snapshot is written to a temporary
+ *  file in the same directory, flushed to disk (fsync), renamed over `path`, and the directory is
+ *  synced. A crash or power loss at any point leaves either the previous file at `path` or the
+ *  new one, never a mix. `options` may be NULL for defaults. The cache is not modified, but it
+ *  remembers this save as the base of later kvsdk_cache_save_delta calls on `path`.
+ *  Bookkeeping for that costs 8 bytes per stored token in host memory, outside the budget.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options), KVSDK_E_IO (cannot create,
+ *          write, sync or rename; the previous file at `path` is intact and no temporary file is
+ *          left behind), KVSDK_E_NO_MEMORY.
+ *  Threading: like every cache call, one thread at a time per cache. */
+KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache *cache, const char *path,
+                                        const kvsdk_save_options *options);
+
+/** Saves the whole cache into a caller-owned buffer. With `buf` NULL it is a size query: writes
+ *  the exact number of bytes a save needs to `*out_size` (this encodes and compresses the whole
+ *  cache, so it costs as much as a save). Otherwise writes the snapshot to `buf` (`capacity`
+ *  bytes) and its size to `*out_size`. A buffer save becomes the base of later deltas in the
+ *  same way as kvsdk_cache_save, for whoever writes the buffer to a file; a size query does not.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache/out_size, bad options, `capacity` smaller than the
+ *          snapshot), KVSDK_E_NO_MEMORY. On failure `*out_size` is untouched and the contents of
+ *          `buf` are unspecified. */
+KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache *cache,
+                                                  const kvsdk_save_options *options, void *buf,
+                                                  size_t capacity, size_t *out_size);
+
+/** Appends a journal frame (or a few, split by max_frame_bytes) to the snapshot file `path` that
+ *  records what changed since the last save, delta or load of that file by this cache: tokens
+ *  appended since, and rows removed since (a delta stays exact whatever changed). Much cheaper
+ *  than a full save for a long conversation that grew by a few tokens. The frames are written
+ *  and fsync-ed; a crash while appending leaves a torn tail that kvsdk_cache_load ignores (it
+ *  loads the state of the last complete delta and counts the torn frames in
+ *  kvsdk_load_info.journal_frames_dropped); the next delta from this cache replaces that tail.
+ *  Only `zstd_level` and `max_frame_bytes` of `options` (NULL for defaults) apply.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options),
+ *          KVSDK_E_STATE (this cache has no base to continue from: it was never saved or loaded;
+ *          or `path` is not the file of its last full save/load, or that file's journal holds
+ *          frames this cache did not write; nothing is written),
+ *          KVSDK_E_IO (cannot open, read, write or sync; the file may then end in a torn frame,
+ *          which loads as above), KVSDK_E_NO_MEMORY. */
+KVSDK_API kvsdk_status kvsdk_cache_save_delta(kvsdk_cache *cache, const char *path,
+                                              const kvsdk_save_options *options);
+
+/** What a load found. */
+typedef struct kvsdk_load_info {
+  uint32_t struct_size;             /**< Set by the caller (sizeof). */
+  uint32_t format_major;            /**< Format version the snapshot was written with. */
+  uint32_t format_minor;
+  uint32_t journal_frames_applied;  /**< Journal frames (from kvsdk_cache_save_delta) applied. */
+  uint32_t journal_frames_dropped;  /**< Frames of an incomplete (torn) last delta ignored. */
+} kvsdk_load_info;
+
+/** Loads a snapshot file into a new cache on `ctx` (either backend), applying every complete
+ *  journal delta. `expected`: NULL accepts the file's geometry; otherwise the file's geometry
+ *  must equal it (after defaults: attn_scale 0 means 1/sqrt(head_dim)). `info` (NULL ok; its
+ *  struct_size must be set) receives what the load found. On success `*out` owns a new cache
+ *  (release it with kvsdk_cache_destroy) whose bytes are charged to `ctx`'s budget, with the
+ *  snapshot's policy; later kvsdk_cache_save_delta calls on `path` continue its journal.
+ *  The file is mapped read-only while loading; it must not be truncated meanwhile.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL out/ctx/path, bad struct_size), KVSDK_E_IO (cannot open or
+ *          read), KVSDK_E_CORRUPT (bad magic, truncated, checksum mismatch, invalid contents),
+ *          KVSDK_E_VERSION (newer major format), KVSDK_E_GEOMETRY (differs from `expected`),
+ *          KVSDK_E_UNSUPPORTED (a policy or tier this build does not implement),
+ *          KVSDK_E_BUDGET (the cache does not fit the budget), KVSDK_E_NO_MEMORY.
+ *  On failure `*out` and `*info` are untouched and nothing stays charged to `ctx`.
+ *  Threading: safe to call concurrently (it creates a new cache). */
+KVSDK_API kvsdk_status kvsdk_cache_load(kvsdk_cache **out, kvsdk_context *ctx, const char *path,
+                                        const kvsdk_geometry *expected, kvsdk_load_info *info);
+
+/** As kvsdk_cache_load, from `size` bytes at `buf` (a whole snapshot file's contents, journal
+ *  included). `buf` is only read during the call. Errors as kvsdk_cache_load (without
+ *  KVSDK_E_IO; NULL buf is KVSDK_E_INVALID_ARG). */
+KVSDK_API kvsdk_status kvsdk_cache_load_from_buffer(kvsdk_cache **out, kvsdk_context *ctx,
+                                                    const void *buf, size_t size,
+                                                    const kvsdk_geometry *expected,
+                                                    kvsdk_load_info *info);
+
+/** Copies the cache's policy into `*out` (out->struct_size must be set, e.g. by
+ *  kvsdk_policy_init), e.g. to see which policy a loaded snapshot carries.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL, struct_size too small). */
+KVSDK_API kvsdk_status kvsdk_cache_policy(const kvsdk_cache *cache, kvsdk_policy *out);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -26,6 +26,13 @@ class Cache {
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
 
+  // Snapshot restore (formats/): a cache holding `layers`, already validated against `geometry`,
+  // with their bytes charged to `ctx`. Throws KVSDK_E_BUDGET (charging nothing) when they do not
+  // fit. Defined in cache_restore.cpp.
+  static std::unique_ptr<Cache> restore(std::shared_ptr<Context> ctx, const Geometry& geometry,
+                                        const kvsdk_policy& policy,
+                                        std::vector<LayerState> layers);
+
   const Geometry& geometry() const { return geometry_; }
   const kvsdk_policy& policy() const { return policy_; }
   const Context& context() const { return *ctx_; }
@@ -58,6 +65,13 @@ class Cache {
 
 }  // namespace kvsdk
 
+namespace kvsdk::format {
+struct JournalBase;
+}
+
 struct kvsdk_cache {
   std::unique_ptr<kvsdk::Cache> impl;
+  // What the last snapshot save/load of this cache recorded, so that kvsdk_cache_save_delta can
+  // append exactly what changed since (formats/journal.h). Null until the first save or load.
+  std::shared_ptr<kvsdk::format::JournalBase> journal;
 };

@@ -89,15 +89,15 @@ using namespace kvsdk;
 
 extern "C" {
 
-KVSDK_API const char* kvsdk_method_name(kvsdk_method method) {
+KVSDK_API const char* kvsdk_method_name(int32_t method) {
   return method_valid(method) ? kMethodNames[method] : nullptr;
 }
 
-KVSDK_API kvsdk_status kvsdk_policy_init(kvsdk_policy* policy, kvsdk_method method) {
+KVSDK_API kvsdk_status kvsdk_policy_init(kvsdk_policy* policy, int32_t method) {
   return guard("kvsdk_policy_init", [&] {
     KVSDK_REQUIRE(policy != nullptr, "policy is NULL");
-    KVSDK_REQUIRE(method_valid(method), "method ", int(method), " is not a kvsdk_method");
-    *policy = policy_defaults(method);
+    KVSDK_REQUIRE(method_valid(method), "method ", method, " is not a kvsdk_method");
+    *policy = policy_defaults(kvsdk_method(method));
   });
 }
 

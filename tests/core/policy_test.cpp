@@ -28,7 +28,7 @@ TEST(Policy, EveryMethodHasAName) {
     ASSERT_EQ(kvsdk_policy_parse(&p, name), KVSDK_OK) << name;
     EXPECT_EQ(p.method, m);
   }
-  EXPECT_EQ(kvsdk_method_name(kvsdk_method(KVSDK_METHOD_COUNT)), nullptr);
+  EXPECT_EQ(kvsdk_method_name(KVSDK_METHOD_COUNT), nullptr);
 }
 
 TEST(Policy, ParsesCompositions) {
@@ -52,7 +52,7 @@ TEST(Policy, RejectsBadSpecsAndLeavesOutputUntouched) {
   }
   EXPECT_EQ(kvsdk_policy_parse(nullptr, "full"), KVSDK_E_INVALID_ARG);
   EXPECT_EQ(kvsdk_policy_parse(&p, nullptr), KVSDK_E_INVALID_ARG);
-  EXPECT_EQ(kvsdk_policy_init(&p, kvsdk_method(99)), KVSDK_E_INVALID_ARG);
+  EXPECT_EQ(kvsdk_policy_init(&p, 99), KVSDK_E_INVALID_ARG);
 }
 
 TEST(Policy, UnimplementedMethodsReturnUnsupported) {
