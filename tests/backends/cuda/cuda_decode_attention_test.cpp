@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <string>
 
 #include "attention.h"
 #include "core/error.h"
@@ -137,7 +138,12 @@ TEST_P(CudaDecodeAttention, KiviTierWithResidualMatchesCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaDecodeAttention,
                          ::testing::Values(Case{128, 4, 2}, Case{128, 1, 1}, Case{64, 8, 4},
-                                           Case{256, 2, 8}));
+                                           Case{256, 2, 8}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           const Case& c = info.param;
+                           return "dim" + std::to_string(c.dim) + "_group" +
+                                  std::to_string(c.group) + "_bits" + std::to_string(c.bits);
+                         });
 
 TEST(CudaDecodeAttentionEdge, NoTokensGivesZeros) {
   KVSDK_REQUIRE_CUDA_DEVICE();
