@@ -26,7 +26,8 @@ JOBS=${JOBS:-$(nproc)}
 } | tee "$LOG_DIR/environment.txt"
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "gpu_check: nvidia-smi sees no GPU; the CUDA tests would only skip" | tee -a "$LOG_DIR/environment.txt"
+  echo "gpu_check: nvidia-smi sees no GPU; the CUDA tests would only skip" |
+    tee -a "$LOG_DIR/environment.txt"
   exit 1
 fi
 
@@ -39,7 +40,8 @@ ctest --preset cuda 2>&1 | tee "$LOG_DIR/ctest_all.log" || status=1
 ./build/cuda/tests/cuda_backend_test --gtest_brief=0 2>&1 | tee "$LOG_DIR/cuda_backend_test.log" ||
   status=1
 if grep -q "no CUDA device" "$LOG_DIR/cuda_backend_test.log"; then
-  echo "gpu_check: CUDA tests skipped although a GPU is listed" | tee -a "$LOG_DIR/cuda_backend_test.log"
+  echo "gpu_check: CUDA tests skipped although a GPU is listed" |
+    tee -a "$LOG_DIR/cuda_backend_test.log"
   status=1
 fi
 

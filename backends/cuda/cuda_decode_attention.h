@@ -31,7 +31,8 @@ struct DecodeShape {
   float scale = 1.0f;
 };
 
-// Rows of head (b, h) start at row (b * kv_heads + h) * capacity: k/v f16 [batch*kv][capacity][dim].
+// Rows of head (b, h) start at row (b * kv_heads + h) * capacity:
+// k/v f16 [batch*kv][capacity][dim], 16-byte aligned (rows are read with vector loads).
 struct ExactTierView {
   const uint16_t* k = nullptr;
   const uint16_t* v = nullptr;

@@ -75,7 +75,8 @@ void BM_DeviceCopy(benchmark::State& state) {
   if (!src.p || !dst.p) return state.SkipWithError("cudaMalloc failed");
   CHECK_CUDA(cudaMemset(src.p, 1, bytes));
   for (auto _ : state) {
-    const double s = time_s([&] { cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice); }, 10);
+    const double s = time_s(
+        [&] { cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice); }, 10);
     state.SetIterationTime(s);
     g_copy_bytes_per_s = 2.0 * double(bytes) / s;
   }

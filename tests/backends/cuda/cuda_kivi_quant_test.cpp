@@ -107,12 +107,18 @@ TEST(CudaKiviQuantArgs, UnsupportedBitsAndZeroSizesAreInvalidArguments) {
     }
     return KVSDK_OK;
   };
-  EXPECT_EQ(status([] { kivi_quantize_keys(nullptr, 1, 1, 8, 3, nullptr, nullptr, nullptr, nullptr); }),
+  EXPECT_EQ(status([] {
+              kivi_quantize_keys(nullptr, 1, 1, 8, 3, nullptr, nullptr, nullptr, nullptr);
+            }),
             KVSDK_E_INVALID_ARG);
-  EXPECT_EQ(status([] { kivi_quantize_values(nullptr, 1, 8, 0, 2, nullptr, nullptr, nullptr, nullptr); }),
+  EXPECT_EQ(status([] {
+              kivi_quantize_values(nullptr, 1, 8, 0, 2, nullptr, nullptr, nullptr, nullptr);
+            }),
             KVSDK_E_INVALID_ARG);
   EXPECT_EQ(status([] { kivi_pack(nullptr, 1, 0, 2, nullptr, nullptr); }), KVSDK_E_INVALID_ARG);
-  EXPECT_EQ(status([] { kivi_dequantize_keys(nullptr, nullptr, nullptr, 1, 1, 8, 16, nullptr, nullptr); }),
+  EXPECT_EQ(status([] {
+              kivi_dequantize_keys(nullptr, nullptr, nullptr, 1, 1, 8, 16, nullptr, nullptr);
+            }),
             KVSDK_E_INVALID_ARG);
 }
 

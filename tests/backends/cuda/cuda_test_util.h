@@ -15,7 +15,9 @@ namespace kvsdk::cuda::test {
 inline std::string cuda_unavailable_reason() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(err);
+  if (err != cudaSuccess) {
+    return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(err);
+  }
   if (count == 0) return "cudaGetDeviceCount returned 0";
   return {};
 }

@@ -71,8 +71,8 @@ TEST(CudaDeviceArena, RepartitionKeepsLiveDataAndStaysInsideTheBudget) {
 
     // Over-budget plan and a shrink below live bytes: refused, nothing moves.
     const ArenaPartition before = arena.partition();
-    EXPECT_EQ(status_of([&] { arena.apply_plan(ArenaPlan{{{budget, 0}, {1, 0}, {0, 0}, {0, 0}}}); }),
-              KVSDK_E_BUDGET);
+    const ArenaPlan too_big{{{budget, 0}, {1, 0}, {0, 0}, {0, 0}}};
+    EXPECT_EQ(status_of([&] { arena.apply_plan(too_big); }), KVSDK_E_BUDGET);
     EXPECT_EQ(status_of([&] { arena.apply_plan(ArenaPlan{{{1, 1}, {1, 1}, {1, 1}, {1, 1}}}); }),
               KVSDK_E_BUDGET);
     EXPECT_EQ(arena.partition().slices[2].offset, before.slices[2].offset);
