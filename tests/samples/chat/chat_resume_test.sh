@@ -5,6 +5,12 @@ set -euo pipefail
 chat="$1"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+# Cross builds run the binary through an emulator (KVSDK_RUN, e.g. qemu-aarch64): wrap it.
+if [ -n "${KVSDK_RUN:-}" ]; then
+  printf '#!/bin/sh\nexec %s "%s" "$@"\n' "$KVSDK_RUN" "$chat" >"$work/chat"
+  chmod +x "$work/chat"
+  chat="$work/chat"
+fi
 args=(--model shakespeare-small --temperature 0 --reply-tokens 40)
 printf 'Good morrow, cousin.\nWhat news?\nThen farewell.\n' |
   "$chat" "${args[@]}" --session "$work/one.kvsnap" >"$work/one.txt" 2>"$work/one.err"
