@@ -81,7 +81,8 @@ class Reader {
                        (want == uint8_t(FrameKind::kTierChunk) && got == fb::Payload::TierChunk) ||
                        (want == uint8_t(FrameKind::kIndex) && got == fb::Payload::Index) ||
                        (want == uint8_t(FrameKind::kJournal) && got == fb::Payload::JournalDelta);
-    if (!match) {
+    // A union may name its type yet carry no value: the Verifier accepts that, we do not.
+    if (!match || root->payload() == nullptr) {
       *why = "frame content does not match its kind";
       return nullptr;
     }
@@ -299,9 +300,9 @@ Snapshot read_snapshot(const unsigned char* data, size_t size, const ReadOptions
   // caches stay far below 64; larger claims just grow as rows arrive).
   const uint64_t reserve_limit = uint64_t(size) * 64;
   uint64_t pos = kFileHeaderBytes;
+  RawFrame f;  // reused: its buffer keeps its capacity (no fresh pages per frame)
+  std::string why;
   for (;;) {
-    RawFrame f;
-    std::string why;
     if (!rd.locate(pos, s.snapshot_id, &f, &why)) corrupt_at(pos, why);
     const fb::Frame* root = rd.open(f, &why);
     if (!root) corrupt_at(pos, why);
