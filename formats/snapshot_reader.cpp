@@ -171,7 +171,10 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
       const uint64_t n = li->head_tokens()->Get(h);
       if (n > kMaxRowsPerHead) fail(KVSDK_E_CORRUPT, "snapshot layer ", l, " head ", h, " declares ", n, " rows");
       declared[l].push_back(n);
-      declared_bytes += n * bytes_per_row;  // < 2^31 * 2^12 * 2^24: no overflow
+      // n * bytes_per_row < 2^31 * 2^13; the sum over up to 2^24 heads saturates instead of
+      // wrapping around.
+      const uint64_t add = n * bytes_per_row;
+      declared_bytes = add > UINT64_MAX - declared_bytes ? UINT64_MAX : declared_bytes + add;
     }
   }
   if (declared_bytes > opt.available_bytes) {

@@ -454,7 +454,7 @@ typedef struct kvsdk_load_info {
  *  Errors: KVSDK_E_INVALID_ARG (NULL out/ctx/path, bad struct_size), KVSDK_E_IO (cannot open or
  *          read), KVSDK_E_CORRUPT (bad magic, truncated, checksum mismatch, invalid contents),
  *          KVSDK_E_VERSION (newer major format), KVSDK_E_GEOMETRY (differs from `expected`),
- *          KVSDK_E_UNSUPPORTED (a policy or tier this build does not implement),
+ *          KVSDK_E_UNSUPPORTED (the snapshot's policy is not implemented by this build),
  *          KVSDK_E_BUDGET (the cache does not fit the budget), KVSDK_E_NO_MEMORY.
  *  On failure `*out` and `*info` are untouched and nothing stays charged to `ctx`.
  *  Threading: safe to call concurrently (it creates a new cache). */
