@@ -335,7 +335,7 @@ Snapshot read_snapshot(const unsigned char* data, size_t size, const ReadOptions
   if (t.index_offset != s.frames.back().offset) corrupt_at(pos, "trailer points to another index");
   Xxh64Stream records(0);
   records.update(data, kFileHeaderBytes);
-  for (const FrameRecord& f : s.frames) records.update(data + f.offset, kFrameHeaderBytes);
+  for (const FrameRecord& fr : s.frames) records.update(data + fr.offset, kFrameHeaderBytes);
   if (t.records_hash != records.digest()) corrupt_at(pos, "snapshot checksum mismatch");
   s.base_end = pos + kTrailerBytes;
 
