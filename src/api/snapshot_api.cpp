@@ -93,7 +93,7 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache* cache,
                                                   const kvsdk_save_options* options, void* buf,
                                                   size_t capacity, size_t* out_size) {
   return guard("kvsdk_cache_save_to_buffer", [&] {
-    kvsdk_cache& c = handle(cache);
+    const kvsdk_cache& c = handle(cache);
     KVSDK_REQUIRE(out_size != nullptr, "out_size is NULL");
     const SaveParams params = save_params_from_c(options);
     const uint64_t id = new_snapshot_id();
@@ -102,10 +102,9 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache* cache,
       *out_size = size_t(write_snapshot(*c.impl, params, id, sink));
       return;
     }
-    auto base = make_base(*c.impl, id, 0, 0, 1);
+    // A buffer is not a file: the journal keeps continuing the last file saved or loaded.
     BufferSink sink(buf, capacity);
-    base->base_end = base->journal_end = write_snapshot(*c.impl, params, id, sink);
-    c.journal = std::move(base);
+    write_snapshot(*c.impl, params, id, sink);
     *out_size = size_t(sink.written());
   });
 }

@@ -262,14 +262,26 @@ TEST_F(Journal, DeltaOnlyContinuesTheCachesOwnLastSave) {
   EXPECT_EQ(kvsdk_cache_save_delta(a.get(), nullptr, nullptr), KVSDK_E_INVALID_ARG);
 }
 
-TEST_F(Journal, BufferSaveIsABaseForWhoeverWritesItToAFile) {
+TEST_F(Journal, BufferSavesDoNotMoveTheJournalBase) {
   const auto buf = save_buffer(a.get());
-  write_file(path, buf);
   fill(a.get(), g, 2, 30, 3);
   ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
   auto b = load_file(ctx.get(), path);
   ASSERT_TRUE(b);
   EXPECT_TRUE(dump(a.get()) == dump(b.get()));
+  // The buffer, written to another file, is not this cache's base.
+  const std::string other = dir.file("from-buffer.kvsnap");
+  write_file(other, buf);
+  EXPECT_EQ(kvsdk_cache_save_delta(a.get(), other.c_str(), nullptr), KVSDK_E_STATE);
+  // But a cache loaded from those bytes continues that file.
+  kvsdk_status st;
+  auto c = load_buffer(ctx.get(), buf, &st);
+  ASSERT_EQ(st, KVSDK_OK);
+  fill(c.get(), g, 1, 30, 4);
+  ASSERT_EQ(kvsdk_cache_save_delta(c.get(), other.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  auto d = load_file(ctx.get(), other);
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(dump(c.get()) == dump(d.get()));
 }
 
 }  // namespace
