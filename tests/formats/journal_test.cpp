@@ -241,7 +241,10 @@ TEST_F(Journal, DeltaOnlyContinuesTheCachesOwnLastSave) {
   const auto other_bytes = read_file(other);
   EXPECT_EQ(kvsdk_cache_save_delta(a.get(), other.c_str(), nullptr), KVSDK_E_STATE);
   EXPECT_EQ(read_file(other), other_bytes);
-  // After saving elsewhere, the old file is no longer the base.
+  // After saving a changed state elsewhere, the old file is no longer the base. (Saving the
+  // same state again gives the same snapshot id: the old file then still holds exactly the base
+  // a delta continues, so continuing it would be correct.)
+  fill(a.get(), g, 1, 30, 4);
   ASSERT_EQ(kvsdk_cache_save(a.get(), dir.file("moved.kvsnap").c_str(), nullptr), KVSDK_OK);
   const auto old_bytes = read_file(path);
   EXPECT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_E_STATE);
@@ -260,6 +263,19 @@ TEST_F(Journal, DeltaOnlyContinuesTheCachesOwnLastSave) {
   EXPECT_TRUE(dump(b1.get()) == dump(c.get()));
   EXPECT_EQ(kvsdk_cache_save_delta(nullptr, path.c_str(), nullptr), KVSDK_E_INVALID_ARG);
   EXPECT_EQ(kvsdk_cache_save_delta(a.get(), nullptr, nullptr), KVSDK_E_INVALID_ARG);
+}
+
+TEST_F(Journal, EqualStatesGiveByteIdenticalSnapshots) {
+  const std::string first = dir.file("first.kvsnap"), second = dir.file("second.kvsnap");
+  ASSERT_EQ(kvsdk_cache_save(a.get(), first.c_str(), nullptr), KVSDK_OK);
+  auto b = load_file(ctx.get(), first);
+  ASSERT_TRUE(b);
+  ASSERT_EQ(kvsdk_cache_save(b.get(), second.c_str(), nullptr), KVSDK_OK);
+  EXPECT_TRUE(read_file(first) == read_file(second));
+  EXPECT_TRUE(save_buffer(a.get()) == read_file(first));
+  fill(b.get(), g, 1, 30, 5);
+  ASSERT_EQ(kvsdk_cache_save(b.get(), second.c_str(), nullptr), KVSDK_OK);
+  EXPECT_FALSE(read_file(first) == read_file(second));
 }
 
 TEST_F(Journal, BufferSavesDoNotMoveTheJournalBase) {
