@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kvsdk.h"
+#include "reappend.h"
 #include "report.h"
 
 using kvsdk_cli::Report;
@@ -240,25 +241,31 @@ int cmd_recompress(const char* in, const char* out, const char* spec, uint64_t b
   kvsdk_policy current;
   kvsdk_policy_init(&current, KVSDK_METHOD_FULL);
   kvsdk_cache_policy(src.cache, &current);
-  if (policy.method != current.method || policy.quant_bits != current.quant_bits) {
-    // The target policy must exist in this build: creating a cache with it says whether it does.
-    kvsdk_cache* probe = nullptr;
-    st = kvsdk_cache_create(&probe, src.ctx, &g, &policy);
-    kvsdk_cache_destroy(probe);
-    if (st != KVSDK_OK) return report_failure(r, json, "cannot apply --policy", st);
-    // A different, implemented policy needs a compress-to-policy call the C API does not offer
-    // yet (the compression work adds it).
-    return report_failure(r, json, "cannot apply --policy", KVSDK_E_UNSUPPORTED,
-                          "changing the policy of a saved cache is not implemented yet");
-  }
-  Loaded dst;
-  st = load(in, budget, &dst);
-  if (st != KVSDK_OK) return report_failure(r, json, "cannot fit the snapshot into --budget", st);
   kvsdk_save_options o;
   kvsdk_save_options_init(&o);
   o.zstd_level = zstd_level;
-  st = kvsdk_cache_save(dst.cache, out, &o);
-  if (st != KVSDK_OK) return report_failure(r, json, "cannot save output snapshot", st);
+  if (policy.method != current.method || policy.quant_bits != current.quant_bits) {
+    // A new policy: re-append the rows into a cache with that policy, then compress it to the
+    // budget over every layer at once (the source is in memory already, so this costs no peak).
+    Loaded dst;
+    st = kvsdk_context_create(&dst.ctx, nullptr);
+    if (st != KVSDK_OK) return report_failure(r, json, "cannot create a context", st);
+    st = kvsdk_cache_create(&dst.cache, dst.ctx, &g, &policy);
+    if (st != KVSDK_OK) return report_failure(r, json, "cannot apply --policy", st);
+    const char* detail = nullptr;
+    st = kvsdk_cli::reappend(src.cache, dst.cache, &detail);
+    if (st == KVSDK_OK) st = kvsdk_cache_set_budget(dst.cache, budget);
+    if (st == KVSDK_OK) st = kvsdk_cache_compress(dst.cache);
+    if (st != KVSDK_OK) return report_failure(r, json, "cannot apply --policy", st, detail);
+    st = kvsdk_cache_save(dst.cache, out, &o);
+    if (st != KVSDK_OK) return report_failure(r, json, "cannot save output snapshot", st);
+  } else {
+    Loaded dst;
+    st = load(in, budget, &dst);
+    if (st != KVSDK_OK) return report_failure(r, json, "cannot fit the snapshot into --budget", st);
+    st = kvsdk_cache_save(dst.cache, out, &o);
+    if (st != KVSDK_OK) return report_failure(r, json, "cannot save output snapshot", st);
+  }
   r.field("ok", true);
   r.field("input", in);
   r.field("output", out);

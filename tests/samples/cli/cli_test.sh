@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # kvsdk CLI: verify exits 0 on sound snapshots and 1 (never a signal) on every damaged variant;
-# inspect/verify --json output parses; recompress works for 'full' and explains what is missing.
+# inspect/verify --json output parses; recompress applies implemented policies and explains what
+# is missing.
 # usage: cli_test.sh KVSDK_BINARY GOLDEN_DIR
 set -uo pipefail
 cli=$1
@@ -69,17 +70,34 @@ done
 expect_exit 1 "$cli" verify "$tmp/does-not-exist"
 expect_exit 1 "$cli" inspect "$tmp/does-not-exist" --json; json_ok inspect missing
 
-# recompress: 'full' re-saves under a budget; too small a budget and unimplemented methods fail.
+# recompress: 'full' re-saves under a budget; another implemented policy re-appends the rows and
+# compresses them to the budget; too small a budget and unimplemented methods fail.
 expect_exit 0 "$cli" recompress "$good" "$tmp/re.kvsnap" --policy full --budget 1M
 expect_exit 0 "$cli" verify "$tmp/re.kvsnap"
 expect_exit 1 "$cli" recompress "$good" "$tmp/re2.kvsnap" --policy full --budget 100
 grep -q "budget" "$tmp/err" || fail "budget failure not explained: $(cat "$tmp/err")"
-expect_exit 1 "$cli" recompress "$good" "$tmp/re3.kvsnap" --policy snapkv --budget 1M
+same_heads=$golden/v1_0_multiframe_f16.kvsnap  # every KV head holds the same tokens
+for policy in streaming_llm snapkv xkv; do
+  expect_exit 0 "$cli" recompress "$same_heads" "$tmp/re_$policy.kvsnap" --policy "$policy" \
+    --budget 2K
+  expect_exit 0 "$cli" verify "$tmp/re_$policy.kvsnap"
+  expect_exit 0 "$cli" inspect "$tmp/re_$policy.kvsnap" --json; json_ok inspect "$policy"
+  grep -q "\"$policy\"" "$tmp/out" || fail "recompressed file does not carry policy $policy"
+  [ "$(stat -c %s "$tmp/re_$policy.kvsnap")" -lt "$(stat -c %s "$same_heads")" ] ||
+    fail "recompress to $policy did not shrink the snapshot"
+done
+# A cache that keeps the same tokens in every KV head can change policy again.
+expect_exit 0 "$cli" recompress "$tmp/re_streaming_llm.kvsnap" "$tmp/re_back.kvsnap" --policy full \
+  --budget 1M
+# Rows evicted per KV head cannot be re-appended through the C API: a clear status.
+expect_exit 1 "$cli" recompress "$good" "$tmp/re4.kvsnap" --policy streaming_llm --budget 1M
+grep -q "per KV head" "$tmp/err" || fail "per-head source not explained: $(cat "$tmp/err")"
+expect_exit 1 "$cli" recompress "$good" "$tmp/re3.kvsnap" --policy smallkv --budget 1M
 grep -q "not implemented" "$tmp/err" || fail "unsupported policy not explained: $(cat "$tmp/err")"
-expect_exit 1 "$cli" recompress "$good" "$tmp/re3.kvsnap" --policy snapkv --budget 1M --json
-json_ok recompress snapkv
+expect_exit 1 "$cli" recompress "$good" "$tmp/re3.kvsnap" --policy smallkv --budget 1M --json
+json_ok recompress smallkv
 grep -q "KVSDK_E_UNSUPPORTED" "$tmp/out" || fail "json lacks the status"
-[ ! -e "$tmp/re2.kvsnap" ] && [ ! -e "$tmp/re3.kvsnap" ] || fail "failed recompress wrote output"
+[ ! -e "$tmp/re2.kvsnap" ] && [ ! -e "$tmp/re3.kvsnap" ] && [ ! -e "$tmp/re4.kvsnap" ] || fail "failed recompress wrote output"
 
 # Usage errors.
 expect_exit 2 "$cli"
