@@ -31,8 +31,9 @@ double cos_omega(const float* a, const float* b, size_t dim, double na, double n
 
 float minicache_angular_distance(const float* a, const float* b, size_t dim) {
   const double na = norm_d(a, dim), nb = norm_d(b, dim);
-  if (!(na > 0.0) || !(nb > 0.0)) return 1.0f;
-  return float(std::acos(cos_omega(a, b, dim, na, nb)) / kPi);
+  if (!(na > 0.0) || !(nb > 0.0) || !std::isfinite(na) || !std::isfinite(nb)) return 1.0f;
+  const double d = std::acos(cos_omega(a, b, dim, na, nb)) / kPi;
+  return d == d ? float(d) : 1.0f;  // NaN/inf rows: treat as unrelated (kept unmerged)
 }
 
 void minicache_slerp(const float* a, const float* b, size_t dim, float t, float* out) {

@@ -1,18 +1,25 @@
 #include "smallkv.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "attention.h"
 
 namespace kvsdk::cpu {
 
+namespace {
+// Orders scores with NaN ranked last, so a corrupt score never breaks the sort's ordering.
+float rank_key(float x) { return x == x ? x : -std::numeric_limits<float>::infinity(); }
+}  // namespace
+
 std::vector<uint32_t> smallkv_topk(const float* scores, size_t n, size_t k) {
   k = std::min(k, n);
   std::vector<uint32_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0u);
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](uint32_t a, uint32_t b) {
-    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+    const float sa = rank_key(scores[a]), sb = rank_key(scores[b]);
+    return sa > sb || (sa == sb && a < b);
   });
   idx.resize(k);
   std::sort(idx.begin(), idx.end());
@@ -72,7 +79,9 @@ SmallKvSelection smallkv_select(const float* proxy_scores, size_t n_tokens,
   std::vector<uint32_t> order(older);
   std::iota(order.begin(), order.end(), 0u);
   std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t a, uint32_t b) { return proxy_scores[a] > proxy_scores[b]; });
+                   [&](uint32_t a, uint32_t b) {
+                     return rank_key(proxy_scores[a]) > rank_key(proxy_scores[b]);
+                   });
   const size_t n_crit = std::min(s.critical, older);
   const size_t n_marg = std::min(s.marginal, older - n_crit);
   sel.full.assign(order.begin(), order.begin() + n_crit);

@@ -186,3 +186,20 @@ TEST(MiniCache, AttentionOverEachLayerMatchesDenseOverRestoredRows) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(MiniCache, NonFiniteRowsAreRetainedNotMerged) {
+  const size_t dim = 4;
+  const float nan = std::nanf("");
+  std::vector<float> a = {1, 2, 3, 4, nan, 1, 1, 1, 1, 1, 1, 1};
+  std::vector<float> b = {1, 2, 3, 5, 1, 1, 1, 1, 1, 1, 1, 1.1f};
+  EXPECT_EQ(minicache_angular_distance(&a[4], &b[4], dim), 1.0f);
+  MergedLayerPair m(dim, MiniCacheConfig{0.6f, 0.0f});
+  m.append(a.data(), b.data(), 3);
+  EXPECT_FALSE(m.is_retained(0));
+  EXPECT_TRUE(m.is_retained(1));
+  EXPECT_FALSE(m.is_retained(2));
+}
+
+}  // namespace

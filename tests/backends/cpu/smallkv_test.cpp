@@ -162,3 +162,16 @@ TEST(SmallKv, AttentionCompositionEqualsEq6) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(SmallKv, NanScoresRankLast) {
+  const float nan = std::nanf("");
+  const float s[5] = {nan, 2, nan, 1, 3};
+  EXPECT_EQ(smallkv_topk(s, 5, 3), (std::vector<uint32_t>{1, 3, 4}));
+  const SmallKvSelection sel = smallkv_select(s, 5, SmallKvSplit{1, 1, 1});
+  EXPECT_EQ(sel.full, (std::vector<uint32_t>{1, 4}));  // 4 is recent; 1 ranks first among 0..3
+  EXPECT_EQ(sel.marginal, (std::vector<uint32_t>{3}));
+}
+
+}  // namespace
