@@ -57,6 +57,19 @@ class MergedLayerPair {
   const uint16_t* direction(size_t token) const { return &direction_[(slot_[token]) * dim_]; }
   uint64_t bytes() const;
 
+  // Snapshot support: every buffer, and a pair rebuilt from them (throws kvsdk::Error
+  // KVSDK_E_CORRUPT when sizes or slots are inconsistent).
+  struct Buffers {
+    bool threshold_set = false;
+    float threshold = 2.0f;
+    std::vector<uint32_t> slots;
+    std::vector<uint16_t> directions;
+    std::vector<float> magnitudes_prev, magnitudes_cur;
+    std::vector<uint16_t> retained_prev, retained_cur;
+  };
+  Buffers buffers() const;
+  static MergedLayerPair restore(size_t dim, const MiniCacheConfig& config, Buffers b);
+
  private:
   static constexpr uint32_t kRetainedBit = 0x80000000u;
   void push_retained(const float* a, const float* b);

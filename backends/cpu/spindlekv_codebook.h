@@ -41,6 +41,11 @@ class SpindleCodebook {
   const std::vector<uint32_t>& index() const { return index_; }         // [size]
   const std::vector<float>& magnitude() const { return magnitude_; }    // [size]
 
+  // Snapshot support: a codebook rebuilt from saved buffers. Throws kvsdk::Error
+  // (KVSDK_E_CORRUPT) when sizes disagree with dim or an index points past the entries.
+  static SpindleCodebook restore(size_t dim, float theta, std::vector<uint16_t> entries,
+                                 std::vector<uint32_t> index, std::vector<float> magnitude);
+
   // Codebook entries + per-row index and magnitude.
   uint64_t bytes() const {
     return 2 * uint64_t(entries_.size()) + 4 * uint64_t(index_.size()) +

@@ -188,3 +188,58 @@ TEST(KiviStore, PartialReadsAndShortLastValueGroup) {
 }
 
 }  // namespace
+
+namespace {
+
+// Saved buffers restore a store that continues exactly like the original (bit-identical resume).
+TEST(KiviStore, RestoredStoreContinuesBitIdentically) {
+  const size_t dim = 32, n = 250;
+  const KiviConfig cfg{2, 32, 64};
+  const std::vector<float> k = normal_rows(n * dim, 71), v = normal_rows(n * dim, 72);
+  std::vector<int32_t> pos(n);
+  for (size_t i = 0; i < n; ++i) pos[i] = int32_t(i);
+  KiviHeadStore a(dim, cfg);
+  a.append(k.data(), v.data(), pos.data(), 170);
+  KiviHeadStore b = KiviHeadStore::restore(dim, cfg, a.buffers());
+  a.append(&k[170 * dim], &v[170 * dim], &pos[170], n - 170);
+  b.append(&k[170 * dim], &v[170 * dim], &pos[170], n - 170);
+  const KiviHeadBuffers ba = a.buffers(), bb = b.buffers();
+  EXPECT_EQ(ba.quantized_tokens, bb.quantized_tokens);
+  EXPECT_EQ(ba.key_codes, bb.key_codes);
+  EXPECT_EQ(ba.value_codes, bb.value_codes);
+  EXPECT_EQ(ba.key_scales, bb.key_scales);
+  EXPECT_EQ(ba.value_zeros, bb.value_zeros);
+  EXPECT_EQ(ba.residual_keys, bb.residual_keys);
+  EXPECT_EQ(ba.positions, bb.positions);
+  EXPECT_EQ(a.bytes().total(), b.bytes().total());
+}
+
+TEST(KiviStore, RestoreRejectsInconsistentBuffers) {
+  const size_t dim = 16;
+  const KiviConfig cfg{4, 8, 8};
+  const std::vector<float> k = normal_rows(40 * dim, 73);
+  std::vector<int32_t> pos(40, 0);
+  KiviHeadStore a(dim, cfg);
+  a.append(k.data(), k.data(), pos.data(), 40);
+  const KiviHeadBuffers good = a.buffers();
+  EXPECT_NO_THROW(KiviHeadStore::restore(dim, cfg, good));
+  const auto corrupt = [&](auto mutate) {
+    KiviHeadBuffers b = good;
+    mutate(b);
+    try {
+      KiviHeadStore::restore(dim, cfg, b);
+      return false;
+    } catch (const kvsdk::Error& e) {
+      return e.status() == KVSDK_E_CORRUPT;
+    }
+  };
+  EXPECT_TRUE(corrupt([](KiviHeadBuffers& b) { b.quantized_tokens += 1; }));
+  EXPECT_TRUE(corrupt([](KiviHeadBuffers& b) { b.quantized_tokens += 8; }));
+  EXPECT_TRUE(corrupt([](KiviHeadBuffers& b) { b.key_codes.pop_back(); }));
+  EXPECT_TRUE(corrupt([](KiviHeadBuffers& b) { b.value_scales.push_back(0); }));
+  EXPECT_TRUE(corrupt([](KiviHeadBuffers& b) { b.residual_keys.clear(); }));
+  EXPECT_TRUE(corrupt([](KiviHeadBuffers& b) { b.positions.push_back(1); }));
+  EXPECT_TRUE(corrupt([](KiviHeadBuffers& b) { b.key_zeros.resize(3); }));
+}
+
+}  // namespace

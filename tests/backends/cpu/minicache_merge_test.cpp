@@ -203,3 +203,36 @@ TEST(MiniCache, NonFiniteRowsAreRetainedNotMerged) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(MiniCache, RestoredPairContinuesIdentically) {
+  const size_t n = 120, dim = 16;
+  std::vector<float> a, b;
+  layer_pair(n, dim, 13, a, b);
+  MergedLayerPair m(dim, MiniCacheConfig{});
+  m.append(a.data(), b.data(), 80);
+  MergedLayerPair r = MergedLayerPair::restore(dim, MiniCacheConfig{}, m.buffers());
+  for (size_t t = 80; t < n; ++t) {
+    m.append(&a[t * dim], &b[t * dim], 1);
+    r.append(&a[t * dim], &b[t * dim], 1);
+  }
+  const auto bm = m.buffers(), br = r.buffers();
+  EXPECT_EQ(bm.slots, br.slots);
+  EXPECT_EQ(bm.directions, br.directions);
+  EXPECT_EQ(bm.magnitudes_prev, br.magnitudes_prev);
+  EXPECT_EQ(bm.retained_cur, br.retained_cur);
+  EXPECT_EQ(bm.threshold, br.threshold);
+  EXPECT_EQ(m.bytes(), r.bytes());
+  auto bad = m.buffers();
+  std::swap(bad.slots[0], bad.slots[1]);
+  if (bad.slots[0] != bad.slots[1]) EXPECT_THROW(MergedLayerPair::restore(dim, MiniCacheConfig{}, bad), kvsdk::Error);
+  bad = m.buffers();
+  bad.directions.pop_back();
+  EXPECT_THROW(MergedLayerPair::restore(dim, MiniCacheConfig{}, bad), kvsdk::Error);
+  bad = m.buffers();
+  bad.slots.push_back(0);
+  EXPECT_THROW(MergedLayerPair::restore(dim, MiniCacheConfig{}, bad), kvsdk::Error);
+}
+
+}  // namespace
