@@ -14,6 +14,19 @@
 
 namespace kvsdk::cpu {
 
+// Eq. 1 for one attention head: column sums over `n_q` query rows q [n_q][dim] of the softmax
+// attention against keys k [n][dim] (causal by position), written to out [n].
+void smallkv_accumulated_attention(const float* q, const int32_t* q_positions, size_t n_q,
+                                   const float* k, const int32_t* positions, size_t n,
+                                   size_t dim, float scale, float* out);
+
+// The proxy side of Eq. 6: softmax probabilities of query rows q [n_rows][dim] over the proxy's
+// full head k [n][dim] (causal by position), gathered at `wanted` positions into
+// out [n_rows][n_wanted]. A wanted position the proxy does not hold gets 0.
+void smallkv_proxy_weights(const float* q, const int32_t* q_positions, size_t n_rows,
+                           const float* k, const int32_t* positions, size_t n, size_t dim,
+                           float scale, const int32_t* wanted, size_t n_wanted, float* out);
+
 // Indices of the k largest scores (ties: lower index first), returned in ascending index order.
 std::vector<uint32_t> smallkv_topk(const float* scores, size_t n, size_t k);
 
