@@ -1,4 +1,4 @@
-// One KV head held the KIVI way (Liu et al. 2024, §3.3 "streaming"): the oldest tokens quantized in
+// One KV head held the KIVI way (DESIGN §6; KIVI's streaming scheme): the oldest tokens quantized in
 // blocks of G (keys per channel over the block, values per token over G-channel groups), the most
 // recent R..R+G-1 tokens kept exact (f16) in a residual window. When the residual reaches R + G
 // tokens its oldest G are flushed into one quantized block, so at least R recent tokens stay exact.

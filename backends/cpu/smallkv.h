@@ -1,8 +1,8 @@
-// SmallKV: small-model-assisted compensation of KV cache compression (Zhao et al. 2025, paper 000).
+// SmallKV: small-model-assisted compensation of KV cache compression (Zhao et al., paper 000, §4).
 //  - Eq. 1: accumulated attention F(A, C)_v = Σ_u A[u, v] (column sums; computed by the caller).
 //  - Eq. 2: similarity of a large-model head i and a proxy head j = Jaccard similarity of the
 //    top-k token sets of their accumulated attention; Eq. 3: f(i) = argmax_j S(A_i, A'_j).
-//  - §4.3 budget: critical : recent : marginal = 2 : 1 : 2, marginal tokens keep only V (half cost).
+//  - §4 budget allocation: critical : recent : marginal = 2 : 1 : 2, marginal tokens keep only V (half cost).
 //  - Eq. 6: attention with marginal compensation: critical (and recent) tokens use the large
 //    model's own attention, marginal tokens the matched proxy head's attention weights A'_{f(i)},
 //    evicted tokens 0.
