@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kvsdk needs to build and test. Idempotent: installs only what is
 # missing, so repeated runs cost one dpkg query. Runs as root or through sudo.
+# --aarch64 adds the aarch64 cross toolchain, qemu-user and the arm64 -dev packages (multiarch)
+# that the `aarch64` preset needs (see README "Edge builds").
 set -euo pipefail
 
 packages=(
@@ -11,7 +13,14 @@ packages=(
   googletest libgtest-dev libbenchmark-dev
   clang libclang-rt-dev
   gnuplot-nox python3
+  python3-numpy
 )
+if [ "${1:-}" = "--aarch64" ]; then
+  # Cross compilers, qemu-aarch64 to run the tests, and the arm64 libraries the build links
+  # (GTest only for the tests); flatc keeps running from the host package above.
+  packages+=(crossbuild-essential-arm64 qemu-user
+             libzstd-dev:arm64 libflatbuffers-dev:arm64 libgtest-dev:arm64)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -34,5 +43,8 @@ else
   exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
+if [[ " ${missing[*]} " == *":arm64 "* ]] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  "${sudo_cmd[@]}" dpkg --add-architecture arm64
+fi
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -16,7 +16,7 @@ KVSDK_API const char* kvsdk_version_string(void) {
       KVSDK_VERSION_PATCH);
 }
 
-KVSDK_API const char* kvsdk_status_str(kvsdk_status status) {
+KVSDK_API const char* kvsdk_status_str(int32_t status) {
   switch (status) {
     case KVSDK_OK: return "ok";
     case KVSDK_E_INVALID_ARG: return "invalid argument";

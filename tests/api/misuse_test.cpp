@@ -197,7 +197,7 @@ TEST_F(Misuse, ZeroTokensAndMismatchedSizes) {
   EXPECT_EQ(out[0], 9.0f);
   EXPECT_EQ(tokens(), 6u);
   EXPECT_EQ(std::string(kvsdk_status_str(KVSDK_E_INVALID_ARG)), "invalid argument");
-  EXPECT_EQ(std::string(kvsdk_status_str(kvsdk_status(1000))), "unknown status");
+  EXPECT_EQ(std::string(kvsdk_status_str(1000)), "unknown status");
 }
 
 TEST(Version, RuntimeMatchesHeader) {

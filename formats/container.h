@@ -1,0 +1,74 @@
+// The snapshot container: the fixed-size binary records around the FlatBuffer frames.
+//
+//   FileHeader (32 bytes)   magic "KVSDKSNP", format major/minor, snapshot id, header hash
+//   Frame*                  FrameHeader (32 bytes) + zstd frame of one FlatBuffer (kvsdk.fbs):
+//                             one METADATA frame, then TIER_CHUNK frames (rows of every layer)
+//   Frame (INDEX)           footer index: offset, size and kind of every frame above
+//   Trailer (32 bytes)      magic "KVSDKEND", index offset, hash of all records before it
+//   Frame* (JOURNAL)        deltas appended later by kvsdk_cache_save_delta
+//
+// All integers are little-endian. Header, frame header and trailer end with an XXH64 of their
+// other bytes seeded with the snapshot id, so a record copied from another snapshot (e.g. a
+// stale journal frame) does not verify. The payload hash in each FrameHeader lets a reader
+// reject a garbled or torn frame before decompressing it; zstd's content checksum then checks
+// the decompressed FlatBuffer. The trailer's hash covers the file header and every frame header
+// in order; since each frame header carries its payload's hash, that binds every byte, frame
+// order and the index (a two-level hash) without hashing the payloads a second time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvsdk::format {
+
+constexpr uint16_t kFormatMajor = 1;
+constexpr uint16_t kFormatMinor = 1;  // 1: eviction policy state (PolicyState)
+
+constexpr size_t kFileHeaderBytes = 32;
+constexpr size_t kFrameHeaderBytes = 32;
+constexpr size_t kTrailerBytes = 32;
+constexpr char kFileMagic[8] = {'K', 'V', 'S', 'D', 'K', 'S', 'N', 'P'};
+constexpr char kTrailerMagic[8] = {'K', 'V', 'S', 'D', 'K', 'E', 'N', 'D'};
+constexpr char kFrameMagic[4] = {'K', 'V', 'F', 'R'};
+
+// Limits a reader enforces before allocating anything a frame header claims.
+constexpr uint64_t kMaxFrameBytesOption = 256ull << 20;             // max_frame_bytes limit
+constexpr uint64_t kMaxRawFrameBytes = kMaxFrameBytesOption + (4ull << 20);  // + FlatBuffer overhead
+constexpr uint64_t kDefaultFrameBytes = 8ull << 20;
+
+enum class FrameKind : uint8_t { kMetadata = 1, kTierChunk = 2, kIndex = 3, kJournal = 4 };
+const char* frame_kind_name(uint8_t kind);
+
+struct FileHeader {
+  uint16_t major = kFormatMajor;
+  uint16_t minor = kFormatMinor;
+  uint64_t snapshot_id = 0;
+};
+
+struct FrameHeader {
+  uint8_t kind = 0;
+  uint32_t payload_bytes = 0;  // compressed (zstd frame) bytes that follow the header
+  uint32_t raw_bytes = 0;      // the FlatBuffer's size after decompression
+  uint64_t payload_hash = 0;   // XXH64 of the compressed bytes, seeded with the snapshot id
+};
+
+struct Trailer {
+  uint64_t index_offset = 0;   // file offset of the INDEX frame's header
+  uint64_t records_hash = 0;   // XXH64 (seed 0) of the file header and every frame header
+};
+
+// Encoders write exactly k*Bytes bytes to `out`.
+void encode_file_header(const FileHeader& h, unsigned char* out);
+void encode_frame_header(const FrameHeader& h, uint64_t snapshot_id, unsigned char* out);
+void encode_trailer(const Trailer& t, uint64_t snapshot_id, unsigned char* out);
+
+// Decoders read exactly k*Bytes bytes and throw kvsdk::Error: KVSDK_E_CORRUPT for a bad magic,
+// hash or field, KVSDK_E_VERSION for a newer major format (checked before the header hash, since
+// a newer major may lay the header out differently).
+FileHeader decode_file_header(const unsigned char* in);
+// Returns false (no throw) when the bytes are not a sound frame header of this snapshot: the
+// journal reader treats that as a torn tail, the snapshot reader as corruption.
+bool decode_frame_header(const unsigned char* in, uint64_t snapshot_id, FrameHeader* out);
+Trailer decode_trailer(const unsigned char* in, uint64_t snapshot_id);
+
+}  // namespace kvsdk::format

@@ -1,0 +1,287 @@
+#include "journal.h"
+
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+#include <utility>
+
+#include "core/error.h"
+#include "kvsdk_generated.h"
+#include "policy_state.h"
+#include "xxhash64.h"
+
+namespace kvsdk::format {
+
+namespace {
+
+constexpr uint64_t kNewRows = ~0ull;  // Segment.base_begin of a "new rows" segment
+
+// How one head changed: segments in new row order, and which current rows are new.
+struct HeadPlan {
+  uint32_t layer = 0;
+  uint32_t head = 0;
+  std::vector<fb::Segment> segments;
+  std::vector<size_t> new_rows;  // indices into the head's current rows
+};
+
+void add_segment(std::vector<fb::Segment>& segs, uint64_t base_begin, uint64_t count) {
+  if (!segs.empty()) {
+    fb::Segment& last = segs.back();
+    const bool both_new = last.base_begin() == kNewRows && base_begin == kNewRows;
+    const bool contiguous = last.base_begin() != kNewRows && base_begin != kNewRows &&
+                            last.base_begin() + last.count() == base_begin;
+    if (both_new || contiguous) {
+      last = fb::Segment(last.base_begin(), last.count() + count);
+      return;
+    }
+  }
+  segs.emplace_back(base_begin, count);
+}
+
+// Matches current rows against the previous fingerprints in order: survivors of eviction keep
+// their relative order, so each current row either continues the previous match, jumps forward
+// over evicted rows, or is new.
+HeadPlan plan_head(uint32_t layer, uint32_t head, const std::vector<uint64_t>& before,
+                   const std::vector<uint64_t>& now) {
+  HeadPlan p;
+  p.layer = layer;
+  p.head = head;
+  size_t j = 0;
+  std::unordered_map<uint64_t, std::vector<size_t>> where;  // built on the first mismatch
+  bool indexed = false;
+  for (size_t i = 0; i < now.size(); ++i) {
+    if (j < before.size() && now[i] == before[j]) {
+      add_segment(p.segments, j, 1);
+      ++j;
+      continue;
+    }
+    if (!indexed) {
+      for (size_t b = 0; b < before.size(); ++b) where[before[b]].push_back(b);
+      indexed = true;
+    }
+    size_t found = before.size();
+    auto it = where.find(now[i]);
+    if (it != where.end()) {
+      auto pos = std::lower_bound(it->second.begin(), it->second.end(), j);
+      if (pos != it->second.end()) found = *pos;
+    }
+    if (found < before.size()) {
+      add_segment(p.segments, found, 1);
+      j = found + 1;
+    } else {
+      add_segment(p.segments, kNewRows, 1);
+      p.new_rows.push_back(i);
+    }
+  }
+  return p;
+}
+
+bool unchanged(const HeadPlan& p, size_t before_rows) {
+  if (before_rows == 0) return p.segments.empty();
+  return p.segments.size() == 1 && p.segments[0].base_begin() == 0 &&
+         p.segments[0].count() == before_rows;
+}
+
+// One HeadDelta of a part: a head's segments (first entry only) and new rows [begin, end).
+struct Entry {
+  size_t plan;
+  bool with_segments;
+  size_t begin, end;
+};
+
+}  // namespace
+
+uint64_t row_fingerprint(int32_t position, const uint16_t* k, const uint16_t* v,
+                         size_t head_dim) {
+  const uint64_t seed = xxh64(&position, sizeof position, 0x6b7673646b726f77ull);
+  return xxh64(v, head_dim * 2, xxh64(k, head_dim * 2, seed));
+}
+
+std::vector<std::vector<uint64_t>> fingerprint_rows(const Cache& cache) {
+  const Geometry& g = cache.geometry();
+  std::vector<std::vector<uint64_t>> out(size_t(g.n_layers) * g.n_kv_heads);
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
+      const ExactStore& e = cache.layer(l).heads[h];
+      std::vector<uint64_t>& f = out[size_t(l) * g.n_kv_heads + h];
+      f.resize(e.size());
+      for (size_t r = 0; r < e.size(); ++r) {
+        f[r] = row_fingerprint(e.positions[r], e.k.data() + r * g.head_dim,
+                               e.v.data() + r * g.head_dim, g.head_dim);
+      }
+    }
+  }
+  return out;
+}
+
+DeltaFrames build_delta(const Cache& cache, const JournalBase& base, uint64_t max_frame_bytes) {
+  const Geometry& g = cache.geometry();
+  DeltaFrames d;
+  d.rows = fingerprint_rows(cache);
+  if (base.rows.size() != d.rows.size()) fail(KVSDK_E_INTERNAL, "journal base of another shape");
+  std::vector<HeadPlan> plans;
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
+      const size_t idx = size_t(l) * g.n_kv_heads + h;
+      HeadPlan p = plan_head(l, h, base.rows[idx], d.rows[idx]);
+      if (!unchanged(p, base.rows[idx].size())) plans.push_back(std::move(p));
+    }
+  }
+  // Pack entries into parts of at most max_frame_bytes (rows and segments).
+  const uint64_t row_bytes = sizeof(int32_t) + uint64_t(g.head_dim) * 4;
+  std::vector<std::vector<Entry>> parts(1);
+  uint64_t used = 0;
+  for (size_t pi = 0; pi < plans.size(); ++pi) {
+    const HeadPlan& p = plans[pi];
+    const uint64_t seg_bytes = p.segments.size() * sizeof(fb::Segment);
+    if (used > 0 && used + seg_bytes + row_bytes > max_frame_bytes) {
+      parts.emplace_back();
+      used = 0;
+    }
+    used += seg_bytes;
+    size_t r = 0;
+    bool first = true;
+    do {
+      uint64_t fit = used < max_frame_bytes ? (max_frame_bytes - used) / row_bytes : 0;
+      if (fit == 0 && !first) {
+        parts.emplace_back();
+        used = 0;
+        fit = max_frame_bytes / row_bytes;
+      }
+      const size_t take = size_t(std::min<uint64_t>(std::max<uint64_t>(fit, 1), p.new_rows.size() - r));
+      parts.back().push_back({pi, first, r, r + take});
+      used += take * row_bytes;
+      r += take;
+      first = false;
+    } while (r < p.new_rows.size());
+  }
+  // Serialize.
+  const size_t dim = g.head_dim;
+  std::vector<uint64_t> appended(g.n_layers);
+  for (uint32_t l = 0; l < g.n_layers; ++l) appended[l] = cache.layer(l).appended_tokens;
+  for (size_t part = 0; part < parts.size(); ++part) {
+    flatbuffers::FlatBufferBuilder fbb(1024);
+    std::vector<flatbuffers::Offset<fb::HeadDelta>> heads;
+    std::vector<int32_t> pos;
+    std::vector<uint16_t> k, v;
+    for (const Entry& e : parts[part]) {
+      const HeadPlan& p = plans[e.plan];
+      const ExactStore& s = cache.layer(p.layer).heads[p.head];
+      pos.clear();
+      k.clear();
+      v.clear();
+      for (size_t i = e.begin; i < e.end; ++i) {
+        const size_t row = p.new_rows[i];
+        pos.push_back(s.positions[row]);
+        k.insert(k.end(), s.k.begin() + row * dim, s.k.begin() + (row + 1) * dim);
+        v.insert(v.end(), s.v.begin() + row * dim, s.v.begin() + (row + 1) * dim);
+      }
+      const auto rows =
+          fb::CreateExactRows(fbb, fbb.CreateVector(pos), fbb.CreateVector(k), fbb.CreateVector(v));
+      flatbuffers::Offset<flatbuffers::Vector<const fb::Segment*>> segs = 0;
+      if (e.with_segments) segs = fbb.CreateVectorOfStructs(p.segments);
+      heads.push_back(fb::CreateHeadDelta(fbb, p.layer, p.head, segs, rows));
+    }
+    const bool last = part + 1 == parts.size();
+    // The policy state (H2O scores change on every observe, windows roll) goes whole into the
+    // last part: small next to the rows (4 bytes per row and KV head at most).
+    const auto policy_state = last ? build_policy_state(fbb, cache)
+                                   : flatbuffers::Offset<fb::PolicyState>(0);
+    const auto delta = fb::CreateJournalDelta(
+        fbb, base.next_sequence, uint32_t(part), uint32_t(parts.size()), fbb.CreateVector(heads),
+        last ? fbb.CreateVector(appended) : 0, policy_state);
+    fbb.Finish(fb::CreateFrame(fbb, fb::Payload::JournalDelta, delta.Union()),
+               fb::FrameIdentifier());
+    d.parts.emplace_back(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  }
+  return d;
+}
+
+void apply_delta(const Geometry& g, const std::vector<const fb::JournalDelta*>& parts,
+                 std::vector<LayerState>& layers) {
+  const size_t dim = g.head_dim;
+  struct HeadWork {
+    const flatbuffers::Vector<const fb::Segment*>* segments = nullptr;
+    std::vector<const fb::ExactRows*> rows;
+  };
+  std::map<std::pair<uint32_t, uint32_t>, HeadWork> work;  // ordered: deterministic
+  const flatbuffers::Vector<uint64_t>* appended = nullptr;
+  for (const fb::JournalDelta* part : parts) {
+    if (part->layer_appended_tokens()) {
+      if (part != parts.back()) fail(KVSDK_E_CORRUPT, "journal: appended counts before last part");
+      appended = part->layer_appended_tokens();
+    }
+    if (!part->heads()) continue;
+    for (const fb::HeadDelta* hd : *part->heads()) {
+      if (hd->layer() >= g.n_layers || hd->kv_head() >= g.n_kv_heads) {
+        fail(KVSDK_E_CORRUPT, "journal: head (", hd->layer(), ", ", hd->kv_head(),
+             ") outside the geometry");
+      }
+      HeadWork& w = work[{hd->layer(), hd->kv_head()}];
+      const bool first = w.segments == nullptr && w.rows.empty();
+      if (first != (hd->segments() != nullptr)) {
+        fail(KVSDK_E_CORRUPT, "journal: segments of head (", hd->layer(), ", ", hd->kv_head(),
+             ") missing or repeated");
+      }
+      if (hd->segments()) w.segments = hd->segments();
+      const fb::ExactRows* r = hd->new_rows();
+      if (!r || !r->positions() || !r->keys() || !r->values()) {
+        fail(KVSDK_E_CORRUPT, "journal: head delta without rows");
+      }
+      const size_t n = r->positions()->size();
+      if (r->keys()->size() != n * dim || r->values()->size() != n * dim) {
+        fail(KVSDK_E_CORRUPT, "journal: row arrays of mismatched sizes");
+      }
+      for (int32_t p : *r->positions()) {
+        if (p < 0) fail(KVSDK_E_CORRUPT, "journal: negative position");
+      }
+      w.rows.push_back(r);
+    }
+  }
+  if (!appended || appended->size() != g.n_layers) {
+    fail(KVSDK_E_CORRUPT, "journal: last part lacks the per-layer appended counts");
+  }
+  for (auto& [key, w] : work) {
+    ExactStore& old = layers[key.first].heads[key.second];
+    std::vector<const fb::ExactRows*> src = w.rows;
+    size_t src_i = 0, src_row = 0;
+    ExactStore next;
+    for (const fb::Segment* s : *w.segments) {
+      const uint64_t count = s->count();
+      if (s->base_begin() != kNewRows) {
+        const uint64_t b = s->base_begin();
+        if (b > old.size() || count > old.size() - b) {
+          fail(KVSDK_E_CORRUPT, "journal: segment copies rows beyond the previous state");
+        }
+        next.positions.insert(next.positions.end(), old.positions.begin() + b,
+                              old.positions.begin() + b + count);
+        next.k.insert(next.k.end(), old.k.begin() + b * dim, old.k.begin() + (b + count) * dim);
+        next.v.insert(next.v.end(), old.v.begin() + b * dim, old.v.begin() + (b + count) * dim);
+        continue;
+      }
+      for (uint64_t c = 0; c < count; ++c) {
+        while (src_i < src.size() && src_row >= src[src_i]->positions()->size()) {
+          ++src_i;
+          src_row = 0;
+        }
+        if (src_i == src.size()) fail(KVSDK_E_CORRUPT, "journal: segments need more new rows");
+        const fb::ExactRows* r = src[src_i];
+        next.positions.push_back(r->positions()->Get(uint32_t(src_row)));
+        const uint16_t* k = r->keys()->data() + src_row * dim;
+        const uint16_t* v = r->values()->data() + src_row * dim;
+        next.k.insert(next.k.end(), k, k + dim);
+        next.v.insert(next.v.end(), v, v + dim);
+        ++src_row;
+      }
+    }
+    while (src_i < src.size() && src_row >= src[src_i]->positions()->size()) {
+      ++src_i;
+      src_row = 0;
+    }
+    if (src_i != src.size()) fail(KVSDK_E_CORRUPT, "journal: new rows left over after segments");
+    old = std::move(next);
+  }
+  for (uint32_t l = 0; l < g.n_layers; ++l) layers[l].appended_tokens = appended->Get(l);
+}
+
+}  // namespace kvsdk::format

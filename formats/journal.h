@@ -1,0 +1,61 @@
+// Journal deltas (kvsdk_cache_save_delta): everything about what a delta holds, how it is built
+// from a cache and how a reader applies it, in one place.
+//
+// A delta must stay exact whatever happened since the last save: tokens appended, and also rows
+// removed from the middle of a head by eviction (and, later, rows rewritten by other tiers). The
+// writer therefore does not trust any change tracking in the cache. At every save/load it keeps
+// a 64-bit fingerprint of each stored row (XXH64 of position, key and value); a delta compares
+// the current rows with those fingerprints and describes each changed head as segments in its
+// new row order: "copy rows [b, b+n) of the previous state" or "take the next n new rows", plus
+// the new rows themselves. Appending is one copy segment and one new segment; eviction is a few
+// copy segments; anything else degrades gracefully to new rows (at worst a head rewrite).
+// The cost: 8 bytes of host memory per stored row between saves, and one hash pass over the
+// cache per delta (memory speed, far below the cost of compressing a full save).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/cache.h"
+#include "core/geometry.h"
+
+namespace kvsdk::fb {
+struct JournalDelta;
+}
+
+namespace kvsdk::format {
+
+// The state of the file a cache last saved or loaded, as kvsdk_cache_save_delta continues it.
+struct JournalBase {
+  uint64_t snapshot_id = 0;
+  uint64_t base_end = 0;       // file offset just past the trailer
+  uint64_t journal_end = 0;    // file offset past the last complete delta
+  uint64_t next_sequence = 1;  // sequence number of the next delta
+  // Fingerprints of every stored row at that point, [layer * n_kv_heads + head][row].
+  std::vector<std::vector<uint64_t>> rows;
+};
+
+uint64_t row_fingerprint(int32_t position, const uint16_t* k, const uint16_t* v, size_t head_dim);
+
+// Fingerprints of every row of the cache now.
+std::vector<std::vector<uint64_t>> fingerprint_rows(const Cache& cache);
+
+// A delta ready to append: finished FlatBuffers (root Frame holding a JournalDelta), one per
+// frame, and the fingerprints that become the base once the frames are safely written.
+struct DeltaFrames {
+  std::vector<std::vector<uint8_t>> parts;
+  std::vector<std::vector<uint64_t>> rows;
+};
+
+// Builds delta number base.next_sequence; new rows are split so that no part holds more than
+// `max_frame_bytes` of rows (at least one row per part).
+DeltaFrames build_delta(const Cache& cache, const JournalBase& base, uint64_t max_frame_bytes);
+
+// Applies the verified parts of one complete delta (in part order) to `layers` (n_layers of
+// geometry). Throws KVSDK_E_CORRUPT, leaving `layers` unspecified, when the delta does not fit
+// them. The caller then discards `layers`.
+void apply_delta(const Geometry& geometry, const std::vector<const fb::JournalDelta*>& parts,
+                 std::vector<LayerState>& layers);
+
+}  // namespace kvsdk::format

@@ -1,0 +1,358 @@
+#include "snapshot_reader.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "container.h"
+#include "core/error.h"
+#include "core/exact_store.h"
+#include "core/policy.h"
+#include "journal.h"
+#include "kvsdk_generated.h"
+#include "policy_state.h"
+#include "xxhash64.h"
+#include "zstd_frame.h"
+
+namespace kvsdk::format {
+
+namespace {
+
+// Verifier limits: our schema nests 5 tables deep; a frame of at most kMaxRawFrameBytes holds
+// far fewer tables than this unless it is hostile.
+constexpr flatbuffers::uoffset_t kMaxDepth = 16;
+constexpr flatbuffers::uoffset_t kMaxTables = 1u << 20;
+// Rows one KV head may declare (positions are int32; far beyond any real context).
+constexpr uint64_t kMaxRowsPerHead = uint64_t(std::numeric_limits<int32_t>::max());
+
+// A frame located, hash-checked and decompressed.
+struct RawFrame {
+  FrameHeader header;
+  uint64_t offset = 0;
+  uint64_t end = 0;
+  std::vector<unsigned char> flatbuffer;
+};
+
+class Reader {
+ public:
+  Reader(const unsigned char* data, size_t size) : data_(data), size_(size) {}
+
+  // Locates the frame at `offset`; returns false when its bytes do not form a sound frame of
+  // this snapshot (truncated, bad header, bad payload hash).
+  bool locate(uint64_t offset, uint64_t id, RawFrame* f, std::string* why) const {
+    if (offset > size_ || size_ - offset < kFrameHeaderBytes) {
+      *why = "truncated (frame header cut off)";
+      return false;
+    }
+    if (!decode_frame_header(data_ + offset, id, &f->header)) {
+      *why = "damaged frame header";
+      return false;
+    }
+    const uint64_t payload = offset + kFrameHeaderBytes;
+    if (size_ - payload < f->header.payload_bytes) {
+      *why = "truncated (frame payload cut off)";
+      return false;
+    }
+    if (xxh64(data_ + payload, f->header.payload_bytes, id) != f->header.payload_hash) {
+      *why = "frame payload checksum mismatch";
+      return false;
+    }
+    f->offset = offset;
+    f->end = payload + f->header.payload_bytes;
+    return true;
+  }
+
+  // Decompresses and verifies the FlatBuffer of a located frame; returns its root.
+  const fb::Frame* open(RawFrame& f, std::string* why) {
+    try {
+      zstd_.decompress(data_ + f.offset + kFrameHeaderBytes, f.header.payload_bytes,
+                       f.header.raw_bytes, f.flatbuffer);
+    } catch (const Error& e) {
+      *why = e.what();
+      return nullptr;
+    }
+    flatbuffers::Verifier v(f.flatbuffer.data(), f.flatbuffer.size(), kMaxDepth, kMaxTables);
+    if (!fb::VerifyFrameBuffer(v)) {
+      *why = "frame content fails FlatBuffers verification";
+      return nullptr;
+    }
+    const fb::Frame* root = fb::GetFrame(f.flatbuffer.data());
+    const uint8_t want = f.header.kind;
+    const fb::Payload got = root->payload_type();
+    const bool match = (want == uint8_t(FrameKind::kMetadata) && got == fb::Payload::Metadata) ||
+                       (want == uint8_t(FrameKind::kTierChunk) && got == fb::Payload::TierChunk) ||
+                       (want == uint8_t(FrameKind::kIndex) && got == fb::Payload::Index) ||
+                       (want == uint8_t(FrameKind::kJournal) && got == fb::Payload::JournalDelta);
+    if (!match) {
+      *why = "frame content does not match its kind";
+      return nullptr;
+    }
+    return root;
+  }
+
+  const unsigned char* data_;
+  size_t size_;
+  ZstdDecompressor zstd_;
+};
+
+[[noreturn]] void corrupt_at(uint64_t offset, const std::string& why) {
+  fail(KVSDK_E_CORRUPT, "snapshot corrupt at byte ", offset, ": ", why);
+}
+
+void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
+                   std::vector<std::vector<uint64_t>>& declared) {
+  if (!m.geometry() || !m.policy() || !m.layers()) {
+    fail(KVSDK_E_CORRUPT, "snapshot metadata lacks geometry, policy or layers");
+  }
+  const fb::Geometry& fg = *m.geometry();
+  kvsdk_geometry cg;
+  kvsdk_geometry_init(&cg);
+  cg.n_layers = fg.n_layers();
+  cg.n_q_heads = fg.n_q_heads();
+  cg.n_kv_heads = fg.n_kv_heads();
+  cg.head_dim = fg.head_dim();
+  cg.dtype = fg.dtype();
+  cg.rope_style = fg.rope_style();
+  cg.rope_theta = fg.rope_theta();
+  cg.attn_scale = fg.attn_scale();
+  try {
+    s.geometry = Geometry::from_c(&cg);
+  } catch (const Error& e) {
+    fail(KVSDK_E_CORRUPT, "snapshot geometry is invalid: ", e.what());
+  }
+  const fb::Policy& fp = *m.policy();
+  kvsdk_policy cp{};
+  cp.struct_size = sizeof(cp);
+  cp.method = fp.method();
+  cp.quant_bits = fp.quant_bits();
+  cp.quant_group = fp.quant_group();
+  cp.quant_residual = fp.quant_residual();
+  cp.sink_tokens = fp.sink_tokens();
+  cp.recent_tokens = fp.recent_tokens();
+  cp.obs_window = fp.obs_window();
+  cp.pool_kernel = fp.pool_kernel();
+  cp.pool_kind = fp.pool_kind();
+  cp.heavy_ratio = fp.heavy_ratio();
+  cp.schedule_alpha = fp.schedule_alpha();
+  cp.schedule_beta = fp.schedule_beta();
+  try {
+    s.policy = policy_from_c(&cp);
+  } catch (const Error& e) {
+    fail(KVSDK_E_CORRUPT, "snapshot policy is invalid: ", e.what());
+  }
+  if (opt.expected && *opt.expected != s.geometry) {
+    const Geometry& e = *opt.expected;
+    const Geometry& g = s.geometry;
+    fail(KVSDK_E_GEOMETRY, "snapshot geometry (", g.n_layers, " layers, ", g.n_q_heads, "/",
+         g.n_kv_heads, " heads, head_dim ", g.head_dim, ", dtype ", int(g.dtype),
+         ") differs from the expected (", e.n_layers, " layers, ", e.n_q_heads, "/", e.n_kv_heads,
+         " heads, head_dim ", e.head_dim, ", dtype ", int(e.dtype), ", or RoPE/scale)");
+  }
+  if (opt.require_implemented) require_policy_implemented(s.policy);
+  s.budget_bytes = m.budget_bytes();
+  s.includes_backing = m.includes_backing();
+  if (m.writer_version()) s.writer_version = m.writer_version()->str();
+  const Geometry& g = s.geometry;
+  if (m.layers()->size() != g.n_layers) {
+    fail(KVSDK_E_CORRUPT, "snapshot metadata lists ", m.layers()->size(), " layers, geometry has ",
+         g.n_layers);
+  }
+  s.layers.resize(g.n_layers);
+  declared.assign(g.n_layers, {});
+  uint64_t declared_bytes = 0;
+  const uint64_t bytes_per_row = ExactStore::bytes_per_token(g.head_dim);
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    const fb::LayerInfo* li = m.layers()->Get(l);
+    if (!li->head_tokens() || li->head_tokens()->size() != g.n_kv_heads) {
+      fail(KVSDK_E_CORRUPT, "snapshot layer ", l, " lacks per-head token counts");
+    }
+    s.layers[l].heads.resize(g.n_kv_heads);
+    s.layers[l].appended_tokens = li->appended_tokens();
+    for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
+      const uint64_t n = li->head_tokens()->Get(h);
+      if (n > kMaxRowsPerHead) fail(KVSDK_E_CORRUPT, "snapshot layer ", l, " head ", h, " declares ", n, " rows");
+      declared[l].push_back(n);
+      declared_bytes += n * bytes_per_row;  // < 2^31 * 2^12 * 2^24: no overflow
+    }
+  }
+  if (declared_bytes > opt.available_bytes) {
+    fail(KVSDK_E_BUDGET, "the snapshot holds ", declared_bytes, " bytes but the context has only ",
+         opt.available_bytes, " budget bytes free");
+  }
+  read_policy_state(m.policy_state(), g, s.policy, declared, s.layers, s.runtime);
+}
+
+void read_tier_chunk(const fb::TierChunk& c, const Geometry& g, Snapshot& s,
+                     const std::vector<std::vector<uint64_t>>& declared, uint64_t reserve_limit) {
+  if (!c.heads() || c.heads()->size() == 0) fail(KVSDK_E_CORRUPT, "empty tier chunk");
+  const size_t dim = g.head_dim;
+  for (const fb::HeadRows* hr : *c.heads()) {
+    const uint32_t l = hr->layer(), h = hr->kv_head();
+    if (l >= g.n_layers || h >= g.n_kv_heads) {
+      fail(KVSDK_E_CORRUPT, "rows for head (", l, ", ", h, ") outside the geometry");
+    }
+    ExactStore& e = s.layers[l].heads[h];
+    if (hr->row_begin() != e.size()) {
+      fail(KVSDK_E_CORRUPT, "rows of layer ", l, " head ", h, " out of order (run starts at ",
+           hr->row_begin(), ", expected ", e.size(), ")");
+    }
+    const fb::ExactRows* r = hr->exact();
+    if (!r || !r->positions() || !r->keys() || !r->values()) {
+      fail(KVSDK_E_CORRUPT, "rows of layer ", l, " head ", h, " lack the exact tier");
+    }
+    const size_t n = r->positions()->size();
+    if (n == 0 || r->keys()->size() != n * dim || r->values()->size() != n * dim) {
+      fail(KVSDK_E_CORRUPT, "rows of layer ", l, " head ", h, " have mismatched array sizes");
+    }
+    if (n > declared[l][h] - e.size()) {
+      fail(KVSDK_E_CORRUPT, "layer ", l, " head ", h, " has more rows than its metadata declares");
+    }
+    const int32_t* pos = r->positions()->data();
+    if (std::any_of(pos, pos + n, [](int32_t p) { return p < 0; })) {
+      fail(KVSDK_E_CORRUPT, "negative position in layer ", l, " head ", h);
+    }
+    // Reserve the declared size once it is plausible for this file (never trust a count alone).
+    if (e.size() == 0 && declared[l][h] * ExactStore::bytes_per_token(g.head_dim) <= reserve_limit) {
+      e.positions.reserve(declared[l][h]);
+      e.k.reserve(declared[l][h] * dim);
+      e.v.reserve(declared[l][h] * dim);
+    }
+    e.positions.insert(e.positions.end(), pos, pos + n);
+    e.k.insert(e.k.end(), r->keys()->data(), r->keys()->data() + n * dim);
+    e.v.insert(e.v.end(), r->values()->data(), r->values()->data() + n * dim);
+  }
+}
+
+void check_index(const fb::Index& idx, const std::vector<FrameRecord>& frames) {
+  if (!idx.frames() || idx.frames()->size() != frames.size()) {
+    fail(KVSDK_E_CORRUPT, "footer index does not list every frame");
+  }
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const fb::FrameRef* r = idx.frames()->Get(uint32_t(i));
+    if (r->offset() != frames[i].offset || r->payload_bytes() != frames[i].payload_bytes ||
+        r->kind() != frames[i].kind) {
+      fail(KVSDK_E_CORRUPT, "footer index entry ", i, " does not match the frames");
+    }
+  }
+}
+
+// Reads journal deltas after the trailer; a delta whose frames are not all sound is a torn tail.
+void read_journal(Reader& rd, Snapshot& s) {
+  uint64_t pos = s.base_end;
+  std::vector<RawFrame> pending;
+  std::vector<const fb::JournalDelta*> parts;
+  s.journal_end = pos;
+  while (pos < rd.size_) {
+    RawFrame f;
+    std::string why;
+    if (!rd.locate(pos, s.snapshot_id, &f, &why) || f.header.kind != uint8_t(FrameKind::kJournal)) {
+      s.journal_frames_dropped += uint32_t(pending.size()) + 1;
+      return;
+    }
+    const fb::Frame* root = rd.open(f, &why);
+    if (!root) {
+      s.journal_frames_dropped += uint32_t(pending.size()) + 1;
+      return;
+    }
+    const fb::JournalDelta* d = root->payload_as_JournalDelta();
+    if (d->sequence() != s.next_sequence || d->part() != pending.size() || d->parts() == 0 ||
+        d->part() >= d->parts()) {
+      // Checksummed frames of this snapshot out of order: not a crash artefact.
+      corrupt_at(pos, "journal frame out of sequence");
+    }
+    pending.push_back(std::move(f));
+    pos = pending.back().end;
+    if (d->part() + 1 == d->parts()) {
+      parts.clear();
+      for (RawFrame& p : pending) {
+        parts.push_back(fb::GetFrame(p.flatbuffer.data())->payload_as_JournalDelta());
+      }
+      apply_delta(s.geometry, parts, s.layers);
+      std::vector<std::vector<uint64_t>> rows(s.geometry.n_layers);
+      for (uint32_t l = 0; l < s.geometry.n_layers; ++l) {
+        for (const ExactStore& e : s.layers[l].heads) rows[l].push_back(e.size());
+      }
+      read_policy_state(parts.back()->policy_state(), s.geometry, s.policy, rows, s.layers,
+                        s.runtime);
+      for (const RawFrame& p : pending) {
+        s.journal_frames.push_back({p.offset, p.header.payload_bytes, p.header.kind});
+      }
+      s.journal_frames_applied += uint32_t(pending.size());
+      pending.clear();
+      ++s.next_sequence;
+      s.journal_end = pos;
+    }
+  }
+  s.journal_frames_dropped += uint32_t(pending.size());
+}
+
+}  // namespace
+
+Snapshot read_snapshot(const unsigned char* data, size_t size, const ReadOptions& opt) {
+  if (size < kFileHeaderBytes) {
+    if (size >= 8 && std::equal(data, data + 8, kFileMagic)) {
+      fail(KVSDK_E_CORRUPT, "snapshot truncated (", size, " bytes)");
+    }
+    fail(KVSDK_E_CORRUPT, "not a kvsdk snapshot (", size, " bytes, too short)");
+  }
+  Snapshot s;
+  const FileHeader fh = decode_file_header(data);
+  s.format_major = fh.major;
+  s.format_minor = fh.minor;
+  s.snapshot_id = fh.snapshot_id;
+
+  Reader rd(data, size);
+  std::vector<std::vector<uint64_t>> declared;
+  bool have_meta = false;
+  // Vectors may reserve what the metadata declares only up to this much (zstd ratios on real
+  // caches stay far below 64; larger claims just grow as rows arrive).
+  const uint64_t reserve_limit = uint64_t(size) * 64;
+  uint64_t pos = kFileHeaderBytes;
+  for (;;) {
+    RawFrame f;
+    std::string why;
+    if (!rd.locate(pos, s.snapshot_id, &f, &why)) corrupt_at(pos, why);
+    const fb::Frame* root = rd.open(f, &why);
+    if (!root) corrupt_at(pos, why);
+    const uint8_t kind = f.header.kind;
+    if (!have_meta && kind != uint8_t(FrameKind::kMetadata)) {
+      corrupt_at(pos, "the first frame is not the metadata");
+    }
+    if (kind == uint8_t(FrameKind::kMetadata)) {
+      if (have_meta) corrupt_at(pos, "second metadata frame");
+      read_metadata(*root->payload_as_Metadata(), opt, s, declared);
+      have_meta = true;
+    } else if (kind == uint8_t(FrameKind::kTierChunk)) {
+      read_tier_chunk(*root->payload_as_TierChunk(), s.geometry, s, declared, reserve_limit);
+    } else if (kind == uint8_t(FrameKind::kIndex)) {
+      check_index(*root->payload_as_Index(), s.frames);
+      s.frames.push_back({pos, f.header.payload_bytes, kind});
+      pos = f.end;
+      break;
+    } else {
+      corrupt_at(pos, "journal frame before the footer index");
+    }
+    s.frames.push_back({pos, f.header.payload_bytes, kind});
+    pos = f.end;
+  }
+  if (size - pos < kTrailerBytes) corrupt_at(pos, "truncated (trailer cut off)");
+  const Trailer t = decode_trailer(data + pos, s.snapshot_id);
+  if (t.index_offset != s.frames.back().offset) corrupt_at(pos, "trailer points to another index");
+  Xxh64Stream records(0);
+  records.update(data, kFileHeaderBytes);
+  for (const FrameRecord& f : s.frames) records.update(data + f.offset, kFrameHeaderBytes);
+  if (t.records_hash != records.digest()) corrupt_at(pos, "snapshot checksum mismatch");
+  s.base_end = pos + kTrailerBytes;
+
+  for (uint32_t l = 0; l < s.geometry.n_layers; ++l) {
+    for (uint32_t h = 0; h < s.geometry.n_kv_heads; ++h) {
+      if (s.layers[l].heads[h].size() != declared[l][h]) {
+        fail(KVSDK_E_CORRUPT, "layer ", l, " head ", h, " has ", s.layers[l].heads[h].size(),
+             " rows, its metadata declares ", declared[l][h]);
+      }
+    }
+  }
+  read_journal(rd, s);
+  return s;
+}
+
+}  // namespace kvsdk::format

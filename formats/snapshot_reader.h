@@ -1,0 +1,48 @@
+// Reads and validates a snapshot from memory: container records, FlatBuffers (Verifier with
+// limits), sizes against the geometry, every checksum, then the journal. Nothing is trusted
+// before it is checked; every failure is a kvsdk::Error with a precise status and message.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/cache.h"
+#include "core/geometry.h"
+#include "frame_writer.h"
+
+namespace kvsdk::format {
+
+struct ReadOptions {
+  const Geometry* expected = nullptr;  // KVSDK_E_GEOMETRY when the file's differs
+  // Bytes the destination context has free: a snapshot whose declared size exceeds it fails with
+  // KVSDK_E_BUDGET before its rows are decoded (the exact charge happens at Cache::restore).
+  uint64_t available_bytes = UINT64_MAX;
+  // Check that the policy is implemented by this build (loading into a cache); tools that only
+  // inspect a file turn it off.
+  bool require_implemented = true;
+};
+
+struct Snapshot {
+  uint16_t format_major = 0, format_minor = 0;
+  uint64_t snapshot_id = 0;
+  Geometry geometry;
+  kvsdk_policy policy{};
+  uint64_t budget_bytes = 0;        // the writer's context budget
+  bool includes_backing = false;
+  std::string writer_version;
+  std::vector<LayerState> layers;   // after the journal
+  PolicyRuntime runtime;            // allocation-stage state of the policy, after the journal
+  uint64_t base_end = 0;            // offset just past the trailer
+  uint64_t journal_end = 0;         // offset past the last complete delta
+  uint64_t next_sequence = 1;
+  uint32_t journal_frames_applied = 0;
+  uint32_t journal_frames_dropped = 0;
+  std::vector<FrameRecord> frames;  // every frame of the full snapshot, index included
+  std::vector<FrameRecord> journal_frames;  // applied journal frames
+};
+
+Snapshot read_snapshot(const unsigned char* data, size_t size, const ReadOptions& options);
+
+}  // namespace kvsdk::format

@@ -1,0 +1,147 @@
+#include "snapshot_writer.h"
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "container.h"
+#include "core/options.h"
+#include "frame_writer.h"
+#include "kvsdk_generated.h"
+#include "policy_state.h"
+#include "zstd_frame.h"
+
+namespace kvsdk::format {
+
+namespace {
+
+// A run of rows of one head that goes into one frame.
+struct RowSpan {
+  uint32_t head;
+  size_t row_begin;
+  size_t rows;
+};
+
+flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder& fbb,
+                                                 const Cache& cache, bool includes_backing) {
+  const Geometry& g = cache.geometry();
+  const kvsdk_policy& p = cache.policy();
+  std::vector<flatbuffers::Offset<fb::LayerInfo>> layers;
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    const kvsdk_layer_stats s = cache.layer_stats(l);
+    std::vector<uint64_t> head_tokens(g.n_kv_heads);
+    for (uint32_t h = 0; h < g.n_kv_heads; ++h) head_tokens[h] = cache.head_tokens(l, h);
+    std::vector<uint64_t> by_tier(s.bytes_by_tier, s.bytes_by_tier + KVSDK_TIER_SLOTS);
+    layers.push_back(fb::CreateLayerInfo(fbb, s.appended_tokens, fbb.CreateVector(head_tokens),
+                                         fbb.CreateVector(by_tier), 0));
+  }
+  const auto geometry =
+      fb::CreateGeometry(fbb, g.n_layers, g.n_q_heads, g.n_kv_heads, g.head_dim, g.dtype,
+                         g.rope_style, g.rope_theta, g.attn_scale);
+  const auto policy = fb::CreatePolicy(fbb, p.method, p.quant_bits, p.quant_group,
+                                       p.quant_residual, p.sink_tokens, p.recent_tokens,
+                                       p.obs_window, p.pool_kernel, p.pool_kind, p.heavy_ratio,
+                                       p.schedule_alpha, p.schedule_beta);
+  const auto policy_state = build_policy_state(fbb, cache);
+  return fb::CreateMetadata(fbb, kFormatMajor, kFormatMinor,
+                            fbb.CreateString(kvsdk_version_string()), geometry, policy,
+                            cache.context().budget(), fbb.CreateVector(layers), includes_backing,
+                            policy_state);
+}
+
+void write_tier_frame(FrameWriter& out, flatbuffers::FlatBufferBuilder& fbb, const Cache& cache,
+                      uint32_t layer, const std::vector<RowSpan>& spans) {
+  const size_t dim = cache.geometry().head_dim;
+  fbb.Clear();
+  std::vector<flatbuffers::Offset<fb::HeadRows>> heads;
+  for (const RowSpan& s : spans) {
+    const ExactStore& e = cache.layer(layer).heads[s.head];
+    const auto rows = fb::CreateExactRows(
+        fbb, fbb.CreateVector(e.positions.data() + s.row_begin, s.rows),
+        fbb.CreateVector(e.k.data() + s.row_begin * dim, s.rows * dim),
+        fbb.CreateVector(e.v.data() + s.row_begin * dim, s.rows * dim));
+    heads.push_back(fb::CreateHeadRows(fbb, layer, s.head, s.row_begin, rows));
+  }
+  const auto chunk = fb::CreateTierChunk(fbb, fbb.CreateVector(heads));
+  fbb.Finish(fb::CreateFrame(fbb, fb::Payload::TierChunk, chunk.Union()), fb::FrameIdentifier());
+  out.write_frame(FrameKind::kTierChunk, fbb.GetBufferPointer(), fbb.GetSize());
+}
+
+}  // namespace
+
+kvsdk_save_options save_options_defaults() {
+  kvsdk_save_options o{};
+  o.struct_size = sizeof(o);
+  o.zstd_level = kDefaultZstdLevel;
+  o.include_backing = 0;
+  o.max_frame_bytes = kDefaultFrameBytes;
+  return o;
+}
+
+SaveParams save_params_from_c(const kvsdk_save_options* options) {
+  const kvsdk_save_options d = save_options_defaults();
+  const kvsdk_save_options o =
+      options ? read_versioned(options, d, sizeof(kvsdk_save_options), "options") : d;
+  KVSDK_REQUIRE(o.zstd_level >= kMinZstdLevel && o.zstd_level <= kMaxZstdLevel,
+                "options.zstd_level is ", o.zstd_level, " (must be ", kMinZstdLevel, "..",
+                kMaxZstdLevel, ")");
+  KVSDK_REQUIRE(o.include_backing <= 1, "options.include_backing is ", o.include_backing,
+                " (must be 0 or 1)");
+  KVSDK_REQUIRE(o.max_frame_bytes <= kMaxFrameBytesOption, "options.max_frame_bytes is ",
+                o.max_frame_bytes, " (at most ", kMaxFrameBytesOption, ")");
+  SaveParams p;
+  p.zstd_level = o.zstd_level == 0 ? kDefaultZstdLevel : o.zstd_level;
+  p.include_backing = o.include_backing != 0;
+  p.max_frame_bytes = o.max_frame_bytes == 0 ? kDefaultFrameBytes : o.max_frame_bytes;
+  return p;
+}
+
+uint64_t new_snapshot_id() {
+  std::random_device rd;
+  uint64_t id = 0;
+  while (id == 0) id = (uint64_t(rd()) << 32) ^ rd();
+  return id;
+}
+
+uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t snapshot_id,
+                        Sink& sink) {
+  const Geometry& g = cache.geometry();
+  FrameWriter out(sink, snapshot_id, params.zstd_level);
+  out.write_file_header();
+
+  flatbuffers::FlatBufferBuilder fbb(1024);
+  const auto meta = build_metadata(fbb, cache, params.include_backing);
+  fbb.Finish(fb::CreateFrame(fbb, fb::Payload::Metadata, meta.Union()), fb::FrameIdentifier());
+  out.write_frame(FrameKind::kMetadata, fbb.GetBufferPointer(), fbb.GetSize());
+
+  // Rows of each layer, packed into frames of at most max_frame_bytes of row data (at least one
+  // row per frame); a frame never mixes layers.
+  const uint64_t row_bytes = sizeof(int32_t) + uint64_t(g.head_dim) * 2 * sizeof(uint16_t);
+  const uint64_t cap = params.max_frame_bytes;
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    std::vector<RowSpan> spans;
+    uint64_t frame_bytes = 0;
+    for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
+      const size_t n = cache.layer(l).heads[h].size();
+      size_t r = 0;
+      while (r < n) {
+        uint64_t fit = (cap - std::min(cap, frame_bytes)) / row_bytes;
+        if (fit == 0 && !spans.empty()) {
+          write_tier_frame(out, fbb, cache, l, spans);
+          spans.clear();
+          frame_bytes = 0;
+          fit = cap / row_bytes;
+        }
+        const size_t take = size_t(std::min<uint64_t>(std::max<uint64_t>(fit, 1), n - r));
+        spans.push_back({h, r, take});
+        frame_bytes += take * row_bytes;
+        r += take;
+      }
+    }
+    if (!spans.empty()) write_tier_frame(out, fbb, cache, l, spans);
+  }
+  out.write_index_and_trailer();
+  return out.offset();
+}
+
+}  // namespace kvsdk::format

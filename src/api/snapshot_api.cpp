@@ -1,0 +1,162 @@
+// C ABI: snapshots (save to file/buffer, journal deltas, load from file/buffer). Checks the
+// arguments, then runs formats/ inside guard() so that errors become statuses.
+#include <memory>
+#include <string>
+
+#include "core/cache.h"
+#include "core/error.h"
+#include "core/geometry.h"
+#include "journal.h"
+#include "kvsdk.h"
+#include "snapshot_file.h"
+#include "snapshot_reader.h"
+#include "snapshot_writer.h"
+
+using namespace kvsdk;
+using namespace kvsdk::format;
+
+namespace {
+
+kvsdk_cache& handle(kvsdk_cache* cache) {
+  KVSDK_REQUIRE(cache != nullptr && cache->impl, "cache is NULL");
+  return *cache;
+}
+
+std::shared_ptr<JournalBase> make_base(const Cache& cache, uint64_t id, uint64_t base_end,
+                                       uint64_t journal_end, uint64_t next_sequence) {
+  auto b = std::make_shared<JournalBase>();
+  b->snapshot_id = id;
+  b->base_end = base_end;
+  b->journal_end = journal_end;
+  b->next_sequence = next_sequence;
+  b->rows = fingerprint_rows(cache);
+  return b;
+}
+
+// Shared by both loads: validate, read, restore, remember the journal position.
+void load(kvsdk_cache** out, kvsdk_context* ctx, const unsigned char* data, size_t size,
+          const kvsdk_geometry* expected, kvsdk_load_info* info) {
+  KVSDK_REQUIRE(out != nullptr, "out is NULL");
+  KVSDK_REQUIRE(ctx != nullptr, "ctx is NULL");
+  KVSDK_REQUIRE(info == nullptr || info->struct_size >= sizeof(kvsdk_load_info),
+                "info->struct_size is ", info ? info->struct_size : 0,
+                " (set it to sizeof(kvsdk_load_info))");
+  Geometry want;
+  ReadOptions opt;
+  if (expected) {
+    want = Geometry::from_c(expected);
+    opt.expected = &want;
+  }
+  opt.available_bytes = ctx->impl->available();
+  Snapshot s = read_snapshot(data, size, opt);
+  auto h = std::make_unique<kvsdk_cache>();
+  h->impl = Cache::restore(ctx->impl, s.geometry, s.policy, std::move(s.layers));
+  h->impl->restore_policy_runtime(std::move(s.runtime));
+  h->journal = make_base(*h->impl, s.snapshot_id, s.base_end, s.journal_end, s.next_sequence);
+  if (info) {
+    info->format_major = s.format_major;
+    info->format_minor = s.format_minor;
+    info->journal_frames_applied = s.journal_frames_applied;
+    info->journal_frames_dropped = s.journal_frames_dropped;
+  }
+  *out = h.release();
+}
+
+}  // namespace
+
+extern "C" {
+
+KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options* options) {
+  return guard("kvsdk_save_options_init", [&] {
+    KVSDK_REQUIRE(options != nullptr, "options is NULL");
+    *options = save_options_defaults();
+  });
+}
+
+KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache* cache, const char* path,
+                                        const kvsdk_save_options* options) {
+  return guard("kvsdk_cache_save", [&] {
+    kvsdk_cache& c = handle(cache);
+    KVSDK_REQUIRE(path != nullptr, "path is NULL");
+    const SaveParams params = save_params_from_c(options);
+    const uint64_t id = new_snapshot_id();
+    // Fingerprint first: once the file is renamed nothing may fail.
+    auto base = make_base(*c.impl, id, 0, 0, 1);
+    save_file_atomically(path, [&](Sink& sink) {
+      base->base_end = base->journal_end = write_snapshot(*c.impl, params, id, sink);
+    });
+    c.journal = std::move(base);
+  });
+}
+
+KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache* cache,
+                                                  const kvsdk_save_options* options, void* buf,
+                                                  size_t capacity, size_t* out_size) {
+  return guard("kvsdk_cache_save_to_buffer", [&] {
+    kvsdk_cache& c = handle(cache);
+    KVSDK_REQUIRE(out_size != nullptr, "out_size is NULL");
+    const SaveParams params = save_params_from_c(options);
+    const uint64_t id = new_snapshot_id();
+    if (buf == nullptr) {
+      CountingSink sink;
+      *out_size = size_t(write_snapshot(*c.impl, params, id, sink));
+      return;
+    }
+    auto base = make_base(*c.impl, id, 0, 0, 1);
+    BufferSink sink(buf, capacity);
+    base->base_end = base->journal_end = write_snapshot(*c.impl, params, id, sink);
+    c.journal = std::move(base);
+    *out_size = size_t(sink.written());
+  });
+}
+
+KVSDK_API kvsdk_status kvsdk_cache_save_delta(kvsdk_cache* cache, const char* path,
+                                              const kvsdk_save_options* options) {
+  return guard("kvsdk_cache_save_delta", [&] {
+    kvsdk_cache& c = handle(cache);
+    KVSDK_REQUIRE(path != nullptr, "path is NULL");
+    const SaveParams params = save_params_from_c(options);
+    if (!c.journal) {
+      fail(KVSDK_E_STATE, "the cache was never saved or loaded: save it in full first");
+    }
+    DeltaFrames d = build_delta(*c.impl, *c.journal, params.max_frame_bytes);
+    const uint64_t end = append_journal(path, *c.journal, d.parts, params.zstd_level);
+    c.journal->journal_end = end;
+    c.journal->next_sequence += 1;
+    c.journal->rows = std::move(d.rows);
+  });
+}
+
+KVSDK_API kvsdk_status kvsdk_cache_load(kvsdk_cache** out, kvsdk_context* ctx, const char* path,
+                                        const kvsdk_geometry* expected, kvsdk_load_info* info) {
+  return guard("kvsdk_cache_load", [&] {
+    KVSDK_REQUIRE(path != nullptr, "path is NULL");
+    KVSDK_REQUIRE(out != nullptr && ctx != nullptr, "out or ctx is NULL");
+    MappedFile f(path);
+    load(out, ctx, f.data(), f.size(), expected, info);
+  });
+}
+
+KVSDK_API kvsdk_status kvsdk_cache_load_from_buffer(kvsdk_cache** out, kvsdk_context* ctx,
+                                                    const void* buf, size_t size,
+                                                    const kvsdk_geometry* expected,
+                                                    kvsdk_load_info* info) {
+  return guard("kvsdk_cache_load_from_buffer", [&] {
+    KVSDK_REQUIRE(buf != nullptr, "buf is NULL");
+    load(out, ctx, static_cast<const unsigned char*>(buf), size, expected, info);
+  });
+}
+
+KVSDK_API kvsdk_status kvsdk_cache_policy(const kvsdk_cache* cache, kvsdk_policy* out) {
+  return guard("kvsdk_cache_policy", [&] {
+    KVSDK_REQUIRE(cache != nullptr && cache->impl, "cache is NULL");
+    KVSDK_REQUIRE(out != nullptr, "out is NULL");
+    KVSDK_REQUIRE(out->struct_size >= sizeof(kvsdk_policy), "out->struct_size is ",
+                  out->struct_size, " (set it to sizeof(kvsdk_policy))");
+    const uint32_t size = out->struct_size;
+    *out = cache->impl->policy();
+    out->struct_size = size < sizeof(kvsdk_policy) ? size : uint32_t(sizeof(kvsdk_policy));
+  });
+}
+
+}  // extern "C"

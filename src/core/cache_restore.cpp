@@ -1,0 +1,40 @@
+// The restore path of Cache used by snapshot loading (formats/): adopts validated tier data and
+// charges it to the context budget. Kept apart from cache.cpp so the cache's hot paths and the
+// snapshot code change independently.
+#include <memory>
+#include <utility>
+
+#include "core/cache.h"
+#include "core/error.h"
+
+namespace kvsdk {
+
+std::unique_ptr<Cache> Cache::restore(std::shared_ptr<Context> ctx, const Geometry& geometry,
+                                      const kvsdk_policy& policy, std::vector<LayerState> layers) {
+  if (layers.size() != geometry.n_layers) {
+    fail(KVSDK_E_INTERNAL, "restore: ", layers.size(), " layers for a geometry of ",
+         geometry.n_layers);
+  }
+  for (const LayerState& l : layers) {
+    if (l.heads.size() != geometry.n_kv_heads) {
+      fail(KVSDK_E_INTERNAL, "restore: layer with ", l.heads.size(), " heads");
+    }
+  }
+  auto cache = std::make_unique<Cache>(std::move(ctx), geometry, policy);
+  cache->layers_ = std::move(layers);
+  // The same per-tier accounting as stats(), so a restored cache is charged what it reports.
+  uint64_t bytes = 0;
+  for (uint32_t l = 0; l < geometry.n_layers; ++l) {
+    uint64_t by_tier[KVSDK_TIER_SLOTS];
+    cache->layer_bytes(l, by_tier);
+    for (uint64_t b : by_tier) bytes += b;
+  }
+  if (!cache->ctx_->try_reserve(bytes)) {
+    fail(KVSDK_E_BUDGET, "the snapshot holds ", bytes, " bytes but the context has ",
+         cache->ctx_->available(), " of its ", cache->ctx_->budget(), " budget bytes free");
+  }
+  cache->charged_ = bytes;
+  return cache;
+}
+
+}  // namespace kvsdk

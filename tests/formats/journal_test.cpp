@@ -1,0 +1,275 @@
+// Journal deltas: appends and evictions since the last save are recorded exactly; a torn tail is
+// dropped and counted; a delta only continues the file of the cache's own last save/load.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "core/cache.h"
+#include "kvsdk.h"
+#include "snapshot_test_util.h"
+#include "test_util.h"
+
+using namespace kvsdk_test;
+
+namespace {
+
+CachePtr load_file(kvsdk_context* ctx, const std::string& path, kvsdk_load_info* info = nullptr,
+                   kvsdk_status* status = nullptr) {
+  kvsdk_cache* c = nullptr;
+  if (info) info->struct_size = sizeof *info;
+  const kvsdk_status st = kvsdk_cache_load(&c, ctx, path.c_str(), nullptr, info);
+  if (status) *status = st;
+  return CachePtr(c);
+}
+
+uint64_t file_size(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 ? uint64_t(st.st_size) : 0;
+}
+
+// Replaces the cache's storage with `layers` (as eviction would leave it), keeping its journal
+// base. The rows live on a side context: the journal only looks at rows.
+void replace_rows(kvsdk_cache* c, std::vector<kvsdk::LayerState> layers) {
+  static const auto side = std::make_shared<kvsdk::Context>(KVSDK_BACKEND_CPU, 0, 0);
+  c->impl = kvsdk::Cache::restore(side, c->impl->geometry(), c->impl->policy(), std::move(layers));
+}
+
+std::vector<kvsdk::LayerState> copy_rows(const kvsdk_cache* c) {
+  std::vector<kvsdk::LayerState> out;
+  for (uint32_t l = 0; l < c->impl->geometry().n_layers; ++l) out.push_back(c->impl->layer(l));
+  return out;
+}
+
+class Journal : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ctx = make_context();
+    a = make_cache(ctx.get(), g);
+    fill(a.get(), g, 30, 0, 1);
+    path = dir.file("j.kvsnap");
+    ASSERT_EQ(kvsdk_cache_save(a.get(), path.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  }
+  kvsdk_geometry g = make_geometry(3, 4, 2, 16);
+  TempDir dir;
+  ContextPtr ctx;
+  CachePtr a;
+  std::string path;
+};
+
+TEST_F(Journal, AppendOnlyDeltasReplayExactly) {
+  int32_t pos = 30;
+  for (int d = 1; d <= 4; ++d) {
+    fill(a.get(), g, 1 + d, pos, 10 + d);
+    pos += 1 + d;
+    const uint64_t before = file_size(path);
+    ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK)
+        << kvsdk_last_error();
+    EXPECT_LT(file_size(path) - before, 3000u) << "a delta holds only the new rows";
+    kvsdk_load_info info{};
+    kvsdk_status st;
+    auto b = load_file(ctx.get(), path, &info, &st);
+    ASSERT_EQ(st, KVSDK_OK) << kvsdk_last_error();
+    EXPECT_EQ(info.journal_frames_applied, uint32_t(d));
+    EXPECT_EQ(info.journal_frames_dropped, 0u);
+    EXPECT_TRUE(dump(a.get()) == dump(b.get())) << "after delta " << d;
+  }
+}
+
+TEST_F(Journal, UnchangedCacheGivesAnEmptyDelta) {
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK);
+  kvsdk_load_info info{};
+  auto b = load_file(ctx.get(), path, &info);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(info.journal_frames_applied, 1u);
+  EXPECT_TRUE(dump(a.get()) == dump(b.get()));
+}
+
+TEST_F(Journal, EvictionSinceTheLastSaveStaysExact) {
+  // Remove rows from the middle of heads (as eviction will), then append: the delta must
+  // describe survivors + new rows, not just "rows past the old count".
+  auto layers = copy_rows(a.get());
+  const size_t dim = g.head_dim;
+  auto erase_rows = [&](kvsdk::ExactStore& e, size_t from, size_t n) {
+    e.positions.erase(e.positions.begin() + from, e.positions.begin() + from + n);
+    e.k.erase(e.k.begin() + from * dim, e.k.begin() + (from + n) * dim);
+    e.v.erase(e.v.begin() + from * dim, e.v.begin() + (from + n) * dim);
+  };
+  erase_rows(layers[0].heads[0], 5, 10);
+  erase_rows(layers[0].heads[1], 0, 1);
+  erase_rows(layers[2].heads[1], 29, 1);
+  erase_rows(layers[2].heads[1], 3, 2);
+  replace_rows(a.get(), std::move(layers));
+  fill(a.get(), g, 2, 30, 77);
+  const uint64_t before = file_size(path);
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK)
+      << kvsdk_last_error();
+  EXPECT_LT(file_size(path) - before, 2000u) << "survivors are referenced, not rewritten";
+  auto b = load_file(ctx.get(), path);
+  ASSERT_TRUE(b) << kvsdk_last_error();
+  EXPECT_TRUE(dump(a.get()) == dump(b.get()));
+  // A second delta on top of the evicted state.
+  fill(a.get(), g, 1, 32, 78);
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK);
+  b = load_file(ctx.get(), path);
+  ASSERT_TRUE(b);
+  EXPECT_TRUE(dump(a.get()) == dump(b.get()));
+}
+
+TEST_F(Journal, ReorderedOrRewrittenRowsStayExact) {
+  // Not something eviction does, but the delta must stay exact whatever changed.
+  auto layers = copy_rows(a.get());
+  auto& e = layers[1].heads[0];
+  std::swap(e.positions[0], e.positions[7]);
+  e.k[3] ^= 1;
+  replace_rows(a.get(), std::move(layers));
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK);
+  auto b = load_file(ctx.get(), path);
+  ASSERT_TRUE(b) << kvsdk_last_error();
+  EXPECT_TRUE(dump(a.get()) == dump(b.get()));
+}
+
+TEST_F(Journal, MultiFrameDeltasAndTornTails) {
+  fill(a.get(), g, 5, 30, 2);
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK);
+  const auto after_first = dump(a.get());
+  const uint64_t first_end = file_size(path);
+  fill(a.get(), g, 6, 35, 3);
+  kvsdk_save_options o;
+  kvsdk_save_options_init(&o);
+  o.max_frame_bytes = 200;  // ~3 rows per frame: the delta spans many frames
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), &o), KVSDK_OK);
+  const auto full = read_file(path);
+  kvsdk_load_info info{};
+  auto b = load_file(ctx.get(), path, &info);
+  ASSERT_TRUE(b);
+  EXPECT_GT(info.journal_frames_applied, 4u);
+  EXPECT_TRUE(dump(a.get()) == dump(b.get()));
+  // Cut the second delta anywhere (around every frame boundary and header field, and at a
+  // stride through the payloads): the load gives the state after the first delta.
+  std::vector<uint64_t> cuts;
+  for (uint64_t f = first_end; f < full.size();) {
+    for (uint64_t d : {0, 1, 4, 8, 16, 31, 32, 33}) cuts.push_back(f + d);
+    uint32_t payload;
+    std::memcpy(&payload, &full[f + 8], 4);
+    f += 32 + payload;
+    cuts.push_back(f - 1);
+  }
+  for (uint64_t cut = first_end; cut < full.size(); cut += 29) cuts.push_back(cut);
+  for (uint64_t cut : cuts) {
+    if (cut >= full.size()) continue;
+    std::vector<unsigned char> torn(full.begin(), full.begin() + long(cut));
+    kvsdk_load_info ti{};
+    ti.struct_size = sizeof ti;
+    kvsdk_status st;
+    auto t = load_buffer(ctx.get(), torn, &st, &ti);
+    ASSERT_EQ(st, KVSDK_OK) << "cut at " << cut << ": " << kvsdk_last_error();
+    EXPECT_EQ(ti.journal_frames_applied, 1u);
+    EXPECT_EQ(ti.journal_frames_dropped > 0, cut > first_end) << "cut at " << cut;
+    ASSERT_TRUE(dump(t.get()) == after_first) << "cut at " << cut;
+  }
+}
+
+TEST_F(Journal, TornDeltaLoadsThePreviousStateAndAFullSaveRecovers) {
+  fill(a.get(), g, 2, 30, 4);
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK);
+  const uint64_t end = file_size(path);
+  fill(a.get(), g, 2, 32, 5);
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK);
+  // Simulate a crash in the middle of the second delta's append.
+  auto bytes = read_file(path);
+  const uint64_t mid = end + (bytes.size() - end) / 2;
+  bytes.resize(mid);
+  write_file(path, bytes);
+  kvsdk_load_info info{};
+  auto b = load_file(ctx.get(), path, &info);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(info.journal_frames_dropped, 1u);
+  // The file lost frames this cache wrote: its base is gone, so a delta is refused (nothing
+  // written) and a full save recovers.
+  const auto torn = read_file(path);
+  EXPECT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_E_STATE);
+  EXPECT_EQ(read_file(path), torn);
+  ASSERT_EQ(kvsdk_cache_save(a.get(), path.c_str(), nullptr), KVSDK_OK);
+  fill(a.get(), g, 1, 34, 6);
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK);
+  b = load_file(ctx.get(), path, &info);
+  ASSERT_TRUE(b);
+  EXPECT_TRUE(dump(a.get()) == dump(b.get()));
+}
+
+TEST_F(Journal, GarbageAfterTheJournalIsATornTail) {
+  fill(a.get(), g, 1, 30, 4);
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK);
+  auto bytes = read_file(path);
+  bytes.insert(bytes.end(), {'K', 'V', 'F', 'R', 4, 0, 0, 0, 1, 2, 3});
+  write_file(path, bytes);
+  kvsdk_load_info info{};
+  auto b = load_file(ctx.get(), path, &info);
+  ASSERT_TRUE(b) << kvsdk_last_error();
+  EXPECT_EQ(info.journal_frames_applied, 1u);
+  EXPECT_EQ(info.journal_frames_dropped, 1u);
+  EXPECT_TRUE(dump(a.get()) == dump(b.get()));
+  // A delta from the cache cuts the garbage off and continues.
+  fill(a.get(), g, 1, 31, 5);
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  b = load_file(ctx.get(), path, &info);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(info.journal_frames_dropped, 0u);
+  EXPECT_TRUE(dump(a.get()) == dump(b.get()));
+}
+
+TEST_F(Journal, DeltaAfterLoadContinuesTheFile) {
+  auto b = load_file(ctx.get(), path);
+  ASSERT_TRUE(b);
+  fill(b.get(), g, 3, 30, 9);
+  ASSERT_EQ(kvsdk_cache_save_delta(b.get(), path.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  auto c = load_file(ctx.get(), path);
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(dump(b.get()) == dump(c.get()));
+}
+
+TEST_F(Journal, DeltaOnlyContinuesTheCachesOwnLastSave) {
+  // Never saved: STATE.
+  auto fresh = make_cache(ctx.get(), g);
+  EXPECT_EQ(kvsdk_cache_save_delta(fresh.get(), path.c_str(), nullptr), KVSDK_E_STATE);
+  // Another cache's file: STATE, and that file is untouched.
+  const std::string other = dir.file("other.kvsnap");
+  ASSERT_EQ(kvsdk_cache_save(fresh.get(), other.c_str(), nullptr), KVSDK_OK);
+  const auto other_bytes = read_file(other);
+  EXPECT_EQ(kvsdk_cache_save_delta(a.get(), other.c_str(), nullptr), KVSDK_E_STATE);
+  EXPECT_EQ(read_file(other), other_bytes);
+  // After saving elsewhere, the old file is no longer the base.
+  ASSERT_EQ(kvsdk_cache_save(a.get(), dir.file("moved.kvsnap").c_str(), nullptr), KVSDK_OK);
+  const auto old_bytes = read_file(path);
+  EXPECT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_E_STATE);
+  EXPECT_EQ(read_file(path), old_bytes);
+  EXPECT_EQ(kvsdk_cache_save_delta(a.get(), dir.file("missing").c_str(), nullptr), KVSDK_E_IO);
+  // Two caches loaded from one file: the second to journal is refused.
+  auto b1 = load_file(ctx.get(), path);
+  auto b2 = load_file(ctx.get(), path);
+  ASSERT_TRUE(b1 && b2);
+  fill(b1.get(), g, 1, 30, 1);
+  fill(b2.get(), g, 1, 30, 2);
+  ASSERT_EQ(kvsdk_cache_save_delta(b1.get(), path.c_str(), nullptr), KVSDK_OK);
+  EXPECT_EQ(kvsdk_cache_save_delta(b2.get(), path.c_str(), nullptr), KVSDK_E_STATE);
+  auto c = load_file(ctx.get(), path);
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(dump(b1.get()) == dump(c.get()));
+  EXPECT_EQ(kvsdk_cache_save_delta(nullptr, path.c_str(), nullptr), KVSDK_E_INVALID_ARG);
+  EXPECT_EQ(kvsdk_cache_save_delta(a.get(), nullptr, nullptr), KVSDK_E_INVALID_ARG);
+}
+
+TEST_F(Journal, BufferSaveIsABaseForWhoeverWritesItToAFile) {
+  const auto buf = save_buffer(a.get());
+  write_file(path, buf);
+  fill(a.get(), g, 2, 30, 3);
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  auto b = load_file(ctx.get(), path);
+  ASSERT_TRUE(b);
+  EXPECT_TRUE(dump(a.get()) == dump(b.get()));
+}
+
+}  // namespace

@@ -1,0 +1,26 @@
+# cmake -DHOST_TOOL=native_tool -DTARGET_TOOL=cross_tool -DTARGET_EMULATOR=qemu|args -DWORK=dir
+#       -P cross_arch.cmake
+# A snapshot written natively continues identically in the emulated build, and the reverse.
+# Reports SKIP (ctest's SKIP_REGULAR_EXPRESSION) when the native tool is missing, unless
+# KVSDK_PORTABILITY_REQUIRE_PEER=1 is set, which makes that a failure.
+if(NOT EXISTS "${HOST_TOOL}")
+  if("$ENV{KVSDK_PORTABILITY_REQUIRE_PEER}" STREQUAL "1")
+    message(FATAL_ERROR "host snapshot tool ${HOST_TOOL} not built (build the dev preset)")
+  endif()
+  message("SKIP: ${HOST_TOOL} not built; build the dev preset to run this test")
+  return()
+endif()
+set(script ${CMAKE_CURRENT_LIST_DIR}/write_then_check.cmake)
+foreach(direction host_to_target target_to_host)
+  if(direction STREQUAL host_to_target)
+    set(args -DWRITER=${HOST_TOOL} -DREADER=${TARGET_TOOL} -DREADER_EMULATOR=${TARGET_EMULATOR})
+  else()
+    set(args -DWRITER=${TARGET_TOOL} -DWRITER_EMULATOR=${TARGET_EMULATOR} -DREADER=${HOST_TOOL})
+  endif()
+  message("--- ${direction}")
+  execute_process(COMMAND ${CMAKE_COMMAND} ${args} -DWORK=${WORK}/${direction} -P ${script}
+                  RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${direction}: failed")
+  endif()
+endforeach()

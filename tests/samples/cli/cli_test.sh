@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# kvsdk CLI: verify exits 0 on sound snapshots and 1 (never a signal) on every damaged variant;
+# inspect/verify --json output parses; recompress works for 'full' and explains what is missing.
+# usage: cli_test.sh KVSDK_BINARY GOLDEN_DIR
+set -uo pipefail
+cli=$1
+golden=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# Cross builds run the CLI through an emulator (KVSDK_RUN, e.g. qemu-aarch64): wrap it.
+if [ -n "${KVSDK_RUN:-}" ]; then
+  printf '#!/bin/sh\nexec %s "%s" "$@"\n' "$KVSDK_RUN" "$cli" >"$tmp/cli"
+  chmod +x "$tmp/cli"
+  cli=$tmp/cli
+fi
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# expect_exit CODE CMD...: runs CMD, checks its exit code (and that no signal ended it).
+expect_exit() {
+  local want=$1; shift
+  "$@" >"$tmp/out" 2>"$tmp/err"
+  local got=$?
+  if [ "$got" -ge 128 ]; then fail "$* died with signal $((got - 128))"; return; fi
+  [ "$got" -eq "$want" ] || fail "$* exited $got, expected $want: $(cat "$tmp/err")"
+}
+
+json_ok() { python3 -m json.tool "$tmp/out" >/dev/null || fail "$* output is not JSON: $(cat "$tmp/out")"; }
+
+good=$golden/v1_0_journal_bf16.kvsnap
+for f in "$golden"/v1_0_exact_f32.kvsnap "$golden"/v1_0_multiframe_f16.kvsnap "$good"; do
+  expect_exit 0 "$cli" verify "$f"
+  expect_exit 0 "$cli" inspect "$f"
+  grep -q "n_kv_heads" "$tmp/out" || fail "inspect $f lacks the geometry"
+  expect_exit 0 "$cli" inspect "$f" --json; json_ok inspect "$f"
+  expect_exit 0 "$cli" verify "$f" --json; json_ok verify "$f"
+done
+python3 - "$tmp/out" <<'PY' || fail "verify --json content"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["ok"] is True and d["journal_frames_applied"] == 2, d
+PY
+"$cli" inspect "$good" --json >"$tmp/inspect.json"
+python3 - "$tmp/inspect.json" <<'PY' || fail "inspect --json content"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["geometry"]["n_layers"] == 2 and d["policy"]["method"] == "full", d
+assert [l["tokens"] for l in d["layers"]] == [7 + 5, 8 + 9], d["layers"]
+assert d["totals"]["logical_fp16_bytes"] == (12 + 17) * 8 * 4, d["totals"]
+PY
+
+# Torn journal tail: loads, but verify says it is not sound.
+expect_exit 1 "$cli" verify "$golden/v1_0_torn_tail.kvsnap"
+expect_exit 1 "$cli" verify "$golden/v1_0_torn_tail.kvsnap" --json; json_ok verify torn
+
+# Damaged variants of the base part of a snapshot: truncations and byte flips everywhere.
+base=$golden/v1_0_multiframe_f16.kvsnap
+size=$(stat -c %s "$base")
+for cut in 0 1 8 31 32 33 100 $((size / 2)) $((size - 33)) $((size - 1)); do
+  head -c "$cut" "$base" >"$tmp/cut.kvsnap"
+  expect_exit 1 "$cli" verify "$tmp/cut.kvsnap"
+done
+for off in 0 9 20 40 70 $((size / 3)) $((size / 2)) $((size - 40)) $((size - 20)) $((size - 1)); do
+  cp "$base" "$tmp/flip.kvsnap"
+  printf '\x5a' | dd of="$tmp/flip.kvsnap" bs=1 seek="$off" conv=notrunc status=none
+  cmp -s "$base" "$tmp/flip.kvsnap" || { expect_exit 1 "$cli" verify "$tmp/flip.kvsnap"; \
+    expect_exit 1 "$cli" verify "$tmp/flip.kvsnap" --json; json_ok verify flip "$off"; }
+done
+expect_exit 1 "$cli" verify "$tmp/does-not-exist"
+expect_exit 1 "$cli" inspect "$tmp/does-not-exist" --json; json_ok inspect missing
+
+# recompress: 'full' re-saves under a budget; too small a budget and unimplemented methods fail.
+expect_exit 0 "$cli" recompress "$good" "$tmp/re.kvsnap" --policy full --budget 1M
+expect_exit 0 "$cli" verify "$tmp/re.kvsnap"
+expect_exit 1 "$cli" recompress "$good" "$tmp/re2.kvsnap" --policy full --budget 100
+grep -q "budget" "$tmp/err" || fail "budget failure not explained: $(cat "$tmp/err")"
+expect_exit 1 "$cli" recompress "$good" "$tmp/re3.kvsnap" --policy snapkv --budget 1M
+grep -q "not implemented" "$tmp/err" || fail "unsupported policy not explained: $(cat "$tmp/err")"
+expect_exit 1 "$cli" recompress "$good" "$tmp/re3.kvsnap" --policy snapkv --budget 1M --json
+json_ok recompress snapkv
+grep -q "KVSDK_E_UNSUPPORTED" "$tmp/out" || fail "json lacks the status"
+[ ! -e "$tmp/re2.kvsnap" ] && [ ! -e "$tmp/re3.kvsnap" ] || fail "failed recompress wrote output"
+
+# Usage errors.
+expect_exit 2 "$cli"
+expect_exit 2 "$cli" frobnicate x
+expect_exit 2 "$cli" recompress a b --policy full
+expect_exit 2 "$cli" recompress a b --policy full --budget lots
+expect_exit 2 "$cli" verify a --bogus
+
+if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "cli tests passed"
