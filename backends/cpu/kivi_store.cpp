@@ -88,6 +88,22 @@ KiviBytes KiviHeadStore::bytes() const {
   return b;
 }
 
+KiviBytes KiviHeadStore::projected_bytes(size_t n_more) const {
+  const size_t G = cfg_.group;
+  size_t res = residual_tokens() + n_more, nq = n_quant_;
+  if (res >= size_t(cfg_.residual) + G) {  // the flush loop of append(), in closed form
+    const size_t flushes = (res - size_t(cfg_.residual)) / G;
+    res -= flushes * G;
+    nq += flushes * G;
+  }
+  KiviBytes b;
+  b.codes = 2 * uint64_t(nq) * row_bytes_;
+  b.scales_zeros = 2 * (2 * uint64_t(nq / G) * dim_ + 2 * uint64_t(nq) * v_groups_);
+  b.residual = 2 * 2 * uint64_t(res) * dim_;
+  b.positions = sizeof(int32_t) * uint64_t(size() + n_more);
+  return b;
+}
+
 KiviHeadBuffers KiviHeadStore::buffers() const {
   return {n_quant_, positions_, k_codes_, v_codes_, k_scale_, k_zero_,
           v_scale_, v_zero_, res_k_, res_v_};

@@ -56,6 +56,9 @@ class KiviHeadStore {
   void read_rows(size_t first, size_t count, float* k, float* v) const;
 
   KiviBytes bytes() const;
+  // What bytes() will be after appending `n_more` tokens (flushes included), without appending:
+  // lets a caller reserve budget before it changes anything.
+  KiviBytes projected_bytes(size_t n_more) const;
 
   // Snapshot support: the buffers, and a store rebuilt from them. restore() checks every size
   // against head_dim and the config (throws kvsdk::Error KVSDK_E_CORRUPT on any mismatch, or

@@ -243,3 +243,27 @@ TEST(KiviStore, RestoreRejectsInconsistentBuffers) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(KiviStore, ProjectedBytesMatchAppend) {
+  const size_t dim = 24;
+  for (uint32_t bits : {1u, 2u, 4u, 8u}) {
+    KiviHeadStore s(dim, KiviConfig{bits, 8, 12});
+    const std::vector<float> k = normal_rows(200 * dim, 93);
+    std::vector<int32_t> pos(200, 0);
+    size_t t = 0;
+    for (size_t n : {1u, 3u, 19u, 1u, 1u, 40u, 7u, 100u}) {
+      const KiviBytes want = s.projected_bytes(n);
+      s.append(&k[t * dim], &k[t * dim], &pos[t], n);
+      t += n;
+      const KiviBytes got = s.bytes();
+      EXPECT_EQ(got.codes, want.codes);
+      EXPECT_EQ(got.scales_zeros, want.scales_zeros);
+      EXPECT_EQ(got.residual, want.residual);
+      EXPECT_EQ(got.positions, want.positions);
+    }
+  }
+}
+
+}  // namespace
