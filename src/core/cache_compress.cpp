@@ -81,7 +81,7 @@ uint64_t Cache::layer_length(uint32_t layer, const Incoming* in) const {
 
 std::vector<uint64_t> Cache::allocation() const {
   std::vector<uint64_t> a(geometry_.n_layers);
-  for (uint32_t l = 0; l < geometry_.n_layers; ++l) a[l] = layers_[l].heads[0].size();
+  for (uint32_t l = 0; l < geometry_.n_layers; ++l) a[l] = head_tokens(l, 0);  // any tier
   return a;
 }
 

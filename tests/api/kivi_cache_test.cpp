@@ -154,6 +154,9 @@ TEST(KiviCache, BudgetIsReservedBeforeAnythingChanges) {
   EXPECT_EQ(kvsdk_cache_compress(cache.get()), KVSDK_OK);
   ASSERT_EQ(kvsdk_cache_stats_get(cache.get(), &after), KVSDK_OK);
   EXPECT_EQ(after.bytes, st.bytes);
+  uint64_t alloc = 0;
+  ASSERT_EQ(kvsdk_cache_allocation(cache.get(), &alloc, 1), KVSDK_OK);
+  EXPECT_EQ(alloc, 100u);  // tokens per KV head held by the quantized tier
 }
 
 TEST(KiviCache, PolicyChecksAndSnapshotsRefused) {
