@@ -1,3 +1,4 @@
+#include "core/error.h"
 #include "snapshot_writer.h"
 
 #include "xxhash64.h"
@@ -127,6 +128,11 @@ uint64_t snapshot_id_of(const Cache& cache, const std::vector<std::vector<uint64
 
 uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t snapshot_id,
                         Sink& sink) {
+  if (cache.policy().method == KVSDK_METHOD_KIVI) {
+    // The quantized tier has no snapshot table yet: refuse rather than write a cache without it.
+    fail(KVSDK_E_UNSUPPORTED, "snapshots of 'kivi' caches are not implemented yet (the "
+         "quantized tier has no snapshot table in this format version)");
+  }
   const Geometry& g = cache.geometry();
   FrameWriter out(sink, snapshot_id, params.zstd_level);
   out.write_file_header();

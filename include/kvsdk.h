@@ -199,7 +199,8 @@ typedef enum kvsdk_method {
   KVSDK_METHOD_SNAPKV = 3,         /**< Observation-window scores, pooled, per KV head. */
   KVSDK_METHOD_PYRAMIDKV = 4,      /**< SnapKV selection with a linear per-layer schedule. */
   KVSDK_METHOD_XKV = 5,            /**< Greedy personalised per-layer allocation (XKV). */
-  KVSDK_METHOD_KIVI = 6,           /**< Low-bit asymmetric quantization, no eviction. */
+  KVSDK_METHOD_KIVI = 6,           /**< Low-bit asymmetric quantization, no eviction
+                                        (implemented; snapshots not yet). */
   KVSDK_METHOD_SPINDLEKV = 7,      /**< Codebooks in shallow layers, eviction in deep layers. */
   KVSDK_METHOD_MINICACHE = 8,      /**< Cross-layer SLERP merging in deep layers. */
   KVSDK_METHOD_SMALLKV = 9,        /**< Proxy-model attention compensation. */
@@ -574,7 +575,8 @@ KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options *options);
  *  outside the budget. The file is created with mode 0600 (a conversation is private data).
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options), KVSDK_E_IO (cannot create,
  *          write, sync or rename; the previous file at `path` is intact and no temporary file is
- *          left behind), KVSDK_E_NO_MEMORY.
+ *          left behind), KVSDK_E_NO_MEMORY, KVSDK_E_UNSUPPORTED (a tier without a snapshot table
+ *          in this version: policy 'kivi'; nothing is written).
  *  Threading: like every cache call, one thread at a time per cache. */
 KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache *cache, const char *path,
                                         const kvsdk_save_options *options);
@@ -585,7 +587,8 @@ KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache *cache, const char *path,
  *  bytes) and its size to `*out_size`. The cache is not modified, and a buffer save does not
  *  change which file kvsdk_cache_save_delta continues (the last file saved or loaded).
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/out_size, bad options, `capacity` smaller than the
- *          snapshot), KVSDK_E_NO_MEMORY. On failure `*out_size` is untouched and the contents of
+ *          snapshot), KVSDK_E_NO_MEMORY, KVSDK_E_UNSUPPORTED (as kvsdk_cache_save). On failure
+ *          `*out_size` is untouched and the contents of
  *          `buf` are unspecified. */
 KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache *cache,
                                                   const kvsdk_save_options *options, void *buf,

@@ -69,7 +69,8 @@ uint8_t kivi_code(float x, float scale, float zero, uint32_t bits) {
   if (!(scale > 0.0f)) return 0;  // constant group: every element is the zero point
   const float u = std::floor((x - zero) / scale + 0.5f);
   const float top = float(levels(bits));
-  return uint8_t(std::min(std::max(u, 0.0f), top));
+  if (!(u > 0.0f)) return 0;  // also NaN: converting it to an integer would be undefined
+  return uint8_t(u < top ? u : top);
 }
 
 void kivi_pack(const uint8_t* codes, size_t n_codes, uint32_t bits, uint8_t* packed) {

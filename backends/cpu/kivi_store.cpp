@@ -88,6 +88,60 @@ KiviBytes KiviHeadStore::bytes() const {
   return b;
 }
 
+KiviBytes KiviHeadStore::projected_bytes(size_t n_more) const {
+  const size_t G = cfg_.group;
+  size_t res = residual_tokens() + n_more, nq = n_quant_;
+  if (res >= size_t(cfg_.residual) + G) {  // the flush loop of append(), in closed form
+    const size_t flushes = (res - size_t(cfg_.residual)) / G;
+    res -= flushes * G;
+    nq += flushes * G;
+  }
+  KiviBytes b;
+  b.codes = 2 * uint64_t(nq) * row_bytes_;
+  b.scales_zeros = 2 * (2 * uint64_t(nq / G) * dim_ + 2 * uint64_t(nq) * v_groups_);
+  b.residual = 2 * 2 * uint64_t(res) * dim_;
+  b.positions = sizeof(int32_t) * uint64_t(size() + n_more);
+  return b;
+}
+
+KiviHeadBuffers KiviHeadStore::buffers() const {
+  return {n_quant_, positions_, k_codes_, v_codes_, k_scale_, k_zero_,
+          v_scale_, v_zero_, res_k_, res_v_};
+}
+
+KiviHeadStore KiviHeadStore::restore(size_t head_dim, const KiviConfig& config, KiviHeadBuffers b) {
+  KiviHeadStore s(head_dim, config);
+  const size_t nq = b.quantized_tokens, n = b.positions.size(), G = config.group;
+  const auto check = [](bool ok, const char* what) {
+    if (!ok) fail(KVSDK_E_CORRUPT, "KIVI head buffers: ", what, " do not match the geometry");
+  };
+  check(nq % G == 0 && nq <= n, "quantized token count");
+  const size_t nr = n - nq;
+  // A saved store holds fewer than R + G residual rows (more would have been flushed), and at
+  // least R once anything was flushed.
+  check(nr < size_t(config.residual) + G && (nq == 0 || nr >= config.residual),
+        "residual length");
+  check(b.key_codes.size() == nq * s.row_bytes_ && b.value_codes.size() == nq * s.row_bytes_,
+        "code buffers");
+  check(b.key_scales.size() == nq / G * head_dim && b.key_zeros.size() == nq / G * head_dim,
+        "key scales/zeros");
+  check(b.value_scales.size() == nq * s.v_groups_ && b.value_zeros.size() == nq * s.v_groups_,
+        "value scales/zeros");
+  check(b.residual_keys.size() == nr * head_dim && b.residual_values.size() == nr * head_dim,
+        "residual rows");
+  s.n_quant_ = nq;
+  s.positions_ = std::move(b.positions);
+  s.k_codes_ = std::move(b.key_codes);
+  s.v_codes_ = std::move(b.value_codes);
+  s.k_scale_ = std::move(b.key_scales);
+  s.k_zero_ = std::move(b.key_zeros);
+  s.v_scale_ = std::move(b.value_scales);
+  s.v_zero_ = std::move(b.value_zeros);
+  s.res_k_ = std::move(b.residual_keys);
+  s.res_v_ = std::move(b.residual_values);
+  return s;
+}
+
 double KiviHeadStore::bytes_per_quantized_token(size_t head_dim, const KiviConfig& c) {
   const double codes = 2.0 * double(kivi_packed_bytes(head_dim, c.bits));
   const double key_params = 2.0 * 2.0 * double(head_dim) / double(c.group);

@@ -1,4 +1,4 @@
-// One KV head held the KIVI way (Liu et al. 2024, §3.3 "streaming"): the oldest tokens quantized in
+// One KV head held the KIVI way (DESIGN §6; KIVI's streaming scheme): the oldest tokens quantized in
 // blocks of G (keys per channel over the block, values per token over G-channel groups), the most
 // recent R..R+G-1 tokens kept exact (f16) in a residual window. When the residual reaches R + G
 // tokens its oldest G are flushed into one quantized block, so at least R recent tokens stay exact.
@@ -27,6 +27,15 @@ struct KiviBytes {
   uint64_t total() const { return codes + scales_zeros + residual + positions; }
 };
 
+// Every buffer of a KiviHeadStore, for snapshots: restore() rebuilds an identical store.
+struct KiviHeadBuffers {
+  size_t quantized_tokens = 0;
+  std::vector<int32_t> positions;
+  std::vector<uint8_t> key_codes, value_codes;
+  std::vector<uint16_t> key_scales, key_zeros, value_scales, value_zeros;
+  std::vector<uint16_t> residual_keys, residual_values;
+};
+
 class KiviHeadStore {
  public:
   // Throws kvsdk::Error (KVSDK_E_INVALID_ARG) for unsupported bits, group 0 or dim 0.
@@ -47,6 +56,16 @@ class KiviHeadStore {
   void read_rows(size_t first, size_t count, float* k, float* v) const;
 
   KiviBytes bytes() const;
+  // What bytes() will be after appending `n_more` tokens (flushes included), without appending:
+  // lets a caller reserve budget before it changes anything.
+  KiviBytes projected_bytes(size_t n_more) const;
+
+  // Snapshot support: the buffers, and a store rebuilt from them. restore() checks every size
+  // against head_dim and the config (throws kvsdk::Error KVSDK_E_CORRUPT on any mismatch, or
+  // KVSDK_E_INVALID_ARG for a bad config), so the result behaves exactly like the saved store,
+  // including later appends and flushes.
+  KiviHeadBuffers buffers() const;
+  static KiviHeadStore restore(size_t head_dim, const KiviConfig& config, KiviHeadBuffers b);
   // Bytes a fully quantized token costs (codes, its share of key scales, its value scales,
   // position), for budget planning.
   static double bytes_per_quantized_token(size_t head_dim, const KiviConfig& config);

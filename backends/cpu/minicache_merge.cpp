@@ -31,8 +31,9 @@ double cos_omega(const float* a, const float* b, size_t dim, double na, double n
 
 float minicache_angular_distance(const float* a, const float* b, size_t dim) {
   const double na = norm_d(a, dim), nb = norm_d(b, dim);
-  if (!(na > 0.0) || !(nb > 0.0)) return 1.0f;
-  return float(std::acos(cos_omega(a, b, dim, na, nb)) / kPi);
+  if (!(na > 0.0) || !(nb > 0.0) || !std::isfinite(na) || !std::isfinite(nb)) return 1.0f;
+  const double d = std::acos(cos_omega(a, b, dim, na, nb)) / kPi;
+  return d == d ? float(d) : 1.0f;  // NaN/inf rows: treat as unrelated (kept unmerged)
 }
 
 void minicache_slerp(const float* a, const float* b, size_t dim, float t, float* out) {
@@ -132,6 +133,35 @@ void MergedLayerPair::reconstruct(int layer, size_t first, size_t count, float* 
       for (size_t i = 0; i < dim_; ++i) o[i] = f16_to_f32(e[i]) * m;
     }
   }
+}
+
+MergedLayerPair::Buffers MergedLayerPair::buffers() const {
+  return {threshold_set_, threshold_, slot_, direction_, mag_prev_, mag_cur_, retained_prev_,
+          retained_cur_};
+}
+
+MergedLayerPair MergedLayerPair::restore(size_t dim, const MiniCacheConfig& config, Buffers b) {
+  MergedLayerPair p(dim, config);
+  const size_t merged = b.magnitudes_prev.size(), retained = b.retained_prev.size() / dim;
+  bool ok = b.magnitudes_cur.size() == merged && b.directions.size() == merged * dim &&
+            b.retained_prev.size() % dim == 0 && b.retained_cur.size() == b.retained_prev.size() &&
+            b.slots.size() == merged + retained;
+  // Slots must number merged and retained tokens in order: 0, 1, 2... within each kind.
+  size_t next_m = 0, next_r = 0;
+  for (size_t i = 0; ok && i < b.slots.size(); ++i) {
+    const uint32_t s = b.slots[i];
+    ok = (s & kRetainedBit) ? (s & ~kRetainedBit) == next_r++ : s == next_m++;
+  }
+  if (!ok) fail(KVSDK_E_CORRUPT, "MiniCache buffers are inconsistent (head_dim ", dim, ")");
+  p.threshold_set_ = b.threshold_set;
+  p.threshold_ = b.threshold;
+  p.slot_ = std::move(b.slots);
+  p.direction_ = std::move(b.directions);
+  p.mag_prev_ = std::move(b.magnitudes_prev);
+  p.mag_cur_ = std::move(b.magnitudes_cur);
+  p.retained_prev_ = std::move(b.retained_prev);
+  p.retained_cur_ = std::move(b.retained_cur);
+  return p;
 }
 
 uint64_t MergedLayerPair::bytes() const {

@@ -1,4 +1,4 @@
-// MiniCache cross-layer merging (Liu et al. 2024, paper 002 abstract; method as fixed in DESIGN §6):
+// MiniCache cross-layer merging (paper 002, abstract only; method as fixed in DESIGN §6):
 // from the middle layer on, the rows of adjacent layers (l-1, l) at the same token are merged into
 // one direction by spherical interpolation of their unit vectors,
 //   Ω = arccos(clamp(x̂_{l-1} · x̂_l, -1, 1)),
@@ -56,6 +56,19 @@ class MergedLayerPair {
   // The stored f16 direction of a merged token.
   const uint16_t* direction(size_t token) const { return &direction_[(slot_[token]) * dim_]; }
   uint64_t bytes() const;
+
+  // Snapshot support: every buffer, and a pair rebuilt from them (throws kvsdk::Error
+  // KVSDK_E_CORRUPT when sizes or slots are inconsistent).
+  struct Buffers {
+    bool threshold_set = false;
+    float threshold = 2.0f;
+    std::vector<uint32_t> slots;
+    std::vector<uint16_t> directions;
+    std::vector<float> magnitudes_prev, magnitudes_cur;
+    std::vector<uint16_t> retained_prev, retained_cur;
+  };
+  Buffers buffers() const;
+  static MergedLayerPair restore(size_t dim, const MiniCacheConfig& config, Buffers b);
 
  private:
   static constexpr uint32_t kRetainedBit = 0x80000000u;

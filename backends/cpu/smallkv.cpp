@@ -1,18 +1,86 @@
 #include "smallkv.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "attention.h"
 
 namespace kvsdk::cpu {
 
+namespace {
+// Orders scores with NaN ranked last, so a corrupt score never breaks the sort's ordering.
+float rank_key(float x) { return x == x ? x : -std::numeric_limits<float>::infinity(); }
+}  // namespace
+
+namespace {
+
+// Softmax of one query row over keys visible at q_position, into p [n] (0 where masked).
+void softmax_row(const float* q, int32_t q_position, const float* k, const int32_t* positions,
+                 size_t n, size_t dim, float scale, std::vector<double>& p) {
+  p.assign(n, 0.0);
+  double mx = -std::numeric_limits<double>::infinity();
+  for (size_t t = 0; t < n; ++t) {
+    if (positions[t] > q_position) continue;
+    p[t] = double(dot_f32(q, k + t * dim, dim)) * scale;
+    mx = std::max(mx, p[t]);
+  }
+  if (mx == -std::numeric_limits<double>::infinity()) {
+    p.assign(n, 0.0);
+    return;
+  }
+  double z = 0;
+  for (size_t t = 0; t < n; ++t) {
+    p[t] = positions[t] > q_position ? 0.0 : std::exp(p[t] - mx);
+    z += p[t];
+  }
+  for (double& x : p) x /= z;
+}
+
+}  // namespace
+
+void smallkv_accumulated_attention(const float* q, const int32_t* q_positions, size_t n_q,
+                                   const float* k, const int32_t* positions, size_t n,
+                                   size_t dim, float scale, float* out) {
+  std::vector<double> acc(n, 0.0), p;
+  for (size_t r = 0; r < n_q; ++r) {
+    softmax_row(q + r * dim, q_positions[r], k, positions, n, dim, scale, p);
+    for (size_t t = 0; t < n; ++t) acc[t] += p[t];
+  }
+  for (size_t t = 0; t < n; ++t) out[t] = float(acc[t]);
+}
+
+void smallkv_proxy_weights(const float* q, const int32_t* q_positions, size_t n_rows,
+                           const float* k, const int32_t* positions, size_t n, size_t dim,
+                           float scale, const int32_t* wanted, size_t n_wanted, float* out) {
+  // Position -> row, by sorting the proxy's rows once (its rows need not be position-ordered).
+  std::vector<uint32_t> by_pos(n);
+  std::iota(by_pos.begin(), by_pos.end(), 0u);
+  std::sort(by_pos.begin(), by_pos.end(),
+            [&](uint32_t a, uint32_t b) { return positions[a] < positions[b]; });
+  std::vector<int64_t> row_of(n_wanted, -1);
+  for (size_t j = 0; j < n_wanted; ++j) {
+    const auto it = std::lower_bound(by_pos.begin(), by_pos.end(), wanted[j],
+                                     [&](uint32_t row, int32_t p) { return positions[row] < p; });
+    if (it != by_pos.end() && positions[*it] == wanted[j]) row_of[j] = *it;
+  }
+  std::vector<double> p;
+  for (size_t r = 0; r < n_rows; ++r) {
+    softmax_row(q + r * dim, q_positions[r], k, positions, n, dim, scale, p);
+    for (size_t j = 0; j < n_wanted; ++j) {
+      out[r * n_wanted + j] = row_of[j] < 0 ? 0.0f : float(p[size_t(row_of[j])]);
+    }
+  }
+}
+
 std::vector<uint32_t> smallkv_topk(const float* scores, size_t n, size_t k) {
   k = std::min(k, n);
   std::vector<uint32_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0u);
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](uint32_t a, uint32_t b) {
-    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+    const float sa = rank_key(scores[a]), sb = rank_key(scores[b]);
+    return sa > sb || (sa == sb && a < b);
   });
   idx.resize(k);
   std::sort(idx.begin(), idx.end());
@@ -72,7 +140,9 @@ SmallKvSelection smallkv_select(const float* proxy_scores, size_t n_tokens,
   std::vector<uint32_t> order(older);
   std::iota(order.begin(), order.end(), 0u);
   std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t a, uint32_t b) { return proxy_scores[a] > proxy_scores[b]; });
+                   [&](uint32_t a, uint32_t b) {
+                     return rank_key(proxy_scores[a]) > rank_key(proxy_scores[b]);
+                   });
   const size_t n_crit = std::min(s.critical, older);
   const size_t n_marg = std::min(s.marginal, older - n_crit);
   sel.full.assign(order.begin(), order.begin() + n_crit);

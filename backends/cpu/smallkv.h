@@ -1,8 +1,8 @@
-// SmallKV: small-model-assisted compensation of KV cache compression (Zhao et al. 2025, paper 000).
+// SmallKV: small-model-assisted compensation of KV cache compression (Zhao et al., paper 000, §4).
 //  - Eq. 1: accumulated attention F(A, C)_v = Σ_u A[u, v] (column sums; computed by the caller).
 //  - Eq. 2: similarity of a large-model head i and a proxy head j = Jaccard similarity of the
 //    top-k token sets of their accumulated attention; Eq. 3: f(i) = argmax_j S(A_i, A'_j).
-//  - §4.3 budget: critical : recent : marginal = 2 : 1 : 2, marginal tokens keep only V (half cost).
+//  - §4 budget allocation: critical : recent : marginal = 2 : 1 : 2, marginal tokens keep only V (half cost).
 //  - Eq. 6: attention with marginal compensation: critical (and recent) tokens use the large
 //    model's own attention, marginal tokens the matched proxy head's attention weights A'_{f(i)},
 //    evicted tokens 0.
@@ -13,6 +13,19 @@
 #include <vector>
 
 namespace kvsdk::cpu {
+
+// Eq. 1 for one attention head: column sums over `n_q` query rows q [n_q][dim] of the softmax
+// attention against keys k [n][dim] (causal by position), written to out [n].
+void smallkv_accumulated_attention(const float* q, const int32_t* q_positions, size_t n_q,
+                                   const float* k, const int32_t* positions, size_t n,
+                                   size_t dim, float scale, float* out);
+
+// The proxy side of Eq. 6: softmax probabilities of query rows q [n_rows][dim] over the proxy's
+// full head k [n][dim] (causal by position), gathered at `wanted` positions into
+// out [n_rows][n_wanted]. A wanted position the proxy does not hold gets 0.
+void smallkv_proxy_weights(const float* q, const int32_t* q_positions, size_t n_rows,
+                           const float* k, const int32_t* positions, size_t n, size_t dim,
+                           float scale, const int32_t* wanted, size_t n_wanted, float* out);
 
 // Indices of the k largest scores (ties: lower index first), returned in ascending index order.
 std::vector<uint32_t> smallkv_topk(const float* scores, size_t n, size_t k);

@@ -102,3 +102,28 @@ double specache_hit_rate(const std::vector<float>& probs, const std::vector<uint
 }
 
 }  // namespace kvsdk::cpu
+
+namespace kvsdk::cpu {
+
+SpeCacheHead::SpeCacheHead(size_t head_dim, const KiviConfig& lowbit) : lowbit_(head_dim, lowbit) {
+  backing_.dim = head_dim;
+}
+
+void SpeCacheHead::append(const float* k, const float* v, const int32_t* positions, size_t n) {
+  lowbit_.append(k, v, positions, n);
+  backing_.append(k, v, n);
+}
+
+void SpeCacheHead::prefetch(const float* spec_q, size_t group, int32_t q_position, float scale,
+                            size_t k) {
+  const std::vector<uint32_t> top = specache_select(lowbit_, spec_q, group, q_position, scale, k);
+  fetched_ = specache_fetch(backing_, top);
+}
+
+double SpeCacheHead::hit_rate(const float* q, size_t group, int32_t q_position, float scale) const {
+  std::vector<float> probs;
+  specache_select(lowbit_, q, group, q_position, scale, 0, &probs);
+  return specache_hit_rate(probs, fetched_.tokens);
+}
+
+}  // namespace kvsdk::cpu

@@ -1,4 +1,4 @@
-// SpeCache (Jie et al. 2025, paper 003): the full-precision KV cache lives in a backing store, a
+// SpeCache (Jie et al., paper 003): the full-precision KV cache lives in a backing store, a
 // low-bit KIVI copy (2- or 1-bit) is where attention runs. Each decode step also decodes a
 // speculative next token; its attention over the low-bit keys picks the top-k tokens (scores
 // averaged over the query heads of a GQA group, so one set per KV head) whose full-precision rows
@@ -51,5 +51,44 @@ void specache_attend(const KiviHeadStore& lowbit, const SpeCacheFetched& fetched
 
 // Fraction of `probs` (a distribution over the tokens) that falls on `tokens`: the fetch hit rate.
 double specache_hit_rate(const std::vector<float>& probs, const std::vector<uint32_t>& tokens);
+
+}  // namespace kvsdk::cpu
+
+namespace kvsdk::cpu {
+
+// One KV head under SpeCache: the budgeted low-bit copy plus this step's fetched rows, and the
+// backing store outside the budget. A decode step is attend() for the output token, then
+// prefetch() with the speculative token's queries, whose rows serve the next step's attend().
+class SpeCacheHead {
+ public:
+  // Throws kvsdk::Error (KVSDK_E_INVALID_ARG) for an unsupported low-bit configuration.
+  SpeCacheHead(size_t head_dim, const KiviConfig& lowbit);
+
+  // Appends tokens to both the low-bit copy and the backing store. Fetched rows stay valid
+  // (token indices never move).
+  void append(const float* k, const float* v, const int32_t* positions, size_t n);
+
+  void attend(OnlineAttention& attn) const { specache_attend(lowbit_, fetched_, attn); }
+
+  // Selects the group-averaged top-k of the speculative queries and fetches their rows,
+  // replacing the previous fetch.
+  void prefetch(const float* spec_q, size_t group, int32_t q_position, float scale, size_t k);
+
+  // Fraction of the real queries' group-averaged attention (over the low-bit keys) that falls on
+  // the fetched tokens: how well the speculative token guessed.
+  double hit_rate(const float* q, size_t group, int32_t q_position, float scale) const;
+
+  const KiviHeadStore& lowbit() const { return lowbit_; }
+  const SpeCacheBackingStore& backing() const { return backing_; }
+  const SpeCacheFetched& fetched() const { return fetched_; }
+  // Budgeted bytes: the low-bit copy and the fetched rows. The backing store is reported apart.
+  uint64_t budget_bytes() const { return lowbit_.bytes().total() + fetched_.bytes(); }
+  uint64_t backing_bytes() const { return backing_.bytes(); }
+
+ private:
+  KiviHeadStore lowbit_;
+  SpeCacheBackingStore backing_;
+  SpeCacheFetched fetched_;
+};
 
 }  // namespace kvsdk::cpu

@@ -124,6 +124,27 @@ void SpindleCodebook::build_greedy(const std::vector<size_t>& rows, const float*
   }
 }
 
+SpindleCodebook SpindleCodebook::restore(size_t dim, float theta, std::vector<uint16_t> entries,
+                                         std::vector<uint32_t> index,
+                                         std::vector<float> magnitude) {
+  SpindleCodebook cb(dim, theta);
+  if (entries.size() % dim != 0 || index.size() != magnitude.size() ||
+      (!index.empty() && entries.empty())) {
+    fail(KVSDK_E_CORRUPT, "SpindleKV codebook buffers do not match head_dim ", dim);
+  }
+  const size_t n_entries = entries.size() / dim;
+  for (uint32_t r : index) {
+    if (r >= n_entries) {
+      fail(KVSDK_E_CORRUPT, "SpindleKV codebook index ", r, " is beyond its ", n_entries,
+           " entries");
+    }
+  }
+  cb.entries_ = std::move(entries);
+  cb.index_ = std::move(index);
+  cb.magnitude_ = std::move(magnitude);
+  return cb;
+}
+
 void SpindleCodebook::reconstruct(size_t first, size_t count, float* out) const {
   for (size_t i = 0; i < count; ++i) {
     const uint16_t* c = entries_.data() + size_t(index_[first + i]) * dim_;

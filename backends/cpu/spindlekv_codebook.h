@@ -1,11 +1,11 @@
-// SpindleKV codebook replacement for shallow layers (Tang et al. 2025, paper 001, §3.2,
+// SpindleKV codebook replacement for shallow layers (Tang et al., paper 001, §3.4,
 // Algorithm 1 and Eqs. 8-14): rows are normalised (Eq. 8, magnitude m = ||x||), a cosine graph
 // links rows whose similarity exceeds θ (Eq. 9; θ_K = 0.98, θ_V = 0.95), and the codebook is built
 // greedily: take the row of highest degree (Eq. 10) as an entry (Eq. 11), point it and all its
 // neighbours at that entry (Eq. 12), drop them from the graph (Eq. 13), repeat until every row is
 // covered. A row is stored as (entry index, magnitude) and reconstructed as C[r] · m (Eq. 14).
 // Rows added later (decode) first join the most similar existing entry if its cosine exceeds θ;
-// the rest run the same greedy construction and extend the codebook (§3.2, last paragraph).
+// the rest run the same greedy construction and extend the codebook (§3.4, last paragraph).
 //
 // Storage: entries are f16 unit vectors (2·dim bytes each); per row a uint32 index and an f32
 // magnitude. The graph is built against the f16-rounded entries themselves, so the coverage
@@ -40,6 +40,11 @@ class SpindleCodebook {
   const std::vector<uint16_t>& entry_data() const { return entries_; }  // [entries][dim] f16
   const std::vector<uint32_t>& index() const { return index_; }         // [size]
   const std::vector<float>& magnitude() const { return magnitude_; }    // [size]
+
+  // Snapshot support: a codebook rebuilt from saved buffers. Throws kvsdk::Error
+  // (KVSDK_E_CORRUPT) when sizes disagree with dim or an index points past the entries.
+  static SpindleCodebook restore(size_t dim, float theta, std::vector<uint16_t> entries,
+                                 std::vector<uint32_t> index, std::vector<float> magnitude);
 
   // Codebook entries + per-row index and magnitude.
   uint64_t bytes() const {

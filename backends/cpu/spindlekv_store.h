@@ -1,4 +1,4 @@
-// One KV head of a SpindleKV shallow layer (paper 001, §3.2): keys and values each in their own
+// One KV head of a SpindleKV shallow layer (paper 001, §3.4): keys and values each in their own
 // codebook (θ_K = 0.98, θ_V = 0.95). The codebook compares keys before RoPE, so the rotation the
 // host applied is removed on append and re-applied at the token's position on reconstruction.
 //

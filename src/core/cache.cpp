@@ -6,6 +6,8 @@
 #include "attention.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/kivi_tier.h"
+#include "kivi_attention.h"
 
 namespace kvsdk {
 
@@ -21,6 +23,17 @@ Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk
   for (LayerState& l : layers_) {
     l.heads.resize(geometry_.n_kv_heads);
     if (policy_.method == KVSDK_METHOD_H2O) l.scores.resize(geometry_.n_kv_heads);
+  }
+  if (policy_.method == KVSDK_METHOD_KIVI) {
+    const cpu::KiviConfig cfg{uint32_t(policy_.quant_bits), uint32_t(policy_.quant_group),
+                              uint32_t(policy_.quant_residual)};
+    kivi_ = std::make_unique<KiviTier>();
+    kivi_->heads.resize(geometry_.n_layers);
+    for (auto& layer_heads : kivi_->heads) {
+      for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+        layer_heads.emplace_back(geometry_.head_dim, cfg);
+      }
+    }
   }
 }
 
@@ -38,6 +51,10 @@ void Cache::append(uint32_t layer, size_t n_tokens, const void* k, const void* v
   check_layer(layer);
   for (size_t t = 0; t < n_tokens; ++t) {
     KVSDK_REQUIRE(positions[t] >= 0, "positions[", t, "] is ", positions[t], " (must be >= 0)");
+  }
+  if (kivi_) {
+    append_kivi(layer, n_tokens, k, v, positions);
+    return;
   }
   if (policy_.method != KVSDK_METHOD_FULL) {
     append_compressing(layer, n_tokens, k, v, positions);
@@ -78,6 +95,48 @@ void Cache::append(uint32_t layer, size_t n_tokens, const void* k, const void* v
   charged_ += add;
 }
 
+void Cache::append_kivi(uint32_t layer, size_t n_tokens, const void* k, const void* v,
+                        const int32_t* positions) {
+  const uint32_t dim = geometry_.head_dim;
+  std::vector<cpu::KiviHeadStore>& heads = kivi_->heads[layer];
+  // The exact byte change, flushes included, is known before anything changes: reserve it first
+  // so that a refused append leaves the cache as it was. A flush can shrink the tier.
+  uint64_t before = 0, after = 0;
+  for (const cpu::KiviHeadStore& h : heads) {
+    before += h.bytes().total();
+    after += h.projected_bytes(n_tokens).total();
+  }
+  if (after > before && !reserve(after - before)) {
+    fail(KVSDK_E_BUDGET, "appending ", n_tokens, " tokens to layer ", layer, " needs ",
+         after - before, " more bytes than the budget allows (policy 'kivi' quantizes but does "
+         "not evict)");
+  }
+  // Host rows -> f32 per head, then into the store (which keeps the residual in f16).
+  const size_t row = geometry_.kv_elems_per_token();
+  std::vector<float> kf(n_tokens * dim), vf(n_tokens * dim);
+  try {
+    for (uint32_t head = 0; head < geometry_.n_kv_heads; ++head) {
+      for (size_t t = 0; t < n_tokens; ++t) {
+        load_f32(geometry_.dtype, k, t * row + size_t(head) * dim, dim, kf.data() + t * dim);
+        load_f32(geometry_.dtype, v, t * row + size_t(head) * dim, dim, vf.data() + t * dim);
+      }
+      heads[head].append(kf.data(), vf.data(), positions, n_tokens);
+    }
+  } catch (...) {
+    // Only allocation can fail here; the budget reservation is returned, the heads appended so
+    // far keep their rows (reported by stats, which count the stores themselves).
+    if (after > before) ctx_->release(after - before);
+    throw;
+  }
+  if (after > before) {
+    charged_ += after - before;
+  } else {
+    ctx_->release(before - after);
+    charged_ -= before - after;
+  }
+  layers_[layer].appended_tokens += n_tokens;
+}
+
 void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_t* q_positions,
                    void* out) const {
   check_layer(layer);
@@ -100,6 +159,7 @@ void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_
       }
     }
     cpu::OnlineAttention att(q_rows.data(), row_pos.data(), n_rows, dim, geometry_.attn_scale);
+    if (kivi_) cpu::kivi_attend(kivi_->heads[layer][g], att);  // dequantized chunk by chunk
     const ExactStore& s = layers_[layer].heads[g];
     for (size_t t0 = 0; t0 < s.size(); t0 += kChunkTokens) {
       const size_t n = std::min(kChunkTokens, s.size() - t0);
@@ -125,6 +185,7 @@ size_t Cache::head_tokens(uint32_t layer, uint32_t kv_head) const {
     fail(KVSDK_E_OUT_OF_RANGE, "kv_head ", kv_head, " is out of range (the geometry has ",
          geometry_.n_kv_heads, " KV heads)");
   }
+  if (kivi_) return kivi_->heads[layer][kv_head].size();
   return layers_[layer].heads[kv_head].size();
 }
 
@@ -134,8 +195,17 @@ size_t Cache::read(uint32_t layer, uint32_t kv_head, void* k, void* v, int32_t* 
   if (!k && !v && !positions) return n;
   KVSDK_REQUIRE(capacity >= n, "capacity_tokens is ", capacity, " but layer ", layer, " head ",
                 kv_head, " holds ", n, " tokens");
-  const ExactStore& s = layers_[layer].heads[kv_head];
   const size_t dim = geometry_.head_dim;
+  if (kivi_) {  // rows as attention sees them: dequantized codes and the exact residual
+    const cpu::KiviHeadStore& s = kivi_->heads[layer][kv_head];
+    std::vector<float> kf(n * dim), vf(n * dim);
+    s.read_rows(0, n, kf.data(), vf.data());
+    if (k) store_f32(geometry_.dtype, kf.data(), n * dim, k, 0);
+    if (v) store_f32(geometry_.dtype, vf.data(), n * dim, v, 0);
+    if (positions) std::copy_n(s.positions().data(), n, positions);
+    return n;
+  }
+  const ExactStore& s = layers_[layer].heads[kv_head];
   if (k) store_f16(geometry_.dtype, s.k.data(), n * dim, k, 0);
   if (v) store_f16(geometry_.dtype, s.v.data(), n * dim, v, 0);
   if (positions) std::copy_n(s.positions.data(), n, positions);
@@ -149,6 +219,14 @@ void Cache::layer_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) cons
     by_tier[KVSDK_TIER_EXACT] += h.size() * ExactStore::kv_bytes_per_token(geometry_.head_dim);
     by_tier[KVSDK_TIER_METADATA] += h.size() * ExactStore::meta_bytes_per_token();
   }
+  if (kivi_) {
+    for (const cpu::KiviHeadStore& h : kivi_->heads[layer]) {
+      const cpu::KiviBytes b = h.bytes();
+      by_tier[KVSDK_TIER_QUANTIZED] += b.codes + b.scales_zeros;
+      by_tier[KVSDK_TIER_EXACT] += b.residual;  // the f16 residual window is exact
+      by_tier[KVSDK_TIER_METADATA] += b.positions;
+    }
+  }
   for (const std::vector<float>& sc : L.scores) by_tier[KVSDK_TIER_METADATA] += sc.size() * 4;
   by_tier[KVSDK_TIER_METADATA] += L.window_q.size() * 4 + L.window_pos.size() * 4;
 }
@@ -160,10 +238,11 @@ kvsdk_layer_stats Cache::layer_stats(uint32_t layer) const {
   s.layer = layer;
   const LayerState& L = layers_[layer];
   s.tokens_min_head = std::numeric_limits<uint64_t>::max();
-  for (const ExactStore& h : L.heads) {
-    s.tokens += h.size();
-    s.tokens_min_head = std::min<uint64_t>(s.tokens_min_head, h.size());
-    s.tokens_max_head = std::max<uint64_t>(s.tokens_max_head, h.size());
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    const uint64_t n = head_tokens(layer, h);
+    s.tokens += n;
+    s.tokens_min_head = std::min<uint64_t>(s.tokens_min_head, n);
+    s.tokens_max_head = std::max<uint64_t>(s.tokens_max_head, n);
   }
   s.appended_tokens = L.appended_tokens;
   layer_bytes(layer, s.bytes_by_tier);

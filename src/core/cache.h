@@ -14,6 +14,8 @@
 
 namespace kvsdk {
 
+struct KiviTier;  // core/kivi_tier.h: the quantized tier of policy 'kivi'
+
 // Cache-level state of the allocation stage (saved in snapshots with the per-layer state).
 struct PolicyRuntime {
   uint64_t cache_budget = 0;             // 0 = only the context budget applies
@@ -86,6 +88,9 @@ class Cache {
 
  private:
   void check_layer(uint32_t layer) const;
+  // Policy 'kivi': appends into the quantized tier, budget reserved first (cache.cpp).
+  void append_kivi(uint32_t layer, size_t n_tokens, const void* k, const void* v,
+                   const int32_t* positions);
   void layer_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) const;
 
   // Compression internals (cache_compress.cpp).
@@ -119,6 +124,7 @@ class Cache {
   Geometry geometry_;
   kvsdk_policy policy_;
   std::vector<LayerState> layers_;
+  std::unique_ptr<KiviTier> kivi_;  // policy 'kivi' only; the exact heads then stay empty
   uint64_t charged_ = 0;  // bytes this cache holds charged to ctx_
 };
 

@@ -81,7 +81,7 @@ uint64_t Cache::layer_length(uint32_t layer, const Incoming* in) const {
 
 std::vector<uint64_t> Cache::allocation() const {
   std::vector<uint64_t> a(geometry_.n_layers);
-  for (uint32_t l = 0; l < geometry_.n_layers; ++l) a[l] = layers_[l].heads[0].size();
+  for (uint32_t l = 0; l < geometry_.n_layers; ++l) a[l] = head_tokens(l, 0);  // any tier
   return a;
 }
 
@@ -325,10 +325,11 @@ void Cache::append_compressing(uint32_t layer, size_t n_tokens, const void* k, c
 }
 
 void Cache::compress_to(uint64_t target) {
-  if (policy_.method == KVSDK_METHOD_FULL) {
+  if (policy_.method == KVSDK_METHOD_FULL || kivi_) {
     if (charged_ > target) {
-      fail(KVSDK_E_BUDGET, "policy 'full' does not compress; the cache holds ", charged_,
-           " bytes, more than the ", target, " allowed");
+      fail(KVSDK_E_BUDGET, "policy '", policy_.method == KVSDK_METHOD_FULL ? "full" : "kivi",
+           "' does not evict; the cache holds ", charged_, " bytes, more than the ", target,
+           " allowed");
     }
     return;
   }
@@ -377,9 +378,9 @@ void Cache::set_allocation(const std::vector<uint64_t>& tokens) {
       fail(KVSDK_E_BUDGET, "the allocation needs ", sum, " layer-tokens but the budget holds ",
            cap);
     }
-    if (policy_.method == KVSDK_METHOD_FULL) {
-      fail(KVSDK_E_UNSUPPORTED, "policy 'full' does not evict; an allocation needs an eviction "
-           "method");
+    if (policy_.method == KVSDK_METHOD_FULL || kivi_) {
+      fail(KVSDK_E_UNSUPPORTED, "policy '", kivi_ ? "kivi" : "full", "' does not evict; an "
+           "allocation needs an eviction method");
     }
   }
   const std::vector<uint64_t> old = fixed_alloc_;
@@ -397,8 +398,9 @@ void Cache::set_profile_shares(const std::vector<double>& shares) {
   if (!shares.empty()) {
     KVSDK_REQUIRE(shares.size() == geometry_.n_layers, "the profile has ", shares.size(),
                   " layers but the geometry has ", geometry_.n_layers);
-    if (policy_.method == KVSDK_METHOD_FULL) {
-      fail(KVSDK_E_UNSUPPORTED, "policy 'full' does not evict; a profile needs an eviction method");
+    if (policy_.method == KVSDK_METHOD_FULL || kivi_) {
+      fail(KVSDK_E_UNSUPPORTED, "policy '", kivi_ ? "kivi" : "full",
+           "' does not evict; a profile needs an eviction method");
     }
   }
   const std::vector<double> old = profile_shares_;

@@ -20,6 +20,7 @@
 #include "core/half.h"
 #include "kivi_attention.h"
 #include "kivi_store.h"
+#include "minicache_kivi.h"
 #include "minicache_merge.h"
 #include "rope.h"
 #include "smallkv.h"
@@ -274,6 +275,38 @@ void BM_MiniCache(benchmark::State& state) {
   state.counters["bytes"] = double(bytes) / 2;
 }
 
+// MiniCache + KIVI 4-bit ("minicache+kivi4"): the merged directions held in a KIVI store.
+struct MiniKiviLayer {
+  std::vector<MiniCacheKiviPair> heads;
+};
+
+void BM_MiniCacheKivi4(benchmark::State& state) {
+  const size_t n = size_t(state.range(0));
+  auto& f = fixture<MiniKiviLayer>("minikivi" + std::to_string(n), [&] {
+    auto d = std::make_unique<MiniKiviLayer>();
+    const std::vector<int32_t> pos = positions(n);
+    for (size_t h = 0; h < kKvHeads; ++h) {
+      HeadData a = make_head(n, uint32_t(h)), b = make_head(n, uint32_t(h + 100));
+      for (size_t i = 0; i < n * kDim; ++i) {
+        b.k[i] = 1.5f * a.k[i] + 0.5f * b.k[i];
+        b.v[i] = 1.2f * a.v[i] + 0.5f * b.v[i];
+      }
+      d->heads.emplace_back(kDim, MiniCacheConfig{}, KiviConfig{4, 32, 128});
+      d->heads.back().append(a.k.data(), a.v.data(), b.k.data(), b.v.data(), pos.data(), n);
+    }
+    return d;
+  });
+  Query q;
+  std::vector<float> out(kQHeads * kDim);
+  for (auto _ : state) {
+    attend_layer(q, out, [&](size_t h, OnlineAttention& a) { minicache_kivi_attend(f.heads[h], 1, a); });
+    benchmark::DoNotOptimize(out.data());
+  }
+  uint64_t bytes = 0;
+  for (const auto& s : f.heads) bytes += s.bytes().total();
+  state.counters["bytes"] = double(bytes) / 2;
+}
+
 // --- SmallKV -----------------------------------------------------------------------------------
 
 struct SmallLayer {
@@ -391,6 +424,7 @@ BENCHMARK(BM_Kivi)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SpindleKV)->Apply(Lengths)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MiniCache)->Apply(Lengths)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MiniCacheKivi4)->Apply(Lengths)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SmallKV)->Apply(Lengths)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SpeCache)
     ->ArgsProduct({{4096, 32768}, {2, 1}, {0, 1}})

@@ -155,3 +155,16 @@ TEST(KiviQuant, SupportedWidths) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(KiviQuant, NonFiniteInputsGiveValidCodes) {
+  const float nan = std::nanf("");
+  for (uint32_t bits : {1u, 2u, 4u, 8u}) {
+    EXPECT_EQ(kivi_code(nan, 0.5f, 0.0f, bits), 0u);
+    EXPECT_EQ(kivi_code(1e30f, 0.5f, 0.0f, bits), bits == 1 ? 1u : (1u << bits) - 1u);
+    EXPECT_EQ(kivi_code(-1e30f, 0.5f, 0.0f, bits), 0u);
+  }
+}
+
+}  // namespace

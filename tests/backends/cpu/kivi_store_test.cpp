@@ -188,3 +188,82 @@ TEST(KiviStore, PartialReadsAndShortLastValueGroup) {
 }
 
 }  // namespace
+
+namespace {
+
+// Saved buffers restore a store that continues exactly like the original (bit-identical resume).
+TEST(KiviStore, RestoredStoreContinuesBitIdentically) {
+  const size_t dim = 32, n = 250;
+  const KiviConfig cfg{2, 32, 64};
+  const std::vector<float> k = normal_rows(n * dim, 71), v = normal_rows(n * dim, 72);
+  std::vector<int32_t> pos(n);
+  for (size_t i = 0; i < n; ++i) pos[i] = int32_t(i);
+  KiviHeadStore a(dim, cfg);
+  a.append(k.data(), v.data(), pos.data(), 170);
+  KiviHeadStore b = KiviHeadStore::restore(dim, cfg, a.buffers());
+  a.append(&k[170 * dim], &v[170 * dim], &pos[170], n - 170);
+  b.append(&k[170 * dim], &v[170 * dim], &pos[170], n - 170);
+  const KiviHeadBuffers ba = a.buffers(), bb = b.buffers();
+  EXPECT_EQ(ba.quantized_tokens, bb.quantized_tokens);
+  EXPECT_EQ(ba.key_codes, bb.key_codes);
+  EXPECT_EQ(ba.value_codes, bb.value_codes);
+  EXPECT_EQ(ba.key_scales, bb.key_scales);
+  EXPECT_EQ(ba.value_zeros, bb.value_zeros);
+  EXPECT_EQ(ba.residual_keys, bb.residual_keys);
+  EXPECT_EQ(ba.positions, bb.positions);
+  EXPECT_EQ(a.bytes().total(), b.bytes().total());
+}
+
+TEST(KiviStore, RestoreRejectsInconsistentBuffers) {
+  const size_t dim = 16;
+  const KiviConfig cfg{4, 8, 8};
+  const std::vector<float> k = normal_rows(40 * dim, 73);
+  std::vector<int32_t> pos(40, 0);
+  KiviHeadStore a(dim, cfg);
+  a.append(k.data(), k.data(), pos.data(), 40);
+  const KiviHeadBuffers good = a.buffers();
+  EXPECT_NO_THROW(KiviHeadStore::restore(dim, cfg, good));
+  const auto corrupt = [&](auto mutate) {
+    KiviHeadBuffers b = good;
+    mutate(b);
+    try {
+      KiviHeadStore::restore(dim, cfg, b);
+      return false;
+    } catch (const kvsdk::Error& e) {
+      return e.status() == KVSDK_E_CORRUPT;
+    }
+  };
+  EXPECT_TRUE(corrupt([](KiviHeadBuffers& b) { b.quantized_tokens += 1; }));
+  EXPECT_TRUE(corrupt([](KiviHeadBuffers& b) { b.quantized_tokens += 8; }));
+  EXPECT_TRUE(corrupt([](KiviHeadBuffers& b) { b.key_codes.pop_back(); }));
+  EXPECT_TRUE(corrupt([](KiviHeadBuffers& b) { b.value_scales.push_back(0); }));
+  EXPECT_TRUE(corrupt([](KiviHeadBuffers& b) { b.residual_keys.clear(); }));
+  EXPECT_TRUE(corrupt([](KiviHeadBuffers& b) { b.positions.push_back(1); }));
+  EXPECT_TRUE(corrupt([](KiviHeadBuffers& b) { b.key_zeros.resize(3); }));
+}
+
+}  // namespace
+
+namespace {
+
+TEST(KiviStore, ProjectedBytesMatchAppend) {
+  const size_t dim = 24;
+  for (uint32_t bits : {1u, 2u, 4u, 8u}) {
+    KiviHeadStore s(dim, KiviConfig{bits, 8, 12});
+    const std::vector<float> k = normal_rows(200 * dim, 93);
+    std::vector<int32_t> pos(200, 0);
+    size_t t = 0;
+    for (size_t n : {1u, 3u, 19u, 1u, 1u, 40u, 7u, 100u}) {
+      const KiviBytes want = s.projected_bytes(n);
+      s.append(&k[t * dim], &k[t * dim], &pos[t], n);
+      t += n;
+      const KiviBytes got = s.bytes();
+      EXPECT_EQ(got.codes, want.codes);
+      EXPECT_EQ(got.scales_zeros, want.scales_zeros);
+      EXPECT_EQ(got.residual, want.residual);
+      EXPECT_EQ(got.positions, want.positions);
+    }
+  }
+}
+
+}  // namespace

@@ -186,3 +186,53 @@ TEST(MiniCache, AttentionOverEachLayerMatchesDenseOverRestoredRows) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(MiniCache, NonFiniteRowsAreRetainedNotMerged) {
+  const size_t dim = 4;
+  const float nan = std::nanf("");
+  std::vector<float> a = {1, 2, 3, 4, nan, 1, 1, 1, 1, 1, 1, 1};
+  std::vector<float> b = {1, 2, 3, 5, 1, 1, 1, 1, 1, 1, 1, 1.1f};
+  EXPECT_EQ(minicache_angular_distance(&a[4], &b[4], dim), 1.0f);
+  MergedLayerPair m(dim, MiniCacheConfig{0.6f, 0.0f});
+  m.append(a.data(), b.data(), 3);
+  EXPECT_FALSE(m.is_retained(0));
+  EXPECT_TRUE(m.is_retained(1));
+  EXPECT_FALSE(m.is_retained(2));
+}
+
+}  // namespace
+
+namespace {
+
+TEST(MiniCache, RestoredPairContinuesIdentically) {
+  const size_t n = 120, dim = 16;
+  std::vector<float> a, b;
+  layer_pair(n, dim, 13, a, b);
+  MergedLayerPair m(dim, MiniCacheConfig{});
+  m.append(a.data(), b.data(), 80);
+  MergedLayerPair r = MergedLayerPair::restore(dim, MiniCacheConfig{}, m.buffers());
+  for (size_t t = 80; t < n; ++t) {
+    m.append(&a[t * dim], &b[t * dim], 1);
+    r.append(&a[t * dim], &b[t * dim], 1);
+  }
+  const auto bm = m.buffers(), br = r.buffers();
+  EXPECT_EQ(bm.slots, br.slots);
+  EXPECT_EQ(bm.directions, br.directions);
+  EXPECT_EQ(bm.magnitudes_prev, br.magnitudes_prev);
+  EXPECT_EQ(bm.retained_cur, br.retained_cur);
+  EXPECT_EQ(bm.threshold, br.threshold);
+  EXPECT_EQ(m.bytes(), r.bytes());
+  auto bad = m.buffers();
+  std::swap(bad.slots[0], bad.slots[1]);
+  if (bad.slots[0] != bad.slots[1]) EXPECT_THROW(MergedLayerPair::restore(dim, MiniCacheConfig{}, bad), kvsdk::Error);
+  bad = m.buffers();
+  bad.directions.pop_back();
+  EXPECT_THROW(MergedLayerPair::restore(dim, MiniCacheConfig{}, bad), kvsdk::Error);
+  bad = m.buffers();
+  bad.slots.push_back(0);
+  EXPECT_THROW(MergedLayerPair::restore(dim, MiniCacheConfig{}, bad), kvsdk::Error);
+}
+
+}  // namespace

@@ -162,3 +162,57 @@ TEST(SmallKv, AttentionCompositionEqualsEq6) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(SmallKv, NanScoresRankLast) {
+  const float nan = std::nanf("");
+  const float s[5] = {nan, 2, nan, 1, 3};
+  EXPECT_EQ(smallkv_topk(s, 5, 3), (std::vector<uint32_t>{1, 3, 4}));
+  const SmallKvSelection sel = smallkv_select(s, 5, SmallKvSplit{1, 1, 1});
+  EXPECT_EQ(sel.full, (std::vector<uint32_t>{1, 4}));  // 4 is recent; 1 ranks first among 0..3
+  EXPECT_EQ(sel.marginal, (std::vector<uint32_t>{3}));
+}
+
+}  // namespace
+
+namespace {
+
+// Eq. 1 and the proxy's weights against the double reference attention's probabilities.
+TEST(SmallKv, AccumulatedAttentionAndProxyWeights) {
+  const size_t dim = 8, n = 30, nq = 5;
+  const std::vector<float> q = normal_rows(nq * dim, 11), k = normal_rows(n * dim, 12);
+  std::vector<int32_t> pos(n), qpos(nq);
+  for (size_t t = 0; t < n; ++t) pos[t] = int32_t(n - 1 - t);  // rows not in position order
+  for (size_t r = 0; r < nq; ++r) qpos[r] = int32_t(25 + r);
+  // Probabilities via the reference attention with one-hot values (output[0] = p_t).
+  std::vector<double> probs(nq * n);
+  for (size_t r = 0; r < nq; ++r) {
+    const std::vector<float> qr(&q[r * dim], &q[(r + 1) * dim]);
+    for (size_t t = 0; t < n; ++t) {
+      std::vector<float> onehot(n * dim, 0.0f);
+      onehot[t * dim] = 1.0f;
+      probs[r * n + t] = reference_attention(qr, {qpos[r]}, k, onehot, pos, dim, 0.5)[0];
+    }
+  }
+  std::vector<float> acc(n);
+  smallkv_accumulated_attention(q.data(), qpos.data(), nq, k.data(), pos.data(), n, dim, 0.5f, acc.data());
+  for (size_t t = 0; t < n; ++t) {
+    double want = 0;
+    for (size_t r = 0; r < nq; ++r) want += probs[r * n + t];
+    EXPECT_NEAR(acc[t], want, 1e-6) << t;
+    if (pos[t] > qpos.back()) EXPECT_EQ(acc[t], 0.0f);
+  }
+  const std::vector<int32_t> wanted = {0, 7, 29, 100, 12};
+  std::vector<float> w(nq * wanted.size());
+  smallkv_proxy_weights(q.data(), qpos.data(), nq, k.data(), pos.data(), n, dim, 0.5f,
+                        wanted.data(), wanted.size(), w.data());
+  for (size_t r = 0; r < nq; ++r) {
+    for (size_t j = 0; j < wanted.size(); ++j) {
+      const double want = wanted[j] >= int32_t(n) ? 0.0 : probs[r * n + (n - 1 - size_t(wanted[j]))];
+      EXPECT_NEAR(w[r * wanted.size() + j], want, 1e-6) << r << "," << j;
+    }
+  }
+}
+
+}  // namespace

@@ -137,3 +137,45 @@ TEST(SpeCache, FetchRejectsBadTokenLists) {
 }
 
 }  // namespace
+
+namespace {
+
+// A decode step: attend with the previous fetch, then prefetch for the next step.
+TEST(SpeCacheHead, DecodeStepsFetchForTheNextStep) {
+  const size_t dim = 32, group = 2, n = 300;
+  SpeCacheHead head(dim, KiviConfig{1, 32, 32});
+  const std::vector<float> k = normal_rows(n * dim, 81), v = normal_rows(n * dim, 82);
+  std::vector<int32_t> pos(n);
+  std::iota(pos.begin(), pos.end(), 0);
+  head.append(k.data(), v.data(), pos.data(), n);
+  EXPECT_EQ(head.backing_bytes(), 2 * 2 * n * dim);
+  EXPECT_EQ(head.budget_bytes(), head.lowbit().bytes().total());  // nothing fetched yet
+  const std::vector<float> q = normal_rows(group * dim, 83, 0.7f);
+  const std::vector<int32_t> qpos(group, INT32_MAX);
+
+  // Pre-decoding: the speculative query equals the real one, all tokens fetched: exact attention
+  // and a hit rate of 1.
+  head.prefetch(q.data(), group, INT32_MAX, 0.2f, n);
+  EXPECT_NEAR(head.hit_rate(q.data(), group, INT32_MAX, 0.2f), 1.0, 1e-6);
+  OnlineAttention attn(q.data(), qpos.data(), group, dim, 0.2f);
+  head.attend(attn);
+  std::vector<float> out(group * dim);
+  attn.finish(out.data());
+  EXPECT_LT(relative_error(out, reference_attention(q, qpos, f16_rounded(k), f16_rounded(v), pos, dim, 0.2)), 2e-6);
+  EXPECT_EQ(head.budget_bytes(), head.lowbit().bytes().total() + head.fetched().bytes());
+
+  // A new token arrives; a small fetch guessed by the same query covers more attention than a
+  // fetch guessed by an unrelated query.
+  const std::vector<float> k1 = normal_rows(dim, 84), v1 = normal_rows(dim, 85);
+  const int32_t p1 = int32_t(n);
+  head.append(k1.data(), v1.data(), &p1, 1);
+  head.prefetch(q.data(), group, INT32_MAX, 0.2f, 15);
+  const double good = head.hit_rate(q.data(), group, INT32_MAX, 0.2f);
+  const std::vector<float> other = normal_rows(group * dim, 86, 0.7f);
+  head.prefetch(other.data(), group, INT32_MAX, 0.2f, 15);
+  const double bad = head.hit_rate(q.data(), group, INT32_MAX, 0.2f);
+  EXPECT_GT(good, bad);
+  EXPECT_EQ(head.fetched().tokens.size(), 15u);
+}
+
+}  // namespace

@@ -256,3 +256,27 @@ TEST(SpindleHeadStore, LongPrefillIsEncodedInBlocks) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(SpindleCodebook, RestoredCodebookContinuesIdentically) {
+  const size_t dim = 16, n = 80;
+  const std::vector<float> x = clustered_rows(n, dim, 5, 0.05f, 91);
+  SpindleCodebook a(dim, kSpindleThetaV);
+  a.append(x.data(), 50);
+  SpindleCodebook b = SpindleCodebook::restore(dim, kSpindleThetaV, a.entry_data(), a.index(), a.magnitude());
+  a.append(&x[50 * dim], n - 50);
+  b.append(&x[50 * dim], n - 50);
+  EXPECT_EQ(a.entry_data(), b.entry_data());
+  EXPECT_EQ(a.index(), b.index());
+  EXPECT_EQ(a.magnitude(), b.magnitude());
+  // Corrupt buffers are rejected with KVSDK_E_CORRUPT.
+  std::vector<uint32_t> bad = a.index();
+  bad[3] = uint32_t(a.entries());
+  EXPECT_THROW(SpindleCodebook::restore(dim, kSpindleThetaV, a.entry_data(), bad, a.magnitude()), kvsdk::Error);
+  std::vector<uint16_t> short_entries(a.entry_data().begin(), a.entry_data().end() - 1);
+  EXPECT_THROW(SpindleCodebook::restore(dim, kSpindleThetaV, short_entries, a.index(), a.magnitude()), kvsdk::Error);
+  EXPECT_THROW(SpindleCodebook::restore(dim, kSpindleThetaV, {}, {0}, {1.0f}), kvsdk::Error);
+}
+
+}  // namespace

@@ -1,0 +1,149 @@
+#include "minicache_kivi.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/half.h"
+
+namespace kvsdk::cpu {
+
+namespace {
+
+constexpr size_t kChunk = 256;
+
+float norm(const float* x, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
+  return float(std::sqrt(s));
+}
+
+void push_f16(std::vector<uint16_t>& dst, const float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst.push_back(f32_to_f16(x[i]));
+}
+
+// out = m · e / ||e|| (zero when either is zero).
+void restore(const float* e, float m, size_t dim, float* out) {
+  const float en = norm(e, dim);
+  const float s = en > 0.0f ? m / en : 0.0f;
+  for (size_t i = 0; i < dim; ++i) out[i] = e[i] * s;
+}
+
+}  // namespace
+
+MiniCacheKiviPair::MiniCacheKiviPair(size_t dim, const MiniCacheConfig& merge,
+                                     const KiviConfig& quant)
+    : dim_(dim), cfg_(merge), directions_(dim, quant) {
+  MergedLayerPair validate(dim, merge);  // same argument checks as the f16 pair
+  (void)validate;
+}
+
+void MiniCacheKiviPair::append(const float* k_prev, const float* v_prev, const float* k_cur,
+                               const float* v_cur, const int32_t* positions, size_t n) {
+  if (n == 0) return;
+  std::vector<float> dist(n);
+  for (size_t i = 0; i < n; ++i) {
+    dist[i] = std::max(minicache_angular_distance(k_prev + i * dim_, k_cur + i * dim_, dim_),
+                       minicache_angular_distance(v_prev + i * dim_, v_cur + i * dim_, dim_));
+  }
+  std::vector<char> keep(n, 0);
+  if (!threshold_set_) {
+    const size_t n_keep =
+        std::min(n, size_t(std::ceil(double(cfg_.gamma) * double(n) - 1e-6)));
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), size_t(0));
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t x, size_t y) { return dist[x] > dist[y]; });
+    for (size_t i = 0; i < n_keep; ++i) keep[order[i]] = 1;
+    threshold_ = n_keep > 0 ? dist[order[n_keep - 1]] : 2.0f;
+    threshold_set_ = true;
+  } else {
+    for (size_t i = 0; i < n; ++i) keep[i] = dist[i] >= threshold_;
+  }
+  std::vector<float> ek, ev;
+  std::vector<int32_t> merged_pos;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t o = i * dim_;
+    if (keep[i] || dist[i] >= 1.0f) {
+      slot_.push_back(kRetainedBit | uint32_t(retained()));
+      push_f16(retained_k_prev_, k_prev + o, dim_);
+      push_f16(retained_k_cur_, k_cur + o, dim_);
+      push_f16(retained_v_prev_, v_prev + o, dim_);
+      push_f16(retained_v_cur_, v_cur + o, dim_);
+      continue;
+    }
+    slot_.push_back(uint32_t(norm_k_prev_.size()));
+    const size_t base = ek.size();
+    ek.resize(base + dim_);
+    ev.resize(base + dim_);
+    minicache_slerp(k_prev + o, k_cur + o, dim_, cfg_.t, &ek[base]);
+    minicache_slerp(v_prev + o, v_cur + o, dim_, cfg_.t, &ev[base]);
+    norm_k_prev_.push_back(norm(k_prev + o, dim_));
+    norm_k_cur_.push_back(norm(k_cur + o, dim_));
+    norm_v_prev_.push_back(norm(v_prev + o, dim_));
+    norm_v_cur_.push_back(norm(v_cur + o, dim_));
+    merged_pos.push_back(positions[i]);
+  }
+  directions_.append(ek.data(), ev.data(), merged_pos.data(), merged_pos.size());
+  positions_.insert(positions_.end(), positions, positions + n);
+}
+
+void MiniCacheKiviPair::read_rows(int layer, size_t first, size_t count, float* k,
+                                  float* v) const {
+  // Merged tokens of a token range have consecutive merged indices: one KIVI read covers them.
+  size_t m_begin = SIZE_MAX, m_end = 0;
+  for (size_t t = first; t < first + count; ++t) {
+    if (is_retained(t)) continue;
+    m_begin = std::min<size_t>(m_begin, slot_[t]);
+    m_end = std::max<size_t>(m_end, size_t(slot_[t]) + 1);
+  }
+  std::vector<float> ek, ev;
+  if (m_end > 0) {
+    ek.resize((m_end - m_begin) * dim_);
+    ev.resize((m_end - m_begin) * dim_);
+    directions_.read_rows(m_begin, m_end - m_begin, ek.data(), ev.data());
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t s = slot_[first + i];
+    float* ko = k + i * dim_;
+    float* vo = v + i * dim_;
+    if (s & kRetainedBit) {
+      const size_t r = size_t(s & ~kRetainedBit) * dim_;
+      const std::vector<uint16_t>& rk = layer == 0 ? retained_k_prev_ : retained_k_cur_;
+      const std::vector<uint16_t>& rv = layer == 0 ? retained_v_prev_ : retained_v_cur_;
+      for (size_t d = 0; d < dim_; ++d) {
+        ko[d] = f16_to_f32(rk[r + d]);
+        vo[d] = f16_to_f32(rv[r + d]);
+      }
+    } else {
+      const size_t m = s, o = (m - m_begin) * dim_;
+      restore(&ek[o], layer == 0 ? norm_k_prev_[m] : norm_k_cur_[m], dim_, ko);
+      restore(&ev[o], layer == 0 ? norm_v_prev_[m] : norm_v_cur_[m], dim_, vo);
+    }
+  }
+}
+
+MiniCacheKiviBytes MiniCacheKiviPair::bytes() const {
+  MiniCacheKiviBytes b;
+  b.quantized = directions_.bytes().total() - directions_.bytes().positions;
+  b.merged = 4 * uint64_t(norm_k_prev_.size() + norm_k_cur_.size() + norm_v_prev_.size() +
+                          norm_v_cur_.size());
+  b.retained = 2 * uint64_t(retained_k_prev_.size() + retained_k_cur_.size() +
+                            retained_v_prev_.size() + retained_v_cur_.size());
+  // Slots, token positions, the KIVI store's own copy of the merged tokens' positions, threshold.
+  b.metadata = 4 * uint64_t(slot_.size()) + 4 * uint64_t(positions_.size()) +
+               directions_.bytes().positions + sizeof(threshold_);
+  return b;
+}
+
+void minicache_kivi_attend(const MiniCacheKiviPair& pair, int layer, OnlineAttention& attn) {
+  const size_t dim = pair.dim();
+  std::vector<float> k(kChunk * dim), v(kChunk * dim);
+  for (size_t first = 0; first < pair.size(); first += kChunk) {
+    const size_t n = std::min(kChunk, pair.size() - first);
+    pair.read_rows(layer, first, n, k.data(), v.data());
+    attn.add_chunk(k.data(), v.data(), pair.positions().data() + first, n);
+  }
+}
+
+}  // namespace kvsdk::cpu
