@@ -100,11 +100,11 @@ bool decode_frame_header(const unsigned char* in, uint64_t snapshot_id, FrameHea
   return true;
 }
 
-// Trailer: magic[8] index_offset u64 file_hash u64 trailer_hash u64.
+// Trailer: magic[8] index_offset u64 records_hash u64 trailer_hash u64.
 void encode_trailer(const Trailer& t, uint64_t snapshot_id, unsigned char* out) {
   std::memcpy(out, kTrailerMagic, 8);
   put64(out + 8, t.index_offset);
-  put64(out + 16, t.file_hash);
+  put64(out + 16, t.records_hash);
   put64(out + 24, xxh64(out, 24, snapshot_id));
 }
 
@@ -114,7 +114,7 @@ Trailer decode_trailer(const unsigned char* in, uint64_t snapshot_id) {
   }
   Trailer t;
   t.index_offset = get64(in + 8);
-  t.file_hash = get64(in + 16);
+  t.records_hash = get64(in + 16);
   return t;
 }
 

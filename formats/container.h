@@ -4,14 +4,16 @@
 //   Frame*                  FrameHeader (32 bytes) + zstd frame of one FlatBuffer (kvsdk.fbs):
 //                             one METADATA frame, then TIER_CHUNK frames (rows of every layer)
 //   Frame (INDEX)           footer index: offset, size and kind of every frame above
-//   Trailer (32 bytes)      magic "KVSDKEND", index offset, XXH64 of every byte before it
+//   Trailer (32 bytes)      magic "KVSDKEND", index offset, hash of all records before it
 //   Frame* (JOURNAL)        deltas appended later by kvsdk_cache_save_delta
 //
 // All integers are little-endian. Header, frame header and trailer end with an XXH64 of their
 // other bytes seeded with the snapshot id, so a record copied from another snapshot (e.g. a
 // stale journal frame) does not verify. The payload hash in each FrameHeader lets a reader
 // reject a garbled or torn frame before decompressing it; zstd's content checksum then checks
-// the decompressed FlatBuffer, and the trailer's hash binds frame order and the index.
+// the decompressed FlatBuffer. The trailer's hash covers the file header and every frame header
+// in order; since each frame header carries its payload's hash, that binds every byte, frame
+// order and the index (a two-level hash) without hashing the payloads a second time.
 #pragma once
 
 #include <cstddef>
@@ -20,7 +22,7 @@
 namespace kvsdk::format {
 
 constexpr uint16_t kFormatMajor = 1;
-constexpr uint16_t kFormatMinor = 0;
+constexpr uint16_t kFormatMinor = 1;  // 1: eviction policy state (PolicyState)
 
 constexpr size_t kFileHeaderBytes = 32;
 constexpr size_t kFrameHeaderBytes = 32;
@@ -52,7 +54,7 @@ struct FrameHeader {
 
 struct Trailer {
   uint64_t index_offset = 0;   // file offset of the INDEX frame's header
-  uint64_t file_hash = 0;      // XXH64 (seed 0) of bytes [0, trailer offset)
+  uint64_t records_hash = 0;   // XXH64 (seed 0) of the file header and every frame header
 };
 
 // Encoders write exactly k*Bytes bytes to `out`.

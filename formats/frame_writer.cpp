@@ -7,9 +7,9 @@ namespace kvsdk::format {
 FrameWriter::FrameWriter(Sink& sink, uint64_t snapshot_id, int zstd_level, uint64_t start_offset)
     : sink_(sink), id_(snapshot_id), offset_(start_offset), zstd_(zstd_level) {}
 
-void FrameWriter::emit(const void* data, size_t size) {
+void FrameWriter::emit(const void* data, size_t size, bool record) {
   sink_.write(data, size);
-  file_hash_.update(data, size);
+  if (record) records_hash_.update(data, size);
   offset_ += size;
 }
 
@@ -18,7 +18,7 @@ void FrameWriter::write_file_header() {
   h.snapshot_id = id_;
   unsigned char buf[kFileHeaderBytes];
   encode_file_header(h, buf);
-  emit(buf, sizeof buf);
+  emit(buf, sizeof buf, true);
 }
 
 void FrameWriter::write_frame(FrameKind kind, const uint8_t* flatbuffer, size_t size) {
@@ -35,8 +35,8 @@ void FrameWriter::write_frame(FrameKind kind, const uint8_t* flatbuffer, size_t 
   unsigned char hdr[kFrameHeaderBytes];
   encode_frame_header(h, id_, hdr);
   frames_.push_back({offset_, h.payload_bytes, h.kind});
-  emit(hdr, sizeof hdr);
-  emit(scratch_.data(), scratch_.size());
+  emit(hdr, sizeof hdr, true);
+  emit(scratch_.data(), scratch_.size(), false);
 }
 
 void FrameWriter::write_index_and_trailer() {
@@ -49,10 +49,10 @@ void FrameWriter::write_index_and_trailer() {
   Trailer t;
   t.index_offset = offset_;
   write_frame(FrameKind::kIndex, fbb.GetBufferPointer(), fbb.GetSize());
-  t.file_hash = file_hash_.digest();
+  t.records_hash = records_hash_.digest();
   unsigned char buf[kTrailerBytes];
   encode_trailer(t, id_, buf);
-  emit(buf, sizeof buf);
+  emit(buf, sizeof buf, false);
 }
 
 }  // namespace kvsdk::format

@@ -1,6 +1,7 @@
 // Writes container records (formats/container.h) to a sink: the file header, frames (FlatBuffer
 // -> zstd frame -> frame header + payload), the footer index and the trailer. Keeps the list of
-// frames for the index and a running hash of every byte for the trailer.
+// frames for the index and the running hash of the records (header, frame headers) for the
+// trailer.
 #pragma once
 
 #include <cstddef>
@@ -23,7 +24,7 @@ struct FrameRecord {
 class FrameWriter {
  public:
   // `start_offset`: where the sink's first byte lands in the file (journal appends start at the
-  // journal end); `hash_bytes`: keep the running whole-file hash (full snapshots).
+  // journal end).
   FrameWriter(Sink& sink, uint64_t snapshot_id, int zstd_level, uint64_t start_offset = 0);
 
   void write_file_header();
@@ -36,13 +37,14 @@ class FrameWriter {
   const std::vector<FrameRecord>& frames() const { return frames_; }
 
  private:
-  void emit(const void* data, size_t size);
+  // Writes bytes; `record` bytes (file and frame headers) also enter the trailer's hash.
+  void emit(const void* data, size_t size, bool record);
 
   Sink& sink_;
   uint64_t id_;
   uint64_t offset_;
   ZstdCompressor zstd_;
-  Xxh64Stream file_hash_;
+  Xxh64Stream records_hash_;
   std::vector<FrameRecord> frames_;
   std::vector<unsigned char> scratch_;
 };

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "kvsdk_generated.h"
+#include "policy_state.h"
 #include "xxhash64.h"
 
 namespace kvsdk::format {
@@ -182,9 +183,13 @@ DeltaFrames build_delta(const Cache& cache, const JournalBase& base, uint64_t ma
       heads.push_back(fb::CreateHeadDelta(fbb, p.layer, p.head, segs, rows));
     }
     const bool last = part + 1 == parts.size();
+    // The policy state (H2O scores change on every observe, windows roll) goes whole into the
+    // last part: small next to the rows (4 bytes per row and KV head at most).
+    const auto policy_state = last ? build_policy_state(fbb, cache)
+                                   : flatbuffers::Offset<fb::PolicyState>(0);
     const auto delta = fb::CreateJournalDelta(
         fbb, base.next_sequence, uint32_t(part), uint32_t(parts.size()), fbb.CreateVector(heads),
-        last ? fbb.CreateVector(appended) : 0);
+        last ? fbb.CreateVector(appended) : 0, policy_state);
     fbb.Finish(fb::CreateFrame(fbb, fb::Payload::JournalDelta, delta.Union()),
                fb::FrameIdentifier());
     d.parts.emplace_back(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());

@@ -171,8 +171,17 @@ uint64_t append_journal(const std::string& path, const JournalBase& base,
   if (::lseek(f.fd, off_t(base.journal_end), SEEK_SET) < 0) io_fail("cannot seek in", path);
   FdSink sink(f.fd, path);
   FrameWriter out(sink, base.snapshot_id, zstd_level, base.journal_end);
-  for (const std::vector<uint8_t>& p : parts) out.write_frame(FrameKind::kJournal, p.data(), p.size());
-  if (::fsync(f.fd) != 0) io_fail("cannot sync", path);
+  try {
+    for (const std::vector<uint8_t>& p : parts) {
+      out.write_frame(FrameKind::kJournal, p.data(), p.size());
+    }
+    if (::fsync(f.fd) != 0) io_fail("cannot sync", path);
+  } catch (...) {
+    // Best effort: leave no partial delta behind (a load would drop it anyway, and the next
+    // delta cuts whatever remains).
+    if (::ftruncate(f.fd, off_t(base.journal_end)) == 0) ::fsync(f.fd);
+    throw;
+  }
   return out.offset();
 }
 

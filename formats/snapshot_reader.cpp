@@ -9,6 +9,7 @@
 #include "core/policy.h"
 #include "journal.h"
 #include "kvsdk_generated.h"
+#include "policy_state.h"
 #include "xxhash64.h"
 #include "zstd_frame.h"
 
@@ -177,6 +178,7 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
     fail(KVSDK_E_BUDGET, "the snapshot holds ", declared_bytes, " bytes but the context has only ",
          opt.available_bytes, " budget bytes free");
   }
+  read_policy_state(m.policy_state(), g, s.policy, declared, s.layers, s.runtime);
 }
 
 void read_tier_chunk(const fb::TierChunk& c, const Geometry& g, Snapshot& s,
@@ -204,8 +206,9 @@ void read_tier_chunk(const fb::TierChunk& c, const Geometry& g, Snapshot& s,
     if (n > declared[l][h] - e.size()) {
       fail(KVSDK_E_CORRUPT, "layer ", l, " head ", h, " has more rows than its metadata declares");
     }
-    for (int32_t p : *r->positions()) {
-      if (p < 0) fail(KVSDK_E_CORRUPT, "negative position in layer ", l, " head ", h);
+    const int32_t* pos = r->positions()->data();
+    if (std::any_of(pos, pos + n, [](int32_t p) { return p < 0; })) {
+      fail(KVSDK_E_CORRUPT, "negative position in layer ", l, " head ", h);
     }
     // Reserve the declared size once it is plausible for this file (never trust a count alone).
     if (e.size() == 0 && declared[l][h] * ExactStore::bytes_per_token(g.head_dim) <= reserve_limit) {
@@ -213,7 +216,7 @@ void read_tier_chunk(const fb::TierChunk& c, const Geometry& g, Snapshot& s,
       e.k.reserve(declared[l][h] * dim);
       e.v.reserve(declared[l][h] * dim);
     }
-    e.positions.insert(e.positions.end(), r->positions()->begin(), r->positions()->end());
+    e.positions.insert(e.positions.end(), pos, pos + n);
     e.k.insert(e.k.end(), r->keys()->data(), r->keys()->data() + n * dim);
     e.v.insert(e.v.end(), r->values()->data(), r->values()->data() + n * dim);
   }
@@ -264,6 +267,12 @@ void read_journal(Reader& rd, Snapshot& s) {
         parts.push_back(fb::GetFrame(p.flatbuffer.data())->payload_as_JournalDelta());
       }
       apply_delta(s.geometry, parts, s.layers);
+      std::vector<std::vector<uint64_t>> rows(s.geometry.n_layers);
+      for (uint32_t l = 0; l < s.geometry.n_layers; ++l) {
+        for (const ExactStore& e : s.layers[l].heads) rows[l].push_back(e.size());
+      }
+      read_policy_state(parts.back()->policy_state(), s.geometry, s.policy, rows, s.layers,
+                        s.runtime);
       for (const RawFrame& p : pending) {
         s.journal_frames.push_back({p.offset, p.header.payload_bytes, p.header.kind});
       }
@@ -328,7 +337,10 @@ Snapshot read_snapshot(const unsigned char* data, size_t size, const ReadOptions
   if (size - pos < kTrailerBytes) corrupt_at(pos, "truncated (trailer cut off)");
   const Trailer t = decode_trailer(data + pos, s.snapshot_id);
   if (t.index_offset != s.frames.back().offset) corrupt_at(pos, "trailer points to another index");
-  if (t.file_hash != xxh64(data, pos, 0)) corrupt_at(pos, "snapshot checksum mismatch");
+  Xxh64Stream records(0);
+  records.update(data, kFileHeaderBytes);
+  for (const FrameRecord& f : s.frames) records.update(data + f.offset, kFrameHeaderBytes);
+  if (t.records_hash != records.digest()) corrupt_at(pos, "snapshot checksum mismatch");
   s.base_end = pos + kTrailerBytes;
 
   for (uint32_t l = 0; l < s.geometry.n_layers; ++l) {

@@ -33,6 +33,7 @@ struct Snapshot {
   bool includes_backing = false;
   std::string writer_version;
   std::vector<LayerState> layers;   // after the journal
+  PolicyRuntime runtime;            // allocation-stage state of the policy, after the journal
   uint64_t base_end = 0;            // offset just past the trailer
   uint64_t journal_end = 0;         // offset past the last complete delta
   uint64_t next_sequence = 1;

@@ -8,6 +8,7 @@
 #include "core/options.h"
 #include "frame_writer.h"
 #include "kvsdk_generated.h"
+#include "policy_state.h"
 #include "zstd_frame.h"
 
 namespace kvsdk::format {
@@ -41,9 +42,11 @@ flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder&
                                        p.quant_residual, p.sink_tokens, p.recent_tokens,
                                        p.obs_window, p.pool_kernel, p.pool_kind, p.heavy_ratio,
                                        p.schedule_alpha, p.schedule_beta);
+  const auto policy_state = build_policy_state(fbb, cache);
   return fb::CreateMetadata(fbb, kFormatMajor, kFormatMinor,
                             fbb.CreateString(kvsdk_version_string()), geometry, policy,
-                            cache.context().budget(), fbb.CreateVector(layers), includes_backing);
+                            cache.context().budget(), fbb.CreateVector(layers), includes_backing,
+                            policy_state);
 }
 
 void write_tier_frame(FrameWriter& out, flatbuffers::FlatBufferBuilder& fbb, const Cache& cache,

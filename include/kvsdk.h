@@ -8,7 +8,8 @@
  *
  * This header is the specification. It reads top to bottom as a user's journey:
  *   version -> status and errors -> context -> geometry -> policy -> cache
- *   -> append / attend / read -> stats -> snapshots (save / load).
+ *   -> append / attend / read -> compression (observe, compress, plan) -> stats
+ *   -> snapshots (save / load).
  *
  * ABI rules (hold for every function below):
  *   - Handles are opaque; every `*_create` has a `*_destroy`, and `*_destroy(NULL)` is a no-op.
@@ -306,6 +307,175 @@ KVSDK_API kvsdk_status kvsdk_cache_read(const kvsdk_cache *cache, uint32_t layer
                                         size_t capacity_tokens, size_t *n_tokens);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Compression: observe, compress, plan                                                        */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * Eviction presets (streaming_llm, h2o, snapkv, pyramidkv, xkv) keep a cache inside its budget by
+ * evicting rows per KV head; survivors keep their original positions and order. The budget of a
+ * cache is the smaller of its own byte budget (kvsdk_cache_set_budget, optional) and what its
+ * context has left. Every byte counts: f16 keys and values, the int32 position of every row,
+ * H2O's f32 accumulated score per row and KV head, and the f32 observation-window queries that
+ * window methods keep (all but keys/values are reported as KVSDK_TIER_METADATA). The allocation
+ * stage converts the bytes into tokens per layer with exactly those per-row sizes.
+ *
+ * Typical use:
+ *   prefill: per layer, kvsdk_cache_observe(the last obs_window prompt queries), then
+ *            kvsdk_cache_append(the prompt's keys/values); appends that exceed the budget compress
+ *            automatically (incoming tokens are scored from the caller's buffers, and only rows
+ *            that fit are ever stored). Or append everything that fits, observe, then
+ *            kvsdk_cache_compress.
+ *   decode:  per layer, append the new token, attend, and observe the step's queries (H2O
+ *            accumulates them; window methods roll them into the window).
+ *
+ * Importance per method:
+ *   streaming_llm  sink_tokens first rows + the newest rows; observe is accepted and ignored.
+ *   h2o            per-row accumulated softmax probabilities of every observed query, averaged
+ *                  over the query heads of a GQA group; keeps sinks, heavy hitters (heavy_ratio
+ *                  of the rest) and the newest rows. Scores persist for kept rows.
+ *   snapkv         the last obs_window observed queries (causal, f32 softmax) summed per key,
+ *                  averaged over the group, pooled (pool_kernel, pool_kind) over the context
+ *                  before the window; keeps the newest obs_window rows and the top scores.
+ *                  Without an observed window a layer keeps its newest rows.
+ *   pyramidkv      snapkv selection; tokens per layer decrease linearly with depth (SpindleKV
+ *                  §3.3, schedule_alpha / schedule_beta).
+ *   xkv            snapkv-style per-layer importance vectors; tokens per layer from the XKV greedy
+ *                  allocation (Algorithm 1), top-k per KV head (Algorithm 2).
+ * Layers hold the same number of rows in every KV head. 'full' never evicts.
+ */
+
+/** Feeds the queries of `n_queries` tokens of one layer to the policy's importance signal:
+ *  the observation window of a prompt (e.g. its last obs_window queries) or a decode step's
+ *  queries. `q`: n_queries x n_q_heads x head_dim elements of the geometry's dtype, `q_bytes`
+ *  long; `q_positions`: NULL (queries see every key) or n_queries positions (causal).
+ *  h2o adds the queries' attention over the currently held rows to their scores; window methods
+ *  keep the newest obs_window observed queries, at most as many as fit in an eighth of the budget
+ *  spread over all layers (at least one); a window that grows may evict tokens to make room for
+ *  its bytes. full and streaming_llm ignore the queries.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache/q, zero queries, size mismatch),
+ *          KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_BUDGET (the window cannot fit),
+ *          KVSDK_E_NO_MEMORY. On error the cache is unchanged. */
+KVSDK_API kvsdk_status kvsdk_cache_observe(kvsdk_cache *cache, uint32_t layer, size_t n_queries,
+                                           const void *q, const int32_t *q_positions,
+                                           size_t q_bytes);
+
+/** Enforces the budget (and an applied allocation or profile) now: computes the allocation over
+ *  every layer and evicts what does not fit. Without a budget (context or per-cache) or a fixed
+ *  allocation it does nothing. Errors: KVSDK_E_INVALID_ARG (NULL), KVSDK_E_BUDGET (even the policy's fixed
+ *  metadata does not fit; nothing changed), KVSDK_E_NO_MEMORY. */
+KVSDK_API kvsdk_status kvsdk_cache_compress(kvsdk_cache *cache);
+
+/** Sets a byte budget for this cache alone (0 removes it), for hosts that share one context
+ *  between several caches; the context budget still applies. A budget below what the cache holds
+ *  compresses it now. Errors: KVSDK_E_INVALID_ARG (NULL), KVSDK_E_BUDGET (the cache cannot shrink
+ *  that far, e.g. policy 'full'; budget and cache unchanged). */
+KVSDK_API kvsdk_status kvsdk_cache_set_budget(kvsdk_cache *cache, uint64_t budget_bytes);
+
+/** How many layer-tokens (one row in every KV head of one layer) the cache's budget can hold
+ *  besides its fixed metadata (observation windows), and the bytes of one layer-token (keys,
+ *  values, positions and per-row scores of all KV heads). `*out_tokens` is UINT64_MAX when no
+ *  budget applies. Either output may be NULL. Errors: KVSDK_E_INVALID_ARG (NULL cache). */
+KVSDK_API kvsdk_status kvsdk_cache_token_capacity(const kvsdk_cache *cache, uint64_t *out_tokens,
+                                                  uint64_t *out_token_bytes);
+
+/** Rows per KV head that each layer holds now (`tokens`: n_layers entries; record these for an
+ *  allocation profile). Errors: KVSDK_E_INVALID_ARG (NULL, n_layers != geometry). */
+KVSDK_API kvsdk_status kvsdk_cache_allocation(const kvsdk_cache *cache, uint64_t *tokens,
+                                              uint32_t n_layers);
+
+/** Fixes the rows per KV head of every layer (e.g. from kvsdk_planner_finish): each layer is
+ *  held to its entry from then on, so prefill compresses every layer right after its append.
+ *  Compresses now. `tokens` NULL (with n_layers 0) returns to the policy's own allocation.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache, n_layers != geometry), KVSDK_E_BUDGET (the entries
+ *  do not fit the budget), KVSDK_E_UNSUPPORTED (policy 'full'). On error nothing changed. */
+KVSDK_API kvsdk_status kvsdk_cache_set_allocation(kvsdk_cache *cache, const uint64_t *tokens,
+                                                  uint32_t n_layers);
+
+/** Modes of kvsdk_plan_allocation. Numbers are never renumbered. */
+typedef enum kvsdk_alloc_mode {
+  KVSDK_ALLOC_TOTAL_TOKENS = 0,     /**< value = N: place exactly min(N, sum of lengths). */
+  KVSDK_ALLOC_TARGET_RETENTION = 1  /**< value = R_avg in (0, 1]: smallest total reaching it. */
+} kvsdk_alloc_mode;
+
+/** XKV greedy allocation (XKV paper, Algorithm 1) without a cache: given one importance vector
+ *  per layer (`importance[i]`: `lengths[i]` non-negative finite floats, e.g. pooled window
+ *  attention), writes to `out_tokens[i]` how many tokens layer i keeps so that the average
+ *  importance retention R_avg = mean_i Sum(TopK(n_i, w_i)) / Sum(w_i) is maximal for the total
+ *  (mode TOTAL_TOKENS, value = N), or the total is minimal for R_avg >= value (mode
+ *  TARGET_RETENTION). A layer whose weights are all zero counts as fully retained. Pure function,
+ *  thread-safe. Errors: KVSDK_E_INVALID_ARG (NULL arrays with n_layers > 0, negative/NaN weights,
+ *  unknown mode, value outside its range). */
+KVSDK_API kvsdk_status kvsdk_plan_allocation(uint32_t n_layers, const float *const *importance,
+                                             const size_t *lengths, int32_t mode, double value,
+                                             uint64_t *out_tokens);
+
+/* Allocation profiles (XKV §IV-C sampling): the averaged allocation of sample requests of one
+ * task type, reused so that prefill compresses layer by layer without planning. A profile stores
+ * per-layer shares of the token budget; applied to a cache, the cache's token capacity is split
+ * by these shares. Saved as FlatBuffers (formats/allocation_profile.fbs, identifier "KVAP"). A
+ * profile object is used by one thread at a time. */
+typedef struct kvsdk_profile kvsdk_profile;
+
+/** Creates an empty profile for `n_layers` layers. Errors: KVSDK_E_INVALID_ARG (NULL out,
+ *  n_layers 0 or > 4096), KVSDK_E_NO_MEMORY. */
+KVSDK_API kvsdk_status kvsdk_profile_create(kvsdk_profile **out, uint32_t n_layers);
+/** Destroys a profile. NULL is a no-op. */
+KVSDK_API void kvsdk_profile_destroy(kvsdk_profile *profile);
+/** Records the allocation list of one sample request (tokens per layer, e.g. from
+ *  kvsdk_cache_allocation); lists are normalised to shares and averaged. Errors:
+ *  KVSDK_E_INVALID_ARG (NULL, n_layers mismatch, an all-zero list). */
+KVSDK_API kvsdk_status kvsdk_profile_record(kvsdk_profile *profile, const uint64_t *tokens,
+                                            uint32_t n_layers);
+/** Averaged shares (n_layers entries summing to 1) and the number of recorded samples. Either
+ *  output may be NULL. Errors: KVSDK_E_INVALID_ARG (NULL profile, n_layers mismatch),
+ *  KVSDK_E_STATE (nothing recorded). */
+KVSDK_API kvsdk_status kvsdk_profile_shares(const kvsdk_profile *profile, double *shares,
+                                            uint32_t n_layers, uint32_t *out_samples);
+/** Saves atomically to `path` (temporary file, fsync, rename). Errors: KVSDK_E_INVALID_ARG,
+ *  KVSDK_E_STATE (nothing recorded), KVSDK_E_IO. */
+KVSDK_API kvsdk_status kvsdk_profile_save(const kvsdk_profile *profile, const char *path);
+/** Loads a profile saved by kvsdk_profile_save; `*out` owns it. Errors: KVSDK_E_INVALID_ARG,
+ *  KVSDK_E_IO (unreadable), KVSDK_E_CORRUPT (fails verification), KVSDK_E_VERSION (newer
+ *  format). */
+KVSDK_API kvsdk_status kvsdk_profile_load(kvsdk_profile **out, const char *path);
+/** Applies a profile to a cache (NULL profile: back to the policy's own allocation); with a
+ *  budget, compresses now. The cache copies the shares. Errors: KVSDK_E_INVALID_ARG (NULL
+ *  cache, layer count differs from the geometry), KVSDK_E_STATE (empty profile),
+ *  KVSDK_E_UNSUPPORTED (policy 'full'), KVSDK_E_BUDGET. On error nothing changed. */
+KVSDK_API kvsdk_status kvsdk_cache_apply_profile(kvsdk_cache *cache,
+                                                 const kvsdk_profile *profile);
+
+/* Mini-prefill planner (XKV §IV-A): during a first, cache-free pass over the prompt the host
+ * feeds every layer's keys and observation-window queries; the planner scores them (window
+ * attention, pooled, averaged over KV heads), keeps only one importance vector per layer
+ * (lengths floats) and discards the tensors. kvsdk_planner_finish returns the allocation for the
+ * real prefill (pass it to kvsdk_cache_set_allocation). Used by one thread at a time. */
+typedef struct kvsdk_planner kvsdk_planner;
+
+/** Creates a planner for a geometry and a window policy (snapkv, pyramidkv or xkv parameters:
+ *  obs_window, pool_kernel, pool_kind). Errors: KVSDK_E_INVALID_ARG (NULL, invalid geometry or
+ *  policy), KVSDK_E_NO_MEMORY. */
+KVSDK_API kvsdk_status kvsdk_planner_create(kvsdk_planner **out, const kvsdk_geometry *geometry,
+                                            const kvsdk_policy *policy);
+/** Destroys a planner. NULL is a no-op. */
+KVSDK_API void kvsdk_planner_destroy(kvsdk_planner *planner);
+/** Scores one layer: `k` (n_tokens x n_kv_heads x head_dim, `k_bytes` long) at `positions`, and
+ *  `q` (n_queries x n_q_heads x head_dim, `q_bytes` long) at `q_positions` (NULL: see all).
+ *  Feeding a layer again replaces its vector. Errors: KVSDK_E_INVALID_ARG (NULL, zero counts,
+ *  size mismatch, negative position), KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_NO_MEMORY. */
+KVSDK_API kvsdk_status kvsdk_planner_feed_layer(kvsdk_planner *planner, uint32_t layer,
+                                                size_t n_tokens, const void *k,
+                                                const int32_t *positions, size_t k_bytes,
+                                                size_t n_queries, const void *q,
+                                                const int32_t *q_positions, size_t q_bytes);
+/** Rows per KV head for every layer (`out_tokens`, n_layers entries): each layer keeps its
+ *  newest min(obs_window, length) rows plus the XKV allocation of the context (mode and value as
+ *  in kvsdk_plan_allocation; for TOTAL_TOKENS, value is the total of all entries, e.g. the
+ *  cache's kvsdk_cache_token_capacity). Errors: KVSDK_E_INVALID_ARG, KVSDK_E_STATE (a layer was
+ *  not fed). */
+KVSDK_API kvsdk_status kvsdk_planner_finish(kvsdk_planner *planner, int32_t mode, double value,
+                                            uint64_t *out_tokens, uint32_t n_layers);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Stats: what the cache holds and what it costs                                               */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -375,7 +545,7 @@ KVSDK_API kvsdk_status kvsdk_cache_layer_stats_get(const kvsdk_cache *cache, uin
  *  its major version (unknown additions are ignored or reported as unsupported) and rejects a
  *  newer major version with KVSDK_E_VERSION. */
 #define KVSDK_SNAPSHOT_FORMAT_MAJOR 1
-#define KVSDK_SNAPSHOT_FORMAT_MINOR 0
+#define KVSDK_SNAPSHOT_FORMAT_MINOR 1
 
 typedef struct kvsdk_save_options {
   uint32_t struct_size;      /**< sizeof(kvsdk_save_options); set by kvsdk_save_options_init. */
@@ -400,7 +570,8 @@ KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options *options);
  *  synced. A crash or power loss at any point leaves either the previous file at `path` or the
  *  new one, never a mix. `options` may be NULL for defaults. The cache is not modified, but it
  *  remembers this save as the base of later kvsdk_cache_save_delta calls on `path`.
- *  Bookkeeping for that costs 8 bytes per stored token in host memory, outside the budget.
+ *  Bookkeeping for that costs 8 bytes of host memory per stored row (token and KV head),
+ *  outside the budget. The file is created with mode 0600 (a conversation is private data).
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options), KVSDK_E_IO (cannot create,
  *          write, sync or rename; the previous file at `path` is intact and no temporary file is
  *          left behind), KVSDK_E_NO_MEMORY.

@@ -13,6 +13,7 @@ packages=(
   googletest libgtest-dev libbenchmark-dev
   clang libclang-rt-dev
   gnuplot-nox python3
+  python3-numpy
 )
 if [ "${1:-}" = "--aarch64" ]; then
   # Cross compilers, qemu-aarch64 to run the tests, and the arm64 libraries the build links

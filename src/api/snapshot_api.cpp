@@ -51,6 +51,7 @@ void load(kvsdk_cache** out, kvsdk_context* ctx, const unsigned char* data, size
   Snapshot s = read_snapshot(data, size, opt);
   auto h = std::make_unique<kvsdk_cache>();
   h->impl = Cache::restore(ctx->impl, s.geometry, s.policy, std::move(s.layers));
+  h->impl->restore_policy_runtime(std::move(s.runtime));
   h->journal = make_base(*h->impl, s.snapshot_id, s.base_end, s.journal_end, s.next_sequence);
   if (info) {
     info->format_major = s.format_major;

@@ -18,7 +18,10 @@ constexpr size_t kChunkTokens = 256;
 
 Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk_policy& policy)
     : ctx_(std::move(ctx)), geometry_(geometry), policy_(policy), layers_(geometry.n_layers) {
-  for (LayerState& l : layers_) l.heads.resize(geometry_.n_kv_heads);
+  for (LayerState& l : layers_) {
+    l.heads.resize(geometry_.n_kv_heads);
+    if (policy_.method == KVSDK_METHOD_H2O) l.scores.resize(geometry_.n_kv_heads);
+  }
 }
 
 Cache::~Cache() { ctx_->release(charged_); }
@@ -35,6 +38,10 @@ void Cache::append(uint32_t layer, size_t n_tokens, const void* k, const void* v
   check_layer(layer);
   for (size_t t = 0; t < n_tokens; ++t) {
     KVSDK_REQUIRE(positions[t] >= 0, "positions[", t, "] is ", positions[t], " (must be >= 0)");
+  }
+  if (policy_.method != KVSDK_METHOD_FULL) {
+    append_compressing(layer, n_tokens, k, v, positions);
+    return;
   }
   const uint32_t dim = geometry_.head_dim;
   const uint64_t add = uint64_t(n_tokens) * geometry_.n_kv_heads * ExactStore::bytes_per_token(dim);
@@ -137,10 +144,13 @@ size_t Cache::read(uint32_t layer, uint32_t kv_head, void* k, void* v, int32_t* 
 
 void Cache::layer_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) const {
   for (int i = 0; i < KVSDK_TIER_SLOTS; ++i) by_tier[i] = 0;
-  for (const ExactStore& h : layers_[layer].heads) {
+  const LayerState& L = layers_[layer];
+  for (const ExactStore& h : L.heads) {
     by_tier[KVSDK_TIER_EXACT] += h.size() * ExactStore::kv_bytes_per_token(geometry_.head_dim);
     by_tier[KVSDK_TIER_METADATA] += h.size() * ExactStore::meta_bytes_per_token();
   }
+  for (const std::vector<float>& sc : L.scores) by_tier[KVSDK_TIER_METADATA] += sc.size() * 4;
+  by_tier[KVSDK_TIER_METADATA] += L.window_q.size() * 4 + L.window_pos.size() * 4;
 }
 
 kvsdk_layer_stats Cache::layer_stats(uint32_t layer) const {

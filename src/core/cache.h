@@ -14,9 +14,23 @@
 
 namespace kvsdk {
 
+// Cache-level state of the allocation stage (saved in snapshots with the per-layer state).
+struct PolicyRuntime {
+  uint64_t cache_budget = 0;             // 0 = only the context budget applies
+  std::vector<uint64_t> fixed_alloc;     // host-set allocation (planner), tokens per layer
+  std::vector<double> profile_shares;    // applied allocation profile
+  std::vector<uint64_t> last_caps;       // allocation of the last global compression
+};
+
 struct LayerState {
   std::vector<ExactStore> heads;  // one per KV head
   uint64_t appended_tokens = 0;
+  // H2O: accumulated attention per stored row, parallel to heads[h] (empty for other methods).
+  std::vector<std::vector<float>> scores;
+  // Window methods (SnapKV/PyramidKV/XKV): the last obs_window observed queries of this layer,
+  // f32 [n][n_q_heads * head_dim], with their positions. Charged as metadata.
+  std::vector<float> window_q;
+  std::vector<int32_t> window_pos;
 };
 
 class Cache {
@@ -48,6 +62,24 @@ class Cache {
               size_t capacity) const;
   size_t head_tokens(uint32_t layer, uint32_t kv_head) const;
 
+  // Compression (cache_compress.cpp). Each throws kvsdk::Error; the cache is unchanged on failure.
+  void observe(uint32_t layer, size_t n_queries, const void* q, const int32_t* q_positions);
+  void compress();
+  void set_budget(uint64_t bytes);  // per-cache byte budget, 0 = none
+  uint64_t budget() const { return cache_budget_; }
+  // Layer-tokens (one row in every KV head of a layer) the budget can hold besides the fixed
+  // metadata; UINT64_MAX when no budget applies.
+  uint64_t token_capacity() const;
+  uint64_t token_bytes() const;  // bytes of one layer-token, metadata included
+  // A fixed per-layer allocation (tokens per KV head); an empty vector returns to the policy.
+  void set_allocation(const std::vector<uint64_t>& tokens);
+  // Per-layer shares of an allocation profile; an empty vector returns to the policy.
+  void set_profile_shares(const std::vector<double>& shares);
+  std::vector<uint64_t> allocation() const;  // tokens per KV head, per layer, now
+  // Snapshot support: the allocation-stage state, and its restore (validated by the reader).
+  PolicyRuntime policy_runtime() const;
+  void restore_policy_runtime(PolicyRuntime rt);
+
   kvsdk_cache_stats stats() const;
   kvsdk_layer_stats layer_stats(uint32_t layer) const;
   uint64_t charged_bytes() const { return charged_; }
@@ -55,6 +87,33 @@ class Cache {
  private:
   void check_layer(uint32_t layer) const;
   void layer_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) const;
+
+  // Compression internals (cache_compress.cpp).
+  struct Incoming;  // tokens of an append not stored yet, read from the caller's buffers
+  using HeadScores = std::vector<std::vector<float>>;  // per KV head; empty = recency only
+  void append_compressing(uint32_t layer, size_t n_tokens, const void* k, const void* v,
+                          const int32_t* positions);
+  uint64_t fixed_bytes() const;
+  uint64_t target_bytes() const;
+  uint64_t layer_length(uint32_t layer, const Incoming* in) const;
+  uint64_t protected_rows(uint32_t layer, uint64_t length) const;
+  HeadScores layer_scores(uint32_t layer, const Incoming* in) const;
+  std::vector<float> importance_vector(uint32_t layer, const HeadScores& scores,
+                                       uint64_t length) const;
+  std::vector<uint64_t> plan_caps(uint64_t capacity, const Incoming* in,
+                                  std::vector<HeadScores>& scores,
+                                  std::vector<bool>& scored) const;
+  void apply_caps(const std::vector<uint64_t>& caps, const Incoming* in,
+                  std::vector<HeadScores>& scores, std::vector<bool>& scored);
+  void compress_to(uint64_t target);
+  bool reserve(uint64_t bytes);
+  bool uses_window() const;
+
+  uint64_t cache_budget_ = 0;           // 0 = only the context budget applies
+  std::vector<uint64_t> fixed_alloc_;   // host-set allocation (planner), tokens per layer
+  std::vector<double> profile_shares_;  // applied allocation profile
+  std::vector<uint64_t> last_caps_;     // allocation of the last global compression
+  // (the four above are PolicyRuntime; kept as members for the hot paths)
 
   std::shared_ptr<Context> ctx_;
   Geometry geometry_;

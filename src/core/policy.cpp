@@ -66,9 +66,15 @@ kvsdk_policy policy_from_c(const kvsdk_policy* caller) {
 }
 
 void require_policy_implemented(const kvsdk_policy& p) {
-  if (p.method != KVSDK_METHOD_FULL) {
+  // Implemented: full and the eviction presets of the importance/allocation stages.
+  const bool implemented = p.method == KVSDK_METHOD_FULL ||
+                           p.method == KVSDK_METHOD_STREAMING_LLM || p.method == KVSDK_METHOD_H2O ||
+                           p.method == KVSDK_METHOD_SNAPKV || p.method == KVSDK_METHOD_PYRAMIDKV ||
+                           p.method == KVSDK_METHOD_XKV;
+  if (!implemented) {
     fail(KVSDK_E_UNSUPPORTED, "method '", kMethodNames[p.method],
-         "' is not implemented in this version of kvsdk (only 'full' is)");
+         "' is not implemented in this version of kvsdk (implemented: full, streaming_llm, h2o, "
+         "snapkv, pyramidkv, xkv)");
   }
   if (p.quant_bits != 0) {
     fail(KVSDK_E_UNSUPPORTED, "KIVI quantization (quant_bits = ", p.quant_bits,

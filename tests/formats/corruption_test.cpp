@@ -170,7 +170,12 @@ TEST_F(Corruption, WrongMagicAndNewerMajor) {
   // Resealed: a newer minor of our major loads and is reported.
   const fmt::Trailer tr = fmt::decode_trailer(&file[lay.trailer], h.snapshot_id);
   fmt::Trailer sealed = tr;
-  sealed.file_hash = fmt::xxh64(t.data(), lay.trailer, 0);
+  fmt::Xxh64Stream records(0);
+  records.update(t.data(), fmt::kFileHeaderBytes);
+  for (uint64_t f : lay.frames) {
+    if (f < lay.trailer) records.update(&t[f], fmt::kFrameHeaderBytes);
+  }
+  sealed.records_hash = records.digest();
   fmt::encode_trailer(sealed, h.snapshot_id, &t[lay.trailer]);
   kvsdk_load_info info{};
   info.struct_size = sizeof info;

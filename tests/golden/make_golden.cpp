@@ -2,7 +2,10 @@
 // are committed and every later kvsdk must still load them):
 //
 //   cmake --build --preset dev --target kvsdk-make-golden
-//   ./build/dev/tests/kvsdk-make-golden tests/golden
+//   ./build/dev/tests/kvsdk-make-golden tests/golden tests/fuzz/corpus
+//
+// The optional second directory receives tiny seed snapshots for the fuzzer
+// (tests/fuzz/load_fuzzer.cpp): small inputs let it reach deep code quickly.
 //
 // Files (format 1.0):
 //   v1_0_exact_f32.kvsnap    f32 host dtype, uneven layers, one frame per layer
@@ -14,10 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "container.h"
 #include "core/cache.h"
 #include "core/half.h"
 #include "golden_content.h"
 #include "kvsdk.h"
+#include "zstd_frame.h"
 
 using namespace kvsdk_golden;
 
@@ -58,6 +63,14 @@ void append(kvsdk_cache* c, const kvsdk_geometry& g, uint32_t layer, uint32_t t0
   check(kvsdk_cache_append(c, layer, n, k.data(), v.data(), pos.data(), k.size()), "append");
 }
 
+std::vector<unsigned char> read_all(const std::string& path) {
+  FILE* in = std::fopen(path.c_str(), "rb");
+  std::vector<unsigned char> bytes;
+  for (int ch; in && (ch = std::fgetc(in)) != EOF;) bytes.push_back(uint8_t(ch));
+  if (in) std::fclose(in);
+  return bytes;
+}
+
 kvsdk_cache* base_cache(kvsdk_context* ctx, const kvsdk_geometry& g) {
   kvsdk_cache* c = nullptr;
   check(kvsdk_cache_create(&c, ctx, &g, nullptr), "create");
@@ -65,11 +78,62 @@ kvsdk_cache* base_cache(kvsdk_context* ctx, const kvsdk_geometry& g) {
   return c;
 }
 
+// The fuzzer's structured mode (tests/fuzz/load_fuzzer.cpp): 0xFB, then per frame of `snapshot`
+// [kind - 1][length u32 LE][decompressed FlatBuffer].
+void write_structured_seed(const std::string& snapshot, const std::string& out_path) {
+  namespace fmt = kvsdk::format;
+  const std::vector<unsigned char> f = read_all(snapshot);
+  const uint64_t id = fmt::decode_file_header(f.data()).snapshot_id;
+  std::vector<unsigned char> out = {0xFB};
+  fmt::ZstdDecompressor z;
+  std::vector<unsigned char> raw;
+  for (size_t pos = fmt::kFileHeaderBytes; pos + fmt::kFrameHeaderBytes <= f.size();) {
+    fmt::FrameHeader h;
+    if (!fmt::decode_frame_header(&f[pos], id, &h)) {  // the trailer
+      pos += fmt::kTrailerBytes;
+      continue;
+    }
+    z.decompress(&f[pos + fmt::kFrameHeaderBytes], h.payload_bytes, h.raw_bytes, raw);
+    pos += fmt::kFrameHeaderBytes + h.payload_bytes;
+    if (h.kind == uint8_t(fmt::FrameKind::kIndex)) continue;  // the sealer writes its own
+    out.push_back(uint8_t(h.kind - 1));
+    const uint32_t len = uint32_t(raw.size());
+    for (int i = 0; i < 4; ++i) out.push_back(uint8_t(len >> (8 * i)));
+    out.insert(out.end(), raw.begin(), raw.end());
+  }
+  FILE* o = std::fopen(out_path.c_str(), "wb");
+  if (!o || std::fwrite(out.data(), 1, out.size(), o) != out.size()) std::exit(1);
+  std::fclose(o);
+}
+
+// Tiny seeds: 1 layer, 1 KV head, head_dim 2; empty, 3 rows, and 3 rows + a journal delta.
+void write_seeds(kvsdk_context* ctx, const std::string& dir) {
+  kvsdk_geometry g = golden_geometry(KVSDK_DTYPE_F16);
+  g.n_layers = 1;
+  g.n_q_heads = 1;
+  g.n_kv_heads = 1;
+  g.head_dim = 2;
+  kvsdk_cache* c = nullptr;
+  check(kvsdk_cache_create(&c, ctx, &g, nullptr), "create");
+  check(kvsdk_cache_save(c, (dir + "/seed_empty.kvsnap").c_str(), nullptr), "save");
+  append(c, g, 0, 0, 3);
+  kvsdk_save_options o;
+  kvsdk_save_options_init(&o);
+  o.max_frame_bytes = 10;
+  check(kvsdk_cache_save(c, (dir + "/seed_tiny.kvsnap").c_str(), &o), "save");
+  const std::string j = dir + "/seed_tiny_journal.kvsnap";
+  check(kvsdk_cache_save(c, j.c_str(), nullptr), "save");
+  append(c, g, 0, 3, 4);
+  check(kvsdk_cache_save_delta(c, j.c_str(), &o), "delta");
+  kvsdk_cache_destroy(c);
+  write_structured_seed(j, dir + "/seed_structured.bin");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s OUTPUT_DIR\n", argv[0]);
+  if (argc != 2 && argc != 3) {
+    std::fprintf(stderr, "usage: %s GOLDEN_DIR [FUZZ_SEED_DIR]\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
@@ -113,10 +177,7 @@ int main(int argc, char** argv) {
   kvsdk_cache_destroy(c);
 
   // Torn tail: the journal file with its last delta cut in half.
-  FILE* in = std::fopen(journal.c_str(), "rb");
-  std::vector<unsigned char> bytes;
-  for (int ch; in && (ch = std::fgetc(in)) != EOF;) bytes.push_back(uint8_t(ch));
-  if (in) std::fclose(in);
+  std::vector<unsigned char> bytes = read_all(journal);
   // The last frame starts after the last "KVFR" magic.
   size_t last = 0;
   for (size_t i = 0; i + 4 <= bytes.size(); ++i) {
@@ -126,6 +187,7 @@ int main(int argc, char** argv) {
   FILE* out = std::fopen((dir + "/v1_0_torn_tail.kvsnap").c_str(), "wb");
   if (!out || std::fwrite(bytes.data(), 1, bytes.size(), out) != bytes.size()) return 1;
   std::fclose(out);
+  if (argc == 3) write_seeds(ctx, argv[2]);
   kvsdk_context_destroy(ctx);
   std::printf("golden snapshots written to %s\n", dir.c_str());
   return 0;

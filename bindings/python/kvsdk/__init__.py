@@ -1,0 +1,37 @@
+"""kvsdk for Python: the on-device KV cache SDK over its C ABI (ctypes, no compiled extension).
+
+    import kvsdk
+    ctx = kvsdk.Context(budget_bytes=1 << 20)
+    geometry = kvsdk.Geometry(n_layers=1, n_q_heads=2, n_kv_heads=1, head_dim=4)
+    with kvsdk.Cache(ctx, geometry, kvsdk.Policy.parse("full")) as cache:
+        cache.append(0, [0.5] * 4, [1.0] * 4, [0])
+        out = cache.attend(0, [1.0] * 8)        # array('f', [1.0, ...])
+
+Every failure raises kvsdk.KvsdkError with .status (kvsdk.Status) and .message.
+"""
+from . import buffers
+from ._capi import KVSDK_VERSION_NUMBER as HEADER_VERSION
+from ._capi import lib as _lib
+from .cache import Cache, HeadData
+from .context import Context
+from .errors import KvsdkError, Status, status_str
+from .snapshot import FORMAT_VERSION as SNAPSHOT_FORMAT
+from .snapshot import LoadInfo, SaveOptions
+from .structs import (Backend, CacheStats, ContextOptions, Dtype, Geometry, LayerStats, Method,
+                    PoolKind, Policy, RopeStyle, Tier, method_name)
+
+
+def version():
+    """Run-time version of the loaded library (major * 10000 + minor * 100 + patch)."""
+    return _lib.kvsdk_version()
+
+
+def version_string():
+    return _lib.kvsdk_version_string().decode()
+
+
+__all__ = ["Backend", "Cache", "CacheStats", "Context", "ContextOptions", "Dtype", "Geometry",
+           "HEADER_VERSION", "HeadData", "KvsdkError", "LayerStats", "LoadInfo",
+           "Method", "Policy", "PoolKind", "RopeStyle", "SNAPSHOT_FORMAT",
+           "SaveOptions", "Status", "Tier", "buffers", "method_name", "status_str",
+           "version", "version_string"]

@@ -1,0 +1,150 @@
+"""Raw ctypes declarations of the kvsdk C ABI, mirroring include/kvsdk.h section by section.
+
+Read the header for every contract; this module adds none. C enums are plain ints. Adding a
+function to the header: add a line to _FUNCTIONS in the matching section
+(tests/bindings/header_coverage_test.py fails until every KVSDK_API function is declared here).
+
+The library is found through, in order: KVSDK_LIBRARY (path of libkvsdk.so), KVSDK_LIB_DIR (the
+folder holding it, e.g. build/dev), the system search path (ctypes.util.find_library).
+"""
+import ctypes
+import ctypes.util
+import os
+from ctypes import (POINTER, Structure, c_char_p, c_float, c_int32, c_size_t, c_uint32,
+                    c_uint64, c_void_p)
+
+# ----- Version -------------------------------------------------------------------------------
+KVSDK_VERSION_MAJOR = 0
+KVSDK_VERSION_MINOR = 1
+KVSDK_VERSION_PATCH = 0
+KVSDK_VERSION_NUMBER = KVSDK_VERSION_MAJOR * 10000 + KVSDK_VERSION_MINOR * 100 + KVSDK_VERSION_PATCH
+
+# ----- Status codes --------------------------------------------------------------------------
+KVSDK_OK = 0
+
+# ----- Context -------------------------------------------------------------------------------
+class kvsdk_context_options(Structure):
+    _fields_ = [("struct_size", c_uint32), ("backend", c_int32), ("device", c_int32),
+                ("budget_bytes", c_uint64)]
+
+# ----- Geometry ------------------------------------------------------------------------------
+class kvsdk_geometry(Structure):
+    _fields_ = [("struct_size", c_uint32), ("n_layers", c_uint32), ("n_q_heads", c_uint32),
+                ("n_kv_heads", c_uint32), ("head_dim", c_uint32), ("dtype", c_int32),
+                ("rope_style", c_int32), ("rope_theta", c_float), ("attn_scale", c_float)]
+
+# ----- Policy --------------------------------------------------------------------------------
+KVSDK_METHOD_COUNT = 11
+
+class kvsdk_policy(Structure):
+    _fields_ = [("struct_size", c_uint32), ("method", c_int32), ("quant_bits", c_int32),
+                ("quant_group", c_int32), ("quant_residual", c_int32),
+                ("sink_tokens", c_int32), ("recent_tokens", c_int32), ("obs_window", c_int32),
+                ("pool_kernel", c_int32), ("pool_kind", c_int32), ("heavy_ratio", c_float),
+                ("schedule_alpha", c_float), ("schedule_beta", c_float)]
+
+# ----- Stats ---------------------------------------------------------------------------------
+KVSDK_TIER_SLOTS = 8
+
+class kvsdk_cache_stats(Structure):
+    _fields_ = [("struct_size", c_uint32), ("n_layers", c_uint32), ("tokens", c_uint64),
+                ("appended_tokens", c_uint64), ("bytes", c_uint64),
+                ("bytes_by_tier", c_uint64 * KVSDK_TIER_SLOTS), ("full_bytes", c_uint64),
+                ("backing_bytes", c_uint64), ("budget_bytes", c_uint64),
+                ("context_used_bytes", c_uint64)]
+
+class kvsdk_layer_stats(Structure):
+    _fields_ = [("struct_size", c_uint32), ("layer", c_uint32), ("tokens", c_uint64),
+                ("tokens_min_head", c_uint64), ("tokens_max_head", c_uint64),
+                ("appended_tokens", c_uint64), ("bytes", c_uint64),
+                ("bytes_by_tier", c_uint64 * KVSDK_TIER_SLOTS)]
+
+# ----- Snapshots -----------------------------------------------------------------------------
+KVSDK_SNAPSHOT_FORMAT_MAJOR = 1
+KVSDK_SNAPSHOT_FORMAT_MINOR = 0
+
+class kvsdk_save_options(Structure):
+    _fields_ = [("struct_size", c_uint32), ("zstd_level", c_int32),
+                ("include_backing", c_uint32), ("max_frame_bytes", c_uint64)]
+
+class kvsdk_load_info(Structure):
+    _fields_ = [("struct_size", c_uint32), ("format_major", c_uint32),
+                ("format_minor", c_uint32), ("journal_frames_applied", c_uint32),
+                ("journal_frames_dropped", c_uint32)]
+
+# Opaque handles travel as void pointers.
+handle = c_void_p
+status = c_int32
+
+# ----- Functions, in header order: name -> (restype, argtypes) -------------------------------
+_FUNCTIONS = {
+    # Version
+    "kvsdk_version": (c_uint32, []),
+    "kvsdk_version_string": (c_char_p, []),
+    # Status codes and errors
+    "kvsdk_status_str": (c_char_p, [c_int32]),
+    "kvsdk_last_error": (c_char_p, []),
+    # Context
+    "kvsdk_context_options_init": (status, [POINTER(kvsdk_context_options)]),
+    "kvsdk_context_create": (status, [POINTER(handle), POINTER(kvsdk_context_options)]),
+    "kvsdk_context_destroy": (None, [handle]),
+    "kvsdk_context_used_bytes": (status, [handle, POINTER(c_uint64)]),
+    "kvsdk_context_budget_bytes": (status, [handle, POINTER(c_uint64)]),
+    # Geometry
+    "kvsdk_geometry_init": (status, [POINTER(kvsdk_geometry)]),
+    # Policy
+    "kvsdk_policy_init": (status, [POINTER(kvsdk_policy), c_int32]),
+    "kvsdk_policy_parse": (status, [POINTER(kvsdk_policy), c_char_p]),
+    "kvsdk_method_name": (c_char_p, [c_int32]),
+    # Cache
+    "kvsdk_cache_create": (status, [POINTER(handle), handle, POINTER(kvsdk_geometry),
+                                    POINTER(kvsdk_policy)]),
+    "kvsdk_cache_destroy": (None, [handle]),
+    "kvsdk_cache_geometry": (status, [handle, POINTER(kvsdk_geometry)]),
+    "kvsdk_cache_append": (status, [handle, c_uint32, c_size_t, c_void_p, c_void_p,
+                                    POINTER(c_int32), c_size_t]),
+    "kvsdk_cache_attend": (status, [handle, c_uint32, c_size_t, c_void_p, POINTER(c_int32),
+                                    c_size_t, c_void_p, c_size_t]),
+    "kvsdk_cache_read": (status, [handle, c_uint32, c_uint32, c_void_p, c_void_p,
+                                  POINTER(c_int32), c_size_t, POINTER(c_size_t)]),
+    # Stats
+    "kvsdk_cache_stats_get": (status, [handle, POINTER(kvsdk_cache_stats)]),
+    "kvsdk_cache_layer_stats_get": (status, [handle, c_uint32, POINTER(kvsdk_layer_stats)]),
+    # Snapshots
+    "kvsdk_save_options_init": (status, [POINTER(kvsdk_save_options)]),
+    "kvsdk_cache_save": (status, [handle, c_char_p, POINTER(kvsdk_save_options)]),
+    "kvsdk_cache_save_to_buffer": (status, [handle, POINTER(kvsdk_save_options), c_void_p,
+                                            c_size_t, POINTER(c_size_t)]),
+    "kvsdk_cache_save_delta": (status, [handle, c_char_p, POINTER(kvsdk_save_options)]),
+    "kvsdk_cache_load": (status, [POINTER(handle), handle, c_char_p, POINTER(kvsdk_geometry),
+                                  POINTER(kvsdk_load_info)]),
+    "kvsdk_cache_load_from_buffer": (status, [POINTER(handle), handle, c_void_p, c_size_t,
+                                              POINTER(kvsdk_geometry), POINTER(kvsdk_load_info)]),
+    "kvsdk_cache_policy": (status, [handle, POINTER(kvsdk_policy)]),
+}
+
+
+def _find_library():
+    explicit = os.environ.get("KVSDK_LIBRARY")
+    if explicit:
+        return explicit
+    lib_dir = os.environ.get("KVSDK_LIB_DIR")
+    if lib_dir:
+        return os.path.join(lib_dir, "libkvsdk.so")
+    found = ctypes.util.find_library("kvsdk")
+    if found:
+        return found
+    raise OSError("kvsdk: libkvsdk not found; set KVSDK_LIBRARY to its path or KVSDK_LIB_DIR "
+                  "to its folder (e.g. build/dev)")
+
+
+def _load():
+    lib = ctypes.CDLL(_find_library())
+    for name, (restype, argtypes) in _FUNCTIONS.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+lib = _load()

@@ -1,0 +1,144 @@
+"""Cache: one conversation's KV cache for one model geometry.
+
+Threading (the header's contract): one thread at a time per cache; distinct caches may be used
+concurrently. Tensors: see kvsdk.buffers for what may be passed in and what comes back.
+"""
+import ctypes
+
+from . import _capi, buffers
+from .snapshot import SnapshotMixin
+from ._capi import lib
+from .errors import check, invalid
+from .structs import CacheStats, Geometry, LayerStats, Policy
+
+
+class HeadData:
+    """Dense keys and values (tokens x head_dim each) and positions of one KV head."""
+
+    def __init__(self, keys, values, positions):
+        self.keys, self.values, self.positions = keys, values, positions
+
+
+class Cache(SnapshotMixin):
+    """An owned kvsdk_cache, released by close(), by `with`, or when garbage-collected."""
+
+    def __init__(self, context, geometry, policy=None):
+        if policy is None:
+            policy = Policy.parse("full")
+        raw_geometry, raw_policy = geometry.to_c(), policy.to_c()
+        handle = ctypes.c_void_p()
+        check(lib.kvsdk_cache_create(ctypes.byref(handle), context.handle,
+                                     ctypes.byref(raw_geometry), ctypes.byref(raw_policy)))
+        self._adopt(handle)
+
+    @classmethod
+    def _from_handle(cls, handle):
+        """Takes ownership of a raw handle returned by the library (e.g. a loader)."""
+        cache = cls.__new__(cls)
+        cache._adopt(handle)
+        return cache
+
+    def _adopt(self, handle):
+        self._handle = handle
+        self._geometry = self.geometry
+        self._typecode = buffers.typecode_of(self._geometry.dtype)
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise ValueError("kvsdk.Cache is closed")
+        return self._handle
+
+    @property
+    def geometry(self):
+        raw = _capi.kvsdk_geometry()
+        raw.struct_size = ctypes.sizeof(raw)
+        check(lib.kvsdk_cache_geometry(self.handle, ctypes.byref(raw)))
+        return Geometry.from_c(raw)
+
+    def _query_count(self, qb, q_positions):
+        """(number of queries, positions Buffer or None): one query per position when
+        positions are given (the library checks the byte size), else whole queries in `qb`.
+        The caller keeps the Buffer alive while the library uses its pointer."""
+        per_query = self._geometry.q_elems_per_query
+        if q_positions is not None:
+            pb = buffers.positions(q_positions)
+            return pb.count, pb
+        if per_query and qb.count % per_query == 0:
+            return qb.count // per_query, None
+        raise invalid(f"{qb.count} query elements are not a whole number of queries of "
+                      f"{per_query}")
+
+    def append(self, layer, k, v, positions):
+        """Appends len(positions) tokens to `layer`; k and v hold
+        tokens x n_kv_heads x head_dim elements (token-major, keys already rotated)."""
+        kb, vb = buffers.Buffer(k, self._typecode), buffers.Buffer(v, self._typecode)
+        pb = buffers.positions(positions)
+        if kb.nbytes != vb.nbytes:
+            raise invalid(f"keys hold {kb.count} elements but values {vb.count}")
+        check(lib.kvsdk_cache_append(self.handle, layer, pb.count, kb.ptr, vb.ptr,
+                                     pb.as_int32_ptr(), kb.nbytes))
+
+    def attend(self, layer, q, q_positions=None, out=None):
+        """Attention of queries `q` (queries x n_q_heads x head_dim) over `layer`.
+        q_positions: None (every query sees every token) or one position per query (causal).
+        Returns `out` (a new buffer when None, else the given writable buffer, filled)."""
+        qb = buffers.Buffer(q, self._typecode)
+        n_queries, pb = self._query_count(qb, q_positions)
+        if out is None:
+            ob = buffers.empty(self._typecode, qb.count, like_numpy=qb.numpy)
+        else:
+            ob = buffers.Buffer(out, self._typecode)
+            if ob.obj is not out:
+                raise invalid("out must be a writable array of the cache's element type")
+        check(lib.kvsdk_cache_attend(self.handle, layer, n_queries, qb.ptr,
+                                     pb and pb.as_int32_ptr(), qb.nbytes, ob.ptr, ob.nbytes))
+        return ob.obj
+
+    def token_count(self, layer, kv_head):
+        """Tokens one KV head of one layer holds."""
+        n = ctypes.c_size_t()
+        check(lib.kvsdk_cache_read(self.handle, layer, kv_head, None, None, None, 0,
+                                   ctypes.byref(n)))
+        return n.value
+
+    def read(self, layer, kv_head, numpy=False):
+        """Dense keys, values and positions of one KV head, in stored order (append order,
+        which eviction preserves)."""
+        capacity = self.token_count(layer, kv_head)
+        d = self._geometry.head_dim
+        kb = buffers.empty(self._typecode, capacity * d, numpy)
+        vb = buffers.empty(self._typecode, capacity * d, numpy)
+        pb = buffers.empty("i", capacity, numpy)
+        if capacity:
+            n = ctypes.c_size_t()
+            check(lib.kvsdk_cache_read(self.handle, layer, kv_head, kb.ptr, vb.ptr,
+                                       pb.as_int32_ptr(), capacity, ctypes.byref(n)))
+            assert n.value == capacity
+        return HeadData(kb.obj, vb.obj, pb.obj)
+
+    def stats(self):
+        raw = _capi.kvsdk_cache_stats()
+        raw.struct_size = ctypes.sizeof(raw)
+        check(lib.kvsdk_cache_stats_get(self.handle, ctypes.byref(raw)))
+        return CacheStats.from_c(raw)
+
+    def layer_stats(self, layer):
+        raw = _capi.kvsdk_layer_stats()
+        raw.struct_size = ctypes.sizeof(raw)
+        check(lib.kvsdk_cache_layer_stats_get(self.handle, layer, ctypes.byref(raw)))
+        return LayerStats.from_c(raw)
+
+    def close(self):
+        if getattr(self, "_handle", None) is not None:
+            lib.kvsdk_cache_destroy(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()

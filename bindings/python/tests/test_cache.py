@@ -1,0 +1,190 @@
+"""The Python binding over the real library: marshalling, errors, ownership, threading."""
+import array
+import threading
+import unittest
+
+import kvsdk
+from kvsdk import Status
+
+
+def geometry():
+    # 2 layers, 4 query heads sharing 2 KV heads (GQA), head_dim 8, f32 in and out.
+    return kvsdk.Geometry(n_layers=2, n_q_heads=4, n_kv_heads=2, head_dim=8, dtype=kvsdk.Dtype.F32)
+
+
+def kv(tokens, g, scale):
+    """Token t, KV head h, channel c: a value exactly representable in f16."""
+    return array.array("f", [scale * ((t * 7 + h * 3 + c) % 16) / 8.0
+                             for t in tokens for h in range(g.n_kv_heads)
+                             for c in range(g.head_dim)])
+
+
+class VersionTest(unittest.TestCase):
+    def test_version_matches_header(self):
+        self.assertEqual(kvsdk.version() // 10000, kvsdk.HEADER_VERSION // 10000)
+        self.assertEqual(len(kvsdk.version_string().split(".")), 3)
+
+
+class CacheTest(unittest.TestCase):
+    def test_append_read_attend_and_stats(self):
+        g = geometry()
+        ctx = kvsdk.Context()
+        cache = kvsdk.Cache(ctx, g, kvsdk.Policy.parse("full"))
+        k, v = kv(range(5), g, 1.0), kv(range(5), g, -0.5)
+        cache.append(1, k, v, range(5))
+
+        head = cache.read(1, 1)
+        self.assertEqual(list(head.positions), list(range(5)))
+        d = g.head_dim
+        for t in range(5):
+            src = (t * g.n_kv_heads + 1) * d
+            self.assertEqual(head.keys[t * d:(t + 1) * d], k[src:src + d])
+            self.assertEqual(head.values[t * d:(t + 1) * d], v[src:src + d])
+        self.assertEqual(cache.token_count(0, 0), 0)
+        self.assertEqual(len(cache.read(0, 0).keys), 0)
+
+        # A zero query weighs every token equally: the output is the mean of the values.
+        out = cache.attend(1, [0.0] * g.q_elems_per_query)
+        for qh in range(g.n_q_heads):
+            kvh = qh // 2
+            for c in range(d):
+                mean = sum(v[(t * 2 + kvh) * d + c] for t in range(5)) / 5
+                self.assertAlmostEqual(out[qh * d + c], mean, places=6)
+        # Causal: a query at position 0 sees only token 0.
+        out0 = cache.attend(1, [0.0] * g.q_elems_per_query, q_positions=[0])
+        self.assertEqual(out0[:d], v[:d])
+        # Writing into a caller's buffer.
+        mine = array.array("f", [0.0] * g.q_elems_per_query)
+        self.assertIs(cache.attend(1, [0.0] * g.q_elems_per_query, [0], out=mine), mine)
+        self.assertEqual(mine, out0)
+
+        stats = cache.stats()
+        self.assertEqual((stats.n_layers, stats.tokens, stats.appended_tokens), (2, 10, 5))
+        self.assertEqual(stats.bytes, sum(stats.bytes_by_tier))
+        self.assertGreater(stats.bytes_by_tier[kvsdk.Tier.EXACT], 0)
+        self.assertEqual(stats.context_used_bytes, ctx.used_bytes)
+        layer = cache.layer_stats(1)
+        self.assertEqual((layer.layer, layer.tokens, layer.tokens_min_head), (1, 10, 5))
+        back = cache.geometry
+        self.assertAlmostEqual(back.attn_scale, 1 / d ** 0.5, places=6)
+        back.attn_scale = 0.0
+        self.assertEqual(back, g)
+        cache.close()
+        cache.close()  # idempotent
+        with self.assertRaises(ValueError):
+            cache.stats()
+
+    def test_errors_carry_status_and_message_and_change_nothing(self):
+        g = geometry()
+        per_token = g.n_kv_heads * (g.head_dim * 2 * 2 + 4)
+        with kvsdk.Context(budget_bytes=per_token * 3) as ctx:
+            self.assertEqual(ctx.budget_bytes, per_token * 3)
+            cache = kvsdk.Cache(ctx, g)
+            cache.append(0, kv(range(2), g, 1), kv(range(2), g, 1), [0, 1])
+            before = cache.stats()
+
+            def status_of(fn, *args, **kw):
+                with self.assertRaises(kvsdk.KvsdkError) as caught:
+                    fn(*args, **kw)
+                self.assertTrue(caught.exception.message)
+                self.assertIn(caught.exception.message, str(caught.exception))
+                return caught.exception.status
+
+            self.assertEqual(status_of(cache.append, 0, kv(range(2, 4), g, 1),
+                                       kv(range(2, 4), g, 1), [2, 3]), Status.BUDGET)
+            self.assertEqual(status_of(cache.append, 7, kv([2], g, 1), kv([2], g, 1), [2]),
+                             Status.OUT_OF_RANGE)
+            self.assertEqual(status_of(cache.append, 0, kv([2], g, 1), kv([2, 3], g, 1), [2]),
+                             Status.INVALID_ARG)
+            self.assertEqual(status_of(cache.append, 0, kv([2, 3], g, 1), kv([2, 3], g, 1), [2]),
+                             Status.INVALID_ARG)
+            self.assertEqual(status_of(cache.append, 0, kv([2], g, 1), kv([2], g, 1), [-1]),
+                             Status.INVALID_ARG)
+            self.assertEqual(status_of(cache.append, 0, array.array("H", [0] * 16),
+                                       array.array("H", [0] * 16), [2]), Status.INVALID_ARG)
+            self.assertEqual(status_of(cache.append, 0, [], [], []), Status.INVALID_ARG)
+            out = array.array("f", [7.0] * g.q_elems_per_query)
+            q = [0.0] * g.q_elems_per_query
+            self.assertEqual(status_of(cache.attend, 0, q + [0.0], out=out), Status.INVALID_ARG)
+            self.assertEqual(status_of(cache.attend, 0, q, out=out[:3]), Status.INVALID_ARG)
+            self.assertEqual(status_of(cache.attend, 9, q, out=out), Status.OUT_OF_RANGE)
+            self.assertEqual(status_of(cache.attend, 0, q, out=[0.0] * len(q)),
+                             Status.INVALID_ARG)
+            self.assertEqual(list(out), [7.0] * len(q), "output untouched on failure")
+            self.assertEqual(status_of(cache.read, 0, 5), Status.OUT_OF_RANGE)
+            self.assertEqual(status_of(cache.layer_stats, 2), Status.OUT_OF_RANGE)
+            self.assertEqual(cache.stats(), before)
+            bad = geometry()
+            bad.n_q_heads = 3
+            self.assertEqual(status_of(kvsdk.Cache, ctx, bad), Status.INVALID_ARG)
+            cache.close()
+
+    def test_policies_and_methods(self):
+        for m in kvsdk.Method:
+            name = kvsdk.method_name(m)
+            self.assertEqual(kvsdk.Policy.parse(name).method, m)
+            self.assertEqual(kvsdk.Policy.defaults(m).method, m)
+        self.assertIsNone(kvsdk.method_name(99))
+        with self.assertRaises(kvsdk.KvsdkError) as caught:
+            kvsdk.Policy.defaults(99)
+        self.assertEqual(caught.exception.status, Status.INVALID_ARG)
+        for spec in ("no-such-method", "fu\0ll"):
+            with self.assertRaises(kvsdk.KvsdkError):
+                kvsdk.Policy.parse(spec)
+        p = kvsdk.Policy.parse("xkv+kivi2")
+        self.assertEqual((p.method, p.quant_bits), (kvsdk.Method.XKV, 2))
+        self.assertEqual(kvsdk.status_str(1234), kvsdk.status_str(4321))
+        self.assertNotEqual(kvsdk.status_str(Status.BUDGET), kvsdk.status_str(1234))
+
+    def test_half_precision_uses_uint16_bits(self):
+        g = geometry()
+        g.dtype = kvsdk.Dtype.F16
+        cache = kvsdk.Cache(kvsdk.Context(), g)
+        one = 0x3C00  # 1.0 in binary16
+        cache.append(0, [one] * g.kv_elems_per_token, [one] * g.kv_elems_per_token, [0])
+        out = cache.attend(0, [one] * g.q_elems_per_query)
+        self.assertEqual(out.typecode, "H")
+        self.assertEqual(set(out), {one})
+
+    def test_caches_outlive_their_context_and_run_on_threads(self):
+        g = geometry()
+        ctx = kvsdk.Context()
+        caches = [kvsdk.Cache(ctx, g) for _ in range(4)]
+        errors = []
+
+        def work(i):
+            try:
+                n = i + 1
+                caches[i].append(0, kv(range(n), g, 1), kv(range(n), g, 1), range(n))
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        ctx.close()  # the caches keep the library-side context alive
+        self.assertEqual([c.stats().tokens for c in caches], [2, 4, 6, 8])
+        self.assertGreater(caches[0].stats().context_used_bytes, 0)
+
+
+@unittest.skipUnless(kvsdk.buffers.NUMPY_AVAILABLE, "numpy is not installed (python3-numpy)")
+class NumpyTest(unittest.TestCase):
+    def test_numpy_in_numpy_out(self):
+        import numpy as np
+        g = geometry()
+        cache = kvsdk.Cache(kvsdk.Context(), g)
+        k = np.arange(3 * g.kv_elems_per_token, dtype=np.float32).reshape(3, 2, 8) / 64
+        cache.append(0, k, k, np.arange(3, dtype=np.int32))
+        out = cache.attend(0, np.zeros((1, 4, 8), dtype=np.float64))
+        self.assertIsInstance(out, np.ndarray)
+        self.assertEqual(out.dtype, np.float32)
+        head = cache.read(0, 1, numpy=True)
+        np.testing.assert_array_equal(head.keys.reshape(3, 8), k[:, 1, :])
+        np.testing.assert_allclose(out.reshape(4, 8)[0], k[:, 0, :].mean(axis=0), rtol=1e-6)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,73 @@
+"""Snapshots through the Python binding: save/load round trips continue bit-identically,
+journal deltas apply, bad input gives a status."""
+import os
+import tempfile
+import unittest
+
+import kvsdk
+from kvsdk import Status
+
+from support import Rng, small_geometry as geometry, status_of
+
+
+def append_tokens(cache, rng, pos0, n):
+    for layer in range(2):
+        k, v = rng.draw(n * 16), rng.draw(n * 16)
+        cache.append(layer, k, v, range(pos0, pos0 + n))
+
+
+class SnapshotTest(unittest.TestCase):
+    def test_save_load_round_trip_is_bit_identical(self):
+        ctx = kvsdk.Context()
+        cache = kvsdk.Cache(ctx, geometry())
+        rng = Rng(3)
+        append_tokens(cache, rng, 0, 10)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "conversation.kvsdk")
+            data = cache.save_to_bytes()
+            cache.save(path, kvsdk.SaveOptions(zstd_level=3))  # the base of later deltas
+            # Each save carries a fresh random snapshot id: same length, not same bytes.
+            self.assertEqual(os.path.getsize(path), len(data))
+            from_file, info = kvsdk.Cache.load(ctx, path, expected=geometry())
+            self.assertEqual((info.format_major, info.format_minor), kvsdk.SNAPSHOT_FORMAT)
+            from_bytes, _ = kvsdk.Cache.load_from_bytes(ctx, data)
+            self.assertEqual(from_file.policy, cache.policy)
+            q = rng.draw(2 * 32)
+            expected = cache.attend(1, q)
+            self.assertEqual(from_file.attend(1, q), expected)
+            self.assertEqual(from_bytes.attend(1, q), expected)
+            self.assertEqual(from_bytes.read(0, 1).keys, cache.read(0, 1).keys)
+
+            append_tokens(cache, rng, 10, 3)
+            cache.save_delta(path)
+            resumed, info = kvsdk.Cache.load(ctx, path)
+            self.assertGreater(info.journal_frames_applied, 0)
+            self.assertEqual(resumed.stats().tokens, cache.stats().tokens)
+
+    def test_bad_snapshots_give_a_status(self):
+        ctx = kvsdk.Context()
+        cache = kvsdk.Cache(ctx, geometry())
+        rng = Rng(4)
+        append_tokens(cache, rng, 0, 4)
+        data = bytearray(cache.save_to_bytes())
+        other = geometry()
+        other.head_dim = 16
+        load = kvsdk.Cache.load_from_bytes
+        self.assertEqual(status_of(load, ctx, data, other), Status.GEOMETRY)
+        self.assertEqual(status_of(load, ctx, data[:len(data) // 2]), Status.CORRUPT)
+        data[len(data) // 2] ^= 0x40
+        self.assertEqual(status_of(load, ctx, data), Status.CORRUPT)
+        with tempfile.TemporaryDirectory() as tmp:
+            self.assertEqual(status_of(kvsdk.Cache.load, ctx, os.path.join(tmp, "none")),
+                             Status.IO)
+            path = os.path.join(tmp, "x.kvsdk")
+            other_cache = kvsdk.Cache(ctx, geometry())
+            append_tokens(other_cache, rng, 0, 2)
+            other_cache.save(path)
+            self.assertEqual(status_of(cache.save_delta, path), Status.STATE)
+        self.assertEqual(status_of(cache.save_to_bytes, kvsdk.SaveOptions(zstd_level=99)),
+                         Status.INVALID_ARG)
+
+
+if __name__ == "__main__":
+    unittest.main()

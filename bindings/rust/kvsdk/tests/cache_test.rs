@@ -1,0 +1,193 @@
+//! The safe API over the real library: marshalling, errors with status and message, ownership.
+use kvsdk::{Cache, Context, Dtype, Geometry, Method, Policy, Status, Tier};
+
+fn geometry() -> Geometry {
+    // 2 layers, 4 query heads sharing 2 KV heads (GQA), head_dim 8, f32 in and out.
+    let mut g = Geometry::new(2, 4, 2, 8);
+    g.dtype = Dtype::F32;
+    g
+}
+
+/// Token t, KV head h, channel c holds a value exactly representable in f16.
+fn kv(tokens: std::ops::Range<i32>, g: &Geometry, scale: f32) -> Vec<f32> {
+    let mut out = Vec::new();
+    for t in tokens {
+        for h in 0..g.n_kv_heads as i32 {
+            for c in 0..g.head_dim as i32 {
+                out.push(scale * ((t * 7 + h * 3 + c) % 16) as f32 / 8.0);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn version_matches_header() {
+    assert_eq!(kvsdk::version() / 10000, kvsdk::HEADER_VERSION / 10000);
+    assert_eq!(kvsdk::version_string().split('.').count(), 3);
+}
+
+#[test]
+fn append_read_attend_and_stats() {
+    let g = geometry();
+    let ctx = Context::with_budget(0).unwrap();
+    let mut cache = Cache::new(&ctx, &g, &Policy::parse("full").unwrap()).unwrap();
+    let positions: Vec<i32> = (0..5).collect();
+    let k = kv(0..5, &g, 1.0);
+    let v = kv(0..5, &g, -0.5);
+    cache.append(1, &k, &v, &positions).unwrap();
+
+    let head = cache.read::<f32>(1, 1).unwrap();
+    assert_eq!(head.positions, positions);
+    let d = g.head_dim as usize;
+    for t in 0..5 {
+        let src = (t * g.n_kv_heads as usize + 1) * d;
+        assert_eq!(&head.keys[t * d..(t + 1) * d], &k[src..src + d]);
+        assert_eq!(&head.values[t * d..(t + 1) * d], &v[src..src + d]);
+    }
+    assert_eq!(cache.token_count(0, 0).unwrap(), 0);
+
+    // A zero query weighs every token equally: the output is the mean of the values.
+    let q = vec![0.0f32; g.q_elems_per_query()];
+    let out = cache.attend(1, &q, None).unwrap();
+    for qh in 0..g.n_q_heads as usize {
+        let kvh = qh / 2;
+        for c in 0..d {
+            let mean: f32 = (0..5).map(|t| v[(t * 2 + kvh) * d + c]).sum::<f32>() / 5.0;
+            assert!((out[qh * d + c] - mean).abs() < 1e-6, "head {qh} channel {c}");
+        }
+    }
+    // Causal: a query at position 0 sees only token 0.
+    let out0 = cache.attend(1, &q, Some(&[0])).unwrap();
+    assert_eq!(&out0[..d], &v[..d]);
+
+    let stats = cache.stats().unwrap();
+    assert_eq!(stats.n_layers, 2);
+    assert_eq!(stats.tokens, 10);
+    assert_eq!(stats.appended_tokens, 5);
+    assert_eq!(stats.bytes, stats.bytes_by_tier.iter().sum::<u64>());
+    assert!(stats.bytes_by_tier[Tier::Exact as usize] > 0);
+    assert_eq!(stats.context_used_bytes, ctx.used_bytes().unwrap());
+    let layer = cache.layer_stats(1).unwrap();
+    assert_eq!((layer.layer, layer.tokens, layer.tokens_min_head), (1, 10, 5));
+    assert_eq!(cache.layer_stats(0).unwrap().tokens, 0);
+    // The library resolves attn_scale 0 to 1/sqrt(head_dim); everything else comes back as set.
+    let back = cache.geometry().unwrap();
+    assert_eq!(back.attn_scale, 1.0 / (g.head_dim as f32).sqrt());
+    assert_eq!(Geometry { attn_scale: 0.0, ..back }, g);
+}
+
+#[test]
+fn errors_carry_status_and_message_and_change_nothing() {
+    let g = geometry();
+    let per_token = (g.n_kv_heads * g.head_dim * 2 * 2 + g.n_kv_heads * 4) as u64;
+    let ctx = Context::with_budget(per_token * 3).unwrap();
+    assert_eq!(ctx.budget_bytes().unwrap(), per_token * 3);
+    let mut cache = Cache::new(&ctx, &g, &Policy::new(Method::Full).unwrap()).unwrap();
+    cache.append(0, &kv(0..2, &g, 1.0), &kv(0..2, &g, 1.0), &[0, 1]).unwrap();
+    let before = cache.stats().unwrap();
+
+    let err = cache.append(0, &kv(2..4, &g, 1.0), &kv(2..4, &g, 1.0), &[2, 3]).unwrap_err();
+    assert_eq!(err.status, Status::Budget);
+    assert!(!err.message.is_empty());
+    assert!(err.to_string().contains(&err.message));
+
+    let err = cache.append(7, &kv(2..3, &g, 1.0), &kv(2..3, &g, 1.0), &[2]).unwrap_err();
+    assert_eq!(err.status, Status::OutOfRange);
+    let err = cache.append(0, &kv(2..3, &g, 1.0), &kv(2..4, &g, 1.0), &[2]).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg);
+    let err = cache.append(0, &kv(2..4, &g, 1.0), &kv(2..4, &g, 1.0), &[2]).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg, "kv size does not match one token");
+    let err = cache.append(0, &[0u16; 16], &[0u16; 16], &[2]).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg, "u16 buffers for an f32 cache");
+    let err = cache.append(0, &kv(2..3, &g, 1.0), &kv(2..3, &g, 1.0), &[-1]).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg);
+
+    let mut out = vec![7.0f32; g.q_elems_per_query()];
+    let q = vec![0.0f32; g.q_elems_per_query() + 1];
+    assert_eq!(cache.attend_into(0, &q, None, &mut out).unwrap_err().status, Status::InvalidArg);
+    let q = vec![0.0f32; g.q_elems_per_query()];
+    let err = cache.attend_into(0, &q, None, &mut out[..3]).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg);
+    assert_eq!(cache.attend_into(9, &q, None, &mut out).unwrap_err().status, Status::OutOfRange);
+    assert!(out.iter().all(|x| *x == 7.0), "output untouched on failure");
+    assert_eq!(cache.read::<f32>(0, 5).unwrap_err().status, Status::OutOfRange);
+    assert_eq!(cache.layer_stats(2).unwrap_err().status, Status::OutOfRange);
+
+    assert_eq!(cache.stats().unwrap(), before);
+}
+
+#[test]
+fn policies_and_methods() {
+    for m in Method::ALL {
+        assert_eq!(Method::from_raw(m.raw()), m);
+        let name = m.name().unwrap();
+        assert_eq!(Policy::parse(name).unwrap().method, m);
+        assert_eq!(Policy::new(m).unwrap().method, m);
+    }
+    assert_eq!(Method::Unknown(99).name(), None);
+    assert_eq!(Policy::new(Method::Unknown(99)).unwrap_err().status, Status::InvalidArg);
+    assert_eq!(Policy::parse("no-such-method").unwrap_err().status, Status::InvalidArg);
+    assert_eq!(Policy::parse("fu\0ll").unwrap_err().status, Status::InvalidArg);
+    let p = Policy::parse("xkv+kivi2").unwrap();
+    assert_eq!((p.method, p.quant_bits), (Method::Xkv, 2));
+    assert_eq!(Status::Budget.raw(), kvsdk::sys::KVSDK_E_BUDGET);
+    assert!(!Status::Unknown(1234).description().is_empty());
+}
+
+#[test]
+fn invalid_geometry_is_rejected() {
+    let ctx = Context::with_budget(0).unwrap();
+    let mut g = geometry();
+    g.n_q_heads = 3; // not a multiple of n_kv_heads
+    let err = Cache::new(&ctx, &g, &Policy::new(Method::Full).unwrap()).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg);
+    assert!(!err.message.is_empty());
+}
+
+#[test]
+fn half_precision_uses_u16_buffers() {
+    let mut g = geometry();
+    g.dtype = Dtype::F16;
+    let ctx = Context::with_budget(0).unwrap();
+    let mut cache = Cache::new(&ctx, &g, &Policy::new(Method::Full).unwrap()).unwrap();
+    let one = 0x3c00u16; // 1.0 in binary16
+    let n = g.kv_elems_per_token();
+    cache.append(0, &vec![one; n], &vec![one; n], &[0]).unwrap();
+    let out = cache.attend(0, &vec![one; g.q_elems_per_query()], None).unwrap();
+    assert!(out.iter().all(|x| *x == one));
+    assert_eq!(cache.read::<f32>(0, 0).unwrap_err().status, Status::InvalidArg);
+}
+
+#[test]
+fn caches_outlive_their_context_and_move_between_threads() {
+    fn assert_send<T: Send>() {}
+    fn assert_sync<T: Sync>() {}
+    assert_send::<Cache>();
+    assert_send::<Context>();
+    assert_sync::<Context>();
+
+    let g = geometry();
+    let ctx = std::sync::Arc::new(Context::with_budget(0).unwrap());
+    let mut handles = Vec::new();
+    for i in 0..4 {
+        let ctx = ctx.clone();
+        handles.push(std::thread::spawn(move || {
+            let mut cache = Cache::new(&ctx, &g, &Policy::new(Method::Full).unwrap()).unwrap();
+            cache
+                .append(
+                    0,
+                    &kv(0..i + 1, &g, 1.0),
+                    &kv(0..i + 1, &g, 1.0),
+                    &(0..i + 1).collect::<Vec<_>>(),
+                )
+                .unwrap();
+            cache
+        }));
+    }
+    let caches: Vec<Cache> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    drop(ctx); // the caches keep the library-side context alive
+    let tokens: Vec<u64> = caches.iter().map(|c| c.stats().unwrap().tokens).collect();
+    assert_eq!(tokens, vec![2, 4, 6, 8]);
+    assert!(caches[0].stats().unwrap().context_used_bytes > 0);
+}

@@ -1,0 +1,8 @@
+/* The module's only header: the public header, unchanged. Inside this repository it is the
+ * checkout's include/kvsdk.h; a package checked out elsewhere uses the installed one (found
+ * through pkg-config's -I flags). */
+#if __has_include("../../../../include/kvsdk.h")
+#include "../../../../include/kvsdk.h"
+#else
+#include <kvsdk.h>
+#endif

@@ -1,0 +1,163 @@
+import CKVSDK
+
+/// Dense keys and values (tokens x headDim each) and positions of one KV head.
+public struct HeadData<T: TensorElement> {
+    public var keys: [T]
+    public var values: [T]
+    public var positions: [Int32]
+}
+
+/// An owned cache, released on deinit. Use it from one thread at a time (the header's
+/// contract); it keeps the library-side context alive.
+public final class Cache {
+    let handle: OpaquePointer
+    /// The geometry as the library reports it (attnScale resolved).
+    public let geometry: Geometry
+
+    public convenience init(context: Context, geometry: Geometry, policy: Policy? = nil) throws {
+        var g = geometry.raw
+        var p = try policy ?? Policy(method: .full)
+        var out: OpaquePointer?
+        try check(kvsdk_cache_create(&out, context.handle, &g, &p.raw))
+        try self.init(adopting: out!)
+    }
+
+    /// Takes ownership of a raw handle the library returned (e.g. a loader).
+    init(adopting handle: OpaquePointer) throws {
+        self.handle = handle
+        do {
+            geometry = try Cache.geometry(of: handle)
+        } catch {
+            kvsdk_cache_destroy(handle)
+            throw error
+        }
+    }
+
+    deinit { kvsdk_cache_destroy(handle) }
+
+    static func geometry(of handle: OpaquePointer) throws -> Geometry {
+        var raw = kvsdk_geometry()
+        _ = kvsdk_geometry_init(&raw)
+        try check(kvsdk_cache_geometry(handle, &raw))
+        return Geometry(raw)
+    }
+
+    func requireElement<T: TensorElement>(_: T.Type) throws {
+        guard T.holds(geometry.dtype) else {
+            throw invalidArgument("element type \(T.self) does not hold dtype \(geometry.dtype)")
+        }
+    }
+
+    /// Appends positions.count tokens to `layer`; keys and values hold
+    /// tokens x nKVHeads x headDim elements (token-major, keys already rotated).
+    public func append<T: TensorElement>(layer: UInt32, keys: UnsafeBufferPointer<T>,
+                                   values: UnsafeBufferPointer<T>,
+                                   positions: UnsafeBufferPointer<Int32>) throws {
+        try requireElement(T.self)
+        guard keys.count == values.count else {
+            throw invalidArgument("keys hold \(keys.count) elements but values \(values.count)")
+        }
+        try check(kvsdk_cache_append(handle, layer, positions.count,
+                                     UnsafeRawPointer(keys.baseAddress),
+                                     UnsafeRawPointer(values.baseAddress), positions.baseAddress,
+                                     keys.count * MemoryLayout<T>.stride))
+    }
+
+    public func append<T: TensorElement>(layer: UInt32, keys: [T], values: [T],
+                                   positions: [Int32]) throws {
+        try keys.withUnsafeBufferPointer { k in
+            try values.withUnsafeBufferPointer { v in
+                try positions.withUnsafeBufferPointer { p in
+                    try append(layer: layer, keys: k, values: v, positions: p)
+                }
+            }
+        }
+    }
+
+    /// Attention of `queries` (queries x nQHeads x headDim) over `layer` into `output` (same
+    /// shape). queryPositions: nil (every query sees every token) or one per query (causal).
+    /// On error `output` is untouched.
+    public func attend<T: TensorElement>(layer: UInt32, queries: UnsafeBufferPointer<T>,
+                                   queryPositions: UnsafeBufferPointer<Int32>?,
+                                   output: UnsafeMutableBufferPointer<T>) throws {
+        try requireElement(T.self)
+        let perQuery = geometry.qElementsPerQuery
+        let nQueries: Int
+        if let qp = queryPositions {
+            nQueries = qp.count
+        } else if perQuery > 0 && queries.count % perQuery == 0 {
+            nQueries = queries.count / perQuery
+        } else {
+            throw invalidArgument("\(queries.count) query elements are not whole queries")
+        }
+        try check(kvsdk_cache_attend(handle, layer, nQueries, UnsafeRawPointer(queries.baseAddress),
+                                     queryPositions?.baseAddress,
+                                     queries.count * MemoryLayout<T>.stride,
+                                     UnsafeMutableRawPointer(output.baseAddress),
+                                     output.count * MemoryLayout<T>.stride))
+    }
+
+    /// Like the buffer version, returning a new array.
+    public func attend<T: TensorElement>(layer: UInt32, queries: [T],
+                                   queryPositions: [Int32]? = nil) throws -> [T] {
+        var output = [T](repeating: T.zero, count: queries.count)
+        try queries.withUnsafeBufferPointer { q in
+            try output.withUnsafeMutableBufferPointer { o in
+                if let positions = queryPositions {
+                    try positions.withUnsafeBufferPointer { p in
+                        try attend(layer: layer, queries: q, queryPositions: p, output: o)
+                    }
+                } else {
+                    try attend(layer: layer, queries: q, queryPositions: nil, output: o)
+                }
+            }
+        }
+        return output
+    }
+
+    /// Tokens one KV head of one layer holds.
+    public func tokenCount(layer: UInt32, kvHead: UInt32) throws -> Int {
+        var n = 0
+        try check(kvsdk_cache_read(handle, layer, kvHead, nil, nil, nil, 0, &n))
+        return n
+    }
+
+    /// Dense keys, values and positions of one KV head, in stored order (append order, which
+    /// eviction preserves).
+    public func read<T: TensorElement>(layer: UInt32, kvHead: UInt32,
+                                 as _: T.Type = T.self) throws -> HeadData<T> {
+        try requireElement(T.self)
+        let capacity = try tokenCount(layer: layer, kvHead: kvHead)
+        let d = Int(geometry.headDim)
+        var keys = [T](repeating: T.zero, count: capacity * d)
+        var values = [T](repeating: T.zero, count: capacity * d)
+        var positions = [Int32](repeating: 0, count: capacity)
+        if capacity > 0 {
+            var n = 0
+            let status = keys.withUnsafeMutableBytes { k in
+                values.withUnsafeMutableBytes { v in
+                    positions.withUnsafeMutableBufferPointer { p in
+                        kvsdk_cache_read(handle, layer, kvHead, k.baseAddress, v.baseAddress,
+                                         p.baseAddress, capacity, &n)
+                    }
+                }
+            }
+            try check(status)
+        }
+        return HeadData(keys: keys, values: values, positions: positions)
+    }
+
+    public func stats() throws -> CacheStats {
+        var raw = kvsdk_cache_stats()
+        raw.struct_size = UInt32(MemoryLayout<kvsdk_cache_stats>.size)
+        try check(kvsdk_cache_stats_get(handle, &raw))
+        return CacheStats(raw)
+    }
+
+    public func layerStats(layer: UInt32) throws -> LayerStats {
+        var raw = kvsdk_layer_stats()
+        raw.struct_size = UInt32(MemoryLayout<kvsdk_layer_stats>.size)
+        try check(kvsdk_cache_layer_stats_get(handle, layer, &raw))
+        return LayerStats(raw)
+    }
+}

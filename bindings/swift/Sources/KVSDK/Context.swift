@@ -1,0 +1,61 @@
+import CKVSDK
+
+public enum Backend: Int32 { case cpu = 0, cuda = 1 }
+
+/// Context options; defaults from kvsdk_context_options_init (CPU, device 0, no budget).
+public struct ContextOptions {
+    public var backend: Backend
+    public var device: Int32
+    /// Hard limit on cache storage bytes over every cache of the context; 0 = unlimited.
+    public var budgetBytes: UInt64
+
+    public init(budgetBytes: UInt64? = nil) {
+        var raw = kvsdk_context_options()
+        _ = kvsdk_context_options_init(&raw)
+        backend = Backend(rawValue: raw.backend) ?? .cpu
+        device = raw.device
+        self.budgetBytes = budgetBytes ?? raw.budget_bytes
+    }
+
+    var raw: kvsdk_context_options {
+        var r = kvsdk_context_options()
+        _ = kvsdk_context_options_init(&r)
+        r.backend = backend.rawValue
+        r.device = device
+        r.budget_bytes = budgetBytes
+        return r
+    }
+}
+
+/// An owned context, released on deinit. Thread-safe (the header's contract). Caches keep the
+/// library-side context alive, so it may be released before them.
+public final class Context: @unchecked Sendable {
+    let handle: OpaquePointer
+
+    public init(_ options: ContextOptions = ContextOptions()) throws {
+        var raw = options.raw
+        var out: OpaquePointer?
+        try check(kvsdk_context_create(&out, &raw))
+        handle = out!
+    }
+
+    public convenience init(budgetBytes: UInt64) throws {
+        try self.init(ContextOptions(budgetBytes: budgetBytes))
+    }
+
+    deinit { kvsdk_context_destroy(handle) }
+
+    /// Bytes charged against the budget by all caches of the context.
+    public func usedBytes() throws -> UInt64 {
+        var bytes: UInt64 = 0
+        try check(kvsdk_context_used_bytes(handle, &bytes))
+        return bytes
+    }
+
+    /// The budget in bytes (0 = unlimited).
+    public func budgetBytes() throws -> UInt64 {
+        var bytes: UInt64 = 0
+        try check(kvsdk_context_budget_bytes(handle, &bytes))
+        return bytes
+    }
+}

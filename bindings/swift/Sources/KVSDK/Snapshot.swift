@@ -1,0 +1,118 @@
+import CKVSDK
+
+/// Snapshot format this library writes.
+public let snapshotFormat = (major: UInt32(KVSDK_SNAPSHOT_FORMAT_MAJOR),
+                             minor: UInt32(KVSDK_SNAPSHOT_FORMAT_MINOR))
+
+/// Save options; defaults from kvsdk_save_options_init.
+public struct SaveOptions {
+    public var zstdLevel: Int32
+    public var includeBacking: Bool
+    public var maxFrameBytes: UInt64
+
+    public init() {
+        var raw = kvsdk_save_options()
+        _ = kvsdk_save_options_init(&raw)
+        zstdLevel = raw.zstd_level
+        includeBacking = raw.include_backing != 0
+        maxFrameBytes = raw.max_frame_bytes
+    }
+
+    var raw: kvsdk_save_options {
+        var r = kvsdk_save_options()
+        _ = kvsdk_save_options_init(&r)
+        r.zstd_level = zstdLevel
+        r.include_backing = includeBacking ? 1 : 0
+        r.max_frame_bytes = maxFrameBytes
+        return r
+    }
+}
+
+/// What a load found.
+public struct LoadInfo: Equatable {
+    public let formatMajor, formatMinor, journalFramesApplied, journalFramesDropped: UInt32
+}
+
+extension Cache {
+    /// Saves the whole cache to `path` atomically.
+    public func save(to path: String, options: SaveOptions = SaveOptions()) throws {
+        var o = options.raw
+        try check(kvsdk_cache_save(handle, path, &o))
+    }
+
+    /// Saves the whole cache into a new byte array (size query, then the save).
+    public func saveToBytes(options: SaveOptions = SaveOptions()) throws -> [UInt8] {
+        var o = options.raw
+        var size = 0
+        try check(kvsdk_cache_save_to_buffer(handle, &o, nil, 0, &size))
+        var bytes = [UInt8](repeating: 0, count: size)
+        let status = bytes.withUnsafeMutableBytes { b in
+            kvsdk_cache_save_to_buffer(handle, &o, b.baseAddress, b.count, &size)
+        }
+        try check(status)
+        return Array(bytes[0..<size])
+    }
+
+    /// Appends what changed since the last save, delta or load of `path` as journal frames.
+    public func saveDelta(to path: String, options: SaveOptions = SaveOptions()) throws {
+        var o = options.raw
+        try check(kvsdk_cache_save_delta(handle, path, &o))
+    }
+
+    /// Loads a snapshot file into a new cache on `context`. `expected`: nil accepts the file's
+    /// geometry, else it must match (.geometry).
+    public static func load(context: Context, path: String,
+                            expected: Geometry? = nil) throws -> (Cache, LoadInfo) {
+        var info = emptyLoadInfo()
+        var out: OpaquePointer?
+        let status = withOptionalGeometry(expected) { g in
+            kvsdk_cache_load(&out, context.handle, path, g, &info)
+        }
+        try check(status)
+        return (try Cache(adopting: out!), LoadInfo(info))
+    }
+
+    /// As load, from the bytes of a snapshot.
+    public static func load(context: Context, bytes: [UInt8],
+                            expected: Geometry? = nil) throws -> (Cache, LoadInfo) {
+        var info = emptyLoadInfo()
+        var out: OpaquePointer?
+        let status = bytes.withUnsafeBytes { b in
+            withOptionalGeometry(expected) { g in
+                kvsdk_cache_load_from_buffer(&out, context.handle, b.baseAddress, b.count, g,
+                                             &info)
+            }
+        }
+        try check(status)
+        return (try Cache(adopting: out!), LoadInfo(info))
+    }
+
+    /// The cache's policy (e.g. the one a loaded snapshot carries).
+    public func policy() throws -> Policy {
+        var p = try Policy(method: .full)
+        try check(kvsdk_cache_policy(handle, &p.raw))
+        return p
+    }
+}
+
+extension LoadInfo {
+    init(_ r: kvsdk_load_info) {
+        formatMajor = r.format_major
+        formatMinor = r.format_minor
+        journalFramesApplied = r.journal_frames_applied
+        journalFramesDropped = r.journal_frames_dropped
+    }
+}
+
+func emptyLoadInfo() -> kvsdk_load_info {
+    var info = kvsdk_load_info()
+    info.struct_size = UInt32(MemoryLayout<kvsdk_load_info>.size)
+    return info
+}
+
+func withOptionalGeometry<R>(_ geometry: Geometry?,
+                             _ body: (UnsafePointer<kvsdk_geometry>?) -> R) -> R {
+    guard let geometry = geometry else { return body(nil) }
+    var raw = geometry.raw
+    return withUnsafePointer(to: &raw) { body($0) }
+}

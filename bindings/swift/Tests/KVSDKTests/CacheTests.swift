@@ -1,0 +1,106 @@
+import XCTest
+@testable import KVSDK
+
+final class CacheTests: XCTestCase {
+    let geometry = Geometry(nLayers: 2, nQHeads: 4, nKVHeads: 2, headDim: 8, dtype: .f32)
+
+    /// Token t, KV head h, channel c: a value exactly representable in f16.
+    func kv(_ tokens: Range<Int>, scale: Float) -> [Float] {
+        var out: [Float] = []
+        for t in tokens {
+            for h in 0..<Int(geometry.nKVHeads) {
+                for c in 0..<Int(geometry.headDim) {
+                    out.append(scale * Float((t * 7 + h * 3 + c) % 16) / 8)
+                }
+            }
+        }
+        return out
+    }
+
+    func testVersionMatchesHeader() {
+        XCTAssertEqual(version() / 10000, headerVersionMajor)
+        XCTAssertEqual(versionString().split(separator: ".").count, 3)
+    }
+
+    func testAppendReadAttendAndStats() throws {
+        let context = try Context()
+        let cache = try Cache(context: context, geometry: geometry)
+        let k = kv(0..<5, scale: 1), v = kv(0..<5, scale: -0.5)
+        try cache.append(layer: 1, keys: k, values: v, positions: [0, 1, 2, 3, 4])
+
+        let head = try cache.read(layer: 1, kvHead: 1, as: Float.self)
+        XCTAssertEqual(head.positions, [0, 1, 2, 3, 4])
+        let d = Int(geometry.headDim)
+        for t in 0..<5 {
+            let src = (t * 2 + 1) * d
+            XCTAssertEqual(Array(head.keys[t * d..<(t + 1) * d]), Array(k[src..<src + d]))
+            XCTAssertEqual(Array(head.values[t * d..<(t + 1) * d]), Array(v[src..<src + d]))
+        }
+        XCTAssertEqual(try cache.tokenCount(layer: 0, kvHead: 0), 0)
+
+        let zero = [Float](repeating: 0, count: geometry.qElementsPerQuery)
+        let out = try cache.attend(layer: 1, queries: zero)
+        for qh in 0..<4 {
+            for c in 0..<d {
+                let mean = (0..<5).map { v[($0 * 2 + qh / 2) * d + c] }.reduce(0, +) / 5
+                XCTAssertEqual(out[qh * d + c], mean, accuracy: 1e-6)
+            }
+        }
+        let causal = try cache.attend(layer: 1, queries: zero, queryPositions: [0])
+        XCTAssertEqual(Array(causal[0..<d]), Array(v[0..<d]))
+
+        let stats = try cache.stats()
+        XCTAssertEqual(stats.tokens, 10)
+        XCTAssertEqual(stats.appendedTokens, 5)
+        XCTAssertEqual(stats.bytes, stats.bytesByTier.reduce(0, +))
+        XCTAssertEqual(stats.contextUsedBytes, try context.usedBytes())
+        let layer = try cache.layerStats(layer: 1)
+        XCTAssertEqual(layer.tokensMinHead, 5)
+        XCTAssertEqual(cache.geometry.attnScale, 1 / Float(d).squareRoot(), accuracy: 1e-7)
+    }
+
+    func testErrorsCarryStatusAndChangeNothing() throws {
+        let perToken = UInt64(geometry.nKVHeads) * (UInt64(geometry.headDim) * 4 + 4)
+        let context = try Context(budgetBytes: perToken * 3)
+        XCTAssertEqual(try context.budgetBytes(), perToken * 3)
+        let cache = try Cache(context: context, geometry: geometry, policy: Policy(method: .full))
+        try cache.append(layer: 0, keys: kv(0..<2, scale: 1), values: kv(0..<2, scale: 1),
+                         positions: [0, 1])
+        let before = try cache.stats()
+
+        func status(_ body: () throws -> Void) -> Status? {
+            do { try body() } catch let e as KVSDKError {
+                XCTAssertFalse(e.message.isEmpty)
+                return e.status
+            } catch { return nil }
+            return nil
+        }
+        XCTAssertEqual(status { try cache.append(layer: 0, keys: self.kv(2..<4, scale: 1),
+                                                 values: self.kv(2..<4, scale: 1),
+                                                 positions: [2, 3]) }, .budget)
+        XCTAssertEqual(status { try cache.append(layer: 9, keys: self.kv(2..<3, scale: 1),
+                                                 values: self.kv(2..<3, scale: 1),
+                                                 positions: [2]) }, .outOfRange)
+        XCTAssertEqual(status { try cache.append(layer: 0, keys: [UInt16](repeating: 0, count: 16),
+                                                 values: [UInt16](repeating: 0, count: 16),
+                                                 positions: [2]) }, .invalidArg)
+        let threeElements = [Float](repeating: 0, count: 3)
+        XCTAssertEqual(status { _ = try cache.attend(layer: 0, queries: threeElements) },
+                       .invalidArg)
+        XCTAssertEqual(status { _ = try cache.read(layer: 0, kvHead: 7, as: Float.self) },
+                       .outOfRange)
+        XCTAssertEqual(try cache.stats(), before)
+        XCTAssertEqual(status { _ = try Policy(parsing: "no-such-method") }, .invalidArg)
+    }
+
+    func testMethodsRoundTripThroughNames() throws {
+        for m in Method.allCases {
+            XCTAssertEqual(try Policy(parsing: m.name).method, m)
+        }
+        XCTAssertNil(Method.name(rawValue: 99))
+        let p = try Policy(parsing: "xkv+kivi2")
+        XCTAssertEqual(p.method, .xkv)
+        XCTAssertEqual(p.quantBits, 2)
+        XCTAssertEqual(Status(raw: Status.budget.raw), .budget)
+    }
+}

@@ -1,0 +1,26 @@
+// Snapshot support for the eviction policies (src/policy): H2O accumulated scores per row, the
+// observation windows of SnapKV/PyramidKV/XKV, and the cache-level allocation state (per-cache
+// budget, fixed allocation, profile shares, last allocation). Written into the metadata of a
+// full snapshot and into the last part of every journal delta, so resume is bit-identical.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/cache.h"
+#include "core/geometry.h"
+#include "kvsdk_generated.h"
+
+namespace kvsdk::format {
+
+flatbuffers::Offset<fb::PolicyState> build_policy_state(flatbuffers::FlatBufferBuilder& fbb,
+                                                        const Cache& cache);
+
+// Validates `state` (nullable: no state saved) against the geometry, the policy and the row
+// count of every head (`rows[l][h]`), then fills the per-layer policy state of `layers` and
+// `runtime`. Throws KVSDK_E_CORRUPT on anything inconsistent.
+void read_policy_state(const fb::PolicyState* state, const Geometry& g, const kvsdk_policy& p,
+                       const std::vector<std::vector<uint64_t>>& rows,
+                       std::vector<LayerState>& layers, PolicyRuntime& runtime);
+
+}  // namespace kvsdk::format

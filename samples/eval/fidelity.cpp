@@ -1,0 +1,147 @@
+#include "fidelity.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "error.h"
+#include "sampler.h"
+#include "session.h"
+
+namespace eval {
+
+namespace {
+
+struct ContextHandle {
+  kvsdk_context* ctx = nullptr;
+  explicit ContextHandle(uint64_t budget) {
+    kvsdk_context_options o;
+    kvsdk_context_options_init(&o);
+    o.budget_bytes = budget;
+    llama::check(kvsdk_context_create(&ctx, &o), "kvsdk_context_create");
+  }
+  ~ContextHandle() { kvsdk_context_destroy(ctx); }
+};
+
+uint64_t cache_bytes(const llama::Session& s) {
+  kvsdk_cache_stats st{};
+  st.struct_size = sizeof st;
+  llama::check(kvsdk_cache_stats_get(s.cache(), &st), "kvsdk_cache_stats_get");
+  return st.bytes;
+}
+
+// Feeds `tokens` under `schedule`; `logits` (tokens.size() x vocab) receives every position's
+// next-token logits when non-null. Tracks the peak cache bytes after each append round.
+void run(llama::Session& s, const std::vector<int>& tokens, const Schedule& schedule,
+         std::vector<float>* logits, uint64_t* peak) {
+  const size_t V = size_t(s.model().config().vocab_size);
+  if (logits) logits->assign(tokens.size() * V, 0.0f);
+  size_t t = 0;
+  while (t < tokens.size()) {
+    const size_t n = t < schedule.prompt_tokens
+                         ? std::min(schedule.chunk, schedule.prompt_tokens - t)
+                         : 1;
+    s.forward(tokens.data() + t, n, logits ? logits->data() + t * V : nullptr, logits != nullptr);
+    *peak = std::max(*peak, cache_bytes(s));
+    t += n;
+  }
+}
+
+std::vector<double> log_softmax(const float* logits, size_t n) {
+  double m = logits[0];
+  for (size_t i = 1; i < n; ++i) m = std::max(m, double(logits[i]));
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - m);
+  const double lse = m + std::log(sum);
+  std::vector<double> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = double(logits[i]) - lse;
+  return out;
+}
+
+}  // namespace
+
+double perplexity(const std::vector<float>& logits, const std::vector<int>& text, size_t vocab) {
+  double nll = 0;
+  for (size_t t = 0; t + 1 < text.size(); ++t) {
+    nll -= log_softmax(logits.data() + t * vocab, vocab)[size_t(text[t + 1])];
+  }
+  return text.size() > 1 ? std::exp(nll / double(text.size() - 1)) : 1.0;
+}
+
+double kl_divergence(const float* p_logits, const float* q_logits, size_t vocab) {
+  const std::vector<double> lp = log_softmax(p_logits, vocab), lq = log_softmax(q_logits, vocab);
+  double kl = 0;
+  for (size_t i = 0; i < vocab; ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
+  return std::max(kl, 0.0);  // rounding can give -1e-17 for identical distributions
+}
+
+Reference build_reference(const llama::Model& model, const std::vector<int>& text, Schedule schedule) {
+  if (text.size() < 2 || schedule.prompt_tokens == 0 || schedule.prompt_tokens >= text.size()) {
+    throw llama::Error("evaluation text needs at least 2 tokens and a prompt shorter than it");
+  }
+  const size_t V = size_t(model.config().vocab_size);
+  Reference ref;
+  ref.text = text;
+  ref.schedule = schedule;
+  ContextHandle ctx(0);
+  {
+    llama::Session s(model, ctx.ctx, nullptr);
+    std::vector<float> logits;
+    run(s, text, schedule, &logits, &ref.full_cache_bytes);
+    ref.ppl_full = perplexity(logits, text, V);
+  }
+  // Continuation: prefill the prompt, then generate greedily one token per step.
+  llama::Session s(model, ctx.ctx, nullptr);
+  ref.continuation.assign(text.begin(), text.begin() + long(schedule.prompt_tokens));
+  std::vector<float> prompt_logits;
+  uint64_t peak = 0;
+  run(s, ref.continuation, schedule, &prompt_logits, &peak);
+  std::vector<float> last(prompt_logits.end() - long(V), prompt_logits.end());
+  while (ref.continuation.size() < text.size()) {
+    ref.full_logits.insert(ref.full_logits.end(), last.begin(), last.end());
+    const int next = llama::argmax(last.data(), V);
+    ref.continuation.push_back(next);
+    const float* l = s.step(next);
+    last.assign(l, l + V);
+    peak = std::max(peak, cache_bytes(s));
+  }
+  ref.full_cache_bytes = std::max(ref.full_cache_bytes, peak);
+  return ref;
+}
+
+Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_policy& policy,
+                 uint64_t budget_bytes) {
+  const size_t V = size_t(model.config().vocab_size);
+  Outcome out;
+  try {
+    ContextHandle ctx(budget_bytes);
+    {
+      llama::Session s(model, ctx.ctx, &policy);
+      std::vector<float> logits;
+      run(s, ref.text, ref.schedule, &logits, &out.cache_bytes);
+      out.ppl = perplexity(logits, ref.text, V);
+    }
+    // Teacher-forced on the full model's continuation: the logits at position t predict t+1.
+    llama::Session s(model, ctx.ctx, &policy);
+    std::vector<float> logits;
+    run(s, ref.continuation, ref.schedule, &logits, &out.cache_bytes);
+    const size_t steps = ref.full_logits.size() / V;
+    const size_t first = ref.schedule.prompt_tokens - 1;
+    size_t agree = 0;
+    double kl = 0;
+    for (size_t i = 0; i < steps; ++i) {
+      const float* full = ref.full_logits.data() + i * V;
+      const float* mine = logits.data() + (first + i) * V;
+      agree += llama::argmax(full, V) == llama::argmax(mine, V);
+      kl += kl_divergence(full, mine, V);
+    }
+    out.top1_agreement = steps ? double(agree) / double(steps) : 1.0;
+    out.kl = steps ? kl / double(steps) : 0.0;
+    out.ok = true;
+  } catch (const llama::KvsdkError& e) {
+    out.status = e.status();
+    out.error = e.what();
+  }
+  return out;
+}
+
+}  // namespace eval

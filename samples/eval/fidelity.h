@@ -1,0 +1,55 @@
+// Fidelity of a compressed KV cache against the full cache on the same model and text:
+// perplexity on held-out text, and top-1 agreement / KL divergence of next-token distributions
+// over a continuation that the full-cache model generated greedily (the compressed model is
+// teacher-forced on the same tokens, so both predict from identical histories).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvsdk.h"
+#include "model.h"
+
+namespace eval {
+
+struct Schedule {
+  size_t prompt_tokens = 0;  // processed as a prefill in chunks; the rest one token per step
+  size_t chunk = 16;         // prefill chunk: small chunks let budgeted policies keep up
+};
+
+// What the full (uncompressed, unlimited) cache produces; every policy is compared with it.
+struct Reference {
+  std::vector<int> text;              // held-out tokens for perplexity
+  double ppl_full = 0;
+  std::vector<int> continuation;      // prompt followed by the full model's greedy tokens
+  Schedule schedule;                  // prompt = first schedule.prompt_tokens of both sequences
+  std::vector<float> full_logits;     // logits at each continuation step (steps x vocab)
+  uint64_t full_cache_bytes = 0;      // bytes of the full cache holding the whole sequence
+};
+
+// Runs the full cache over `text` (perplexity) and over its first `prompt_tokens` followed by
+// greedy generation up to text.size() tokens (continuation). Throws llama::Error on failure.
+Reference build_reference(const llama::Model& model, const std::vector<int>& text, Schedule schedule);
+
+struct Outcome {
+  bool ok = false;
+  kvsdk_status status = KVSDK_OK;  // why it failed (KVSDK_E_BUDGET: the policy could not fit)
+  std::string error;
+  double ppl = 0;
+  double top1_agreement = 0;  // share of continuation steps whose argmax equals the full cache's
+  double kl = 0;              // mean KL(full || compressed) in nats over continuation steps
+  uint64_t cache_bytes = 0;   // most bytes the cache held at any point of the run
+};
+
+// Measures `policy` in a context whose budget is `budget_bytes` (0 = unlimited).
+Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_policy& policy,
+                 uint64_t budget_bytes);
+
+// Perplexity of `text` given logits (text.size() x vocab): exp of the mean next-token NLL.
+double perplexity(const std::vector<float>& logits, const std::vector<int>& text, size_t vocab);
+
+// KL(p || q) in nats between the softmax distributions of two logit vectors.
+double kl_divergence(const float* p_logits, const float* q_logits, size_t vocab);
+
+}  // namespace eval

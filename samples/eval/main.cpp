@@ -1,0 +1,273 @@
+// kvsdk-eval: fidelity of every available policy against the full cache on real models.
+//
+// For each model (stories260K when KVSDK_SHARED_DIR has it, shakespeare-small, shakespeare-base)
+// and each policy the library accepts, at budgets of {100, 50, 25, 10, 5}% of the full cache's
+// bytes: perplexity on held-out text, top-1 agreement and KL against the full cache over a greedy
+// continuation, and the peak cache bytes. Policies that kvsdk_cache_create rejects with
+// KVSDK_E_UNSUPPORTED are skipped with a note, so methods added later appear automatically.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "error.h"
+#include "fidelity.h"
+#include "model.h"
+#include "report.h"
+#include "sampler.h"
+#include "session.h"
+#include "tokenizer.h"
+
+namespace {
+
+// The held-out 10% of tinyshakespeare starts here (see ../shared/data/README.md).
+constexpr size_t kHeldOutOffset = 1003854;
+// Combinations the presets must include beyond single methods (DESIGN §2).
+const char* const kCompositions[] = {"xkv+kivi2", "snapkv+kivi4", "h2o+kivi4"};
+
+struct Options {
+  std::vector<std::string> models = {"stories260K", "shakespeare-small", "shakespeare-base"};
+  std::vector<std::string> policies;  // empty: every method name plus kCompositions
+  std::vector<int> budgets = {100, 50, 25, 10, 5};
+  std::string shared_dir = KVSDK_SHARED_DIR;
+  std::string bundled_dir = std::string(KVSDK_SOURCE_DIR) + "/samples/models";
+  std::string text_file;  // default: the held-out tail of tinyshakespeare
+  size_t context = 0;     // 0: min(model context, 1024)
+  size_t chunk = 16;
+  double prompt_share = 0.75;
+  uint64_t seed = 42;
+  std::string json, markdown, plot;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+void usage(std::FILE* f) {
+  std::fprintf(f,
+               "usage: kvsdk-eval [options]\n"
+               "  --models a,b        models (default stories260K,shakespeare-small,shakespeare-base)\n"
+               "  --policies a,b      policy specs (default: every method name + %s, %s, %s)\n"
+               "  --budgets 100,50    budgets in %% of the full cache bytes (default 100,50,25,10,5)\n"
+               "  --context N         tokens per sequence (default min(model context, 1024))\n"
+               "  --prompt-share F    share of the sequence used as prompt (default 0.75)\n"
+               "  --chunk N           prefill chunk in tokens (default 16)\n"
+               "  --text FILE         held-out text for the shakespeare models (default: the held-out\n"
+               "                      tail of SHARED/data/tinyshakespeare.txt from char %zu)\n"
+               "  --shared-dir DIR    folder with models/ and data/ (default %s)\n"
+               "  --seed N            seed of stories260K's self-generated text (default 42)\n"
+               "  --json FILE  --markdown FILE  --plot FILE.png\n",
+               kCompositions[0], kCompositions[1], kCompositions[2], kHeldOutOffset, KVSDK_SHARED_DIR);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      usage(stdout);
+      std::exit(0);
+    }
+    if (i + 1 >= argc) {
+      usage(stderr);
+      throw llama::Error("missing value after " + a);
+    }
+    const std::string v = argv[++i];
+    if (a == "--models") o.models = split(v);
+    else if (a == "--policies") o.policies = split(v);
+    else if (a == "--budgets") {
+      o.budgets.clear();
+      for (const std::string& b : split(v)) {
+        const int pct = std::atoi(b.c_str());
+        if (pct <= 0 || pct > 100) throw llama::Error("budget '" + b + "' is not in 1..100");
+        o.budgets.push_back(pct);
+      }
+    } else if (a == "--context") o.context = size_t(std::strtoul(v.c_str(), nullptr, 10));
+    else if (a == "--prompt-share") o.prompt_share = std::atof(v.c_str());
+    else if (a == "--chunk") o.chunk = size_t(std::strtoul(v.c_str(), nullptr, 10));
+    else if (a == "--text") o.text_file = v;
+    else if (a == "--shared-dir") o.shared_dir = v;
+    else if (a == "--seed") o.seed = std::strtoull(v.c_str(), nullptr, 10);
+    else if (a == "--json") o.json = v;
+    else if (a == "--markdown") o.markdown = v;
+    else if (a == "--plot") o.plot = v;
+    else {
+      usage(stderr);
+      throw llama::Error("unknown option " + a);
+    }
+  }
+  if (o.chunk == 0) throw llama::Error("--chunk must be positive");
+  if (!(o.prompt_share > 0.0 && o.prompt_share < 1.0)) throw llama::Error("--prompt-share must be in (0, 1)");
+  if (o.policies.empty()) {
+    for (int m = 0; m < KVSDK_METHOD_COUNT; ++m) o.policies.push_back(kvsdk_method_name(kvsdk_method(m)));
+    for (const char* c : kCompositions) o.policies.push_back(c);
+  }
+  return o;
+}
+
+bool exists(const std::string& path) { return std::ifstream(path).good(); }
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw llama::Error("cannot read '" + path + "'");
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// The evaluation text of one model, `n` tokens; empty (with a note) when its data is missing.
+std::vector<int> evaluation_text(const Options& o, const std::string& name, const llama::Model& model,
+                                 const llama::Tokenizer& tok, size_t n) {
+  if (name == "stories260K") {
+    // Text the model generated itself from BOS with a fixed seed (full cache, temperature 1).
+    kvsdk_context* ctx = nullptr;
+    llama::check(kvsdk_context_create(&ctx, nullptr), "kvsdk_context_create");
+    std::vector<int> text{llama::Tokenizer::kBos};
+    {
+      llama::Session s(model, ctx, nullptr);
+      llama::Sampler sampler(1.0f, o.seed);
+      while (text.size() < n) {
+        text.push_back(sampler.sample(s.step(text.back()), size_t(model.config().vocab_size)));
+      }
+    }
+    kvsdk_context_destroy(ctx);
+    return text;
+  }
+  std::string source;
+  if (!o.text_file.empty()) {
+    source = read_all(o.text_file);
+  } else {
+    const std::string corpus = o.shared_dir + "/data/tinyshakespeare.txt";
+    if (!exists(corpus)) {
+      std::fprintf(stderr, "note: %s skipped: held-out text %s not found (pass --text FILE)\n",
+                   name.c_str(), corpus.c_str());
+      return {};
+    }
+    source = read_all(corpus);
+    if (source.size() <= kHeldOutOffset) throw llama::Error(corpus + " is shorter than expected");
+    source = source.substr(kHeldOutOffset);
+  }
+  std::vector<int> tokens = tok.encode(source.substr(0, 4 * n + 16), /*dummy_prefix=*/false);
+  if (tokens.size() < n) {
+    throw llama::Error("evaluation text has " + std::to_string(tokens.size()) + " tokens, need " +
+                       std::to_string(n) + " (lower --context)");
+  }
+  tokens.resize(n);
+  return tokens;
+}
+
+// False (with a note) when `spec` does not parse or kvsdk does not implement it yet.
+bool policy_available(const std::string& spec, const llama::Model& model, kvsdk_policy* policy) {
+  if (kvsdk_policy_parse(policy, spec.c_str()) != KVSDK_OK) {
+    std::fprintf(stderr, "note: policy '%s' skipped: %s\n", spec.c_str(), kvsdk_last_error());
+    return false;
+  }
+  kvsdk_context* ctx = nullptr;
+  llama::check(kvsdk_context_create(&ctx, nullptr), "kvsdk_context_create");
+  const kvsdk_geometry g = llama::geometry_of(model.config());
+  kvsdk_cache* cache = nullptr;
+  const kvsdk_status st = kvsdk_cache_create(&cache, ctx, &g, policy);
+  kvsdk_cache_destroy(cache);
+  kvsdk_context_destroy(ctx);
+  // Only "not implemented" skips a policy: any other refusal is measured (and recorded as a
+  // failure) so that it shows in the results instead of disappearing.
+  if (st != KVSDK_E_UNSUPPORTED) return true;
+  std::fprintf(stderr, "note: policy '%s' skipped: %s (%s)\n", spec.c_str(), kvsdk_status_str(st),
+               kvsdk_last_error());
+  return false;
+}
+
+void evaluate_model(const Options& o, const std::string& name, std::vector<eval::Record>& records) {
+  const bool shared = name == "stories260K";
+  const std::string dir = shared ? o.shared_dir + "/models" : o.bundled_dir;
+  const std::string model_path = dir + "/" + name + ".bin";
+  const std::string tok_path = shared ? dir + "/tok512.bin" : dir + "/" + name + ".tok.bin";
+  if (!exists(model_path)) {
+    std::fprintf(stderr, "note: model %s skipped: %s not found\n", name.c_str(), model_path.c_str());
+    return;
+  }
+  const llama::Model model = llama::Model::load(model_path);
+  const llama::Tokenizer tok = llama::Tokenizer::load(tok_path, model.config().vocab_size);
+  const size_t n = o.context ? o.context : std::min<size_t>(size_t(model.config().seq_len), 1024);
+  if (n > size_t(model.config().seq_len)) {
+    throw llama::Error("--context " + std::to_string(n) + " exceeds " + name + "'s context " +
+                       std::to_string(model.config().seq_len));
+  }
+  const std::vector<int> text = evaluation_text(o, name, model, tok, n);
+  if (text.empty()) return;
+  eval::Schedule schedule;
+  schedule.prompt_tokens = std::max<size_t>(1, size_t(o.prompt_share * double(n)));
+  schedule.chunk = o.chunk;
+  std::fprintf(stderr, "[%s] reference run (full cache, %zu tokens, prompt %zu)...\n", name.c_str(), n,
+               schedule.prompt_tokens);
+  const eval::Reference ref = eval::build_reference(model, text, schedule);
+  std::fprintf(stderr, "[%s] full cache %llu bytes, ppl %.4f\n", name.c_str(),
+               (unsigned long long)ref.full_cache_bytes, ref.ppl_full);
+  for (const std::string& spec : o.policies) {
+    kvsdk_policy policy;
+    if (!policy_available(spec, model, &policy)) continue;
+    for (int pct : o.budgets) {
+      eval::Record r;
+      r.model = name;
+      r.policy = spec;
+      r.budget_pct = pct;
+      r.budget_bytes = std::max<uint64_t>(1, ref.full_cache_bytes * uint64_t(pct) / 100);
+      r.full_cache_bytes = ref.full_cache_bytes;
+      r.ppl_full = ref.ppl_full;
+      r.context_tokens = n;
+      r.prompt_tokens = schedule.prompt_tokens;
+      const eval::Outcome out = eval::evaluate(model, ref, policy, r.budget_bytes);
+      r.ok = out.ok;
+      r.status = out.ok ? "ok" : kvsdk_status_str(out.status);
+      r.error = out.error;
+      r.cache_bytes = out.cache_bytes;
+      r.ppl = out.ppl;
+      r.top1_agreement = out.top1_agreement;
+      r.kl = out.kl;
+      if (out.ok) {
+        std::fprintf(stderr, "[%s] %-14s %3d%%: %8llu bytes  ppl %.4f  top-1 %.4f  KL %.5f\n",
+                     name.c_str(), spec.c_str(), pct, (unsigned long long)out.cache_bytes, out.ppl,
+                     out.top1_agreement, out.kl);
+      } else {
+        std::fprintf(stderr, "[%s] %-14s %3d%%: failed: %s\n", name.c_str(), spec.c_str(), pct,
+                     out.error.c_str());
+      }
+      records.push_back(r);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options o = parse(argc, argv);
+    std::vector<eval::Record> records;
+    for (const std::string& name : o.models) evaluate_model(o, name, records);
+    if (records.empty()) throw llama::Error("nothing was evaluated (see the notes above)");
+    if (!o.json.empty()) eval::write_json(o.json, records);
+    if (!o.markdown.empty()) eval::write_markdown(o.markdown, records);
+    if (!o.plot.empty()) eval::write_plot(o.plot, records);
+    std::printf("%-18s %-14s %6s %10s %9s %9s %7s %9s\n", "model", "policy", "budget", "cache_B",
+                "ppl", "ppl_full", "top1", "KL");
+    for (const eval::Record& r : records) {
+      if (r.ok) {
+        std::printf("%-18s %-14s %5d%% %10llu %9.4f %9.4f %7.4f %9.5f\n", r.model.c_str(),
+                    r.policy.c_str(), r.budget_pct, (unsigned long long)r.cache_bytes, r.ppl,
+                    r.ppl_full, r.top1_agreement, r.kl);
+      } else {
+        std::printf("%-18s %-14s %5d%% %10s  failed: %s\n", r.model.c_str(), r.policy.c_str(),
+                    r.budget_pct, "-", r.status.c_str());
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvsdk-eval: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,177 @@
+#include "report.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <sstream>
+
+#include "error.h"
+
+namespace eval {
+
+namespace {
+
+std::string json_string(const std::string& s) {
+  std::ostringstream o;
+  o << '"';
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o << '\\' << c;
+    } else if (c < 0x20) {
+      o << "\\u" << std::hex << std::setw(4) << std::setfill('0') << int(c) << std::dec;
+    } else {
+      o << c;
+    }
+  }
+  o << '"';
+  return o.str();
+}
+
+std::string number_or_null(bool ok, double v) {
+  if (!ok) return "null";
+  std::ostringstream o;
+  o << std::setprecision(10) << v;
+  return o.str();
+}
+
+std::ofstream open_out(const std::string& path) {
+  std::ofstream f(path);
+  if (!f) throw llama::Error("cannot write '" + path + "'");
+  return f;
+}
+
+std::vector<std::string> models_in_order(const std::vector<Record>& records) {
+  std::vector<std::string> models;
+  for (const Record& r : records) {
+    bool seen = false;
+    for (const std::string& m : models) seen = seen || m == r.model;
+    if (!seen) models.push_back(r.model);
+  }
+  return models;
+}
+
+}  // namespace
+
+void write_json(const std::string& path, const std::vector<Record>& records) {
+  std::ofstream f = open_out(path);
+  f << "[\n";
+  for (size_t i = 0; i < records.size(); ++i) {
+    const Record& r = records[i];
+    f << "  {\"model\": " << json_string(r.model) << ", \"policy\": " << json_string(r.policy)
+      << ", \"budget_pct\": " << r.budget_pct << ", \"budget_bytes\": " << r.budget_bytes
+      << ", \"status\": " << json_string(r.status)
+      << ", \"cache_bytes\": " << (r.ok ? std::to_string(r.cache_bytes) : "null")
+      << ", \"full_cache_bytes\": " << r.full_cache_bytes
+      << ", \"ppl\": " << number_or_null(r.ok, r.ppl)
+      << ", \"ppl_full\": " << number_or_null(true, r.ppl_full)
+      << ", \"top1_agreement\": " << number_or_null(r.ok, r.top1_agreement)
+      << ", \"kl\": " << number_or_null(r.ok, r.kl)
+      << ", \"context_tokens\": " << r.context_tokens << ", \"prompt_tokens\": " << r.prompt_tokens;
+    if (!r.ok) f << ", \"error\": " << json_string(r.error);
+    f << "}" << (i + 1 < records.size() ? "," : "") << "\n";
+  }
+  f << "]\n";
+  if (!f) throw llama::Error("error writing '" + path + "'");
+}
+
+void write_markdown(const std::string& path, const std::vector<Record>& records) {
+  std::ofstream f = open_out(path);
+  f << "# kvsdk fidelity evaluation\n\n"
+    << "Budgets are shares of the full cache's bytes for the whole sequence; `cache KiB` is the\n"
+    << "most the cache held during the run. Perplexity on held-out text; top-1 agreement and\n"
+    << "KL(full || policy) of next-token distributions over a greedy continuation of the full\n"
+    << "model (teacher-forced). `failed` rows could not stay within the budget.\n";
+  for (const std::string& model : models_in_order(records)) {
+    f << "\n## " << model << "\n\n"
+      << "| policy | budget | cache KiB | ppl | ppl full | top-1 agreement | KL (nats) | status |\n"
+      << "|---|---:|---:|---:|---:|---:|---:|---|\n";
+    for (const Record& r : records) {
+      if (r.model != model) continue;
+      f << "| " << r.policy << " | " << r.budget_pct << "% | ";
+      if (r.ok) {
+        f << std::fixed << std::setprecision(1) << double(r.cache_bytes) / 1024.0 << " | "
+          << std::setprecision(3) << r.ppl << " | " << r.ppl_full << " | " << r.top1_agreement
+          << " | " << std::setprecision(4) << r.kl << " | ok |\n";
+      } else {
+        f << "- | - | " << std::fixed << std::setprecision(3) << r.ppl_full << " | - | - | failed ("
+          << r.status << ") |\n";
+      }
+    }
+  }
+  if (!f) throw llama::Error("error writing '" + path + "'");
+}
+
+void write_plot(const std::string& path, const std::vector<Record>& records) {
+  const std::vector<std::string> models = models_in_order(records);
+  const std::string data_path = path + ".dat";
+  const std::string script_path = path + ".gp";
+  {
+    // One gnuplot data block per (model, policy): memory share (%), top-1 agreement, KL.
+    std::ofstream d = open_out(data_path);
+    for (const std::string& model : models) {
+      std::map<std::string, std::vector<const Record*>> by_policy;
+      std::vector<std::string> order;
+      for (const Record& r : records) {
+        if (r.model != model || !r.ok) continue;
+        if (!by_policy.count(r.policy)) order.push_back(r.policy);
+        by_policy[r.policy].push_back(&r);
+      }
+      for (const std::string& p : order) {
+        d << "# " << model << " " << p << "\n";
+        for (const Record* r : by_policy[p]) {
+          d << 100.0 * double(r->cache_bytes) / double(r->full_cache_bytes) << " "
+            << r->top1_agreement << " " << r->kl << "\n";
+        }
+        d << "\n\n";
+      }
+    }
+  }
+  std::ofstream g = open_out(script_path);
+  g << "set terminal pngcairo size 1500," << 420 * 2 << " font ',10'\n"
+    << "set output '" << path << "'\n"
+    << "set multiplot layout 2," << models.size() << " title 'kvsdk: quality vs KV memory'\n"
+    << "set grid\nset key bottom right\nset xrange [0:105]\n";
+  size_t block = 0;
+  std::vector<std::pair<size_t, std::vector<std::string>>> blocks_per_model;
+  for (const std::string& model : models) {
+    std::vector<std::string> names;
+    for (const Record& r : records) {
+      if (r.model != model || !r.ok) continue;
+      bool seen = false;
+      for (const std::string& n : names) seen = seen || n == r.policy;
+      if (!seen) names.push_back(r.policy);
+    }
+    blocks_per_model.emplace_back(block, names);
+    block += names.size();
+  }
+  for (int panel = 0; panel < 2; ++panel) {
+    for (size_t m = 0; m < models.size(); ++m) {
+      g << "set title '" << models[m] << "'\nset xlabel 'cache bytes (% of full)'\n";
+      g << (panel == 0 ? "set ylabel 'top-1 agreement'\nset yrange [0:1.05]\nunset logscale y\n"
+                       : "set ylabel 'mean KL (nats)'\nset yrange [0:*]\n");
+      const auto& [first, names] = blocks_per_model[m];
+      if (names.empty()) {
+        g << "plot NaN notitle\n";
+        continue;
+      }
+      g << "plot ";
+      for (size_t i = 0; i < names.size(); ++i) {
+        g << (i ? ", " : "") << "'" << data_path << "' index " << first + i << " using 1:"
+          << (panel == 0 ? 2 : 3) << " with linespoints pointsize 1.5 title '" << names[i] << "'";
+      }
+      g << "\n";
+    }
+  }
+  g << "unset multiplot\n";
+  g.close();
+  const std::string cmd = "gnuplot '" + script_path + "'";
+  if (std::system(cmd.c_str()) != 0) {
+    throw llama::Error("gnuplot failed (is it installed? scripts/bootstrap.sh installs gnuplot-nox)");
+  }
+  std::remove(data_path.c_str());
+  std::remove(script_path.c_str());
+}
+
+}  // namespace eval

@@ -1,0 +1,488 @@
+// The compression half of the cache orchestrator: observe (importance signals), compress
+// (allocation across layers, then per-KV-head selection), automatic compression on append, and
+// the byte-budget -> tokens-per-layer conversion. The algorithms themselves live in src/policy.
+//
+// Budget invariant: charged_ always equals the bytes of every tier and all metadata; a change is
+// planned completely (selections computed, memory reserved) before anything is mutated, and the
+// budget is charged before bytes grow, so the context never holds more than its budget, not even
+// between two steps of one call.
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include "core/cache.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "policy/allocation.h"
+#include "policy/importance.h"
+#include "policy/selection.h"
+
+namespace kvsdk {
+
+struct Cache::Incoming {
+  uint32_t layer;
+  size_t n;
+  const void* k;
+  const void* v;
+  const int32_t* positions;
+};
+
+namespace {
+
+constexpr uint64_t kUnlimited = std::numeric_limits<uint64_t>::max();
+
+}  // namespace
+
+bool Cache::uses_window() const {
+  return policy_.method == KVSDK_METHOD_SNAPKV || policy_.method == KVSDK_METHOD_PYRAMIDKV ||
+         policy_.method == KVSDK_METHOD_XKV;
+}
+
+uint64_t Cache::token_bytes() const {
+  // Per KV head: f16 key + value, the int32 position, and H2O's f32 accumulated score.
+  const uint64_t score = policy_.method == KVSDK_METHOD_H2O ? sizeof(float) : 0;
+  return uint64_t(geometry_.n_kv_heads) *
+         (ExactStore::bytes_per_token(geometry_.head_dim) + score);
+}
+
+uint64_t Cache::fixed_bytes() const {
+  uint64_t b = 0;
+  for (const LayerState& L : layers_) b += L.window_q.size() * 4 + L.window_pos.size() * 4;
+  return b;
+}
+
+uint64_t Cache::target_bytes() const {
+  uint64_t t = cache_budget_ ? cache_budget_ : kUnlimited;
+  if (ctx_->budget() != 0) t = std::min(t, charged_ + ctx_->available());
+  return t;
+}
+
+uint64_t Cache::token_capacity() const {
+  const uint64_t target = target_bytes();
+  if (target == kUnlimited) return kUnlimited;
+  const uint64_t fixed = fixed_bytes();
+  return target > fixed ? (target - fixed) / token_bytes() : 0;
+}
+
+bool Cache::reserve(uint64_t bytes) {
+  if (cache_budget_ && (bytes > cache_budget_ || charged_ > cache_budget_ - bytes)) return false;
+  return ctx_->try_reserve(bytes);
+}
+
+uint64_t Cache::protected_rows(uint32_t /*layer*/, uint64_t length) const {
+  // SnapKV keeps the observation window itself: the newest obs_window rows (whatever number of
+  // window queries the budget let the layer hold).
+  return std::min<uint64_t>(uint64_t(policy_.obs_window), length);
+}
+
+uint64_t Cache::layer_length(uint32_t layer, const Incoming* in) const {
+  return layers_[layer].heads[0].size() + (in && in->layer == layer ? in->n : 0);
+}
+
+std::vector<uint64_t> Cache::allocation() const {
+  std::vector<uint64_t> a(geometry_.n_layers);
+  for (uint32_t l = 0; l < geometry_.n_layers; ++l) a[l] = layers_[l].heads[0].size();
+  return a;
+}
+
+PolicyRuntime Cache::policy_runtime() const {
+  return PolicyRuntime{cache_budget_, fixed_alloc_, profile_shares_, last_caps_};
+}
+
+void Cache::restore_policy_runtime(PolicyRuntime rt) {
+  cache_budget_ = rt.cache_budget;
+  fixed_alloc_ = std::move(rt.fixed_alloc);
+  profile_shares_ = std::move(rt.profile_shares);
+  last_caps_ = std::move(rt.last_caps);
+}
+
+// Scores of every candidate row (stored rows, then the incoming ones) per KV head.
+Cache::HeadScores Cache::layer_scores(uint32_t layer, const Incoming* in) const {
+  const LayerState& L = layers_[layer];
+  const uint32_t dim = geometry_.head_dim;
+  const size_t held = L.heads[0].size();
+  const size_t n = layer_length(layer, in);
+  HeadScores out;
+  if (policy_.method == KVSDK_METHOD_H2O) {
+    out.resize(geometry_.n_kv_heads);
+    for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+      out[h] = L.scores[h];
+      out[h].resize(n, 0.0f);  // incoming tokens have not been attended to yet
+    }
+    return out;
+  }
+  if (!uses_window() || L.window_pos.empty() || n == 0) return out;  // recency only
+  const policy::QueryBlock window{L.window_q.data(), L.window_pos.data(), L.window_pos.size()};
+  const size_t prot = size_t(protected_rows(layer, n));
+  out.resize(geometry_.n_kv_heads);
+  std::vector<int32_t> pos(n);
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    const ExactStore& s = L.heads[h];
+    std::copy(s.positions.begin(), s.positions.end(), pos.begin());
+    if (n > held) std::copy_n(in->positions, in->n, pos.begin() + held);
+    const size_t row = geometry_.kv_elems_per_token();
+    auto load = [&](size_t first, size_t count, float* dst) {
+      for (size_t t = first; t < first + count; ++t, dst += dim) {
+        if (t < held) {
+          load_f32(KVSDK_DTYPE_F16, s.k.data(), t * dim, dim, dst);
+        } else {
+          load_f32(geometry_.dtype, in->k, (t - held) * row + size_t(h) * dim, dim, dst);
+        }
+      }
+    };
+    std::vector<float> raw = policy::window_scores(window, geometry_, h, load, pos.data(), n);
+    // Pool the context part (everything before the observation window); the window itself is
+    // always kept, so its scores are never compared.
+    out[h].assign(n, 0.0f);
+    policy::pool_scores(raw.data(), n - prot, policy_.pool_kernel,
+                        kvsdk_pool_kind(policy_.pool_kind), out[h].data());
+  }
+  return out;
+}
+
+// XKV importance vector w_i of one layer (XKV Eq. (3), Fig. 8): the pooled window attention of
+// the context part, averaged over KV heads. Without an observed window every token weighs 1.
+std::vector<float> Cache::importance_vector(uint32_t layer, const HeadScores& scores,
+                                            uint64_t length) const {
+  const size_t prot = size_t(protected_rows(layer, length));
+  std::vector<float> w(length - prot, scores.empty() ? 1.0f : 0.0f);
+  for (const std::vector<float>& hs : scores) {
+    for (size_t t = 0; t < w.size(); ++t) w[t] += hs[t] / float(scores.size());
+  }
+  return w;
+}
+
+std::vector<uint64_t> Cache::plan_caps(uint64_t capacity, const Incoming* in,
+                                       std::vector<HeadScores>& scores,
+                                       std::vector<bool>& scored) const {
+  const uint32_t n_layers = geometry_.n_layers;
+  std::vector<uint64_t> lengths(n_layers), prot(n_layers);
+  for (uint32_t l = 0; l < n_layers; ++l) {
+    lengths[l] = layer_length(l, in);
+    prot[l] = protected_rows(l, lengths[l]);
+  }
+  if (!fixed_alloc_.empty()) return fixed_alloc_;
+  if (!profile_shares_.empty()) return policy::allocate_by_shares(profile_shares_, capacity);
+  switch (policy_.method) {
+    case KVSDK_METHOD_PYRAMIDKV:
+      return policy::allocate_pyramid(lengths, prot, capacity, policy_.schedule_alpha,
+                                      policy_.schedule_beta);
+    case KVSDK_METHOD_XKV: {
+      const uint64_t total_prot = std::accumulate(prot.begin(), prot.end(), uint64_t(0));
+      if (capacity <= total_prot) return policy::allocate_uniform(prot, capacity);
+      std::vector<std::vector<float>> w(n_layers);
+      for (uint32_t l = 0; l < n_layers; ++l) {
+        if (!scored[l]) scores[l] = layer_scores(l, in), scored[l] = true;
+        w[l] = importance_vector(l, scores[l], lengths[l]);
+      }
+      std::vector<uint64_t> caps = policy::xkv_allocate_total(w, capacity - total_prot);
+      for (uint32_t l = 0; l < n_layers; ++l) caps[l] += prot[l];
+      return caps;
+    }
+    default:
+      return policy::allocate_uniform(lengths, capacity);
+  }
+}
+
+void Cache::apply_caps(const std::vector<uint64_t>& caps, const Incoming* in,
+                       std::vector<HeadScores>& scores, std::vector<bool>& scored) {
+  const uint32_t n_layers = geometry_.n_layers;
+  const uint32_t n_heads = geometry_.n_kv_heads;
+  const uint32_t dim = geometry_.head_dim;
+  // 1. Plan: which rows every head keeps (nothing changes yet).
+  std::vector<std::vector<std::vector<uint32_t>>> keep(n_layers);
+  uint64_t new_tokens = 0;
+  for (uint32_t l = 0; l < n_layers; ++l) {
+    const uint64_t n = layer_length(l, in);
+    const uint64_t k = std::min(n, caps[l]);
+    new_tokens += k;
+    const bool incoming_here = in && in->layer == l;
+    if (k == n && !incoming_here) continue;  // untouched layer
+    if (k < n && !scored[l]) scores[l] = layer_scores(l, in), scored[l] = true;
+    keep[l].resize(n_heads);
+    for (uint32_t h = 0; h < n_heads; ++h) {
+      const float* sc = scores[l].empty() ? nullptr : scores[l][h].data();
+      size_t sinks = 0, recent = size_t(k);
+      switch (policy_.method) {
+        case KVSDK_METHOD_STREAMING_LLM:
+          sinks = size_t(policy_.sink_tokens);
+          break;
+        case KVSDK_METHOD_H2O: {
+          sinks = std::min<size_t>(size_t(policy_.sink_tokens), size_t(k));
+          const size_t heavy = size_t(double(policy_.heavy_ratio) * double(k - sinks));
+          recent = size_t(k) - sinks - heavy;
+          break;
+        }
+        default:  // window methods: the rows of the observation window stay
+          if (sc) recent = size_t(protected_rows(l, n));
+          break;
+      }
+      keep[l][h] = policy::select_keep(size_t(n), size_t(k), sinks, recent, sc);
+    }
+  }
+  // 2. Charge: bytes grow only after the budget accepted them.
+  const uint64_t new_bytes = new_tokens * token_bytes() + fixed_bytes();
+  if (new_bytes > charged_) {
+    if (!reserve(new_bytes - charged_)) {
+      fail(KVSDK_E_BUDGET, "the compressed cache needs ", new_bytes, " bytes but only ",
+           target_bytes(), " are available to it (budget too small for the policy's minimum)");
+    }
+  }
+  try {
+    for (uint32_t l = 0; l < n_layers; ++l) {
+      if (keep[l].empty()) continue;
+      for (uint32_t h = 0; h < n_heads; ++h) {
+        ExactStore& s = layers_[l].heads[h];
+        const size_t k = keep[l][h].size();
+        s.positions.reserve(k);
+        s.k.reserve(k * dim);
+        s.v.reserve(k * dim);
+        if (!layers_[l].scores.empty()) layers_[l].scores[h].reserve(k);
+      }
+    }
+  } catch (...) {
+    if (new_bytes > charged_) ctx_->release(new_bytes - charged_);
+    throw;
+  }
+  // 3. Mutate (no allocation from here on): compact kept rows in order, then add the kept
+  // incoming rows read from the caller's buffers.
+  const size_t row = geometry_.kv_elems_per_token();
+  for (uint32_t l = 0; l < n_layers; ++l) {
+    if (keep[l].empty()) continue;
+    LayerState& L = layers_[l];
+    for (uint32_t h = 0; h < n_heads; ++h) {
+      ExactStore& s = L.heads[h];
+      std::vector<float>* sc = L.scores.empty() ? nullptr : &L.scores[h];
+      const size_t held = s.size();
+      size_t j = 0;
+      for (uint32_t i : keep[l][h]) {
+        if (i >= held) break;
+        if (i != j) {
+          s.positions[j] = s.positions[i];
+          std::copy_n(s.k.data() + size_t(i) * dim, dim, s.k.data() + j * dim);
+          std::copy_n(s.v.data() + size_t(i) * dim, dim, s.v.data() + j * dim);
+          if (sc) (*sc)[j] = (*sc)[i];
+        }
+        ++j;
+      }
+      s.positions.resize(j);
+      s.k.resize(j * dim);
+      s.v.resize(j * dim);
+      if (sc) sc->resize(j);
+      for (uint32_t i : keep[l][h]) {
+        if (i < held) continue;
+        const size_t t = i - held;
+        s.positions.push_back(in->positions[t]);
+        s.k.resize(s.k.size() + dim);
+        s.v.resize(s.v.size() + dim);
+        load_f16(geometry_.dtype, in->k, t * row + size_t(h) * dim, dim, s.k.data() + s.k.size() - dim);
+        load_f16(geometry_.dtype, in->v, t * row + size_t(h) * dim, dim, s.v.data() + s.v.size() - dim);
+        if (sc) sc->push_back(0.0f);
+      }
+    }
+  }
+  if (in) layers_[in->layer].appended_tokens += in->n;
+  if (new_bytes < charged_) ctx_->release(charged_ - new_bytes);
+  charged_ = new_bytes;
+}
+
+void Cache::append_compressing(uint32_t layer, size_t n_tokens, const void* k, const void* v,
+                               const int32_t* positions) {
+  const Incoming in{layer, n_tokens, k, v, positions};
+  const uint32_t n_layers = geometry_.n_layers;
+  std::vector<HeadScores> scores(n_layers);
+  std::vector<bool> scored(n_layers, false);
+  std::vector<uint64_t> lengths(n_layers);
+  uint64_t total = 0;
+  for (uint32_t l = 0; l < n_layers; ++l) total += lengths[l] = layer_length(l, &in);
+  const uint64_t target = target_bytes();
+  const uint64_t fixed = fixed_bytes();
+  const uint64_t unit = token_bytes();
+  std::vector<uint64_t> caps = lengths;
+  if (target != kUnlimited && fixed > target) {
+    fail(KVSDK_E_BUDGET, "the observation windows alone (", fixed, " bytes) exceed the ", target,
+         " bytes available");
+  }
+  const uint64_t capacity = target == kUnlimited ? kUnlimited : (target - fixed) / unit;
+  if (!fixed_alloc_.empty() || (!profile_shares_.empty() && capacity != kUnlimited)) {
+    // A known allocation (planner or profile): hold each layer to its own share right away, so
+    // that prefill never holds more than one layer's incoming tokens beyond the budget plan.
+    const std::vector<uint64_t> plan = plan_caps(capacity, &in, scores, scored);
+    caps[layer] = std::min(lengths[layer], plan[layer]);
+    const uint64_t sum = std::accumulate(caps.begin(), caps.end(), uint64_t(0));
+    if (capacity != kUnlimited && sum > capacity) caps = plan;  // other layers over their share
+  } else if (capacity != kUnlimited && total > capacity) {
+    const uint64_t excess = total - capacity;
+    if (!last_caps_.empty() && lengths[layer] >= excess &&
+        lengths[layer] - excess >= last_caps_[layer]) {
+      caps[layer] = lengths[layer] - excess;  // this layer alone is over its share: evict locally
+    } else {
+      caps = plan_caps(capacity, &in, scores, scored);  // re-plan every layer
+      last_caps_ = caps;
+    }
+  }
+  apply_caps(caps, &in, scores, scored);
+}
+
+void Cache::compress_to(uint64_t target) {
+  if (policy_.method == KVSDK_METHOD_FULL) {
+    if (charged_ > target) {
+      fail(KVSDK_E_BUDGET, "policy 'full' does not compress; the cache holds ", charged_,
+           " bytes, more than the ", target, " allowed");
+    }
+    return;
+  }
+  const uint64_t fixed = fixed_bytes();
+  if (fixed > target) {
+    fail(KVSDK_E_BUDGET, "the observation windows alone (", fixed, " bytes) exceed the ", target,
+         " bytes allowed");
+  }
+  const uint32_t n_layers = geometry_.n_layers;
+  std::vector<HeadScores> scores(n_layers);
+  std::vector<bool> scored(n_layers, false);
+  const std::vector<uint64_t> caps =
+      plan_caps((target - fixed) / token_bytes(), nullptr, scores, scored);
+  apply_caps(caps, nullptr, scores, scored);
+  last_caps_ = caps;
+}
+
+void Cache::compress() {
+  const uint64_t target = target_bytes();
+  if (target == kUnlimited && fixed_alloc_.empty()) return;  // no budget: nothing to enforce
+  compress_to(target);
+}
+
+void Cache::set_budget(uint64_t bytes) {
+  const uint64_t old = cache_budget_;
+  cache_budget_ = bytes;
+  try {
+    if (bytes != 0 && charged_ > bytes) compress_to(target_bytes());
+  } catch (...) {
+    cache_budget_ = old;
+    throw;
+  }
+}
+
+void Cache::set_allocation(const std::vector<uint64_t>& tokens) {
+  if (!tokens.empty()) {
+    KVSDK_REQUIRE(tokens.size() == geometry_.n_layers, "the allocation has ", tokens.size(),
+                  " layers but the geometry has ", geometry_.n_layers);
+    const uint64_t cap = token_capacity();
+    uint64_t sum = 0;
+    for (uint64_t t : tokens) {
+      KVSDK_REQUIRE(t <= (uint64_t(1) << 40), "allocation entry ", t, " is implausibly large");
+      sum += t;
+    }
+    if (cap != kUnlimited && sum > cap) {
+      fail(KVSDK_E_BUDGET, "the allocation needs ", sum, " layer-tokens but the budget holds ",
+           cap);
+    }
+    if (policy_.method == KVSDK_METHOD_FULL) {
+      fail(KVSDK_E_UNSUPPORTED, "policy 'full' does not evict; an allocation needs an eviction "
+           "method");
+    }
+  }
+  const std::vector<uint64_t> old = fixed_alloc_;
+  fixed_alloc_ = tokens;
+  if (tokens.empty()) return;
+  try {
+    compress_to(target_bytes());
+  } catch (...) {
+    fixed_alloc_ = old;
+    throw;
+  }
+}
+
+void Cache::set_profile_shares(const std::vector<double>& shares) {
+  if (!shares.empty()) {
+    KVSDK_REQUIRE(shares.size() == geometry_.n_layers, "the profile has ", shares.size(),
+                  " layers but the geometry has ", geometry_.n_layers);
+    if (policy_.method == KVSDK_METHOD_FULL) {
+      fail(KVSDK_E_UNSUPPORTED, "policy 'full' does not evict; a profile needs an eviction method");
+    }
+  }
+  const std::vector<double> old = profile_shares_;
+  profile_shares_ = shares;
+  try {
+    if (!shares.empty() && target_bytes() != kUnlimited) compress_to(target_bytes());
+  } catch (...) {
+    profile_shares_ = old;
+    throw;
+  }
+}
+
+void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32_t* q_positions) {
+  check_layer(layer);
+  const bool h2o = policy_.method == KVSDK_METHOD_H2O;
+  if (!h2o && !uses_window()) return;  // full and streaming_llm use no attention signal
+  const size_t qe = geometry_.q_elems_per_token();
+  std::vector<float> rows(n_queries * qe);
+  load_f32(geometry_.dtype, q, 0, rows.size(), rows.data());
+  std::vector<int32_t> pos(n_queries, std::numeric_limits<int32_t>::max());
+  if (q_positions) std::copy_n(q_positions, n_queries, pos.begin());
+  LayerState& L = layers_[layer];
+  if (h2o) {
+    const policy::QueryBlock qb{rows.data(), pos.data(), n_queries};
+    const uint32_t dim = geometry_.head_dim;
+    // Compute every head first so that a failure (allocation) leaves all scores unchanged.
+    std::vector<std::vector<float>> updated(L.scores);
+    for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+      const ExactStore& s = L.heads[h];
+      auto load = [&](size_t first, size_t count, float* dst) {
+        load_f32(KVSDK_DTYPE_F16, s.k.data(), first * dim, count * dim, dst);
+      };
+      policy::h2o_accumulate(qb, geometry_, h, load, s.positions.data(), s.size(),
+                             updated[h].data());
+    }
+    L.scores.swap(updated);
+    return;
+  }
+  // Window methods: the rolling window keeps the newest obs_window observed queries, but never
+  // more than an eighth of the budget over all layers (small models under tight budgets would
+  // otherwise spend the budget on queries instead of tokens).
+  const uint64_t row_bytes = uint64_t(qe) * 4 + 4;
+  size_t w = size_t(policy_.obs_window);
+  const uint64_t target_now = target_bytes();
+  if (target_now != std::numeric_limits<uint64_t>::max()) {
+    const uint64_t share = target_now / 8 / (uint64_t(geometry_.n_layers) * row_bytes);
+    w = size_t(std::max<uint64_t>(1, std::min<uint64_t>(w, share)));
+  }
+  const size_t old_n = L.window_pos.size();
+  const size_t new_n = std::min(w, old_n + n_queries);  // may shrink when the budget did
+  std::vector<float> wq;
+  std::vector<int32_t> wp;
+  wq.reserve(new_n * qe);
+  wp.reserve(new_n);
+  const size_t drop = old_n + n_queries - new_n;  // oldest rows of (old window + new queries)
+  for (size_t i = drop; i < old_n + n_queries; ++i) {
+    if (i < old_n) {
+      wq.insert(wq.end(), L.window_q.begin() + i * qe, L.window_q.begin() + (i + 1) * qe);
+      wp.push_back(L.window_pos[i]);
+    } else {
+      wq.insert(wq.end(), rows.begin() + (i - old_n) * qe, rows.begin() + (i - old_n + 1) * qe);
+      wp.push_back(pos[i - old_n]);
+    }
+  }
+  if (new_n > old_n) {
+    const uint64_t delta = (new_n - old_n) * row_bytes;
+    if (!reserve(delta)) {
+      // Make room by evicting tokens, then charge the larger window.
+      const uint64_t target = target_bytes();
+      if (target < delta) fail(KVSDK_E_BUDGET, "the observation window does not fit the budget");
+      compress_to(target - delta);
+      if (!reserve(delta)) {
+        fail(KVSDK_E_BUDGET, "the observation window (", delta, " more bytes) does not fit the ",
+             "budget even after compression");
+      }
+    }
+    charged_ += delta;
+  } else if (new_n < old_n) {
+    const uint64_t freed = (old_n - new_n) * row_bytes;
+    ctx_->release(freed);
+    charged_ -= freed;
+  }
+  L.window_q.swap(wq);
+  L.window_pos.swap(wp);
+}
+
+}  // namespace kvsdk

@@ -1,0 +1,44 @@
+// Sinks + recent window (StreamingLLM), heavy hitters + recent (H2O), top-k of pooled window
+// scores with the window kept (SnapKV, PyramidKV, XKV Algorithm 2): one routine, three presets.
+#include "policy/selection.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace kvsdk::policy {
+
+std::vector<uint32_t> select_keep(size_t n, size_t k, size_t sinks, size_t recent,
+                                  const float* scores) {
+  std::vector<uint32_t> keep;
+  if (k >= n) {
+    keep.resize(n);
+    std::iota(keep.begin(), keep.end(), 0u);
+    return keep;
+  }
+  const size_t s = std::min(sinks, k);
+  const size_t r = std::min(recent, k - s);
+  const size_t mid_begin = s, mid_end = n - r;  // s + r <= k < n, so mid_begin <= mid_end
+  const size_t take = k - s - r;
+  keep.reserve(k);
+  for (size_t i = 0; i < s; ++i) keep.push_back(uint32_t(i));
+  if (take > 0) {
+    std::vector<uint32_t> mid(mid_end - mid_begin);
+    std::iota(mid.begin(), mid.end(), uint32_t(mid_begin));
+    if (scores) {
+      // Highest score first; the older row wins a tie, so the order is total and deterministic.
+      std::nth_element(mid.begin(), mid.begin() + (take - 1), mid.end(),
+                       [&](uint32_t a, uint32_t b) {
+                         return scores[a] != scores[b] ? scores[a] > scores[b] : a < b;
+                       });
+      mid.resize(take);
+      std::sort(mid.begin(), mid.end());
+      keep.insert(keep.end(), mid.begin(), mid.end());
+    } else {
+      keep.insert(keep.end(), mid.end() - take, mid.end());
+    }
+  }
+  for (size_t i = mid_end; i < n; ++i) keep.push_back(uint32_t(i));
+  return keep;
+}
+
+}  // namespace kvsdk::policy

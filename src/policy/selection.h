@@ -1,0 +1,19 @@
+// Token selection for one KV head (DESIGN §2 eviction): which of `n` candidate rows (in storage
+// order, oldest first) survive when only `k` may stay. Survivors keep their order and positions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kvsdk::policy {
+
+// Keeps the first `sinks` rows, the newest `recent` rows, and fills the rest of the k slots with
+// the rows of the middle range that have the highest `scores` (ties: the older row wins). With
+// `scores` NULL the middle contributes its newest rows (pure recency, StreamingLLM).
+// sinks and recent are clipped so that sinks + recent <= k. Returns ascending row indices,
+// exactly min(k, n) of them.
+std::vector<uint32_t> select_keep(size_t n, size_t k, size_t sinks, size_t recent,
+                                  const float* scores);
+
+}  // namespace kvsdk::policy

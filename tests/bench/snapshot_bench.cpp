@@ -1,0 +1,223 @@
+// Snapshot save/load throughput and size for a Llama-3-8B-like cache, against the baseline
+// "raw FP16 dump + zstd level 3" in the same run.
+//
+//   cmake --preset release && cmake --build --preset release --target snapshot_bench
+//   ./build/release/tests/bench/snapshot_bench
+//
+// Geometry: 32 layers, 32 query heads, 8 KV heads, head_dim 128, f16 host tensors; 8k and 16k
+// tokens (32k is 4 GiB of f16 per copy and the run holds several copies: add 32768 to kTokens on
+// a machine with 24+ GiB free). Keys have a few large-magnitude channels, as real keys do
+// (a handful of outlier channels carry most of the norm); values are unit normal.
+// Throughput is logical: FP16 bytes of keys and values / time (bytes_per_second); `ratio` is the
+// output size over the FP16 size. Both sides run single-threaded, from and to memory.
+#include <benchmark/benchmark.h>
+#include <zstd.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "kvsdk.h"
+
+namespace {
+
+constexpr uint32_t kLayers = 32, kQHeads = 32, kKvHeads = 8, kDim = 128;
+const std::vector<int64_t> kTokens = {8192, 16384};
+
+kvsdk_geometry geometry() {
+  kvsdk_geometry g;
+  kvsdk_geometry_init(&g);
+  g.n_layers = kLayers;
+  g.n_q_heads = kQHeads;
+  g.n_kv_heads = kKvHeads;
+  g.head_dim = kDim;
+  g.dtype = KVSDK_DTYPE_F16;
+  g.rope_theta = 500000.0f;
+  return g;
+}
+
+uint16_t to_f16(float f) {  // round-to-nearest for normal range values (enough for test data)
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  int32_t exp = int32_t((x >> 23) & 0xff) - 127 + 15;
+  uint32_t mant = x & 0x7fffff;
+  if (exp <= 0) return uint16_t(sign);
+  if (exp >= 31) return uint16_t(sign | 0x7bff);
+  uint32_t h = sign | (uint32_t(exp) << 10) | (mant >> 13);
+  if (mant & 0x1000) ++h;
+  return uint16_t(h);
+}
+
+// One cache (and its raw FP16 dump) per token count, built once.
+struct Fixture {
+  kvsdk_context* ctx = nullptr;
+  kvsdk_cache* cache = nullptr;
+  std::vector<uint16_t> raw;  // the baseline's input: every head's keys then values
+  uint64_t fp16_bytes = 0;
+  std::vector<unsigned char> snapshot;  // a kvsdk snapshot of the cache
+  std::vector<unsigned char> baseline;  // zstd level 3 of `raw`
+  ~Fixture() {
+    kvsdk_cache_destroy(cache);
+    kvsdk_context_destroy(ctx);
+  }
+};
+
+Fixture& fixture(int64_t tokens) {
+  static std::map<int64_t, std::unique_ptr<Fixture>> all;
+  auto& f = all[tokens];
+  if (f) return *f;
+  all.clear();  // one fixture alive at a time keeps memory in check
+  auto& nf = all[tokens];
+  nf = std::make_unique<Fixture>();
+  Fixture& x = *nf;
+  kvsdk_context_create(&x.ctx, nullptr);
+  const kvsdk_geometry g = geometry();
+  kvsdk_cache_create(&x.cache, x.ctx, &g, nullptr);
+  // Fresh pseudo-random values for every element (repeating a pool would let zstd find long
+  // matches real caches do not have): a sum of four uniform bytes is close to normal.
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  auto normal = [](uint64_t r) {
+    const int s = int(r & 0xff) + int((r >> 8) & 0xff) + int((r >> 16) & 0xff) + int((r >> 24) & 0xff);
+    return (float(s) - 510.0f) / 147.8f;  // mean 0, unit variance
+  };
+  const int outliers[] = {7, 19, 70, 101};  // large-magnitude key channels
+  const size_t chunk = 512;
+  std::vector<uint16_t> k(chunk * kKvHeads * kDim), v(k.size());
+  std::vector<int32_t> pos(chunk);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (int64_t t0 = 0; t0 < tokens; t0 += int64_t(chunk)) {
+      for (size_t i = 0; i < k.size(); ++i) {
+        const uint64_t r = next();
+        const uint32_t c = uint32_t(i % kDim);
+        float kx = normal(r);
+        for (int o : outliers) {
+          if (int(c) == o) kx = kx * 2.0f + 20.0f;
+        }
+        k[i] = to_f16(kx);
+        v[i] = to_f16(normal(r >> 32));
+      }
+      for (size_t i = 0; i < chunk; ++i) pos[i] = int32_t(t0 + int64_t(i));
+      kvsdk_cache_append(x.cache, l, chunk, k.data(), v.data(), pos.data(), k.size() * 2);
+    }
+  }
+  x.fp16_bytes = uint64_t(kLayers) * uint64_t(tokens) * kKvHeads * kDim * 2 * 2;
+  x.raw.resize(x.fp16_bytes / 2);
+  size_t at = 0;
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (uint32_t h = 0; h < kKvHeads; ++h) {
+      size_t n = 0;
+      const size_t cap = size_t(tokens);
+      kvsdk_cache_read(x.cache, l, h, x.raw.data() + at, x.raw.data() + at + cap * kDim, nullptr,
+                       cap, &n);
+      at += 2 * cap * kDim;
+    }
+  }
+  size_t size = 0;
+  kvsdk_cache_save_to_buffer(x.cache, nullptr, nullptr, 0, &size);
+  x.snapshot.resize(size);
+  kvsdk_cache_save_to_buffer(x.cache, nullptr, x.snapshot.data(), size, &size);
+  x.baseline.resize(ZSTD_compressBound(x.fp16_bytes));
+  x.baseline.resize(ZSTD_compress(x.baseline.data(), x.baseline.size(), x.raw.data(),
+                                  x.fp16_bytes, 3));
+  return x;
+}
+
+void report(benchmark::State& state, const Fixture& f, size_t out_bytes) {
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(f.fp16_bytes));
+  state.counters["ratio"] = double(out_bytes) / double(f.fp16_bytes);
+  state.counters["fp16_MiB"] = double(f.fp16_bytes) / double(1 << 20);
+}
+
+void BM_KvsdkSaveToBuffer(benchmark::State& state) {
+  Fixture& f = fixture(state.range(0));
+  std::vector<unsigned char> buf(f.snapshot.size());
+  size_t size = 0;
+  for (auto _ : state) {
+    if (kvsdk_cache_save_to_buffer(f.cache, nullptr, buf.data(), buf.size(), &size) != KVSDK_OK) {
+      state.SkipWithError(kvsdk_last_error());
+      break;
+    }
+  }
+  report(state, f, size);
+}
+
+void BM_KvsdkLoadFromBuffer(benchmark::State& state) {
+  Fixture& f = fixture(state.range(0));
+  for (auto _ : state) {
+    kvsdk_cache* c = nullptr;
+    if (kvsdk_cache_load_from_buffer(&c, f.ctx, f.snapshot.data(), f.snapshot.size(), nullptr,
+                                     nullptr) != KVSDK_OK) {
+      state.SkipWithError(kvsdk_last_error());
+      break;
+    }
+    kvsdk_cache_destroy(c);
+  }
+  report(state, f, f.snapshot.size());
+}
+
+void BM_KvsdkSaveToFile(benchmark::State& state) {
+  Fixture& f = fixture(state.range(0));
+  const char* path = "snapshot_bench.kvsnap";
+  for (auto _ : state) {
+    if (kvsdk_cache_save(f.cache, path, nullptr) != KVSDK_OK) {
+      state.SkipWithError(kvsdk_last_error());
+      break;
+    }
+  }
+  std::remove(path);
+  report(state, f, f.snapshot.size());
+}
+
+void BM_BaselineZstd3Save(benchmark::State& state) {
+  Fixture& f = fixture(state.range(0));
+  std::vector<unsigned char> out(ZSTD_compressBound(f.fp16_bytes));
+  size_t n = 0;
+  for (auto _ : state) {
+    n = ZSTD_compress(out.data(), out.size(), f.raw.data(), f.fp16_bytes, 3);
+    benchmark::DoNotOptimize(n);
+  }
+  report(state, f, n);
+}
+
+void BM_BaselineZstd3Load(benchmark::State& state) {
+  Fixture& f = fixture(state.range(0));
+  std::vector<uint16_t> out(f.raw.size());
+  for (auto _ : state) {
+    const size_t n = ZSTD_decompress(out.data(), f.fp16_bytes, f.baseline.data(), f.baseline.size());
+    if (n != f.fp16_bytes) {
+      state.SkipWithError("baseline decompression failed");
+      break;
+    }
+  }
+  report(state, f, f.baseline.size());
+}
+
+}  // namespace
+
+// Registered token count first, so that each fixture is built once.
+int main(int argc, char** argv) {
+  const std::pair<const char*, void (*)(benchmark::State&)> benches[] = {
+      {"BaselineZstd3Save", BM_BaselineZstd3Save}, {"KvsdkSaveToBuffer", BM_KvsdkSaveToBuffer},
+      {"KvsdkSaveToFile", BM_KvsdkSaveToFile},     {"BaselineZstd3Load", BM_BaselineZstd3Load},
+      {"KvsdkLoadFromBuffer", BM_KvsdkLoadFromBuffer}};
+  for (int64_t t : kTokens) {
+    for (const auto& [name, fn] : benches) {
+      // CPU time of the (single-threaded) process: the build machine is shared, so wall time
+      // measures the neighbours. File saves add fsync wait on top (not in CPU time).
+      benchmark::RegisterBenchmark(name, fn)->Arg(t)->Unit(benchmark::kMillisecond)->Iterations(2);
+    }
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,95 @@
+"""Fails when the bindings fall behind include/kvsdk.h:
+  - every KVSDK_API function is declared in kvsdk-sys and in the Python ctypes table, and is
+    called by the safe Rust crate, the Python package and the Swift wrapper;
+  - every option/stats struct has the same fields in the same order in kvsdk-sys and in the
+    Python ctypes declarations (a missing or reordered field would corrupt the ABI);
+  - every enum constant of the header has the same value in kvsdk-sys.
+
+usage: header_coverage_test.py SOURCE_DIR
+"""
+import glob
+import os
+import re
+import sys
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def read_all(pattern, exclude=()):
+    return "\n".join(read(p) for p in sorted(glob.glob(pattern, recursive=True))
+                     if os.path.basename(p) not in exclude)
+
+
+def header_functions(header):
+    return re.findall(r"KVSDK_API\s[^;{]*?\b(kvsdk_\w+)\s*\(", header)
+
+
+def header_structs(header):
+    structs = {}
+    for name, body in re.findall(r"typedef struct (kvsdk_\w+) \{(.*?)\}", header, flags=re.S):
+        body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+        structs[name] = re.findall(r"\b(\w+)\s*(?:\[[^\]]*\])?\s*;", body)
+    return structs
+
+
+def header_constants(header):
+    body = "\n".join(re.findall(r"typedef enum \w+ \{(.*?)\}", header, flags=re.S))
+    consts = {n: int(v) for n, v in re.findall(r"\b(KVSDK_\w+)\s*=\s*(\d+)", body)}
+    for n, v in re.findall(r"#define (KVSDK_\w+) (\d+)\s*$", header, flags=re.M):
+        consts[n] = int(v)
+    return consts
+
+
+def main(src):
+    header = read(os.path.join(src, "include", "kvsdk.h"))
+    sys_rs = read_all(os.path.join(src, "bindings/rust/kvsdk-sys/src/**/*.rs"))
+    safe_rs = read_all(os.path.join(src, "bindings/rust/kvsdk/src/**/*.rs"))
+    capi_py = read(os.path.join(src, "bindings/python/kvsdk/_capi.py"))
+    api_py = read_all(os.path.join(src, "bindings/python/kvsdk/*.py"), exclude=("_capi.py",))
+    swift = read_all(os.path.join(src, "bindings/swift/Sources/KVSDK/**/*.swift"))
+    problems = []
+
+    functions = header_functions(header)
+    if len(functions) < 20:
+        problems.append(f"found only {len(functions)} KVSDK_API functions; is the parser broken?")
+    for fn in functions:
+        checks = [
+            ("kvsdk-sys declaration", rf"pub fn {fn}\(", sys_rs),
+            ("safe Rust crate call", rf"sys::{fn}\(", safe_rs),
+            ("Python ctypes declaration", rf'"{fn}":', capi_py),
+            ("Python package use", rf"lib\.{fn}\b", api_py),
+            ("Swift wrapper call", rf"\b{fn}\(", swift),
+        ]
+        for what, pattern, text in checks:
+            if not re.search(pattern, text):
+                problems.append(f"{fn}: missing {what}")
+
+    for name, fields in header_structs(header).items():
+        m = re.search(rf"pub struct {name} \{{(.*?)\}}", sys_rs, flags=re.S)
+        rs_fields = re.findall(r"pub (\w+):", m.group(1)) if m else None
+        if rs_fields != fields:
+            problems.append(f"struct {name}: kvsdk-sys fields {rs_fields} != header {fields}")
+        m = re.search(rf"class {name}\(Structure\):\s*_fields_ = \[(.*?)\]\n", capi_py, flags=re.S)
+        py_fields = re.findall(r'\("(\w+)",', m.group(1)) if m else None
+        if py_fields != fields:
+            problems.append(f"struct {name}: Python fields {py_fields} != header {fields}")
+
+    for name, value in header_constants(header).items():
+        m = re.search(rf"pub const {name}: \w+ = ([^;]+);", sys_rs)
+        if not m:
+            problems.append(f"constant {name}: missing in kvsdk-sys")
+        elif m.group(1).strip().isdigit() and int(m.group(1)) != value:
+            problems.append(f"constant {name}: kvsdk-sys {m.group(1)} != header {value}")
+
+    for p in problems:
+        print("MISSING:", p)
+    print(f"header coverage: {len(functions)} functions, {len(header_structs(header))} structs, "
+          f"{len(header_constants(header))} constants checked; {len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,121 @@
+"""Runs the parity scenario (SCENARIO.md) in C, Python and Rust and requires byte-identical
+records and snapshots (snapshots: every byte that does not depend on the random snapshot id,
+see SCENARIO.md). Without cargo, C and Python are still compared and the test reports itself
+skipped (exit 77) so that the missing Rust side is visible.
+
+usage: run_parity.py --c-program PATH --lib-dir DIR --work DIR --source-dir DIR
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+SKIP = 77
+
+
+def run(cmd, env):
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, env=env, check=True)
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def compare_snapshots(snapshots):
+    """Each language's snapshot equals C's in length and in every byte where four C saves of
+    the same cache agree (the bytes that do not depend on the random snapshot id)."""
+    reference = read(snapshots["c"])
+    probes = [read(f"{snapshots['c']}.{i}") for i in (1, 2, 3)]
+    if any(len(p) != len(reference) for p in probes):
+        print("parity: saves of one C cache differ in length; the format is not deterministic")
+        return False
+    varying = {i for p in probes for i in range(len(reference)) if p[i] != reference[i]}
+    print(f"parity: C snapshot {len(reference)} bytes, {len(varying)} of them depend on the "
+          f"snapshot id")
+    if len(varying) > len(reference) // 10:
+        print("parity: more than a tenth of the snapshot varies between saves; too few bytes "
+              "left to compare")
+        return False
+    ok = True
+    for name, path in snapshots.items():
+        if name == "c":
+            continue
+        data = read(path)
+        diffs = [i for i in range(min(len(data), len(reference)))
+                 if i not in varying and data[i] != reference[i]]
+        if len(data) != len(reference) or diffs:
+            print(f"parity: {name} snapshot differs from C: {len(data)} vs {len(reference)} "
+                  f"bytes, {len(diffs)} id-independent bytes differ"
+                  + (f", first at {diffs[0]}" if diffs else ""))
+            ok = False
+        else:
+            print(f"parity: {name} snapshot identical to C in all "
+                  f"{len(reference) - len(varying)} id-independent bytes")
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--c-program", required=True)
+    ap.add_argument("--lib-dir", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--source-dir", required=True)
+    ap.add_argument("--cargo-target-dir", required=True)
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    env = dict(os.environ)
+    env["KVSDK_LIB_DIR"] = args.lib_dir
+    env["LD_LIBRARY_PATH"] = args.lib_dir + os.pathsep + env.get("LD_LIBRARY_PATH", "")
+    env["PYTHONPATH"] = os.path.join(args.source_dir, "bindings", "python")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["CARGO_TARGET_DIR"] = args.cargo_target_dir
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    records, snapshots = {}, {}
+    for name in ("c", "python", "rust"):
+        records[name] = os.path.join(args.work, f"record_{name}.bin")
+        snapshots[name] = os.path.join(args.work, f"snapshot_{name}.kvsdk")
+        stale = [records[name], snapshots[name]] + [f"{snapshots[name]}.{i}" for i in (1, 2, 3)]
+        for path in stale:
+            if os.path.exists(path):
+                os.remove(path)
+    run([args.c_program, records["c"], snapshots["c"]], env)
+    run([sys.executable, os.path.join(here, "parity.py"), records["python"], snapshots["python"]],
+        env)
+    cargo = shutil.which("cargo")
+    if cargo:
+        manifest = os.path.join(args.source_dir, "bindings", "rust", "Cargo.toml")
+        run([cargo, "run", "--quiet", "--offline", "--manifest-path", manifest, "--example",
+             "parity", "--", records["rust"], snapshots["rust"]], env)
+    else:
+        del records["rust"], snapshots["rust"]
+
+    reference = read(records["c"])
+    if not reference:
+        print("parity: the C record is empty")
+        return 1
+    failed = False
+    for name, path in records.items():
+        data = read(path)
+        if data == reference:
+            print(f"parity: {name} record identical to C ({len(data)} bytes)")
+        else:
+            first = next((i for i, (a, b) in enumerate(zip(data, reference)) if a != b),
+                         min(len(data), len(reference)))
+            print(f"parity: {name} record differs from C: {len(data)} vs {len(reference)} "
+                  f"bytes, first difference at byte {first}")
+            failed = True
+    failed |= not compare_snapshots(snapshots)
+    if failed:
+        return 1
+    if not cargo:
+        print("parity: cargo not found on PATH: Rust side SKIPPED (C and Python identical)")
+        return SKIP
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

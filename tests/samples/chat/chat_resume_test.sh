@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# kvsdk-chat autosave + --resume: three greedy turns in one process must give the same third
+# reply as two turns, a process exit, and the third turn in a process resumed from the journal.
+set -euo pipefail
+chat="$1"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+# Cross builds run the binary through an emulator (KVSDK_RUN, e.g. qemu-aarch64): wrap it.
+if [ -n "${KVSDK_RUN:-}" ]; then
+  printf '#!/bin/sh\nexec %s "%s" "$@"\n' "$KVSDK_RUN" "$chat" >"$work/chat"
+  chmod +x "$work/chat"
+  chat="$work/chat"
+fi
+args=(--model shakespeare-small --temperature 0 --reply-tokens 40)
+printf 'Good morrow, cousin.\nWhat news?\nThen farewell.\n' |
+  "$chat" "${args[@]}" --session "$work/one.kvsnap" >"$work/one.txt" 2>"$work/one.err"
+printf 'Good morrow, cousin.\nWhat news?\n' |
+  "$chat" "${args[@]}" --session "$work/two.kvsnap" >"$work/two.txt" 2>"$work/two.err"
+printf 'Then farewell.\n' |
+  "$chat" "${args[@]}" --resume "$work/two.kvsnap" >"$work/three.txt" 2>"$work/three.err"
+cat "$work/three.err"
+grep -q "1 journal turns applied" "$work/three.err" || { echo "FAIL: turn 2 was not a journal delta"; exit 1; }
+grep -q "resumed" "$work/three.err" || { echo "FAIL: no resume"; exit 1; }
+# The reply to the third turn: everything after the third "JULIET:" line of the single run.
+expected="$(awk '/^JULIET:$/{n++} n==3' "$work/one.txt")"
+got="$(cat "$work/three.txt")"
+[ "$(printf "%s\n" "$got" | wc -l)" -ge 2 ] || { echo "FAIL: empty reply"; exit 1; }
+if [ "$expected" != "$got" ]; then
+  echo "FAIL: resumed reply differs"; echo "--- expected"; echo "$expected"; echo "--- got"; echo "$got"
+  exit 1
+fi
+# A missing or damaged session file is a clear error, not a crash.
+if "$chat" "${args[@]}" --resume "$work/missing.kvsnap" </dev/null 2>"$work/err.txt"; then
+  echo "FAIL: resuming a missing file succeeded"; exit 1
+fi
+grep -q "kvsdk_cache_load failed" "$work/err.txt" || { echo "FAIL: unclear error"; cat "$work/err.txt"; exit 1; }
+head -c 100 "$work/one.kvsnap" >"$work/torn.kvsnap"
+if "$chat" "${args[@]}" --resume "$work/torn.kvsnap" </dev/null 2>"$work/err.txt"; then
+  echo "FAIL: resuming a truncated file succeeded"; exit 1
+fi
+grep -q "corrupt" "$work/err.txt" || { echo "FAIL: unclear error"; cat "$work/err.txt"; exit 1; }
+echo "chat resume test: OK"

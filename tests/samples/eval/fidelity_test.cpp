@@ -1,0 +1,122 @@
+// Smoke test of the fidelity evaluation on a short text with the bundled shakespeare-small:
+// the full cache at 100% agrees with itself exactly, a budget the policy cannot meet is
+// reported (not crashed), and the metric helpers compute what they claim.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "error.h"
+#include "fidelity.h"
+#include "model.h"
+#include "report.h"
+#include "tokenizer.h"
+
+namespace {
+
+std::string bundled(const std::string& f) { return std::string(KVSDK_SOURCE_DIR) + "/samples/models/" + f; }
+
+std::vector<int> short_text(const llama::Tokenizer& tok, size_t n) {
+  std::ifstream f(std::string(KVSDK_SOURCE_DIR) + "/tests/samples/eval/short_text.txt");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::vector<int> t = tok.encode(ss.str(), false);
+  t.resize(n);
+  return t;
+}
+
+class FidelitySmoke : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = new llama::Model(llama::Model::load(bundled("shakespeare-small.bin")));
+    const llama::Tokenizer tok = llama::Tokenizer::load(bundled("shakespeare-small.tok.bin"), 68);
+    eval::Schedule s;
+    s.prompt_tokens = 48;
+    s.chunk = 16;
+    ref_ = new eval::Reference(eval::build_reference(*model_, short_text(tok, 64), s));
+  }
+  static void TearDownTestSuite() {
+    delete ref_;
+    delete model_;
+  }
+  static llama::Model* model_;
+  static eval::Reference* ref_;
+};
+llama::Model* FidelitySmoke::model_ = nullptr;
+eval::Reference* FidelitySmoke::ref_ = nullptr;
+
+TEST_F(FidelitySmoke, ReferenceIsConsistent) {
+  EXPECT_EQ(ref_->continuation.size(), 64u);
+  EXPECT_EQ(ref_->full_logits.size(), 16u * 68u);  // one distribution per generated token
+  EXPECT_GT(ref_->ppl_full, 1.0);
+  EXPECT_LT(ref_->ppl_full, 68.0);  // a trained model beats the uniform distribution
+  EXPECT_GT(ref_->full_cache_bytes, 0u);
+}
+
+TEST_F(FidelitySmoke, FullCacheAtFullBudgetAgreesExactly) {
+  kvsdk_policy p;
+  ASSERT_EQ(kvsdk_policy_parse(&p, "full"), KVSDK_OK);
+  const eval::Outcome out = eval::evaluate(*model_, *ref_, p, ref_->full_cache_bytes);
+  ASSERT_TRUE(out.ok) << out.error;
+  EXPECT_EQ(out.top1_agreement, 1.0);
+  EXPECT_EQ(out.kl, 0.0);
+  EXPECT_EQ(out.ppl, ref_->ppl_full);
+  EXPECT_EQ(out.cache_bytes, ref_->full_cache_bytes);
+}
+
+TEST_F(FidelitySmoke, BudgetTheFullPolicyCannotMeetIsRecordedAsFailure) {
+  kvsdk_policy p;
+  ASSERT_EQ(kvsdk_policy_parse(&p, "full"), KVSDK_OK);
+  const eval::Outcome out = eval::evaluate(*model_, *ref_, p, ref_->full_cache_bytes / 2);
+  EXPECT_FALSE(out.ok);
+  EXPECT_EQ(out.status, KVSDK_E_BUDGET);
+  EXPECT_NE(out.error.find("budget"), std::string::npos) << out.error;
+  EXPECT_LE(out.cache_bytes, ref_->full_cache_bytes / 2);  // never above the budget
+}
+
+TEST(FidelityMetrics, PerplexityAndKl) {
+  // Uniform logits over 4 tokens: perplexity 4 whatever the text.
+  const std::vector<float> uniform(3 * 4, 0.5f);
+  EXPECT_NEAR(eval::perplexity(uniform, {0, 1, 2}, 4), 4.0, 1e-9);
+  const float p[2] = {0.0f, 0.0f};         // (1/2, 1/2)
+  const float q[2] = {std::log(3.0f), 0};  // (3/4, 1/4)
+  const double expected = 0.5 * std::log(0.5 / 0.75) + 0.5 * std::log(0.5 / 0.25);
+  EXPECT_NEAR(eval::kl_divergence(p, q, 2), expected, 1e-6);
+  EXPECT_EQ(eval::kl_divergence(p, p, 2), 0.0);
+}
+
+TEST(FidelityReport, JsonAndMarkdownHoldTheRecords) {
+  eval::Record ok;
+  ok.model = "m";
+  ok.policy = "full";
+  ok.budget_pct = 100;
+  ok.ok = true;
+  ok.status = "ok";
+  ok.cache_bytes = ok.full_cache_bytes = 1000;
+  ok.ppl = ok.ppl_full = 3.5;
+  ok.top1_agreement = 1.0;
+  eval::Record failed = ok;
+  failed.budget_pct = 5;
+  failed.ok = false;
+  failed.status = "memory budget exceeded";
+  failed.error = "a \"quoted\" detail";
+  const std::string json = testing::TempDir() + "r.json", md = testing::TempDir() + "r.md";
+  eval::write_json(json, {ok, failed});
+  eval::write_markdown(md, {ok, failed});
+  std::stringstream j, m;
+  j << std::ifstream(json).rdbuf();
+  m << std::ifstream(md).rdbuf();
+  for (const char* key : {"\"model\": \"m\"", "\"policy\": \"full\"", "\"budget_pct\": 100",
+                          "\"cache_bytes\": 1000", "\"full_cache_bytes\": 1000", "\"ppl\": 3.5",
+                          "\"ppl_full\": 3.5", "\"top1_agreement\": 1", "\"kl\": 0",
+                          "\"cache_bytes\": null", "\\\"quoted\\\""}) {
+    EXPECT_NE(j.str().find(key), std::string::npos) << key << " in\n" << j.str();
+  }
+  EXPECT_NE(m.str().find("| full | 100% |"), std::string::npos) << m.str();
+  EXPECT_NE(m.str().find("failed (memory budget exceeded)"), std::string::npos) << m.str();
+  EXPECT_THROW(eval::write_json("/nonexistent/dir/r.json", {ok}), llama::Error);
+}
+
+}  // namespace
