@@ -14,6 +14,7 @@ from ._capi import KVSDK_VERSION_NUMBER as HEADER_VERSION
 from ._capi import lib as _lib
 from .cache import Cache, HeadData
 from .context import Context
+from .planning import AllocMode, Planner, Profile, plan_allocation
 from .errors import KvsdkError, Status, status_str
 from .snapshot import FORMAT_VERSION as SNAPSHOT_FORMAT
 from .snapshot import LoadInfo, SaveOptions
@@ -30,8 +31,8 @@ def version_string():
     return _lib.kvsdk_version_string().decode()
 
 
-__all__ = ["Backend", "Cache", "CacheStats", "Context", "ContextOptions", "Dtype", "Geometry",
-           "HEADER_VERSION", "HeadData", "KvsdkError", "LayerStats", "LoadInfo",
-           "Method", "Policy", "PoolKind", "RopeStyle", "SNAPSHOT_FORMAT",
-           "SaveOptions", "Status", "Tier", "buffers", "method_name", "status_str",
-           "version", "version_string"]
+__all__ = ["AllocMode", "Backend", "Cache", "CacheStats", "Context", "ContextOptions", "Dtype",
+           "Geometry", "HEADER_VERSION", "HeadData", "KvsdkError", "LayerStats",
+           "LoadInfo", "Method", "Planner", "Policy", "PoolKind", "Profile",
+           "RopeStyle", "SNAPSHOT_FORMAT", "SaveOptions", "Status", "Tier", "buffers",
+           "method_name", "plan_allocation", "status_str", "version", "version_string"]

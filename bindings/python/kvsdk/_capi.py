@@ -10,7 +10,7 @@ folder holding it, e.g. build/dev), the system search path (ctypes.util.find_lib
 import ctypes
 import ctypes.util
 import os
-from ctypes import (POINTER, Structure, c_char_p, c_float, c_int32, c_size_t, c_uint32,
+from ctypes import (POINTER, Structure, c_char_p, c_double, c_float, c_int32, c_size_t, c_uint32,
                     c_uint64, c_void_p)
 
 # ----- Version -------------------------------------------------------------------------------
@@ -43,6 +43,10 @@ class kvsdk_policy(Structure):
                 ("pool_kernel", c_int32), ("pool_kind", c_int32), ("heavy_ratio", c_float),
                 ("schedule_alpha", c_float), ("schedule_beta", c_float)]
 
+# ----- Compression ---------------------------------------------------------------------------
+KVSDK_ALLOC_TOTAL_TOKENS = 0
+KVSDK_ALLOC_TARGET_RETENTION = 1
+
 # ----- Stats ---------------------------------------------------------------------------------
 KVSDK_TIER_SLOTS = 8
 
@@ -61,7 +65,7 @@ class kvsdk_layer_stats(Structure):
 
 # ----- Snapshots -----------------------------------------------------------------------------
 KVSDK_SNAPSHOT_FORMAT_MAJOR = 1
-KVSDK_SNAPSHOT_FORMAT_MINOR = 0
+KVSDK_SNAPSHOT_FORMAT_MINOR = 1
 
 class kvsdk_save_options(Structure):
     _fields_ = [("struct_size", c_uint32), ("zstd_level", c_int32),
@@ -107,6 +111,30 @@ _FUNCTIONS = {
                                     c_size_t, c_void_p, c_size_t]),
     "kvsdk_cache_read": (status, [handle, c_uint32, c_uint32, c_void_p, c_void_p,
                                   POINTER(c_int32), c_size_t, POINTER(c_size_t)]),
+    # Compression: observe, compress, plan
+    "kvsdk_cache_observe": (status, [handle, c_uint32, c_size_t, c_void_p, POINTER(c_int32),
+                                     c_size_t]),
+    "kvsdk_cache_compress": (status, [handle]),
+    "kvsdk_cache_set_budget": (status, [handle, c_uint64]),
+    "kvsdk_cache_token_capacity": (status, [handle, POINTER(c_uint64), POINTER(c_uint64)]),
+    "kvsdk_cache_allocation": (status, [handle, POINTER(c_uint64), c_uint32]),
+    "kvsdk_cache_set_allocation": (status, [handle, POINTER(c_uint64), c_uint32]),
+    "kvsdk_plan_allocation": (status, [c_uint32, POINTER(POINTER(c_float)), POINTER(c_size_t),
+                                       c_int32, c_double, POINTER(c_uint64)]),
+    "kvsdk_profile_create": (status, [POINTER(handle), c_uint32]),
+    "kvsdk_profile_destroy": (None, [handle]),
+    "kvsdk_profile_record": (status, [handle, POINTER(c_uint64), c_uint32]),
+    "kvsdk_profile_shares": (status, [handle, POINTER(c_double), c_uint32, POINTER(c_uint32)]),
+    "kvsdk_profile_save": (status, [handle, c_char_p]),
+    "kvsdk_profile_load": (status, [POINTER(handle), c_char_p]),
+    "kvsdk_cache_apply_profile": (status, [handle, handle]),
+    "kvsdk_planner_create": (status, [POINTER(handle), POINTER(kvsdk_geometry),
+                                      POINTER(kvsdk_policy)]),
+    "kvsdk_planner_destroy": (None, [handle]),
+    "kvsdk_planner_feed_layer": (status, [handle, c_uint32, c_size_t, c_void_p, POINTER(c_int32),
+                                          c_size_t, c_size_t, c_void_p, POINTER(c_int32),
+                                          c_size_t]),
+    "kvsdk_planner_finish": (status, [handle, c_int32, c_double, POINTER(c_uint64), c_uint32]),
     # Stats
     "kvsdk_cache_stats_get": (status, [handle, POINTER(kvsdk_cache_stats)]),
     "kvsdk_cache_layer_stats_get": (status, [handle, c_uint32, POINTER(kvsdk_layer_stats)]),

@@ -6,6 +6,7 @@ concurrently. Tensors: see kvsdk.buffers for what may be passed in and what come
 import ctypes
 
 from . import _capi, buffers
+from .compression import CompressionMixin
 from .snapshot import SnapshotMixin
 from ._capi import lib
 from .errors import check, invalid
@@ -19,7 +20,7 @@ class HeadData:
         self.keys, self.values, self.positions = keys, values, positions
 
 
-class Cache(SnapshotMixin):
+class Cache(CompressionMixin, SnapshotMixin):
     """An owned kvsdk_cache, released by close(), by `with`, or when garbage-collected."""
 
     def __init__(self, context, geometry, policy=None):

@@ -7,7 +7,7 @@
 
 #include "kvsdk.h"
 
-enum { LAYERS = 3, Q_HEADS = 4, KV_HEADS = 2, HEAD_DIM = 16, PROMPT = 24, DECODE = 4 };
+enum { LAYERS = 3, Q_HEADS = 4, KV_HEADS = 2, HEAD_DIM = 16, PROMPT = 24, WINDOW = 8, DECODE = 4 };
 
 static uint32_t rng_state = 20261120u;
 static FILE *record;
@@ -38,14 +38,15 @@ static void must(kvsdk_status st, const char *what) {
 }
 
 /* Appends one token at `pos` to `layer` of `cache`, then attends one fresh query (no
- * q_positions) and records the output. */
-static void decode_step(kvsdk_cache *cache, uint32_t layer, int32_t pos) {
+ * q_positions), records the output, and observes the query at `pos` when `observe`. */
+static void decode_step(kvsdk_cache *cache, uint32_t layer, int32_t pos, int observe) {
   size_t kv_elems = KV_HEADS * HEAD_DIM, q_elems = Q_HEADS * HEAD_DIM;
   float *k = drawn(kv_elems), *v = drawn(kv_elems), *q, out[Q_HEADS * HEAD_DIM];
   must(kvsdk_cache_append(cache, layer, 1, k, v, &pos, kv_elems * sizeof(float)), "append");
   q = drawn(q_elems);
   must(kvsdk_cache_attend(cache, layer, 1, q, NULL, sizeof out, out, sizeof out), "attend");
   put(out, sizeof out);
+  if (observe) must(kvsdk_cache_observe(cache, layer, 1, q, &pos, sizeof out), "observe");
   free(k); free(v); free(q);
 }
 
@@ -54,7 +55,7 @@ static void prefill(kvsdk_cache *cache, uint32_t layer) {
   size_t q_elems = (size_t)PROMPT * Q_HEADS * HEAD_DIM;
   float *k = drawn(kv_elems), *v = drawn(kv_elems), *q, *out = malloc(q_elems * sizeof *out);
   int32_t pos[PROMPT];
-  size_t i;
+  size_t i, per_query = Q_HEADS * HEAD_DIM;
   for (i = 0; i < PROMPT; ++i) pos[i] = (int32_t)i;
   must(kvsdk_cache_append(cache, layer, PROMPT, k, v, pos, kv_elems * sizeof(float)), "append");
   q = drawn(q_elems);
@@ -62,6 +63,9 @@ static void prefill(kvsdk_cache *cache, uint32_t layer) {
                           q_elems * sizeof(float)),
        "attend");
   put(out, q_elems * sizeof(float));
+  must(kvsdk_cache_observe(cache, layer, WINDOW, q + (PROMPT - WINDOW) * per_query,
+                           pos + (PROMPT - WINDOW), WINDOW * per_query * sizeof(float)),
+       "observe");
   free(k); free(v); free(q); free(out);
 }
 
@@ -116,6 +120,7 @@ int main(int argc, char **argv) {
   kvsdk_geometry g;
   kvsdk_policy p;
   kvsdk_load_info info;
+  uint64_t alloc[LAYERS];
   uint32_t layer;
   int step, i;
   if (argc != 3) {
@@ -131,12 +136,21 @@ int main(int argc, char **argv) {
   must(kvsdk_geometry_init(&g), "geometry_init");
   g.n_layers = LAYERS; g.n_q_heads = Q_HEADS; g.n_kv_heads = KV_HEADS; g.head_dim = HEAD_DIM;
   g.dtype = KVSDK_DTYPE_F32;
-  must(kvsdk_policy_parse(&p, "full"), "policy_parse");
+  must(kvsdk_policy_parse(&p, "snapkv"), "policy_parse");
+  p.obs_window = WINDOW;
   must(kvsdk_cache_create(&cache, ctx, &g, &p), "cache_create");
 
   for (layer = 0; layer < LAYERS; ++layer) prefill(cache, layer);
+  {
+    uint64_t bytes = stats_of(cache).bytes;
+    put_u64(bytes);
+    must(kvsdk_cache_set_budget(cache, bytes * 3 / 5), "set_budget");
+    must(kvsdk_cache_compress(cache), "compress");
+    must(kvsdk_cache_allocation(cache, alloc, LAYERS), "allocation");
+    for (layer = 0; layer < LAYERS; ++layer) put_u64(alloc[layer]);
+  }
   for (step = 0; step < DECODE; ++step)
-    for (layer = 0; layer < LAYERS; ++layer) decode_step(cache, layer, PROMPT + step);
+    for (layer = 0; layer < LAYERS; ++layer) decode_step(cache, layer, PROMPT + step, 1);
   record_read_back(cache);
   record_stats(cache);
 
@@ -158,7 +172,7 @@ int main(int argc, char **argv) {
     put(out, sizeof out);
     free(q);
   }
-  for (layer = 0; layer < LAYERS; ++layer) decode_step(loaded, layer, PROMPT + DECODE);
+  for (layer = 0; layer < LAYERS; ++layer) decode_step(loaded, layer, PROMPT + DECODE, 0);
 
   kvsdk_cache_destroy(loaded);
   kvsdk_cache_destroy(cache);

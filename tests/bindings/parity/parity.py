@@ -6,7 +6,7 @@ import sys
 
 import kvsdk
 
-LAYERS, Q_HEADS, KV_HEADS, HEAD_DIM, PROMPT, DECODE = 3, 4, 2, 16, 24, 4
+LAYERS, Q_HEADS, KV_HEADS, HEAD_DIM, PROMPT, WINDOW, DECODE = 3, 4, 2, 16, 24, 8, 4
 PER_QUERY = Q_HEADS * HEAD_DIM
 
 
@@ -38,13 +38,17 @@ def main(record_path, snapshot_path):
     ctx = kvsdk.Context()
     g = kvsdk.Geometry(n_layers=LAYERS, n_q_heads=Q_HEADS, n_kv_heads=KV_HEADS,
                        head_dim=HEAD_DIM, dtype=kvsdk.Dtype.F32)
-    cache = kvsdk.Cache(ctx, g, kvsdk.Policy.parse("full"))
+    policy = kvsdk.Policy.parse("snapkv")
+    policy.obs_window = WINDOW
+    cache = kvsdk.Cache(ctx, g, policy)
 
-    def decode_step(cache, layer, pos):
+    def decode_step(cache, layer, pos, observe):
         k, v = rng.fill(KV_HEADS * HEAD_DIM), rng.fill(KV_HEADS * HEAD_DIM)
         cache.append(layer, k, v, [pos])
         q = rng.fill(PER_QUERY)
         rec.f32s(cache.attend(layer, q))
+        if observe:
+            cache.observe(layer, q, [pos])
 
     for layer in range(LAYERS):
         positions = list(range(PROMPT))
@@ -52,10 +56,16 @@ def main(record_path, snapshot_path):
         cache.append(layer, k, v, positions)
         q = rng.fill(PROMPT * PER_QUERY)
         rec.f32s(cache.attend(layer, q, positions))
+        cache.observe(layer, q[(PROMPT - WINDOW) * PER_QUERY:], positions[PROMPT - WINDOW:])
 
+    size = cache.stats().bytes
+    rec.u64s([size])
+    cache.set_budget(size * 3 // 5)
+    cache.compress()
+    rec.u64s(cache.allocation())
     for step in range(DECODE):
         for layer in range(LAYERS):
-            decode_step(cache, layer, PROMPT + step)
+            decode_step(cache, layer, PROMPT + step, True)
     for layer in range(LAYERS):
         for head in range(KV_HEADS):
             data = cache.read(layer, head)
@@ -73,7 +83,7 @@ def main(record_path, snapshot_path):
     for layer in range(LAYERS):
         rec.f32s(loaded.attend(layer, rng.fill(PER_QUERY)))
     for layer in range(LAYERS):
-        decode_step(loaded, layer, PROMPT + DECODE)
+        decode_step(loaded, layer, PROMPT + DECODE, False)
     loaded.close()
     cache.close()
     ctx.close()

@@ -130,6 +130,11 @@ pub struct kvsdk_cache {
     _private: [u8; 0],
 }
 
+// ----- Compression: observe, compress, plan (declared in compression.rs) -------------------
+
+mod compression;
+pub use compression::*;
+
 // ----- Stats -------------------------------------------------------------------------------
 
 pub type kvsdk_tier = i32;

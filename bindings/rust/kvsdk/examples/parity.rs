@@ -8,6 +8,7 @@ const Q_HEADS: u32 = 4;
 const KV_HEADS: u32 = 2;
 const HEAD_DIM: u32 = 16;
 const PROMPT: i32 = 24;
+const WINDOW: i32 = 8;
 const DECODE: i32 = 4;
 const PER_QUERY: usize = (Q_HEADS * HEAD_DIM) as usize;
 const PER_TOKEN: usize = (KV_HEADS * HEAD_DIM) as usize;
@@ -46,12 +47,22 @@ struct Scenario {
 }
 
 impl Scenario {
-    /// Appends one token at `pos`, attends one fresh query and records the output.
-    fn decode_step(&mut self, cache: &mut Cache, layer: u32, pos: i32) -> kvsdk::Result<()> {
+    /// Appends one token at `pos`, attends one fresh query and records the output; observes
+    /// the query at `pos` when `observe`.
+    fn decode_step(
+        &mut self,
+        cache: &mut Cache,
+        layer: u32,
+        pos: i32,
+        observe: bool,
+    ) -> kvsdk::Result<()> {
         let (k, v) = (self.rng.fill(PER_TOKEN), self.rng.fill(PER_TOKEN));
         cache.append(layer, &k, &v, &[pos])?;
         let q = self.rng.fill(PER_QUERY);
         self.rec.f32s(&cache.attend(layer, &q, None)?);
+        if observe {
+            cache.observe(layer, &q, Some(&[pos]))?;
+        }
         Ok(())
     }
 
@@ -62,7 +73,8 @@ impl Scenario {
         cache.append(layer, &k, &v, &positions)?;
         let q = self.rng.fill(n * PER_QUERY);
         self.rec.f32s(&cache.attend(layer, &q, Some(&positions))?);
-        Ok(())
+        let first = (PROMPT - WINDOW) as usize;
+        cache.observe(layer, &q[first * PER_QUERY..], Some(&positions[first..]))
     }
 }
 
@@ -75,14 +87,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut sc = Scenario { rng: Rng(20261120), rec: Record::default() };
     let ctx = Context::new(&Default::default())?;
     let g = Geometry { dtype: Dtype::F32, ..Geometry::new(LAYERS, Q_HEADS, KV_HEADS, HEAD_DIM) };
-    let mut cache = Cache::new(&ctx, &g, &Policy::parse("full")?)?;
+    let mut policy = Policy::parse("snapkv")?;
+    policy.obs_window = WINDOW;
+    let mut cache = Cache::new(&ctx, &g, &policy)?;
 
     for layer in 0..LAYERS {
         sc.prefill(&mut cache, layer)?;
     }
+    let bytes = cache.stats()?.bytes;
+    sc.rec.u64s(&[bytes]);
+    cache.set_budget(bytes * 3 / 5)?;
+    cache.compress()?;
+    sc.rec.u64s(&cache.allocation()?);
     for step in 0..DECODE {
         for layer in 0..LAYERS {
-            sc.decode_step(&mut cache, layer, PROMPT + step)?;
+            sc.decode_step(&mut cache, layer, PROMPT + step, true)?;
         }
     }
     for layer in 0..LAYERS {
@@ -108,7 +127,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         sc.rec.f32s(&loaded.attend(layer, &q, None)?);
     }
     for layer in 0..LAYERS {
-        sc.decode_step(&mut loaded, layer, PROMPT + DECODE)?;
+        sc.decode_step(&mut loaded, layer, PROMPT + DECODE, false)?;
     }
     std::fs::write(&record_path, &sc.rec.0)?;
     Ok(())

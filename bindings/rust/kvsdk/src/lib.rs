@@ -18,10 +18,12 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod cache;
+mod compression;
 mod context;
 mod element;
 mod error;
 mod geometry;
+mod planning;
 mod policy;
 mod snapshot;
 mod stats;
@@ -31,6 +33,7 @@ pub use context::{Backend, Context, ContextOptions};
 pub use element::Element;
 pub use error::{Error, Result, Status};
 pub use geometry::{Dtype, Geometry, RopeStyle};
+pub use planning::{plan_allocation, AllocTarget, Planner, Profile};
 pub use policy::{Method, Policy, PoolKind};
 pub use snapshot::{LoadInfo, SaveOptions, SNAPSHOT_FORMAT};
 pub use stats::{CacheStats, LayerStats, Tier, TIER_SLOTS};

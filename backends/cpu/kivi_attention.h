@@ -1,0 +1,18 @@
+// Attention over a KIVI-quantized head: rows are dequantized chunk by chunk (at most
+// kKiviAttentionChunk tokens of f32 scratch) and fed to OnlineAttention, so the softmax is exact
+// over the dequantized rows and the head is never materialised densely.
+#pragma once
+
+#include <cstddef>
+
+#include "attention.h"
+#include "kivi_store.h"
+
+namespace kvsdk::cpu {
+
+constexpr size_t kKiviAttentionChunk = 256;
+
+// Adds every token of `store` to `attn` (which may also receive other tiers' chunks).
+void kivi_attend(const KiviHeadStore& store, OnlineAttention& attn);
+
+}  // namespace kvsdk::cpu

@@ -1,0 +1,167 @@
+#include "kivi_quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/half.h"
+
+namespace kvsdk::cpu {
+
+namespace {
+
+// Largest f16 not above x / smallest f16 not below x (finite inputs in f16 range).
+uint16_t f16_round_down(float x) {
+  uint16_t h = f32_to_f16(x);
+  if (f16_to_f32(h) <= x) return h;
+  if (h == 0x0000u) return 0x8001u;          // +0 -> smallest negative subnormal
+  return (h & 0x8000u) ? uint16_t(h + 1) : uint16_t(h - 1);
+}
+uint16_t f16_round_up(float x) {
+  uint16_t h = f32_to_f16(x);
+  if (f16_to_f32(h) >= x) return h;
+  if (h == 0x8000u) return 0x0001u;          // -0 -> smallest positive subnormal
+  return (h & 0x8000u) ? uint16_t(h - 1) : uint16_t(h + 1);
+}
+
+uint32_t levels(uint32_t bits) { return bits == 1 ? 1u : (1u << bits) - 1u; }
+
+// out[c] = z[c] + code_c * s[c] for one packed row; the width is a template parameter so the
+// inner loop has constant shifts (this runs in attention's inner loop).
+template <uint32_t B>
+void dequant_row(const uint8_t* packed, size_t dim, const float* s, const float* z, float* out) {
+  constexpr uint32_t per_byte = 8 / B, mask = (1u << B) - 1u;
+  size_t c = 0;
+  for (size_t byte = 0; c < dim; ++byte) {
+    const uint32_t bits = packed[byte];
+    for (uint32_t j = 0; j < per_byte && c < dim; ++j, ++c) {
+      out[c] = kivi_dequant((bits >> (j * B)) & mask, s[c], z[c]);
+    }
+  }
+}
+
+void dequant_row(uint32_t bits, const uint8_t* packed, size_t dim, const float* s, const float* z,
+                 float* out) {
+  switch (bits) {
+    case 1: return dequant_row<1>(packed, dim, s, z, out);
+    case 2: return dequant_row<2>(packed, dim, s, z, out);
+    case 4: return dequant_row<4>(packed, dim, s, z, out);
+    default: return dequant_row<8>(packed, dim, s, z, out);
+  }
+}
+
+}  // namespace
+
+bool kivi_bits_supported(uint32_t bits) { return bits == 1 || bits == 2 || bits == 4 || bits == 8; }
+
+KiviGroupParams kivi_group_params(float mn, float mx, uint32_t bits) {
+  if (bits == 1) {
+    // SpeCache 1-bit: the levels z and z + s are the quarter points of [mn, mx].
+    return {f32_to_f16((mx - mn) * 0.5f), f32_to_f16((3.0f * mn + mx) * 0.25f)};
+  }
+  const uint16_t z = f16_round_down(mn);
+  const float span = mx - f16_to_f32(z);
+  const uint16_t s = span > 0.0f ? f16_round_up(span / float(levels(bits))) : uint16_t(0);
+  return {s, z};
+}
+
+uint8_t kivi_code(float x, float scale, float zero, uint32_t bits) {
+  if (!(scale > 0.0f)) return 0;  // constant group: every element is the zero point
+  const float u = std::floor((x - zero) / scale + 0.5f);
+  const float top = float(levels(bits));
+  return uint8_t(std::min(std::max(u, 0.0f), top));
+}
+
+void kivi_pack(const uint8_t* codes, size_t n_codes, uint32_t bits, uint8_t* packed) {
+  std::fill(packed, packed + kivi_packed_bytes(n_codes, bits), uint8_t(0));
+  const uint32_t mask = (1u << bits) - 1u;
+  for (size_t i = 0; i < n_codes; ++i) {
+    const size_t bit = i * bits;
+    packed[bit / 8] = uint8_t(packed[bit / 8] | ((codes[i] & mask) << (bit % 8)));
+  }
+}
+
+void kivi_unpack(const uint8_t* packed, size_t n_codes, uint32_t bits, uint8_t* codes) {
+  const uint32_t mask = (1u << bits) - 1u;
+  for (size_t i = 0; i < n_codes; ++i) {
+    const size_t bit = i * bits;
+    codes[i] = uint8_t((packed[bit / 8] >> (bit % 8)) & mask);
+  }
+}
+
+void kivi_quantize_keys(const float* k, size_t n_tokens, size_t dim, uint32_t bits,
+                        uint8_t* codes, uint16_t* scale, uint16_t* zero) {
+  for (size_t c = 0; c < dim; ++c) {
+    float mn = k[c], mx = k[c];
+    for (size_t t = 1; t < n_tokens; ++t) {
+      mn = std::min(mn, k[t * dim + c]);
+      mx = std::max(mx, k[t * dim + c]);
+    }
+    const KiviGroupParams p = kivi_group_params(mn, mx, bits);
+    scale[c] = p.scale_f16;
+    zero[c] = p.zero_f16;
+  }
+  const size_t row_bytes = kivi_packed_bytes(dim, bits);
+  std::vector<uint8_t> row(dim);
+  for (size_t t = 0; t < n_tokens; ++t) {
+    for (size_t c = 0; c < dim; ++c) {
+      row[c] = kivi_code(k[t * dim + c], f16_to_f32(scale[c]), f16_to_f32(zero[c]), bits);
+    }
+    kivi_pack(row.data(), dim, bits, codes + t * row_bytes);
+  }
+}
+
+void kivi_dequantize_keys(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
+                          size_t first, size_t count, size_t dim, uint32_t bits, float* out) {
+  const size_t row_bytes = kivi_packed_bytes(dim, bits);
+  std::vector<float> s(dim), z(dim);
+  for (size_t c = 0; c < dim; ++c) {
+    s[c] = f16_to_f32(scale[c]);
+    z[c] = f16_to_f32(zero[c]);
+  }
+  for (size_t i = 0; i < count; ++i) {
+    dequant_row(bits, codes + (first + i) * row_bytes, dim, s.data(), z.data(), out + i * dim);
+  }
+}
+
+void kivi_quantize_values(const float* v, size_t n_tokens, size_t dim, size_t group,
+                          uint32_t bits, uint8_t* codes, uint16_t* scale, uint16_t* zero) {
+  const size_t n_groups = kivi_value_groups(dim, group);
+  const size_t row_bytes = kivi_packed_bytes(dim, bits);
+  std::vector<uint8_t> row(dim);
+  for (size_t t = 0; t < n_tokens; ++t) {
+    const float* x = v + t * dim;
+    for (size_t g = 0; g < n_groups; ++g) {
+      const size_t lo = g * group, hi = std::min(dim, lo + group);
+      float mn = x[lo], mx = x[lo];
+      for (size_t c = lo + 1; c < hi; ++c) {
+        mn = std::min(mn, x[c]);
+        mx = std::max(mx, x[c]);
+      }
+      const KiviGroupParams p = kivi_group_params(mn, mx, bits);
+      scale[t * n_groups + g] = p.scale_f16;
+      zero[t * n_groups + g] = p.zero_f16;
+      const float s = f16_to_f32(p.scale_f16), z = f16_to_f32(p.zero_f16);
+      for (size_t c = lo; c < hi; ++c) row[c] = kivi_code(x[c], s, z, bits);
+    }
+    kivi_pack(row.data(), dim, bits, codes + t * row_bytes);
+  }
+}
+
+void kivi_dequantize_values(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
+                            size_t n_tokens, size_t dim, size_t group, uint32_t bits, float* out) {
+  const size_t n_groups = kivi_value_groups(dim, group);
+  const size_t row_bytes = kivi_packed_bytes(dim, bits);
+  std::vector<float> s(dim), z(dim);  // the row's group parameters spread over its channels
+  for (size_t t = 0; t < n_tokens; ++t) {
+    for (size_t g = 0; g < n_groups; ++g) {
+      const size_t lo = g * group, hi = std::min(dim, lo + group);
+      const float gs = f16_to_f32(scale[t * n_groups + g]), gz = f16_to_f32(zero[t * n_groups + g]);
+      std::fill(s.begin() + lo, s.begin() + hi, gs);
+      std::fill(z.begin() + lo, z.begin() + hi, gz);
+    }
+    dequant_row(bits, codes + t * row_bytes, dim, s.data(), z.data(), out + t * dim);
+  }
+}
+
+}  // namespace kvsdk::cpu

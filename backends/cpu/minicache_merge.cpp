@@ -1,0 +1,155 @@
+#include "minicache_merge.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/half.h"
+
+namespace kvsdk::cpu {
+
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+constexpr size_t kChunk = 256;
+
+double norm_d(const float* x, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
+  return std::sqrt(s);
+}
+
+// cos Ω of the two directions, clamped into arccos' domain.
+double cos_omega(const float* a, const float* b, size_t dim, double na, double nb) {
+  double d = 0;
+  for (size_t i = 0; i < dim; ++i) d += double(a[i]) * double(b[i]);
+  return std::min(1.0, std::max(-1.0, d / (na * nb)));
+}
+
+}  // namespace
+
+float minicache_angular_distance(const float* a, const float* b, size_t dim) {
+  const double na = norm_d(a, dim), nb = norm_d(b, dim);
+  if (!(na > 0.0) || !(nb > 0.0)) return 1.0f;
+  return float(std::acos(cos_omega(a, b, dim, na, nb)) / kPi);
+}
+
+void minicache_slerp(const float* a, const float* b, size_t dim, float t, float* out) {
+  const double na = norm_d(a, dim), nb = norm_d(b, dim);
+  const double omega = std::acos(cos_omega(a, b, dim, na, nb));
+  const double s = std::sin(omega);
+  double wa, wb;
+  if (s < 1e-6) {  // (anti)parallel directions: SLERP's weights are 0/0, interpolate linearly
+    wa = 1.0 - t;
+    wb = t;
+  } else {
+    wa = std::sin((1.0 - t) * omega) / s;
+    wb = std::sin(t * omega) / s;
+  }
+  for (size_t i = 0; i < dim; ++i) out[i] = float(wa * a[i] / na + wb * b[i] / nb);
+}
+
+MergedLayerPair::MergedLayerPair(size_t dim, const MiniCacheConfig& config)
+    : dim_(dim), cfg_(config) {
+  KVSDK_REQUIRE(dim > 0, "MiniCache dim must be > 0");
+  KVSDK_REQUIRE(cfg_.t >= 0.0f && cfg_.t <= 1.0f, "MiniCache t ", cfg_.t, " must lie in [0, 1]");
+  KVSDK_REQUIRE(cfg_.gamma >= 0.0f && cfg_.gamma <= 1.0f, "MiniCache gamma ", cfg_.gamma,
+                " must lie in [0, 1]");
+}
+
+void MergedLayerPair::push_retained(const float* a, const float* b) {
+  slot_.push_back(kRetainedBit | uint32_t(retained()));
+  for (size_t i = 0; i < dim_; ++i) {
+    retained_prev_.push_back(f32_to_f16(a[i]));
+    retained_cur_.push_back(f32_to_f16(b[i]));
+  }
+}
+
+void MergedLayerPair::push_merged(const float* a, const float* b) {
+  std::vector<float> e(dim_);
+  minicache_slerp(a, b, dim_, cfg_.t, e.data());
+  double en = 0;
+  const size_t base = direction_.size();
+  direction_.resize(base + dim_);
+  for (size_t i = 0; i < dim_; ++i) {
+    direction_[base + i] = f32_to_f16(e[i]);
+    const double r = f16_to_f32(direction_[base + i]);
+    en += r * r;
+  }
+  en = std::sqrt(en);
+  slot_.push_back(uint32_t(merged()));
+  // ||x|| / ||e_f16||: the restored row keeps the layer's norm even though e was rounded.
+  mag_prev_.push_back(en > 0 ? float(norm_d(a, dim_) / en) : 0.0f);
+  mag_cur_.push_back(en > 0 ? float(norm_d(b, dim_) / en) : 0.0f);
+}
+
+void MergedLayerPair::append(const float* rows_prev, const float* rows_cur, size_t n) {
+  if (n == 0) return;
+  std::vector<float> dist(n);
+  for (size_t i = 0; i < n; ++i) {
+    dist[i] = minicache_angular_distance(rows_prev + i * dim_, rows_cur + i * dim_, dim_);
+  }
+  std::vector<char> keep(n, 0);
+  if (!threshold_set_) {
+    // Prefill: the ceil(γ·n) most distant tokens (ties: earlier token first) stay unmerged.
+    // (The small subtraction keeps f32's 0.05 = 0.0500000007 from turning 15.0 into 16.)
+    const size_t n_keep =
+        std::min(n, size_t(std::ceil(double(cfg_.gamma) * double(n) - 1e-6)));
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), size_t(0));
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t x, size_t y) { return dist[x] > dist[y]; });
+    for (size_t i = 0; i < n_keep; ++i) keep[order[i]] = 1;
+    threshold_ = n_keep > 0 ? dist[order[n_keep - 1]] : 2.0f;  // 2 > any distance: none kept
+    threshold_set_ = true;
+  } else {
+    for (size_t i = 0; i < n; ++i) keep[i] = dist[i] >= threshold_;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const float* a = rows_prev + i * dim_;
+    const float* b = rows_cur + i * dim_;
+    // A zero row has no direction to share (distance 1); it can only be kept as is.
+    if (keep[i] || dist[i] >= 1.0f) {
+      push_retained(a, b);
+    } else {
+      push_merged(a, b);
+    }
+  }
+}
+
+void MergedLayerPair::reconstruct(int layer, size_t first, size_t count, float* out) const {
+  for (size_t t = 0; t < count; ++t) {
+    const uint32_t s = slot_[first + t];
+    float* o = out + t * dim_;
+    if (s & kRetainedBit) {
+      const std::vector<uint16_t>& src = layer == 0 ? retained_prev_ : retained_cur_;
+      const uint16_t* r = &src[size_t(s & ~kRetainedBit) * dim_];
+      for (size_t i = 0; i < dim_; ++i) o[i] = f16_to_f32(r[i]);
+    } else {
+      const float m = layer == 0 ? mag_prev_[s] : mag_cur_[s];
+      const uint16_t* e = &direction_[size_t(s) * dim_];
+      for (size_t i = 0; i < dim_; ++i) o[i] = f16_to_f32(e[i]) * m;
+    }
+  }
+}
+
+uint64_t MergedLayerPair::bytes() const {
+  return 4 * uint64_t(slot_.size()) + 2 * uint64_t(direction_.size()) +
+         4 * uint64_t(mag_prev_.size() + mag_cur_.size()) +
+         2 * uint64_t(retained_prev_.size() + retained_cur_.size()) +
+         sizeof(threshold_);  // the retention threshold is state too
+}
+
+void minicache_attend(const MiniCacheHeadPair& pair, int layer, OnlineAttention& attn) {
+  const size_t dim = pair.keys.dim();
+  std::vector<float> k(kChunk * dim), v(kChunk * dim);
+  for (size_t first = 0; first < pair.keys.size(); first += kChunk) {
+    const size_t n = std::min(kChunk, pair.keys.size() - first);
+    pair.keys.reconstruct(layer, first, n, k.data());
+    pair.values.reconstruct(layer, first, n, v.data());
+    attn.add_chunk(k.data(), v.data(), pair.positions.data() + first, n);
+  }
+}
+
+}  // namespace kvsdk::cpu

@@ -1,0 +1,94 @@
+// MiniCache cross-layer merging (Liu et al. 2024, paper 002 abstract; method as fixed in DESIGN §6):
+// from the middle layer on, the rows of adjacent layers (l-1, l) at the same token are merged into
+// one direction by spherical interpolation of their unit vectors,
+//   Ω = arccos(clamp(x̂_{l-1} · x̂_l, -1, 1)),
+//   e = sin((1-t)Ω)/sin Ω · x̂_{l-1} + sin(tΩ)/sin Ω · x̂_l      (t = 0.6; linear when sin Ω ≈ 0),
+// stored once with both magnitudes; each layer's row is restored as ||x|| · e. The tokens whose
+// angular distance Ω/π is largest (γ ≈ 5% per head) are too different to share a direction and
+// are kept unmerged in both layers.
+//
+// Storage per merged token: the f16 direction (2·dim bytes), one f32 magnitude per layer; per
+// retained token: both layers' rows in f16; per token a uint32 slot saying where its data lives.
+// Magnitudes are stored as ||x|| / ||e_f16|| so the restored row has exactly the norm of x (to f32
+// rounding) despite the f16 direction.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "attention.h"
+
+namespace kvsdk::cpu {
+
+struct MiniCacheConfig {
+  float t = 0.6f;       // interpolation parameter (0 = layer l-1, 1 = layer l)
+  float gamma = 0.05f;  // fraction of tokens per head retained unmerged
+};
+
+// Angular distance Ω/π in [0, 1] of two rows (1 when either row is zero: no shared direction).
+float minicache_angular_distance(const float* a, const float* b, size_t dim);
+
+// SLERP of the directions of a and b (any norms, both non-zero) into out [dim].
+void minicache_slerp(const float* a, const float* b, size_t dim, float t, float* out);
+
+// One tensor (keys or values) of one KV head, merged across a layer pair. Layer 0 of the pair is
+// l-1, layer 1 is l.
+class MergedLayerPair {
+ public:
+  // Throws kvsdk::Error (KVSDK_E_INVALID_ARG) for dim 0, t outside [0, 1], gamma outside [0, 1].
+  MergedLayerPair(size_t dim, const MiniCacheConfig& config);
+
+  // Appends `n` tokens: rows of layer l-1 and of layer l ([n][dim] each, same tokens). The first
+  // non-empty call retains the ceil(γ·n) tokens of largest angular distance and fixes that
+  // distance as the threshold; later calls (decode) retain tokens at or above the threshold.
+  void append(const float* rows_prev, const float* rows_cur, size_t n);
+
+  // Restores rows [first, first + count) of layer 0 or 1 into out [count][dim].
+  void reconstruct(int layer, size_t first, size_t count, float* out) const;
+
+  size_t size() const { return slot_.size(); }
+  size_t dim() const { return dim_; }
+  size_t retained() const { return retained_prev_.size() / dim_; }
+  size_t merged() const { return mag_prev_.size(); }
+  float threshold() const { return threshold_; }
+  bool is_retained(size_t token) const { return (slot_[token] & kRetainedBit) != 0; }
+  // The stored f16 direction of a merged token.
+  const uint16_t* direction(size_t token) const { return &direction_[(slot_[token]) * dim_]; }
+  uint64_t bytes() const;
+
+ private:
+  static constexpr uint32_t kRetainedBit = 0x80000000u;
+  void push_retained(const float* a, const float* b);
+  void push_merged(const float* a, const float* b);
+
+  size_t dim_;
+  MiniCacheConfig cfg_;
+  bool threshold_set_ = false;
+  float threshold_ = 2.0f;            // Ω/π at or above which a token is retained
+  std::vector<uint32_t> slot_;        // per token: merged index, or kRetainedBit | retained index
+  std::vector<uint16_t> direction_;   // [merged][dim] f16
+  std::vector<float> mag_prev_, mag_cur_;                  // [merged]
+  std::vector<uint16_t> retained_prev_, retained_cur_;     // [retained][dim] f16
+};
+
+// Keys and values of one KV head over a layer pair, with the tokens' positions (shared: both
+// layers hold the same tokens).
+struct MiniCacheHeadPair {
+  MiniCacheHeadPair(size_t dim, const MiniCacheConfig& config) : keys(dim, config), values(dim, config) {}
+  void append(const float* k_prev, const float* v_prev, const float* k_cur, const float* v_cur,
+              const int32_t* pos, size_t n) {
+    keys.append(k_prev, k_cur, n);
+    values.append(v_prev, v_cur, n);
+    positions.insert(positions.end(), pos, pos + n);
+  }
+  uint64_t bytes() const { return keys.bytes() + values.bytes() + 4 * uint64_t(positions.size()); }
+
+  MergedLayerPair keys, values;
+  std::vector<int32_t> positions;
+};
+
+// Adds every token of layer `layer` (0 = l-1, 1 = l) of the pair to `attn` in bounded chunks.
+void minicache_attend(const MiniCacheHeadPair& pair, int layer, OnlineAttention& attn);
+
+}  // namespace kvsdk::cpu

@@ -1,0 +1,77 @@
+#include "rope.h"
+
+#include <cmath>
+
+namespace kvsdk::cpu {
+
+Rope::Rope(size_t head_dim, float theta, kvsdk_rope_style style)
+    : dim_(head_dim), style_(style), freq_(head_dim / 2) {
+  for (size_t i = 0; i < freq_.size(); ++i) {
+    freq_[i] = std::pow(double(theta), -2.0 * double(i) / double(head_dim));
+  }
+}
+
+// Angles and the rotation itself are computed in double: positions reach 1e5+ and an f32 angle
+// would lose the low bits that make apply and inverse agree.
+void Rope::rotate(float* x, int32_t position, double sign) const {
+  if (style_ == KVSDK_ROPE_NONE) return;
+  const size_t half = dim_ / 2;
+  for (size_t i = 0; i < half; ++i) {
+    const double angle = sign * double(position) * freq_[i];
+    const double c = std::cos(angle), s = std::sin(angle);
+    const size_t a = style_ == KVSDK_ROPE_INTERLEAVED ? 2 * i : i;
+    const size_t b = style_ == KVSDK_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
+    const double xa = x[a], xb = x[b];
+    x[a] = float(xa * c - xb * s);
+    x[b] = float(xa * s + xb * c);
+  }
+}
+
+void Rope::apply_rows(float* x, const int32_t* positions, size_t n) const {
+  if (style_ == KVSDK_ROPE_NONE || n == 0) return;
+  const size_t half = dim_ / 2;
+  std::vector<double> c(half), s(half), step_c(half), step_s(half);
+  for (size_t i = 0; i < half; ++i) {
+    step_c[i] = std::cos(freq_[i]);
+    step_s[i] = std::sin(freq_[i]);
+  }
+  size_t since_anchor = kAnchor;
+  for (size_t t = 0; t < n; ++t) {
+    const bool consecutive = t > 0 && positions[t] == positions[t - 1] + 1;
+    if (!consecutive || since_anchor >= kAnchor) {
+      for (size_t i = 0; i < half; ++i) {
+        const double angle = double(positions[t]) * freq_[i];
+        c[i] = std::cos(angle);
+        s[i] = std::sin(angle);
+      }
+      since_anchor = 0;
+    } else {
+      for (size_t i = 0; i < half; ++i) {  // (c + i s) * (step_c + i step_s)
+        const double nc = c[i] * step_c[i] - s[i] * step_s[i];
+        s[i] = s[i] * step_c[i] + c[i] * step_s[i];
+        c[i] = nc;
+      }
+    }
+    ++since_anchor;
+    float* row = x + t * dim_;
+    for (size_t i = 0; i < half; ++i) {
+      const size_t a = style_ == KVSDK_ROPE_INTERLEAVED ? 2 * i : i;
+      const size_t b = style_ == KVSDK_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
+      const double xa = row[a], xb = row[b];
+      row[a] = float(xa * c[i] - xb * s[i]);
+      row[b] = float(xa * s[i] + xb * c[i]);
+    }
+  }
+}
+
+void rope_apply(float* x, size_t head_dim, int32_t position, float theta,
+                kvsdk_rope_style style) {
+  Rope(head_dim, theta, style).apply(x, position);
+}
+
+void rope_inverse(float* x, size_t head_dim, int32_t position, float theta,
+                  kvsdk_rope_style style) {
+  Rope(head_dim, theta, style).inverse(x, position);
+}
+
+}  // namespace kvsdk::cpu

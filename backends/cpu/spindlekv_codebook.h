@@ -1,0 +1,61 @@
+// SpindleKV codebook replacement for shallow layers (Tang et al. 2025, paper 001, §3.2,
+// Algorithm 1 and Eqs. 8-14): rows are normalised (Eq. 8, magnitude m = ||x||), a cosine graph
+// links rows whose similarity exceeds θ (Eq. 9; θ_K = 0.98, θ_V = 0.95), and the codebook is built
+// greedily: take the row of highest degree (Eq. 10) as an entry (Eq. 11), point it and all its
+// neighbours at that entry (Eq. 12), drop them from the graph (Eq. 13), repeat until every row is
+// covered. A row is stored as (entry index, magnitude) and reconstructed as C[r] · m (Eq. 14).
+// Rows added later (decode) first join the most similar existing entry if its cosine exceeds θ;
+// the rest run the same greedy construction and extend the codebook (§3.2, last paragraph).
+//
+// Storage: entries are f16 unit vectors (2·dim bytes each); per row a uint32 index and an f32
+// magnitude. The graph is built against the f16-rounded entries themselves, so the coverage
+// guarantee (cos(x, C[r]) > θ) holds for what is stored, and the magnitude is ||x|| / ||C[r]||
+// so the reconstruction has exactly the row's norm (to f32 rounding).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kvsdk::cpu {
+
+constexpr float kSpindleThetaK = 0.98f;
+constexpr float kSpindleThetaV = 0.95f;
+
+class SpindleCodebook {
+ public:
+  // Throws kvsdk::Error (KVSDK_E_INVALID_ARG) for dim 0 or θ outside (-1, 1).
+  SpindleCodebook(size_t dim, float theta);
+
+  // Encodes `n` rows [n][dim] (appended after the rows already held).
+  void append(const float* rows, size_t n);
+
+  // Reconstructs rows [first, first + count) into out [count][dim] (Eq. 14).
+  void reconstruct(size_t first, size_t count, float* out) const;
+
+  size_t size() const { return index_.size(); }
+  size_t entries() const { return entries_.size() / dim_; }
+  size_t dim() const { return dim_; }
+  float theta() const { return theta_; }
+  const std::vector<uint16_t>& entry_data() const { return entries_; }  // [entries][dim] f16
+  const std::vector<uint32_t>& index() const { return index_; }         // [size]
+  const std::vector<float>& magnitude() const { return magnitude_; }    // [size]
+
+  // Codebook entries + per-row index and magnitude.
+  uint64_t bytes() const {
+    return 2 * uint64_t(entries_.size()) + 4 * uint64_t(index_.size()) +
+           4 * uint64_t(magnitude_.size());
+  }
+
+ private:
+  // Algorithm 1 over rows[i] of `data` (row numbers relative to `data`, stored at first_row + i).
+  void build_greedy(const std::vector<size_t>& rows, const float* data, size_t first_row);
+
+  size_t dim_;
+  float theta_;
+  std::vector<uint16_t> entries_;   // f16 unit vectors (the only copy: no hidden f32 cache)
+  std::vector<uint32_t> index_;
+  std::vector<float> magnitude_;
+};
+
+}  // namespace kvsdk::cpu

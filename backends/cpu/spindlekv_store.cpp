@@ -1,0 +1,48 @@
+#include "spindlekv_store.h"
+
+#include <algorithm>
+
+namespace kvsdk::cpu {
+
+namespace {
+constexpr size_t kChunk = 256;
+}
+
+SpindleHeadStore::SpindleHeadStore(size_t head_dim, float rope_theta, kvsdk_rope_style rope_style,
+                                   float theta_k, float theta_v)
+    : rope_(head_dim, rope_theta, rope_style), keys_(head_dim, theta_k), values_(head_dim, theta_v) {}
+
+void SpindleHeadStore::append(const float* k, const float* v, const int32_t* positions,
+                              size_t n) {
+  const size_t dim = head_dim();
+  std::vector<float> pre(k, k + n * dim);
+  for (size_t t = 0; t < n; ++t) rope_.inverse(&pre[t * dim], positions[t]);
+  for (size_t first = 0; first < n; first += kSpindlePrefillBlock) {
+    const size_t c = std::min(kSpindlePrefillBlock, n - first);
+    keys_.append(&pre[first * dim], c);
+    values_.append(v + first * dim, c);
+  }
+  positions_.insert(positions_.end(), positions, positions + n);
+}
+
+void SpindleHeadStore::read_rows(size_t first, size_t count, float* k, float* v) const {
+  keys_.reconstruct(first, count, k);
+  rope_.apply_rows(k, positions_.data() + first, count);
+  values_.reconstruct(first, count, v);
+}
+
+SpindleBytes SpindleHeadStore::bytes() const {
+  return {keys_.bytes(), values_.bytes(), sizeof(int32_t) * uint64_t(positions_.size())};
+}
+
+void spindlekv_attend(const SpindleHeadStore& store, OnlineAttention& attn) {
+  const size_t dim = store.head_dim();
+  std::vector<float> k(kChunk * dim), v(kChunk * dim);
+  for (size_t first = 0; first < store.size(); first += kChunk) {
+    const size_t n = std::min(kChunk, store.size() - first);
+    store.read_rows(first, n, k.data(), v.data());
+    attn.add_chunk(k.data(), v.data(), store.positions().data() + first, n);
+  }
+}
+
+}  // namespace kvsdk::cpu

@@ -1,0 +1,57 @@
+// One KV head of a SpindleKV shallow layer (paper 001, §3.2): keys and values each in their own
+// codebook (θ_K = 0.98, θ_V = 0.95). The codebook compares keys before RoPE, so the rotation the
+// host applied is removed on append and re-applied at the token's position on reconstruction.
+//
+// Algorithm 1's cosine graph is quadratic in the rows it covers, so a long prefill is encoded in
+// blocks of kSpindlePrefillBlock tokens: each block first joins existing entries above θ (as
+// decode tokens do), and the rest of the block runs the greedy construction. This bounds the
+// graph to ~block² pairs (a few MB) and the work to O(n · (block + entries) · head_dim).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "attention.h"
+#include "rope.h"
+#include "spindlekv_codebook.h"
+
+namespace kvsdk::cpu {
+
+constexpr size_t kSpindlePrefillBlock = 1024;
+
+struct SpindleBytes {
+  uint64_t key_codebook = 0;    // key entries + key indices + key magnitudes
+  uint64_t value_codebook = 0;  // value entries + value indices + value magnitudes
+  uint64_t positions = 0;       // int32 per token
+  uint64_t total() const { return key_codebook + value_codebook + positions; }
+};
+
+class SpindleHeadStore {
+ public:
+  SpindleHeadStore(size_t head_dim, float rope_theta, kvsdk_rope_style rope_style,
+                   float theta_k = kSpindleThetaK, float theta_v = kSpindleThetaV);
+
+  // Appends `n` tokens: post-RoPE keys and values [n][head_dim] (f32) with their positions.
+  void append(const float* k, const float* v, const int32_t* positions, size_t n);
+
+  // Reconstructed rows [first, first + count): keys with RoPE re-applied.
+  void read_rows(size_t first, size_t count, float* k, float* v) const;
+
+  size_t size() const { return positions_.size(); }
+  size_t head_dim() const { return keys_.dim(); }
+  const std::vector<int32_t>& positions() const { return positions_; }
+  const SpindleCodebook& keys() const { return keys_; }
+  const SpindleCodebook& values() const { return values_; }
+  SpindleBytes bytes() const;
+
+ private:
+  Rope rope_;
+  SpindleCodebook keys_, values_;
+  std::vector<int32_t> positions_;
+};
+
+// Adds every token of `store` to `attn`, reconstructing bounded chunks.
+void spindlekv_attend(const SpindleHeadStore& store, OnlineAttention& attn);
+
+}  // namespace kvsdk::cpu

@@ -1,0 +1,314 @@
+#include "cuda_decode_attention.h"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "cuda_check.h"
+#include "kivi_device.cuh"
+
+namespace kvsdk::cuda {
+
+namespace {
+
+using namespace detail;
+
+constexpr int kWarps = 4;  // warps per block; each walks every kWarps-th token of the split
+constexpr int kMaxG = int(kDecodeMaxGroup);
+
+// Partials of one (sequence, query head): [splits] maxima, [splits] sums, [splits][dim] values.
+struct Partials {
+  float* m;
+  float* l;
+  float* acc;
+  size_t splits;  // total splits over all tiers
+};
+
+// Loads a lane's EPL consecutive channels of one f16 row with one vector load.
+template <int EPL>
+__device__ __forceinline__ void load_f16(const uint16_t* row, int lane, float (&out)[EPL]) {
+  const uint16_t* p = row + lane * EPL;
+  if constexpr (EPL == 2) {
+    const __half2 h = *reinterpret_cast<const __half2*>(p);
+    out[0] = __low2float(h);
+    out[1] = __high2float(h);
+  } else {
+    // 4 halves = 8 bytes, 8 halves = 16 bytes.
+    using Vec = typename std::conditional<EPL == 4, uint2, uint4>::type;
+    const Vec raw = *reinterpret_cast<const Vec*>(p);
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+    for (int j = 0; j < EPL / 2; ++j) {
+      out[2 * j] = __low2float(h[j]);
+      out[2 * j + 1] = __high2float(h[j]);
+    }
+  }
+}
+
+struct ExactLoader {
+  ExactTierView t;
+  size_t dim;
+  template <int EPL>
+  __device__ void key(size_t head, size_t tok, int lane, float (&out)[EPL]) const {
+    load_f16<EPL>(t.k + (head * t.capacity + tok) * dim, lane, out);
+  }
+  template <int EPL>
+  __device__ void value(size_t head, size_t tok, int lane, float (&out)[EPL]) const {
+    load_f16<EPL>(t.v + (head * t.capacity + tok) * dim, lane, out);
+  }
+};
+
+// Fused KIVI dequantization: codes are unpacked and scaled in registers.
+struct KiviLoader {
+  KiviTierView t;
+  size_t dim;
+  template <int EPL>
+  __device__ void key(size_t head, size_t tok, int lane, float (&out)[EPL]) const {
+    const size_t row_bytes = (dim * t.bits + 7) / 8;
+    const uint8_t* row = t.k_codes + (head * t.capacity + tok) * row_bytes;
+    const size_t block = head * (t.capacity / t.group) + tok / t.group;
+    const uint16_t* s = t.k_scale + block * dim;
+    const uint16_t* z = t.k_zero + block * dim;
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) {
+      const uint32_t c = uint32_t(lane * EPL + j);
+      out[j] = kivi_dequant(kivi_unpack_code(row, c, t.bits), f16_bits_to_f32(s[c]),
+                            f16_bits_to_f32(z[c]));
+    }
+  }
+  template <int EPL>
+  __device__ void value(size_t head, size_t tok, int lane, float (&out)[EPL]) const {
+    const size_t row_bytes = (dim * t.bits + 7) / 8;
+    const size_t n_groups = (dim + t.group - 1) / t.group;
+    const size_t r = head * t.capacity + tok;
+    const uint8_t* row = t.v_codes + r * row_bytes;
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) {
+      const uint32_t c = uint32_t(lane * EPL + j);
+      const size_t g = r * n_groups + c / t.group;
+      out[j] = kivi_dequant(kivi_unpack_code(row, c, t.bits), f16_bits_to_f32(t.v_scale[g]),
+                            f16_bits_to_f32(t.v_zero[g]));
+    }
+  }
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Grid (split, kv head, sequence); kWarps warps. Writes this split's partial for every query head
+// of the group at column `split_base + blockIdx.x` of the partials.
+template <int EPL, class Loader>
+__global__ void __launch_bounds__(kWarps * 32)
+    decode_split_kernel(const float* q, Loader loader, size_t kv_heads, int group, size_t tokens,
+                        size_t split_tokens, size_t split_base, float scale, Partials part) {
+  constexpr int kDim = EPL * 32;
+  __shared__ float s_m[kWarps][kMaxG], s_l[kWarps][kMaxG];
+  __shared__ float s_acc[kWarps][kMaxG][kDim];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const size_t kvh = blockIdx.y, seq = blockIdx.z, head = seq * kv_heads + kvh;
+  const size_t first = size_t(blockIdx.x) * split_tokens;
+  const size_t last = min(tokens, first + split_tokens);
+
+  float qr[kMaxG][EPL], m[kMaxG], l[kMaxG], acc[kMaxG][EPL];
+#pragma unroll
+  for (int g = 0; g < kMaxG; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) {
+      acc[g][j] = 0.0f;
+      qr[g][j] = g < group ? q[((seq * kv_heads + kvh) * group + g) * kDim + lane * EPL + j] : 0.f;
+    }
+  }
+  for (size_t tok = first + warp; tok < last; tok += kWarps) {
+    float k[EPL], v[EPL];
+    loader.template key<EPL>(head, tok, lane, k);
+    loader.template value<EPL>(head, tok, lane, v);
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) {
+      if (g >= group) break;
+      float d = 0.0f;
+#pragma unroll
+      for (int j = 0; j < EPL; ++j) d += qr[g][j] * k[j];
+      const float s = warp_sum(d) * scale;
+      const float m_new = fmaxf(m[g], s);
+      const float c = expf(m[g] - m_new);  // 0 on the first token (m = -inf)
+      const float p = expf(s - m_new);
+      l[g] = l[g] * c + p;
+#pragma unroll
+      for (int j = 0; j < EPL; ++j) acc[g][j] = acc[g][j] * c + p * v[j];
+      m[g] = m_new;
+    }
+  }
+  // Merge the warps' states through shared memory.
+#pragma unroll
+  for (int g = 0; g < kMaxG; ++g) {
+    if (g >= group) break;
+    if (lane == 0) {
+      s_m[warp][g] = m[g];
+      s_l[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) s_acc[warp][g][lane * EPL + j] = acc[g][j];
+  }
+  __syncthreads();
+  const size_t col = split_base + blockIdx.x;
+  for (int i = threadIdx.x; i < group * kDim; i += blockDim.x) {
+    const int g = i / kDim, d = i % kDim;
+    float mx = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w][g]);
+    float sum = 0.0f, a = 0.0f;
+    if (mx != -INFINITY) {
+      for (int w = 0; w < kWarps; ++w) {
+        const float c = expf(s_m[w][g] - mx);
+        sum += s_l[w][g] * c;
+        a += s_acc[w][g][d] * c;
+      }
+    }
+    const size_t row = (seq * kv_heads + kvh) * group + g;  // query head row
+    part.acc[(row * part.splits + col) * kDim + d] = a;
+    if (d == 0) {
+      part.m[row * part.splits + col] = mx;
+      part.l[row * part.splits + col] = sum;
+    }
+  }
+}
+
+// One block per query head row: merges its splits into the normalised output.
+__global__ void decode_reduce_kernel(Partials part, size_t dim, float* out) {
+  const size_t row = blockIdx.x;
+  const float* m = part.m + row * part.splits;
+  const float* l = part.l + row * part.splits;
+  float mx = -INFINITY;
+  for (size_t s = 0; s < part.splits; ++s) mx = fmaxf(mx, m[s]);
+  float sum = 0.0f;
+  if (mx != -INFINITY) {
+    for (size_t s = 0; s < part.splits; ++s) sum += l[s] * expf(m[s] - mx);
+  }
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  for (size_t d = threadIdx.x; d < dim; d += blockDim.x) {
+    float a = 0.0f;
+    if (mx != -INFINITY) {
+      for (size_t s = 0; s < part.splits; ++s) {
+        a += part.acc[(row * part.splits + s) * dim + d] * expf(m[s] - mx);
+      }
+    }
+    out[row * dim + d] = a * inv;
+  }
+}
+
+template <class Loader>
+void launch_splits(const float* q, const DecodeShape& sh, const Loader& loader, size_t tokens,
+                   size_t splits, size_t split_tokens, size_t split_base, const Partials& part,
+                   cudaStream_t stream) {
+  if (splits == 0) return;
+  const dim3 grid(unsigned(splits), unsigned(sh.kv_heads), unsigned(sh.batch));
+  const int group = int(sh.group);
+  switch (sh.dim) {
+    case 64:
+      decode_split_kernel<2, Loader><<<grid, kWarps * 32, 0, stream>>>(
+          q, loader, sh.kv_heads, group, tokens, split_tokens, split_base, sh.scale, part);
+      break;
+    case 128:
+      decode_split_kernel<4, Loader><<<grid, kWarps * 32, 0, stream>>>(
+          q, loader, sh.kv_heads, group, tokens, split_tokens, split_base, sh.scale, part);
+      break;
+    default:
+      decode_split_kernel<8, Loader><<<grid, kWarps * 32, 0, stream>>>(
+          q, loader, sh.kv_heads, group, tokens, split_tokens, split_base, sh.scale, part);
+      break;
+  }
+  check_launch("decode_split_kernel");
+}
+
+void check_shape(const DecodeShape& s) {
+  KVSDK_REQUIRE(s.batch > 0 && s.kv_heads > 0, "decode attention: batch and kv_heads must be > 0");
+  KVSDK_REQUIRE(s.group >= 1 && s.group <= kDecodeMaxGroup, "decode attention: group ", s.group,
+                " is outside 1..", kDecodeMaxGroup);
+  KVSDK_REQUIRE(s.dim == 64 || s.dim == 128 || s.dim == 256, "decode attention: head_dim ", s.dim,
+                " is not 64, 128 or 256");
+  KVSDK_REQUIRE(s.batch < 65536 && s.kv_heads < 65536, "decode attention: batch and kv_heads ",
+                "must be < 65536 (grid limits)");
+}
+
+size_t div_up(size_t a, size_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+DecodePlan plan_decode(const DecodeShape& shape, size_t kivi_tokens, size_t exact_tokens,
+                       size_t split_tokens) {
+  check_shape(shape);
+  const size_t tokens = kivi_tokens + exact_tokens;
+  if (split_tokens == 0) {
+    int device = 0, sms = 1;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+               "cudaDeviceGetAttribute");
+    const size_t heads = shape.batch * shape.kv_heads;
+    const size_t want_splits = std::max<size_t>(1, div_up(2 * size_t(sms), heads));
+    split_tokens = std::max<size_t>(64, div_up(std::max<size_t>(tokens, 1), want_splits));
+  }
+  DecodePlan p;
+  p.kivi_split_tokens = p.exact_split_tokens = split_tokens;
+  p.kivi_splits = div_up(kivi_tokens, split_tokens);
+  p.exact_splits = div_up(exact_tokens, split_tokens);
+  KVSDK_REQUIRE(p.kivi_splits + p.exact_splits < 65536, "decode attention: ",
+                p.kivi_splits + p.exact_splits, " splits exceed the grid; use longer splits");
+  const size_t rows = shape.batch * shape.kv_heads * shape.group;
+  const size_t splits = std::max<size_t>(1, p.kivi_splits + p.exact_splits);
+  const size_t ml = div_up(rows * splits, 4) * 4;  // keep acc 16-byte aligned
+  p.workspace_bytes = sizeof(float) * (2 * ml + rows * splits * shape.dim);
+  return p;
+}
+
+void decode_attention(const float* q, const DecodeShape& shape, const KiviTierView* kivi,
+                      const ExactTierView* exact, const DecodePlan& plan, void* workspace,
+                      float* out, cudaStream_t stream) {
+  check_shape(shape);
+  KVSDK_REQUIRE(kivi || exact, "decode attention needs at least one tier");
+  const size_t kivi_tokens = kivi ? kivi->tokens : 0, exact_tokens = exact ? exact->tokens : 0;
+  KVSDK_REQUIRE(div_up(kivi_tokens, std::max<size_t>(plan.kivi_split_tokens, 1)) ==
+                        plan.kivi_splits &&
+                    div_up(exact_tokens, std::max<size_t>(plan.exact_split_tokens, 1)) ==
+                        plan.exact_splits,
+                "decode attention: the plan was made for other token counts");
+  if (kivi) {
+    KVSDK_REQUIRE(kivi->bits == 1 || kivi->bits == 2 || kivi->bits == 4 || kivi->bits == 8,
+                  "decode attention: KIVI bits ", kivi->bits, " is not 1, 2, 4 or 8");
+    KVSDK_REQUIRE(kivi->group > 0 && kivi->tokens % kivi->group == 0 &&
+                      kivi->capacity % kivi->group == 0 && kivi->capacity >= kivi->tokens,
+                  "decode attention: KIVI tokens/capacity must be multiples of G = ", kivi->group);
+  }
+  if (exact) {
+    KVSDK_REQUIRE(exact->capacity >= exact->tokens, "decode attention: exact capacity ",
+                  exact->capacity, " < tokens ", exact->tokens);
+  }
+  const size_t rows = shape.batch * shape.kv_heads * shape.group;
+  Partials part;
+  part.splits = std::max<size_t>(1, plan.kivi_splits + plan.exact_splits);
+  const size_t ml = div_up(rows * part.splits, 4) * 4;
+  part.m = static_cast<float*>(workspace);
+  part.l = part.m + ml;
+  part.acc = part.l + ml;
+  if (plan.kivi_splits + plan.exact_splits == 0) {  // no token at all: zeros (all-zero bits)
+    check_cuda(cudaMemsetAsync(out, 0, rows * shape.dim * sizeof(float), stream),
+               "cudaMemsetAsync");
+    return;
+  }
+  if (kivi && plan.kivi_splits) {
+    launch_splits(q, shape, KiviLoader{*kivi, shape.dim}, kivi_tokens, plan.kivi_splits,
+                  plan.kivi_split_tokens, 0, part, stream);
+  }
+  if (exact && plan.exact_splits) {
+    launch_splits(q, shape, ExactLoader{*exact, shape.dim}, exact_tokens, plan.exact_splits,
+                  plan.exact_split_tokens, plan.kivi_splits, part, stream);
+  }
+  decode_reduce_kernel<<<unsigned(rows), 128, 0, stream>>>(part, shape.dim, out);
+  check_launch("decode_reduce_kernel");
+}
+
+}  // namespace kvsdk::cuda

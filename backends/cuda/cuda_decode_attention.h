@@ -1,0 +1,80 @@
+// Decode attention on the device, directly over the stored tiers (DESIGN §5): one new query token
+// per sequence attends to every cached token of its KV head, read from
+//  - the exact tier: f16 key/value rows, and/or
+//  - a KIVI tier: packed codes with f16 scales/zero points in backends/cpu/kivi_store.h's layout
+//    (keys per channel over blocks of G tokens, values per token over G-channel groups),
+//    dequantized in registers as they are loaded (fused: no dense copy is ever materialised).
+// GQA without repeating heads: one thread block loads each K/V row once and scores it for all the
+// query heads of its group. Split-K ("flash-decoding"): the tokens of a head are cut into splits,
+// each block keeps an online softmax (running max, sum, weighted values) over its split and writes
+// an unnormalised partial; a reduction kernel merges the partials of all splits of all tiers, so a
+// KIVI tier and the exact residual window form one exact softmax.
+//
+// All tokens in the cache precede the query (decode), so there is no causal mask here.
+// Device pointers; everything is enqueued on `stream`, nothing synchronises.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvsdk::cuda {
+
+constexpr size_t kDecodeMaxGroup = 8;  // query heads per KV head handled by one block
+
+struct DecodeShape {
+  size_t batch = 1;
+  size_t kv_heads = 0;
+  size_t group = 1;  // query heads per KV head (1..kDecodeMaxGroup)
+  size_t dim = 0;    // head_dim: 64, 128 or 256
+  float scale = 1.0f;
+};
+
+// Rows of head (b, h) start at row (b * kv_heads + h) * capacity:
+// k/v f16 [batch*kv][capacity][dim], 16-byte aligned (rows are read with vector loads).
+struct ExactTierView {
+  const uint16_t* k = nullptr;
+  const uint16_t* v = nullptr;
+  size_t tokens = 0;    // valid rows per head
+  size_t capacity = 0;  // row stride between heads (>= tokens)
+};
+
+// Per head (b, h) = index i: k_codes/v_codes [i][capacity][packed_bytes(dim)],
+// k_scale/k_zero [i][capacity / group][dim], v_scale/v_zero [i][capacity][ceil(dim / group)].
+struct KiviTierView {
+  const uint8_t* k_codes = nullptr;
+  const uint8_t* v_codes = nullptr;
+  const uint16_t* k_scale = nullptr;
+  const uint16_t* k_zero = nullptr;
+  const uint16_t* v_scale = nullptr;
+  const uint16_t* v_zero = nullptr;
+  uint32_t bits = 2;
+  uint32_t group = 32;  // G
+  size_t tokens = 0;    // quantized tokens per head (a multiple of G)
+  size_t capacity = 0;  // token stride between heads (a multiple of G, >= tokens)
+};
+
+// How the tokens are split, and the f32 workspace the partials need.
+struct DecodePlan {
+  size_t kivi_splits = 0, kivi_split_tokens = 0;
+  size_t exact_splits = 0, exact_split_tokens = 0;
+  size_t workspace_bytes = 0;  // for [batch*q_heads][splits] maxima and sums + [..][splits][dim]
+};
+
+// split_tokens 0 picks a size that gives the current device about two blocks per SM (at least
+// 64 tokens per split). Throws kvsdk::Error: KVSDK_E_INVALID_ARG for a bad shape (zero sizes,
+// group > kDecodeMaxGroup, unsupported dim), KVSDK_E_BACKEND when the device cannot be queried.
+DecodePlan plan_decode(const DecodeShape& shape, size_t kivi_tokens, size_t exact_tokens,
+                       size_t split_tokens = 0);
+
+// q f32 [batch][kv_heads * group][dim] (query head h*group + g belongs to KV head h) -> out f32
+// [batch][kv_heads * group][dim]. Either tier may be null (not both), and must match the plan's
+// token counts. `workspace` has plan.workspace_bytes bytes, 16-byte aligned. A head without any
+// token yields zeros. Throws KVSDK_E_INVALID_ARG for a mismatch, KVSDK_E_BACKEND for launch
+// failures.
+void decode_attention(const float* q, const DecodeShape& shape, const KiviTierView* kivi,
+                      const ExactTierView* exact, const DecodePlan& plan, void* workspace,
+                      float* out, cudaStream_t stream);
+
+}  // namespace kvsdk::cuda

@@ -1,0 +1,93 @@
+#include "device_arena_plan.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace kvsdk::cuda {
+
+namespace {
+
+uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+// Appends the copies of one slice's move from src to dst (same length); when the two ranges
+// overlap, chunks of at most |dst - src| bytes in the direction that never reads overwritten
+// bytes.
+void push_move(std::vector<ArenaCopy>& ops, uint64_t dst, uint64_t src, uint64_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  const uint64_t shift = dst > src ? dst - src : src - dst;
+  if (shift >= bytes) {
+    ops.push_back({dst, src, bytes});
+    return;
+  }
+  if (dst < src) {  // moving down: front to back
+    for (uint64_t done = 0; done < bytes; done += shift) {
+      ops.push_back({dst + done, src + done, std::min(shift, bytes - done)});
+    }
+  } else {  // moving up: back to front
+    for (uint64_t left = bytes; left > 0;) {
+      const uint64_t n = std::min(shift, left);
+      left -= n;
+      ops.push_back({dst + left, src + left, n});
+    }
+  }
+}
+
+}  // namespace
+
+ArenaPartition partition_arena(const ArenaPlan& plan, uint64_t capacity, uint64_t alignment) {
+  KVSDK_REQUIRE(alignment > 0 && (alignment & (alignment - 1)) == 0, "arena alignment ",
+                alignment, " is not a power of two");
+  ArenaPartition p;
+  p.tiers = plan.tiers();
+  uint64_t offset = 0;
+  for (size_t l = 0; l < plan.layers(); ++l) {
+    KVSDK_REQUIRE(plan.bytes[l].size() == p.tiers, "allocation plan layer ", l, " has ",
+                  plan.bytes[l].size(), " tiers, layer 0 has ", p.tiers);
+    for (size_t t = 0; t < p.tiers; ++t) {
+      const uint64_t b = plan.bytes[l][t];
+      // Checked before adding so a huge request cannot wrap around.
+      if (b > 0 && (b > capacity || offset > capacity - b)) {
+        fail(KVSDK_E_BUDGET, "allocation plan does not fit the device budget: layer ", l,
+             " tier ", t, " needs ", b, " bytes at offset ", offset, " of a ", capacity,
+             "-byte arena");
+      }
+      p.slices.push_back({offset, b});
+      offset = b > 0 ? align_up(offset + b, alignment) : offset;
+      p.reserved = std::max(p.reserved, std::min(offset, capacity));
+    }
+  }
+  return p;
+}
+
+std::vector<ArenaCopy> plan_repartition(const ArenaPartition& from, const ArenaPartition& to,
+                                        const std::vector<uint64_t>& used) {
+  KVSDK_REQUIRE(from.tiers == to.tiers && from.slices.size() == to.slices.size(),
+                "re-partitioning needs plans of the same shape (", from.slices.size(), " vs ",
+                to.slices.size(), " slices)");
+  KVSDK_REQUIRE(used.size() == from.slices.size(), "used[] has ", used.size(), " entries for ",
+                from.slices.size(), " slices");
+  for (size_t i = 0; i < used.size(); ++i) {
+    KVSDK_REQUIRE(used[i] <= from.slices[i].bytes, "slice ", i, " claims ", used[i],
+                  " live bytes but holds ", from.slices[i].bytes);
+    if (used[i] > to.slices[i].bytes) {
+      fail(KVSDK_E_BUDGET, "slice ", i, " (layer ", i / std::max<size_t>(from.tiers, 1),
+           ") holds ", used[i], " live bytes but the new plan gives it ", to.slices[i].bytes,
+           "; evict before shrinking");
+    }
+  }
+  std::vector<ArenaCopy> ops;
+  for (size_t i = 0; i < used.size(); ++i) {  // downward moves, ascending
+    if (to.slices[i].offset < from.slices[i].offset) {
+      push_move(ops, to.slices[i].offset, from.slices[i].offset, used[i]);
+    }
+  }
+  for (size_t i = used.size(); i-- > 0;) {  // upward moves, descending
+    if (to.slices[i].offset > from.slices[i].offset) {
+      push_move(ops, to.slices[i].offset, from.slices[i].offset, used[i]);
+    }
+  }
+  return ops;
+}
+
+}  // namespace kvsdk::cuda

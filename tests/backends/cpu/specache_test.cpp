@@ -1,0 +1,139 @@
+// SpeCache (paper 003): group-averaged top-k selection against a naive reference, attention with
+// fetched rows substituted, and k = all tokens equal to exact attention.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "attention.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "kivi_attention.h"
+#include "reference_attention.h"
+#include "specache.h"
+
+using namespace kvsdk::cpu;
+using namespace kvsdk_test;
+
+namespace {
+
+struct Fixture {
+  static constexpr size_t dim = 64, group = 4, n = 500;
+  std::vector<float> k, v;
+  std::vector<int32_t> pos;
+  KiviHeadStore lowbit;
+  SpeCacheBackingStore backing;
+  std::vector<float> q;
+  explicit Fixture(uint32_t bits) : lowbit(dim, KiviConfig{bits, 32, 64}) {
+    k = normal_rows(n * dim, 1);
+    v = normal_rows(n * dim, 2);
+    for (size_t t = 0; t < n; t += 37) {  // a few keys the queries attend to strongly
+      for (size_t d = 0; d < dim; ++d) k[t * dim + d] = 3.0f * float((d * 7 + t) % 5) - 6.0f;
+    }
+    pos.resize(n);
+    std::iota(pos.begin(), pos.end(), 0);
+    lowbit.append(k.data(), v.data(), pos.data(), n);
+    backing.dim = dim;
+    backing.append(k.data(), v.data(), n);
+    q = normal_rows(group * dim, 3, 0.5f);
+    for (size_t h = 0; h < group; ++h)
+      for (size_t d = 0; d < dim; ++d) q[h * dim + d] += 0.2f * (float((d * 7) % 5) - 2.0f);
+  }
+};
+
+TEST(SpeCache, AllTokensFetchedEqualsExactAttention) {
+  for (uint32_t bits : {1u, 2u}) {
+    Fixture f(bits);
+    std::vector<uint32_t> all(f.n);
+    std::iota(all.begin(), all.end(), 0u);
+    const std::vector<uint32_t> top = specache_select(f.lowbit, f.q.data(), f.group, INT32_MAX, 0.125f, f.n);
+    EXPECT_EQ(top, all);
+    const SpeCacheFetched fetched = specache_fetch(f.backing, top);
+    const std::vector<int32_t> qpos(f.group, INT32_MAX);
+    OnlineAttention attn(f.q.data(), qpos.data(), f.group, f.dim, 0.125f);
+    specache_attend(f.lowbit, fetched, attn);
+    std::vector<float> out(f.group * f.dim);
+    attn.finish(out.data());
+    // The backing store holds f16: exact attention is over the f16 rows.
+    const auto want = reference_attention(f.q, qpos, f16_rounded(f.k), f16_rounded(f.v), f.pos, f.dim, 0.125);
+    EXPECT_LT(relative_error(out, want), 2e-6) << bits;
+  }
+}
+
+TEST(SpeCache, NothingFetchedIsPlainLowBitAttention) {
+  Fixture f(2);
+  const std::vector<int32_t> qpos(f.group, 300);
+  OnlineAttention a(f.q.data(), qpos.data(), f.group, f.dim, 0.125f), b = a;
+  specache_attend(f.lowbit, SpeCacheFetched{}, a);
+  kivi_attend(f.lowbit, b);
+  std::vector<float> oa(f.group * f.dim), ob(f.group * f.dim);
+  a.finish(oa.data());
+  b.finish(ob.data());
+  EXPECT_EQ(oa, ob);
+}
+
+TEST(SpeCache, SelectionIsGroupAveragedTopKOverLowBitKeys) {
+  Fixture f(1);
+  const int32_t qp = 450;
+  const size_t k = 25;
+  std::vector<float> avg;
+  const std::vector<uint32_t> top = specache_select(f.lowbit, f.q.data(), f.group, qp, 0.125f, k, &avg);
+  // Reference: softmax per head (double) over the dequantized keys visible at qp, averaged.
+  std::vector<float> kd(f.n * f.dim), vd(f.n * f.dim);
+  f.lowbit.read_rows(0, f.n, kd.data(), vd.data());
+  std::vector<double> ref(f.n, 0.0);
+  for (size_t h = 0; h < f.group; ++h) {
+    std::vector<double> s(f.n, 0.0);
+    double mx = -1e300, z = 0;
+    for (size_t t = 0; t <= size_t(qp); ++t) {
+      double d = 0;
+      for (size_t x = 0; x < f.dim; ++x) d += double(f.q[h * f.dim + x]) * kd[t * f.dim + x];
+      s[t] = d * 0.125;
+      mx = std::max(mx, s[t]);
+    }
+    for (size_t t = 0; t <= size_t(qp); ++t) z += (s[t] = std::exp(s[t] - mx));
+    for (size_t t = 0; t <= size_t(qp); ++t) ref[t] += s[t] / z / double(f.group);
+  }
+  for (size_t t = 0; t < f.n; ++t) EXPECT_NEAR(avg[t], ref[t], 1e-6) << t;
+  std::vector<uint32_t> order(f.n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return ref[a] > ref[b]; });
+  std::vector<uint32_t> want(order.begin(), order.begin() + k);
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(top, want);
+  for (uint32_t t : top) EXPECT_LE(f.pos[t], qp);
+  const double hit = specache_hit_rate(avg, top);
+  EXPECT_GT(hit, double(k) / double(qp + 1));  // better than a uniform guess
+  EXPECT_LE(hit, 1.0 + 1e-9);
+}
+
+TEST(SpeCache, FetchedRowsReplaceTheirLowBitRows) {
+  Fixture f(2);
+  const std::vector<uint32_t> fetched_tokens = {0, 5, 255, 256, 257, 499};
+  const SpeCacheFetched fetched = specache_fetch(f.backing, fetched_tokens);
+  EXPECT_EQ(fetched.bytes(), 4 * 6 + 2 * 2 * 6 * f.dim);
+  const std::vector<int32_t> qpos = {INT32_MAX, 256, 499, 10};
+  OnlineAttention attn(f.q.data(), qpos.data(), f.group, f.dim, 0.125f);
+  specache_attend(f.lowbit, fetched, attn);
+  std::vector<float> out(f.group * f.dim);
+  attn.finish(out.data());
+  std::vector<float> kr(f.n * f.dim), vr(f.n * f.dim);
+  f.lowbit.read_rows(0, f.n, kr.data(), vr.data());
+  for (uint32_t t : fetched_tokens) {
+    for (size_t d = 0; d < f.dim; ++d) {
+      kr[t * f.dim + d] = kvsdk::f16_to_f32(f.backing.k[t * f.dim + d]);
+      vr[t * f.dim + d] = kvsdk::f16_to_f32(f.backing.v[t * f.dim + d]);
+    }
+  }
+  EXPECT_LT(relative_error(out, reference_attention(f.q, qpos, kr, vr, f.pos, f.dim, 0.125)), 2e-6);
+}
+
+TEST(SpeCache, FetchRejectsBadTokenLists) {
+  Fixture f(2);
+  EXPECT_THROW(specache_fetch(f.backing, {1, 500}), kvsdk::Error);
+  EXPECT_THROW(specache_fetch(f.backing, {3, 2}), kvsdk::Error);
+  EXPECT_EQ(f.backing.bytes(), 2 * 2 * f.n * f.dim);
+}
+
+}  // namespace

@@ -1,0 +1,178 @@
+// Decode attention on the device vs the CPU backend on the same stored data:
+//  - exact tier vs cpu::OnlineAttention over the f16 rows;
+//  - KIVI tier + exact residual (split-K partials of both tiers merged by the reduction kernel)
+//    vs cpu::kivi_attend over a cpu::KiviHeadStore, whose buffers are uploaded unchanged (so the
+//    test also proves the device reads the CPU's layout).
+// Tolerance: 2e-4 absolute on outputs (values ~N(0,1); f32 sums in another order, expf).
+#include "cuda_decode_attention.h"
+
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <string>
+
+#include "attention.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "cuda_test_util.h"
+#include "kivi_attention.h"
+#include "kivi_store.h"
+
+namespace kvsdk::cuda {
+namespace {
+
+using test::DeviceBuffer;
+
+template <class T>
+void append(std::vector<T>& dst, const std::vector<T>& src) {
+  dst.insert(dst.end(), src.begin(), src.end());
+}
+
+std::vector<float> run(const DecodeShape& sh, const std::vector<float>& q, const KiviTierView* kivi,
+                       const ExactTierView* exact, size_t split_tokens) {
+  const DecodePlan plan = plan_decode(sh, kivi ? kivi->tokens : 0, exact ? exact->tokens : 0,
+                                      split_tokens);
+  DeviceBuffer<float> dq(q), dout(q.size());
+  DeviceBuffer<uint8_t> ws(plan.workspace_bytes);
+  decode_attention(dq.get(), sh, kivi, exact, plan, ws.get(), dout.get(), nullptr);
+  return dout.download();
+}
+
+struct Case {
+  size_t dim, group;
+  uint32_t bits;
+};
+
+class CudaDecodeAttention : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaDecodeAttention, ExactTierMatchesCpu) {
+  KVSDK_REQUIRE_CUDA_DEVICE();
+  const Case c = GetParam();
+  DecodeShape sh;
+  sh.batch = 2, sh.kv_heads = 2, sh.group = c.group, sh.dim = c.dim;
+  sh.scale = 1.0f / std::sqrt(float(c.dim));
+  const size_t tokens = 333, capacity = 340, heads = sh.batch * sh.kv_heads;
+  const auto kf = test::random_floats(heads * capacity * c.dim, 1);
+  const auto vf = test::random_floats(heads * capacity * c.dim, 2);
+  const auto q = test::random_floats(heads * c.group * c.dim, 3);
+  std::vector<uint16_t> k(kf.size()), v(vf.size());
+  std::vector<float> kr(kf.size()), vr(vf.size());  // the f16 rows as f32
+  for (size_t i = 0; i < kf.size(); ++i) {
+    k[i] = f32_to_f16(kf[i]);
+    v[i] = f32_to_f16(vf[i]);
+    kr[i] = f16_to_f32(k[i]);
+    vr[i] = f16_to_f32(v[i]);
+  }
+  DeviceBuffer<uint16_t> dk(k), dv(v);
+  ExactTierView view{dk.get(), dv.get(), tokens, capacity};
+  std::vector<int32_t> pos(tokens);
+  for (size_t t = 0; t < tokens; ++t) pos[t] = int32_t(t);
+  const std::vector<int32_t> qpos(c.group, INT32_MAX);
+  for (size_t split : {size_t(64), size_t(1000), size_t(0)}) {
+    const auto out = run(sh, q, nullptr, &view, split);
+    for (size_t h = 0; h < heads; ++h) {
+      cpu::OnlineAttention attn(&q[h * c.group * c.dim], qpos.data(), c.group, c.dim, sh.scale);
+      attn.add_chunk(&kr[h * capacity * c.dim], &vr[h * capacity * c.dim], pos.data(), tokens);
+      std::vector<float> want(c.group * c.dim);
+      attn.finish(want.data());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(out[h * want.size() + i], want[i], 2e-4) << "split " << split << " head " << h;
+      }
+    }
+  }
+}
+
+TEST_P(CudaDecodeAttention, KiviTierWithResidualMatchesCpu) {
+  KVSDK_REQUIRE_CUDA_DEVICE();
+  const Case c = GetParam();
+  DecodeShape sh;
+  sh.batch = 2, sh.kv_heads = 2, sh.group = c.group, sh.dim = c.dim;
+  sh.scale = 1.0f / std::sqrt(float(c.dim));
+  const size_t tokens = 300, heads = sh.batch * sh.kv_heads;
+  cpu::KiviConfig cfg;
+  cfg.bits = c.bits, cfg.group = 32, cfg.residual = 32;
+  std::vector<cpu::KiviHeadStore> stores;
+  std::vector<int32_t> pos(tokens);
+  for (size_t t = 0; t < tokens; ++t) pos[t] = int32_t(t);
+  for (size_t h = 0; h < heads; ++h) {
+    stores.emplace_back(c.dim, cfg);
+    const auto kf = test::random_floats(tokens * c.dim, 10 + h);
+    const auto vf = test::random_floats(tokens * c.dim, 20 + h);
+    stores.back().append(kf.data(), vf.data(), pos.data(), 200);  // two appends: a flush between
+    stores.back().append(&kf[200 * c.dim], &vf[200 * c.dim], &pos[200], tokens - 200);
+  }
+  const size_t nq = stores[0].quantized_tokens(), nr = stores[0].residual_tokens();
+  ASSERT_GT(nq, 0u);
+  ASSERT_GT(nr, 0u);
+  std::vector<uint8_t> kc, vc;
+  std::vector<uint16_t> ks, kz, vs, vz, rk, rv;
+  for (const auto& s : stores) {
+    append(kc, s.key_codes()), append(vc, s.value_codes());
+    append(ks, s.key_scales()), append(kz, s.key_zeros());
+    append(vs, s.value_scales()), append(vz, s.value_zeros());
+    append(rk, s.residual_keys()), append(rv, s.residual_values());
+  }
+  DeviceBuffer<uint8_t> dkc(kc), dvc(vc);
+  DeviceBuffer<uint16_t> dks(ks), dkz(kz), dvs(vs), dvz(vz), drk(rk), drv(rv);
+  KiviTierView kivi;
+  kivi.k_codes = dkc.get(), kivi.v_codes = dvc.get();
+  kivi.k_scale = dks.get(), kivi.k_zero = dkz.get(), kivi.v_scale = dvs.get();
+  kivi.v_zero = dvz.get(), kivi.bits = c.bits, kivi.group = 32, kivi.tokens = nq;
+  kivi.capacity = nq;
+  ExactTierView residual{drk.get(), drv.get(), nr, nr};
+  const auto q = test::random_floats(heads * c.group * c.dim, 3);
+  const std::vector<int32_t> qpos(c.group, INT32_MAX);
+  for (size_t split : {size_t(64), size_t(0)}) {
+    const auto out = run(sh, q, &kivi, &residual, split);
+    for (size_t h = 0; h < heads; ++h) {
+      cpu::OnlineAttention attn(&q[h * c.group * c.dim], qpos.data(), c.group, c.dim, sh.scale);
+      cpu::kivi_attend(stores[h], attn);
+      std::vector<float> want(c.group * c.dim);
+      attn.finish(want.data());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(out[h * want.size() + i], want[i], 2e-4) << "split " << split << " head " << h;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaDecodeAttention,
+                         ::testing::Values(Case{128, 4, 2}, Case{128, 1, 1}, Case{64, 8, 4},
+                                           Case{256, 2, 8}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           const Case& c = info.param;
+                           return "dim" + std::to_string(c.dim) + "_group" +
+                                  std::to_string(c.group) + "_bits" + std::to_string(c.bits);
+                         });
+
+TEST(CudaDecodeAttentionEdge, NoTokensGivesZeros) {
+  KVSDK_REQUIRE_CUDA_DEVICE();
+  DecodeShape sh;
+  sh.kv_heads = 1, sh.group = 2, sh.dim = 64;
+  ExactTierView empty{nullptr, nullptr, 0, 0};
+  const auto out = run(sh, test::random_floats(2 * 64, 1), nullptr, &empty, 64);
+  for (float x : out) EXPECT_EQ(x, 0.0f);
+}
+
+TEST(CudaDecodeAttentionArgs, BadShapesAreInvalidArguments) {
+  const auto status = [](DecodeShape sh) {
+    try {
+      plan_decode(sh, 10, 10, 64);
+    } catch (const Error& e) {
+      return e.status();
+    }
+    return KVSDK_OK;
+  };
+  DecodeShape sh;
+  sh.kv_heads = 8, sh.group = 4, sh.dim = 128;
+  EXPECT_EQ(status(sh), KVSDK_OK);
+  sh.dim = 96;
+  EXPECT_EQ(status(sh), KVSDK_E_INVALID_ARG);
+  sh.dim = 128, sh.group = kDecodeMaxGroup + 1;
+  EXPECT_EQ(status(sh), KVSDK_E_INVALID_ARG);
+  sh.group = 4, sh.kv_heads = 0;
+  EXPECT_EQ(status(sh), KVSDK_E_INVALID_ARG);
+}
+
+}  // namespace
+}  // namespace kvsdk::cuda

@@ -1,0 +1,210 @@
+// CUDA backend benchmarks (issue 7), every figure a ratio to a baseline measured in the same run:
+//  - KIVI quantize throughput (keys + values of 8 KV heads x head_dim 128) as a fraction of the
+//    device-to-device copy bandwidth measured first (both as bytes read + written per second);
+//  - decode attention over a KIVI-2 cache (+ 128-token exact residual) vs dense FP16 decode
+//    attention (the same flash-decoding kernel over f16 rows), Llama-3-8B-like geometry (32 query
+//    heads, 8 KV heads, head_dim 128), 4k / 32k / 128k tokens, batch 1 and 16.
+// Timing: CUDA events around the launches (manual time). Contents of the caches are constant
+// fills: the kernels' work does not depend on the values.
+// Without a CUDA device it prints why and exits with status 1.
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "cuda_decode_attention.h"
+#include "cuda_kivi_quant.h"
+
+namespace {
+
+using namespace kvsdk::cuda;
+
+constexpr size_t kQHeads = 32, kKvHeads = 8, kDim = 128, kGroup = 32, kResidual = 128;
+
+double g_copy_bytes_per_s = 0;                            // read + write bytes per second
+std::map<std::pair<size_t, size_t>, double> g_dense_s;    // (tokens, batch) -> seconds per step
+
+#define CHECK_CUDA(expr)                                                              \
+  do {                                                                                \
+    const cudaError_t e_ = (expr);                                                    \
+    if (e_ != cudaSuccess) {                                                          \
+      state.SkipWithError((std::string(#expr) + ": " + cudaGetErrorString(e_)).c_str()); \
+      return;                                                                         \
+    }                                                                                 \
+  } while (0)
+
+// Device buffer that reports failure instead of throwing (a benchmark skips on it).
+struct Buf {
+  void* p = nullptr;
+  explicit Buf(size_t n) {
+    if (cudaMalloc(&p, n) != cudaSuccess) p = nullptr;
+  }
+  ~Buf() {
+    if (p) cudaFree(p);
+  }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+// Times `launch` with events, `iters` back-to-back launches per sample.
+template <class F>
+double time_s(F&& launch, int iters) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  launch();  // warm-up
+  cudaEventRecord(a);
+  for (int i = 0; i < iters; ++i) launch();
+  cudaEventRecord(b);
+  cudaEventSynchronize(b);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return double(ms) / 1e3 / iters;
+}
+
+void BM_DeviceCopy(benchmark::State& state) {
+  const size_t bytes = size_t(state.range(0)) << 20;
+  Buf src(bytes), dst(bytes);
+  if (!src.p || !dst.p) return state.SkipWithError("cudaMalloc failed");
+  CHECK_CUDA(cudaMemset(src.p, 1, bytes));
+  for (auto _ : state) {
+    const double s = time_s(
+        [&] { cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice); }, 10);
+    state.SetIterationTime(s);
+    g_copy_bytes_per_s = 2.0 * double(bytes) / s;
+  }
+  state.counters["GBps_rw"] = g_copy_bytes_per_s / 1e9;
+}
+
+void BM_KiviQuantize(benchmark::State& state) {
+  const uint32_t bits = uint32_t(state.range(0));
+  const size_t tokens = size_t(state.range(1)), rows = kKvHeads * tokens;
+  const size_t row_bytes = (kDim * bits + 7) / 8, groups = kDim / kGroup;
+  Buf k(rows * kDim * 4), v(rows * kDim * 4), kc(rows * row_bytes), vc(rows * row_bytes);
+  Buf ks(rows / kGroup * kDim * 2), kz(rows / kGroup * kDim * 2), vs(rows * groups * 2),
+      vz(rows * groups * 2);
+  if (!k.p || !v.p || !kc.p || !vc.p || !ks.p || !kz.p || !vs.p || !vz.p) {
+    return state.SkipWithError("cudaMalloc failed");
+  }
+  CHECK_CUDA(cudaMemset(k.p, 0x3e, rows * kDim * 4));
+  CHECK_CUDA(cudaMemset(v.p, 0x3d, rows * kDim * 4));
+  const double bytes = 2.0 * rows * kDim * 4 + 2.0 * rows * row_bytes +
+                       2.0 * (rows / kGroup * kDim + rows * groups) * 2;
+  for (auto _ : state) {
+    const double s = time_s(
+        [&] {
+          kivi_quantize_keys(k.as<float>(), rows / kGroup, kGroup, kDim, bits, kc.as<uint8_t>(),
+                             ks.as<uint16_t>(), kz.as<uint16_t>(), nullptr);
+          kivi_quantize_values(v.as<float>(), rows, kDim, kGroup, bits, vc.as<uint8_t>(),
+                               vs.as<uint16_t>(), vz.as<uint16_t>(), nullptr);
+        },
+        10);
+    state.SetIterationTime(s);
+    state.counters["GBps_rw"] = bytes / s / 1e9;
+    if (g_copy_bytes_per_s > 0) state.counters["frac_of_d2d"] = bytes / s / g_copy_bytes_per_s;
+  }
+}
+
+// Decode step over `tokens` cached tokens per sequence: dense f16, or KIVI-2 + exact residual.
+void BM_Decode(benchmark::State& state, bool kivi) {
+  const size_t tokens = size_t(state.range(0)), batch = size_t(state.range(1));
+  const size_t heads = batch * kKvHeads;
+  DecodeShape sh;
+  sh.batch = batch, sh.kv_heads = kKvHeads, sh.group = kQHeads / kKvHeads, sh.dim = kDim;
+  sh.scale = 0.08838834764f;  // 1/sqrt(128)
+  const size_t nq = kivi ? (tokens - kResidual) / kGroup * kGroup : 0;
+  const size_t ne = tokens - nq;
+  const uint32_t bits = 2;
+  const size_t row_bytes = kDim * bits / 8;
+  Buf ek(heads * ne * kDim * 2), ev(heads * ne * kDim * 2);
+  Buf kc(heads * nq * row_bytes + 1), vc(heads * nq * row_bytes + 1);
+  Buf ks(heads * nq / kGroup * kDim * 2 + 2), kz(heads * nq / kGroup * kDim * 2 + 2);
+  Buf vs(heads * nq * (kDim / kGroup) * 2 + 2), vz(heads * nq * (kDim / kGroup) * 2 + 2);
+  Buf q(batch * kQHeads * kDim * 4), out(batch * kQHeads * kDim * 4);
+  if (!ek.p || !ev.p || !kc.p || !vc.p || !ks.p || !kz.p || !vs.p || !vz.p || !q.p || !out.p) {
+    return state.SkipWithError("cudaMalloc failed (not enough device memory for this size)");
+  }
+  CHECK_CUDA(cudaMemset(ek.p, 0x3c, heads * ne * kDim * 2));
+  CHECK_CUDA(cudaMemset(ev.p, 0x3b, heads * ne * kDim * 2));
+  CHECK_CUDA(cudaMemset(kc.p, 0x5a, heads * nq * row_bytes + 1));
+  CHECK_CUDA(cudaMemset(vc.p, 0xa5, heads * nq * row_bytes + 1));
+  CHECK_CUDA(cudaMemset(ks.p, 0x20, heads * nq / kGroup * kDim * 2 + 2));
+  CHECK_CUDA(cudaMemset(kz.p, 0xa0, heads * nq / kGroup * kDim * 2 + 2));
+  CHECK_CUDA(cudaMemset(vs.p, 0x20, heads * nq * (kDim / kGroup) * 2 + 2));
+  CHECK_CUDA(cudaMemset(vz.p, 0xa0, heads * nq * (kDim / kGroup) * 2 + 2));
+  CHECK_CUDA(cudaMemset(q.p, 0x3c, batch * kQHeads * kDim * 4));
+  ExactTierView exact{ek.as<uint16_t>(), ev.as<uint16_t>(), ne, ne};
+  KiviTierView kv;
+  kv.k_codes = kc.as<uint8_t>(), kv.v_codes = vc.as<uint8_t>();
+  kv.k_scale = ks.as<uint16_t>(), kv.k_zero = kz.as<uint16_t>();
+  kv.v_scale = vs.as<uint16_t>(), kv.v_zero = vz.as<uint16_t>();
+  kv.bits = bits, kv.group = kGroup, kv.tokens = nq, kv.capacity = nq;
+  const DecodePlan plan = plan_decode(sh, nq, ne);
+  Buf ws(plan.workspace_bytes);
+  if (!ws.p) return state.SkipWithError("cudaMalloc of the workspace failed");
+  const double kv_bytes = double(heads) * (ne * kDim * 4.0 + nq * (2.0 * row_bytes) +
+                                           nq / kGroup * kDim * 4.0 + nq * (kDim / kGroup) * 4.0);
+  for (auto _ : state) {
+    const double s = time_s(
+        [&] {
+          decode_attention(q.as<float>(), sh, kivi ? &kv : nullptr, &exact, plan, ws.p,
+                           out.as<float>(), nullptr);
+        },
+        20);
+    state.SetIterationTime(s);
+    state.counters["cache_GBps"] = kv_bytes / s / 1e9;
+    state.counters["splits"] = double(plan.kivi_splits + plan.exact_splits);
+    if (!kivi) {
+      g_dense_s[{tokens, batch}] = s;
+    } else if (g_dense_s.count({tokens, batch})) {
+      state.counters["speedup_vs_fp16"] = g_dense_s[{tokens, batch}] / s;
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "cuda_bench: no CUDA device: %s\n",
+                 err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0");
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  benchmark::AddCustomContext("gpu", prop.name);
+  benchmark::AddCustomContext("cuda_driver", std::to_string(driver));
+  benchmark::AddCustomContext("cuda_runtime", std::to_string(runtime));
+
+  benchmark::RegisterBenchmark("DeviceCopy/MiB", BM_DeviceCopy)->Arg(1024)->UseManualTime()
+      ->Unit(benchmark::kMicrosecond)->Iterations(3);
+  benchmark::RegisterBenchmark("KiviQuantize/bits/tokens", BM_KiviQuantize)
+      ->ArgsProduct({{1, 2, 4, 8}, {32768}})->UseManualTime()->Unit(benchmark::kMicrosecond);
+  for (int64_t tokens : {4096, 32768, 131072}) {
+    for (int64_t batch : {1, 16}) {
+      // Dense first: the KIVI-2 run reports its speed-up over it.
+      benchmark::RegisterBenchmark("DecodeFp16/tokens/batch",
+                                   [](benchmark::State& s) { BM_Decode(s, false); })
+          ->Args({tokens, batch})->UseManualTime()->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark("DecodeKivi2/tokens/batch",
+                                   [](benchmark::State& s) { BM_Decode(s, true); })
+          ->Args({tokens, batch})->UseManualTime()->Unit(benchmark::kMicrosecond);
+    }
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
