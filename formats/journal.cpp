@@ -246,13 +246,16 @@ void apply_delta(const Geometry& g, const std::vector<const fb::JournalDelta*>& 
     std::vector<const fb::ExactRows*> src = w.rows;
     size_t src_i = 0, src_row = 0;
     ExactStore next;
+    uint64_t copied_end = 0;  // copy segments move forward: survivors keep their order
     for (const fb::Segment* s : *w.segments) {
       const uint64_t count = s->count();
       if (s->base_begin() != kNewRows) {
         const uint64_t b = s->base_begin();
-        if (b > old.size() || count > old.size() - b) {
-          fail(KVSDK_E_CORRUPT, "journal: segment copies rows beyond the previous state");
+        if (b < copied_end || b > old.size() || count > old.size() - b) {
+          fail(KVSDK_E_CORRUPT, "journal: segment copies rows out of order or beyond the "
+               "previous state");
         }
+        copied_end = b + count;
         next.positions.insert(next.positions.end(), old.positions.begin() + b,
                               old.positions.begin() + b + count);
         next.k.insert(next.k.end(), old.k.begin() + b * dim, old.k.begin() + (b + count) * dim);

@@ -82,7 +82,8 @@ class Reader {
                        (want == uint8_t(FrameKind::kTierChunk) && got == fb::Payload::TierChunk) ||
                        (want == uint8_t(FrameKind::kIndex) && got == fb::Payload::Index) ||
                        (want == uint8_t(FrameKind::kJournal) && got == fb::Payload::JournalDelta);
-    if (!match) {
+    // A union may name its type yet carry no value: the Verifier accepts that, we do not.
+    if (!match || root->payload() == nullptr) {
       *why = "frame content does not match its kind";
       return nullptr;
     }
@@ -171,7 +172,10 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
       const uint64_t n = li->head_tokens()->Get(h);
       if (n > kMaxRowsPerHead) fail(KVSDK_E_CORRUPT, "snapshot layer ", l, " head ", h, " declares ", n, " rows");
       declared[l].push_back(n);
-      declared_bytes += n * bytes_per_row;  // < 2^31 * 2^12 * 2^24: no overflow
+      // n * bytes_per_row < 2^31 * 2^13; the sum over up to 2^24 heads saturates instead of
+      // wrapping around.
+      const uint64_t add = n * bytes_per_row;
+      declared_bytes = add > UINT64_MAX - declared_bytes ? UINT64_MAX : declared_bytes + add;
     }
   }
   if (declared_bytes > opt.available_bytes) {
@@ -307,9 +311,9 @@ Snapshot read_snapshot(const unsigned char* data, size_t size, const ReadOptions
   // caches stay far below 64; larger claims just grow as rows arrive).
   const uint64_t reserve_limit = uint64_t(size) * 64;
   uint64_t pos = kFileHeaderBytes;
+  RawFrame f;  // reused: its buffer keeps its capacity (no fresh pages per frame)
+  std::string why;
   for (;;) {
-    RawFrame f;
-    std::string why;
     if (!rd.locate(pos, s.snapshot_id, &f, &why)) corrupt_at(pos, why);
     const fb::Frame* root = rd.open(f, &why);
     if (!root) corrupt_at(pos, why);
@@ -339,7 +343,7 @@ Snapshot read_snapshot(const unsigned char* data, size_t size, const ReadOptions
   if (t.index_offset != s.frames.back().offset) corrupt_at(pos, "trailer points to another index");
   Xxh64Stream records(0);
   records.update(data, kFileHeaderBytes);
-  for (const FrameRecord& f : s.frames) records.update(data + f.offset, kFrameHeaderBytes);
+  for (const FrameRecord& fr : s.frames) records.update(data + fr.offset, kFrameHeaderBytes);
   if (t.records_hash != records.digest()) corrupt_at(pos, "snapshot checksum mismatch");
   s.base_end = pos + kTrailerBytes;
 

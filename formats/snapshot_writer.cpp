@@ -1,7 +1,8 @@
 #include "snapshot_writer.h"
 
+#include "xxhash64.h"
+
 #include <algorithm>
-#include <random>
 #include <vector>
 
 #include "container.h"
@@ -96,11 +97,32 @@ SaveParams save_params_from_c(const kvsdk_save_options* options) {
   return p;
 }
 
-uint64_t new_snapshot_id() {
-  std::random_device rd;
-  uint64_t id = 0;
-  while (id == 0) id = (uint64_t(rd()) << 32) ^ rd();
-  return id;
+uint64_t snapshot_id_of(const Cache& cache, const std::vector<std::vector<uint64_t>>& rows) {
+  Xxh64Stream h(0x6b7673646b736e70ull);  // "kvsdksnp"
+  const auto add_vec = [&h](const auto& v) {
+    const uint64_t n = v.size();
+    h.update(&n, sizeof n);
+    if (n) h.update(v.data(), n * sizeof(v[0]));
+  };
+  const kvsdk_geometry g = cache.geometry().to_c();  // 4-byte fields only: no padding bytes
+  h.update(&g, sizeof g);
+  const kvsdk_policy p = cache.policy();
+  h.update(&p, sizeof p);
+  const PolicyRuntime rt = cache.policy_runtime();
+  h.update(&rt.cache_budget, sizeof rt.cache_budget);
+  add_vec(rt.fixed_alloc);
+  add_vec(rt.profile_shares);
+  add_vec(rt.last_caps);
+  for (uint32_t l = 0; l < cache.geometry().n_layers; ++l) {
+    const LayerState& L = cache.layer(l);
+    h.update(&L.appended_tokens, sizeof L.appended_tokens);
+    for (const auto& s : L.scores) add_vec(s);
+    add_vec(L.window_q);
+    add_vec(L.window_pos);
+  }
+  for (const auto& head : rows) add_vec(head);
+  const uint64_t id = h.digest();
+  return id != 0 ? id : 1;
 }
 
 uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t snapshot_id,

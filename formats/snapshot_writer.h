@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/cache.h"
 #include "sink.h"
@@ -22,7 +23,11 @@ kvsdk_save_options save_options_defaults();
 uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t snapshot_id,
                         Sink& sink);
 
-// A fresh random snapshot id (never 0).
-uint64_t new_snapshot_id();
+// The snapshot id of the cache's current state (never 0): a hash of everything a snapshot holds
+// (geometry, policy and its state, every row through its fingerprint `rows`, from
+// fingerprint_rows). Deterministic, so that equal caches give byte-identical snapshots (bindings
+// in different languages are compared byte for byte), while a journal delta still only continues
+// a file whose base holds exactly the state it was computed from.
+uint64_t snapshot_id_of(const Cache& cache, const std::vector<std::vector<uint64_t>>& rows);
 
 }  // namespace kvsdk::format

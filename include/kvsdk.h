@@ -582,8 +582,8 @@ KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache *cache, const char *path,
 /** Saves the whole cache into a caller-owned buffer. With `buf` NULL it is a size query: writes
  *  the exact number of bytes a save needs to `*out_size` (this encodes and compresses the whole
  *  cache, so it costs as much as a save). Otherwise writes the snapshot to `buf` (`capacity`
- *  bytes) and its size to `*out_size`. A buffer save becomes the base of later deltas in the
- *  same way as kvsdk_cache_save, for whoever writes the buffer to a file; a size query does not.
+ *  bytes) and its size to `*out_size`. The cache is not modified, and a buffer save does not
+ *  change which file kvsdk_cache_save_delta continues (the last file saved or loaded).
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/out_size, bad options, `capacity` smaller than the
  *          snapshot), KVSDK_E_NO_MEMORY. On failure `*out_size` is untouched and the contents of
  *          `buf` are unspecified. */
@@ -627,7 +627,7 @@ typedef struct kvsdk_load_info {
  *  Errors: KVSDK_E_INVALID_ARG (NULL out/ctx/path, bad struct_size), KVSDK_E_IO (cannot open or
  *          read), KVSDK_E_CORRUPT (bad magic, truncated, checksum mismatch, invalid contents),
  *          KVSDK_E_VERSION (newer major format), KVSDK_E_GEOMETRY (differs from `expected`),
- *          KVSDK_E_UNSUPPORTED (a policy or tier this build does not implement),
+ *          KVSDK_E_UNSUPPORTED (the snapshot's policy is not implemented by this build),
  *          KVSDK_E_BUDGET (the cache does not fit the budget), KVSDK_E_NO_MEMORY.
  *  On failure `*out` and `*info` are untouched and nothing stays charged to `ctx`.
  *  Threading: safe to call concurrently (it creates a new cache). */

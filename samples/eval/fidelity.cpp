@@ -32,7 +32,7 @@ uint64_t cache_bytes(const llama::Session& s) {
 // Feeds `tokens` under `schedule`; `logits` (tokens.size() x vocab) receives every position's
 // next-token logits when non-null. Tracks the peak cache bytes after each append round.
 void run(llama::Session& s, const std::vector<int>& tokens, const Schedule& schedule,
-         std::vector<float>* logits, uint64_t* peak) {
+         std::vector<float>* logits, uint64_t* peak, uint64_t* prefill_peak = nullptr) {
   const size_t V = size_t(s.model().config().vocab_size);
   if (logits) logits->assign(tokens.size() * V, 0.0f);
   size_t t = 0;
@@ -42,8 +42,39 @@ void run(llama::Session& s, const std::vector<int>& tokens, const Schedule& sche
                          : 1;
     s.forward(tokens.data() + t, n, logits ? logits->data() + t * V : nullptr, logits != nullptr);
     *peak = std::max(*peak, cache_bytes(s));
+    if (prefill_peak && t < schedule.prompt_tokens) *prefill_peak = std::max(*prefill_peak, cache_bytes(s));
     t += n;
   }
+}
+
+// XKV mini-prefill: plans the prompt without touching the cache, then fixes the allocation of
+// the real prefill. The token total is what the budget holds once the observation windows the
+// prefill will observe are charged (the cache caps a window at an eighth of the budget).
+void mini_prefill(llama::Session& s, const std::vector<int>& tokens, const Schedule& schedule,
+                  const kvsdk_policy& policy, uint64_t budget) {
+  const kvsdk_geometry g = llama::geometry_of(s.model().config());
+  kvsdk_planner* planner = nullptr;
+  llama::check(kvsdk_planner_create(&planner, &g, &policy), "kvsdk_planner_create");
+  try {
+    s.plan_prefill(tokens.data(), schedule.prompt_tokens, planner, size_t(policy.obs_window));
+    uint64_t unit = 0;
+    llama::check(kvsdk_cache_token_capacity(s.cache(), nullptr, &unit), "kvsdk_cache_token_capacity");
+    const uint64_t row = uint64_t(g.n_q_heads) * g.head_dim * 4 + 4;
+    uint64_t w = uint64_t(policy.obs_window);
+    if (budget) w = std::max<uint64_t>(1, std::min<uint64_t>(w, budget / 8 / (g.n_layers * row)));
+    const uint64_t windows = uint64_t(g.n_layers) * w * row;
+    const uint64_t total = budget > windows ? (budget - windows) / unit : 0;
+    std::vector<uint64_t> alloc(g.n_layers);
+    llama::check(kvsdk_planner_finish(planner, KVSDK_ALLOC_TOTAL_TOKENS, double(total), alloc.data(),
+                                      g.n_layers),
+                 "kvsdk_planner_finish");
+    llama::check(kvsdk_cache_set_allocation(s.cache(), alloc.data(), g.n_layers),
+                 "kvsdk_cache_set_allocation");
+  } catch (...) {
+    kvsdk_planner_destroy(planner);
+    throw;
+  }
+  kvsdk_planner_destroy(planner);
 }
 
 std::vector<double> log_softmax(const float* logits, size_t n) {
@@ -109,7 +140,7 @@ Reference build_reference(const llama::Model& model, const std::vector<int>& tex
 }
 
 Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_policy& policy,
-                 uint64_t budget_bytes) {
+                 uint64_t budget_bytes, bool with_mini_prefill) {
   const size_t V = size_t(model.config().vocab_size);
   Outcome out;
   try {
@@ -117,13 +148,15 @@ Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_po
     {
       llama::Session s(model, ctx.ctx, &policy);
       std::vector<float> logits;
-      run(s, ref.text, ref.schedule, &logits, &out.cache_bytes);
+      if (with_mini_prefill) mini_prefill(s, ref.text, ref.schedule, policy, budget_bytes);
+      run(s, ref.text, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes);
       out.ppl = perplexity(logits, ref.text, V);
     }
     // Teacher-forced on the full model's continuation: the logits at position t predict t+1.
     llama::Session s(model, ctx.ctx, &policy);
     std::vector<float> logits;
-    run(s, ref.continuation, ref.schedule, &logits, &out.cache_bytes);
+    if (with_mini_prefill) mini_prefill(s, ref.continuation, ref.schedule, policy, budget_bytes);
+    run(s, ref.continuation, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes);
     const size_t steps = ref.full_logits.size() / V;
     const size_t first = ref.schedule.prompt_tokens - 1;
     size_t agree = 0;

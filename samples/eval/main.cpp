@@ -39,6 +39,7 @@ struct Options {
   double prompt_share = 0.75;
   uint64_t seed = 42;
   std::string json, markdown, plot;
+  bool mini_prefill = false;  // also run xkv with the XKV mini-prefill planner
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -63,6 +64,7 @@ void usage(std::FILE* f) {
                "                      tail of SHARED/data/tinyshakespeare.txt from char %zu)\n"
                "  --shared-dir DIR    folder with models/ and data/ (default %s)\n"
                "  --seed N            seed of stories260K's self-generated text (default 42)\n"
+               "  --mini-prefill      also measure xkv planned by a cache-free mini-prefill pass\n"
                "  --json FILE  --markdown FILE  --plot FILE.png\n",
                kCompositions[0], kCompositions[1], kCompositions[2], kHeldOutOffset, KVSDK_SHARED_DIR);
 }
@@ -74,6 +76,10 @@ Options parse(int argc, char** argv) {
     if (a == "-h" || a == "--help") {
       usage(stdout);
       std::exit(0);
+    }
+    if (a == "--mini-prefill") {
+      o.mini_prefill = true;
+      continue;
     }
     if (i + 1 >= argc) {
       usage(stderr);
@@ -211,17 +217,21 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
   for (const std::string& spec : o.policies) {
     kvsdk_policy policy;
     if (!policy_available(spec, model, &policy)) continue;
+    const bool xkv = policy.method == KVSDK_METHOD_XKV && policy.quant_bits == 0;
+    for (int variant = 0; variant < (o.mini_prefill && xkv ? 2 : 1); ++variant)
     for (int pct : o.budgets) {
+      const bool planned = variant == 1;
+      const std::string label = planned ? spec + "+mini-prefill" : spec;
       eval::Record r;
       r.model = name;
-      r.policy = spec;
+      r.policy = label;
       r.budget_pct = pct;
       r.budget_bytes = std::max<uint64_t>(1, ref.full_cache_bytes * uint64_t(pct) / 100);
       r.full_cache_bytes = ref.full_cache_bytes;
       r.ppl_full = ref.ppl_full;
       r.context_tokens = n;
       r.prompt_tokens = schedule.prompt_tokens;
-      const eval::Outcome out = eval::evaluate(model, ref, policy, r.budget_bytes);
+      const eval::Outcome out = eval::evaluate(model, ref, policy, r.budget_bytes, planned);
       r.ok = out.ok;
       r.status = out.ok ? "ok" : kvsdk_status_str(out.status);
       r.error = out.error;
@@ -230,11 +240,12 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
       r.top1_agreement = out.top1_agreement;
       r.kl = out.kl;
       if (out.ok) {
-        std::fprintf(stderr, "[%s] %-14s %3d%%: %8llu bytes  ppl %.4f  top-1 %.4f  KL %.5f\n",
-                     name.c_str(), spec.c_str(), pct, (unsigned long long)out.cache_bytes, out.ppl,
-                     out.top1_agreement, out.kl);
+        std::fprintf(stderr,
+                     "[%s] %-14s %3d%%: %8llu bytes (prefill peak %llu)  ppl %.4f  top-1 %.4f  KL %.5f\n",
+                     name.c_str(), label.c_str(), pct, (unsigned long long)out.cache_bytes,
+                     (unsigned long long)out.prefill_bytes, out.ppl, out.top1_agreement, out.kl);
       } else {
-        std::fprintf(stderr, "[%s] %-14s %3d%%: failed: %s\n", name.c_str(), spec.c_str(), pct,
+        std::fprintf(stderr, "[%s] %-14s %3d%%: failed: %s\n", name.c_str(), label.c_str(), pct,
                      out.error.c_str());
       }
       records.push_back(r);

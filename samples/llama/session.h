@@ -33,6 +33,12 @@ class Session {
   // unusable (some layers hold the chunk, others do not) and later calls throw llama::Error.
   void forward(const int* tokens, size_t n, float* logits, bool all_logits = false);
 
+  // XKV mini-prefill (kvsdk_planner_*): a first pass over the `n` prompt tokens at positions
+  // position() .. that never touches the session's cache. Each layer attends through a temporary
+  // one-layer full cache (so at most one layer's keys/values exist at a time), then feeds the
+  // planner its keys and the last `window` queries. The session's position does not move.
+  void plan_prefill(const int* tokens, size_t n, kvsdk_planner* planner, size_t window) const;
+
   // Feeds one token and returns its next-token logits (vocab_size floats, owned by the session).
   const float* step(int token);
 

@@ -22,14 +22,15 @@ kvsdk_cache& handle(kvsdk_cache* cache) {
   return *cache;
 }
 
-std::shared_ptr<JournalBase> make_base(const Cache& cache, uint64_t id, uint64_t base_end,
-                                       uint64_t journal_end, uint64_t next_sequence) {
+std::shared_ptr<JournalBase> make_base(std::vector<std::vector<uint64_t>> rows, uint64_t id,
+                                       uint64_t base_end, uint64_t journal_end,
+                                       uint64_t next_sequence) {
   auto b = std::make_shared<JournalBase>();
   b->snapshot_id = id;
   b->base_end = base_end;
   b->journal_end = journal_end;
   b->next_sequence = next_sequence;
-  b->rows = fingerprint_rows(cache);
+  b->rows = std::move(rows);
   return b;
 }
 
@@ -52,7 +53,8 @@ void load(kvsdk_cache** out, kvsdk_context* ctx, const unsigned char* data, size
   auto h = std::make_unique<kvsdk_cache>();
   h->impl = Cache::restore(ctx->impl, s.geometry, s.policy, std::move(s.layers));
   h->impl->restore_policy_runtime(std::move(s.runtime));
-  h->journal = make_base(*h->impl, s.snapshot_id, s.base_end, s.journal_end, s.next_sequence);
+  h->journal = make_base(fingerprint_rows(*h->impl), s.snapshot_id, s.base_end, s.journal_end,
+                         s.next_sequence);
   if (info) {
     info->format_major = s.format_major;
     info->format_minor = s.format_minor;
@@ -79,9 +81,10 @@ KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache* cache, const char* path,
     kvsdk_cache& c = handle(cache);
     KVSDK_REQUIRE(path != nullptr, "path is NULL");
     const SaveParams params = save_params_from_c(options);
-    const uint64_t id = new_snapshot_id();
     // Fingerprint first: once the file is renamed nothing may fail.
-    auto base = make_base(*c.impl, id, 0, 0, 1);
+    auto rows = fingerprint_rows(*c.impl);
+    const uint64_t id = snapshot_id_of(*c.impl, rows);
+    auto base = make_base(std::move(rows), id, 0, 0, 1);
     save_file_atomically(path, [&](Sink& sink) {
       base->base_end = base->journal_end = write_snapshot(*c.impl, params, id, sink);
     });
@@ -93,19 +96,18 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache* cache,
                                                   const kvsdk_save_options* options, void* buf,
                                                   size_t capacity, size_t* out_size) {
   return guard("kvsdk_cache_save_to_buffer", [&] {
-    kvsdk_cache& c = handle(cache);
+    const kvsdk_cache& c = handle(cache);
     KVSDK_REQUIRE(out_size != nullptr, "out_size is NULL");
     const SaveParams params = save_params_from_c(options);
-    const uint64_t id = new_snapshot_id();
+    const uint64_t id = snapshot_id_of(*c.impl, fingerprint_rows(*c.impl));
     if (buf == nullptr) {
       CountingSink sink;
       *out_size = size_t(write_snapshot(*c.impl, params, id, sink));
       return;
     }
-    auto base = make_base(*c.impl, id, 0, 0, 1);
+    // A buffer is not a file: the journal keeps continuing the last file saved or loaded.
     BufferSink sink(buf, capacity);
-    base->base_end = base->journal_end = write_snapshot(*c.impl, params, id, sink);
-    c.journal = std::move(base);
+    write_snapshot(*c.impl, params, id, sink);
     *out_size = size_t(sink.written());
   });
 }

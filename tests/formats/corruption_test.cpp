@@ -203,16 +203,30 @@ class Crafted : public ::testing::Test {
     const auto pol = fb::CreatePolicy(b, method, 0, 32, 128, 4, 32, 32, 7, 0, 0.5f, 0.5f, 0.05f);
     return fb::CreateMetadata(b, 1, 0, 0, geo, pol, 0, b.CreateVector(infos));
   }
-  // Writes header, the given frames, index and trailer.
+  // Writes header, the given frames, index and trailer, then `journal` frames.
   static std::vector<unsigned char> build(
-      const std::vector<std::pair<fmt::FrameKind, std::vector<uint8_t>>>& frames) {
+      const std::vector<std::pair<fmt::FrameKind, std::vector<uint8_t>>>& frames,
+      const std::vector<std::vector<uint8_t>>& journal = {}) {
     std::vector<unsigned char> out;
     fmt::VectorSink sink(out);
     fmt::FrameWriter w(sink, 1234, 3);
     w.write_file_header();
     for (const auto& [kind, fbuf] : frames) w.write_frame(kind, fbuf.data(), fbuf.size());
     w.write_index_and_trailer();
+    for (const auto& j : journal) w.write_frame(fmt::FrameKind::kJournal, j.data(), j.size());
     return out;
+  }
+  // A one-part delta for layer 0 head 0 of a 1-layer, head_dim 4 cache.
+  static std::vector<uint8_t> delta(uint64_t seq, const std::vector<fb::Segment>& segs,
+                                    size_t new_rows, uint64_t appended = 3) {
+    flatbuffers::FlatBufferBuilder b;
+    std::vector<int32_t> pos(new_rows, 9);
+    std::vector<uint16_t> kv(new_rows * 4, 0x3c00);
+    const auto rows = fb::CreateExactRows(b, b.CreateVector(pos), b.CreateVector(kv), b.CreateVector(kv));
+    const auto hd = fb::CreateHeadDelta(b, 0, 0, b.CreateVectorOfStructs(segs), rows);
+    const std::vector<uint64_t> app = {appended};
+    const auto d = fb::CreateJournalDelta(b, seq, 0, 1, b.CreateVector(&hd, 1), b.CreateVector(app));
+    return finish(b, fb::Payload::JournalDelta, d);
   }
   template <class T>
   static std::vector<uint8_t> finish(flatbuffers::FlatBufferBuilder& b, fb::Payload type,
@@ -285,6 +299,36 @@ TEST_F(Crafted, AbsurdCountsAndSizesAreCorrupt) {
   auto tight = make_context(1000);
   EXPECT_EQ(try_load(tight.get(), build({{K::kMetadata, meta_frame(1, 1, 4, {{2, {1000000000}}})}})),
             KVSDK_E_BUDGET);
+}
+
+TEST_F(Crafted, InconsistentJournalDeltasAreCorrupt) {
+  using K = fmt::FrameKind;
+  const std::vector<std::pair<K, std::vector<uint8_t>>> base = {
+      {K::kMetadata, meta_frame(1, 1, 4, {{2, {2}}})}, {K::kTierChunk, rows_frame(0, 0, 0, 2, 8, 8)}};
+  const uint64_t kNew = ~0ull;
+  kvsdk_load_info info{};
+  info.struct_size = sizeof info;
+  // Control: keep both rows, add one.
+  ASSERT_EQ(try_load(ctx.get(), build(base, {delta(1, {{0, 2}, {kNew, 1}}, 1)}), &info), KVSDK_OK)
+      << kvsdk_last_error();
+  EXPECT_EQ(info.journal_frames_applied, 1u);
+  const std::vector<std::vector<uint8_t>> bad = {
+      delta(1, {{1, 1}, {0, 1}}, 0),            // copies go backwards (would duplicate rows)
+      delta(1, {{0, 1}, {0, 1}}, 0),            // the same row twice
+      delta(1, {{0, 3}}, 0),                    // beyond the previous rows
+      delta(1, {{1ull << 62, 1ull << 62}}, 0),  // absurd range
+      delta(1, {{kNew, 2}}, 1),                 // needs more new rows than sent
+      delta(1, {{kNew, 1ull << 62}}, 1),        // absurd new-row count
+      delta(1, {{0, 2}}, 1),                    // new rows left over
+  };
+  for (size_t i = 0; i < bad.size(); ++i) {
+    EXPECT_EQ(try_load(ctx.get(), build(base, {bad[i]})), KVSDK_E_CORRUPT)
+        << "case " << i << ": " << kvsdk_last_error();
+  }
+  // Sound frames out of sequence are corruption, not a torn tail.
+  EXPECT_EQ(try_load(ctx.get(), build(base, {delta(2, {{0, 2}}, 0)})), KVSDK_E_CORRUPT);
+  EXPECT_EQ(try_load(ctx.get(), build(base, {delta(1, {{0, 2}}, 0), delta(1, {{0, 2}}, 0)})),
+            KVSDK_E_CORRUPT);
 }
 
 TEST_F(Crafted, AbsurdFrameHeadersAreCorrupt) {

@@ -241,7 +241,10 @@ TEST_F(Journal, DeltaOnlyContinuesTheCachesOwnLastSave) {
   const auto other_bytes = read_file(other);
   EXPECT_EQ(kvsdk_cache_save_delta(a.get(), other.c_str(), nullptr), KVSDK_E_STATE);
   EXPECT_EQ(read_file(other), other_bytes);
-  // After saving elsewhere, the old file is no longer the base.
+  // After saving a changed state elsewhere, the old file is no longer the base. (Saving the
+  // same state again gives the same snapshot id: the old file then still holds exactly the base
+  // a delta continues, so continuing it would be correct.)
+  fill(a.get(), g, 1, 30, 4);
   ASSERT_EQ(kvsdk_cache_save(a.get(), dir.file("moved.kvsnap").c_str(), nullptr), KVSDK_OK);
   const auto old_bytes = read_file(path);
   EXPECT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_E_STATE);
@@ -262,14 +265,39 @@ TEST_F(Journal, DeltaOnlyContinuesTheCachesOwnLastSave) {
   EXPECT_EQ(kvsdk_cache_save_delta(a.get(), nullptr, nullptr), KVSDK_E_INVALID_ARG);
 }
 
-TEST_F(Journal, BufferSaveIsABaseForWhoeverWritesItToAFile) {
+TEST_F(Journal, EqualStatesGiveByteIdenticalSnapshots) {
+  const std::string first = dir.file("first.kvsnap"), second = dir.file("second.kvsnap");
+  ASSERT_EQ(kvsdk_cache_save(a.get(), first.c_str(), nullptr), KVSDK_OK);
+  auto b = load_file(ctx.get(), first);
+  ASSERT_TRUE(b);
+  ASSERT_EQ(kvsdk_cache_save(b.get(), second.c_str(), nullptr), KVSDK_OK);
+  EXPECT_TRUE(read_file(first) == read_file(second));
+  EXPECT_TRUE(save_buffer(a.get()) == read_file(first));
+  fill(b.get(), g, 1, 30, 5);
+  ASSERT_EQ(kvsdk_cache_save(b.get(), second.c_str(), nullptr), KVSDK_OK);
+  EXPECT_FALSE(read_file(first) == read_file(second));
+}
+
+TEST_F(Journal, BufferSavesDoNotMoveTheJournalBase) {
   const auto buf = save_buffer(a.get());
-  write_file(path, buf);
   fill(a.get(), g, 2, 30, 3);
   ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
   auto b = load_file(ctx.get(), path);
   ASSERT_TRUE(b);
   EXPECT_TRUE(dump(a.get()) == dump(b.get()));
+  // The buffer, written to another file, is not this cache's base.
+  const std::string other = dir.file("from-buffer.kvsnap");
+  write_file(other, buf);
+  EXPECT_EQ(kvsdk_cache_save_delta(a.get(), other.c_str(), nullptr), KVSDK_E_STATE);
+  // But a cache loaded from those bytes continues that file.
+  kvsdk_status st;
+  auto c = load_buffer(ctx.get(), buf, &st);
+  ASSERT_EQ(st, KVSDK_OK);
+  fill(c.get(), g, 1, 30, 4);
+  ASSERT_EQ(kvsdk_cache_save_delta(c.get(), other.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  auto d = load_file(ctx.get(), other);
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(dump(c.get()) == dump(d.get()));
 }
 
 }  // namespace

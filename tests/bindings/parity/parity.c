@@ -1,6 +1,6 @@
 /* Binding parity, C side: the scenario of SCENARIO.md through the C ABI. Writes the record to
- * argv[1] and the snapshot to argv[2] (and three more saves to argv[2].1, .2, .3, which expose
- * the bytes that depend on the random snapshot id). The Rust and Python programs must match. */
+ * argv[1] and the snapshot to argv[2] (and three more saves to argv[2].1, .2, .3, which
+ * must be identical: snapshots are deterministic). The Rust and Python programs must match. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,7 +111,7 @@ static void record_stats(const kvsdk_cache *cache) {
 static void save_copy(kvsdk_cache *cache, const char *base, int index) {
   char path[4096];
   snprintf(path, sizeof path, "%s.%d", base, index);
-  must(kvsdk_cache_save(cache, path, NULL), "save (id probe)");
+  must(kvsdk_cache_save(cache, path, NULL), "save (determinism probe)");
 }
 
 int main(int argc, char **argv) {
