@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/half.h"
+#include "core/half_array.h"
 
 namespace kvsdk {
 
@@ -18,8 +19,7 @@ void load_f32(kvsdk_dtype dtype, const void* src, size_t offset, size_t count, f
       std::memcpy(dst, static_cast<const float*>(src) + offset, count * sizeof(float));
       return;
     case KVSDK_DTYPE_F16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src) + offset;
-      for (size_t i = 0; i < count; ++i) dst[i] = f16_to_f32(s[i]);
+      f16_to_f32_array(static_cast<const uint16_t*>(src) + offset, dst, count);
       return;
     }
     case KVSDK_DTYPE_BF16: {
@@ -69,8 +69,7 @@ void load_f16(kvsdk_dtype dtype, const void* src, size_t offset, size_t count, u
 void store_f16(kvsdk_dtype dtype, const uint16_t* src, size_t count, void* dst, size_t offset) {
   switch (dtype) {
     case KVSDK_DTYPE_F32: {
-      float* d = static_cast<float*>(dst) + offset;
-      for (size_t i = 0; i < count; ++i) d[i] = f16_to_f32(src[i]);
+      f16_to_f32_array(src, static_cast<float*>(dst) + offset, count);
       return;
     }
     case KVSDK_DTYPE_F16:
