@@ -50,17 +50,23 @@ CachePtr reference(kvsdk_context* ctx, size_t steps) {
   }
 }
 
-// Waits (up to 20 s) until `path` is replaced or grows.
-void wait_for_a_save(const std::string& path) {
-  struct stat before;
-  if (stat(path.c_str(), &before) != 0) return;
-  for (int i = 0; i < 20000; ++i) {
-    struct stat now;
-    if (stat(path.c_str(), &now) == 0 &&
-        (now.st_ino != before.st_ino || now.st_size != before.st_size)) {
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+// Steps of the state a load of `path` gives now (0 when it cannot be loaded).
+size_t loadable_steps(kvsdk_context* ctx, const std::string& path) {
+  kvsdk_cache* c = nullptr;
+  if (kvsdk_cache_load(&c, ctx, path.c_str(), nullptr, nullptr) != KVSDK_OK) return 0;
+  CachePtr loaded(c);
+  kvsdk_cache_stats st{};
+  st.struct_size = sizeof st;
+  kvsdk_cache_stats_get(loaded.get(), &st);
+  return st.appended_tokens / kGeo.n_layers / kStep;
+}
+
+// Waits (up to 60 s) until a load of `path` shows more than `steps` steps: a save completed.
+// Loading while the child writes is itself part of the contract (a torn tail is ignored), and
+// unlike watching the file size it proves that a whole save finished, however slow the machine.
+void wait_for_progress(kvsdk_context* ctx, const std::string& path, size_t steps) {
+  for (int i = 0; i < 6000 && loadable_steps(ctx, path) <= steps; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
 
@@ -78,10 +84,10 @@ void kill_during_saves(bool journal) {
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) saver(path, journal);
-    // Every other round first waits for one completed save (a new file or a longer journal), so
-    // the test makes progress however slow the machine (sanitizers, shared CI); then the kill
-    // lands at a random point of a later save.
-    if (round % 2 == 1) wait_for_a_save(path);
+    // Every other round first waits for one more completed save (seen by loading the file), so
+    // the test makes progress however slow the machine (sanitizers, emulators, shared CI); then
+    // the kill lands at a random point of a later save.
+    if (round % 2 == 1) wait_for_progress(ctx.get(), path, last_steps);
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 40000));
     kill(pid, SIGKILL);
     int status = 0;
@@ -100,8 +106,9 @@ void kill_during_saves(bool journal) {
     last_steps = steps;
     EXPECT_TRUE(d == dump(reference(ctx.get(), steps).get())) << "round " << round;
   }
-  // The child really saved many times (else nothing was tested). Killed mid-save, a full save
-  // may leave its temporary file next to the snapshot; it never replaces the snapshot.
+  // The child really saved many times (else nothing was tested): six rounds waited for one more
+  // completed save each. Killed mid-save, a full save may leave its temporary file next to the
+  // snapshot; it never replaces the snapshot.
   EXPECT_GE(last_steps, 7u);
 }
 
