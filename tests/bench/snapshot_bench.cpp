@@ -18,6 +18,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kvsdk.h"
@@ -180,7 +181,11 @@ void BM_KvsdkLoadFromBuffer(benchmark::State& state) {
 
 void BM_KvsdkSaveToFile(benchmark::State& state) {
   Fixture& f = fixture(state.range(0));
-  const char* path = "snapshot_bench.kvsnap";
+  // Into TMPDIR (or /tmp), never the working directory: an interrupted run leaves its temporary
+  // file there, not in a source tree.
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string file = std::string(tmp && *tmp ? tmp : "/tmp") + "/kvsdk_snapshot_bench.kvsnap";
+  const char* path = file.c_str();
   for (auto _ : state) {
     if (kvsdk_cache_save(f.cache, path, nullptr) != KVSDK_OK) {
       state.SkipWithError(kvsdk_last_error());
