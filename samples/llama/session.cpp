@@ -35,6 +35,19 @@ Session::Session(const Model& model, kvsdk_cache* cache, int position)
 
 Session::~Session() { kvsdk_cache_destroy(cache_); }
 
+void Session::embed(const int* tokens, size_t n, float* x, int32_t* pos) const {
+  const size_t D = size_t(model_.config().dim), V = size_t(model_.config().vocab_size);
+  for (size_t t = 0; t < n; ++t) {
+    if (tokens[t] < 0 || size_t(tokens[t]) >= V) {
+      throw Error("token id " + std::to_string(tokens[t]) + " out of range");
+    }
+  }
+  for (size_t t = 0; t < n; ++t) {
+    std::copy_n(model_.weights().token_embedding + size_t(tokens[t]) * D, D, x + t * D);
+    pos[t] = position_ + int32_t(t);
+  }
+}
+
 void Session::forward(const int* tokens, size_t n, float* logits, bool all_logits) {
   if (broken_) throw Error("session unusable after an earlier failed forward pass");
   if (n == 0) return;
@@ -42,18 +55,10 @@ void Session::forward(const int* tokens, size_t n, float* logits, bool all_logit
   const Weights& w = model_.weights();
   const size_t D = size_t(c.dim), H = size_t(c.hidden_dim), KV = size_t(c.kv_dim());
   const size_t hd = size_t(c.head_dim()), V = size_t(c.vocab_size);
-  for (size_t t = 0; t < n; ++t) {
-    if (tokens[t] < 0 || size_t(tokens[t]) >= V) {
-      throw Error("token id " + std::to_string(tokens[t]) + " out of range");
-    }
-  }
   std::vector<float> x(n * D), xb(n * D), q(n * D), att(n * D), proj(n * D);
   std::vector<float> k(n * KV), v(n * KV), h1(n * H), h3(n * H);
   std::vector<int32_t> pos(n);
-  for (size_t t = 0; t < n; ++t) {
-    std::copy_n(w.token_embedding + size_t(tokens[t]) * D, D, x.data() + t * D);
-    pos[t] = position_ + int32_t(t);
-  }
+  embed(tokens, n, x.data(), pos.data());
   broken_ = true;  // cleared at the end: a throw below leaves layers inconsistent
   for (size_t l = 0; l < size_t(c.n_layers); ++l) {
     for (size_t t = 0; t < n; ++t) ops::rmsnorm(xb.data() + t * D, x.data() + t * D, w.rms_att + l * D, D);
@@ -101,19 +106,11 @@ void Session::plan_prefill(const int* tokens, size_t n, kvsdk_planner* planner,
   const Config& c = model_.config();
   const Weights& w = model_.weights();
   const size_t D = size_t(c.dim), H = size_t(c.hidden_dim), KV = size_t(c.kv_dim());
-  const size_t hd = size_t(c.head_dim()), V = size_t(c.vocab_size);
-  for (size_t t = 0; t < n; ++t) {
-    if (tokens[t] < 0 || size_t(tokens[t]) >= V) {
-      throw Error("token id " + std::to_string(tokens[t]) + " out of range");
-    }
-  }
+  const size_t hd = size_t(c.head_dim());
   std::vector<float> x(n * D), xb(n * D), q(n * D), att(n * D), proj(n * D);
   std::vector<float> k(n * KV), v(n * KV), h1(n * H), h3(n * H);
   std::vector<int32_t> pos(n);
-  for (size_t t = 0; t < n; ++t) {
-    std::copy_n(w.token_embedding + size_t(tokens[t]) * D, D, x.data() + t * D);
-    pos[t] = position_ + int32_t(t);
-  }
+  embed(tokens, n, x.data(), pos.data());
   kvsdk_geometry g1 = geometry_of(c);
   g1.n_layers = 1;
   kvsdk_context* scratch_ctx = nullptr;

@@ -47,6 +47,10 @@ class Session {
   const Model& model() const { return model_; }
 
  private:
+  // Checks the token ids and writes their embeddings [n][dim] and positions (from the session's
+  // current position); shared by the forward pass and the planning pass.
+  void embed(const int* tokens, size_t n, float* x, int32_t* pos) const;
+
   const Model& model_;
   kvsdk_cache* cache_ = nullptr;
   int position_ = 0;

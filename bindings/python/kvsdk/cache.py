@@ -10,6 +10,7 @@ from .compression import CompressionMixin
 from .snapshot import SnapshotMixin
 from ._capi import lib
 from .errors import check, invalid
+from .owned import OwnedHandle
 from .structs import CacheStats, Geometry, LayerStats, Policy
 
 
@@ -20,8 +21,12 @@ class HeadData:
         self.keys, self.values, self.positions = keys, values, positions
 
 
-class Cache(CompressionMixin, SnapshotMixin):
+class Cache(OwnedHandle, CompressionMixin, SnapshotMixin):
     """An owned kvsdk_cache, released by close(), by `with`, or when garbage-collected."""
+
+    @staticmethod
+    def _destroy(handle):
+        lib.kvsdk_cache_destroy(handle)
 
     def __init__(self, context, geometry, policy=None):
         if policy is None:
@@ -129,17 +134,3 @@ class Cache(CompressionMixin, SnapshotMixin):
         raw.struct_size = ctypes.sizeof(raw)
         check(lib.kvsdk_cache_layer_stats_get(self.handle, layer, ctypes.byref(raw)))
         return LayerStats.from_c(raw)
-
-    def close(self):
-        if getattr(self, "_handle", None) is not None:
-            lib.kvsdk_cache_destroy(self._handle)
-            self._handle = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()

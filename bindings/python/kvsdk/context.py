@@ -7,12 +7,17 @@ import dataclasses
 
 from ._capi import lib
 from .errors import check
+from .owned import OwnedHandle
 from .structs import ContextOptions
 
 
-class Context:
+class Context(OwnedHandle):
     """An owned kvsdk_context, released by close(), by `with`, or when garbage-collected.
     Caches keep the library-side context alive, so closing it before them is safe."""
+
+    @staticmethod
+    def _destroy(handle):
+        lib.kvsdk_context_destroy(handle)
 
     def __init__(self, options=None, *, budget_bytes=None):
         options = ContextOptions() if options is None else dataclasses.replace(options)
@@ -41,17 +46,3 @@ class Context:
         out = ctypes.c_uint64()
         check(lib.kvsdk_context_budget_bytes(self.handle, ctypes.byref(out)))
         return out.value
-
-    def close(self):
-        if getattr(self, "_handle", None) is not None:
-            lib.kvsdk_context_destroy(self._handle)
-            self._handle = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()

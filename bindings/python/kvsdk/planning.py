@@ -8,6 +8,7 @@ from . import buffers
 from ._capi import lib
 from .compression import _uint64_array
 from .errors import check, invalid
+from .owned import OwnedHandle
 
 
 class AllocMode(enum.IntEnum):
@@ -32,9 +33,13 @@ def plan_allocation(importance, mode, value):
     return list(out)
 
 
-class Profile:
+class Profile(OwnedHandle):
     """An allocation profile (averaged per-layer shares of sample requests of one task type).
     One thread at a time. Released by close(), `with`, or garbage collection."""
+
+    @staticmethod
+    def _destroy(handle):
+        lib.kvsdk_profile_destroy(handle)
 
     def __init__(self, n_layers):
         handle = ctypes.c_void_p()
@@ -77,24 +82,15 @@ class Profile:
     def save(self, path):
         check(lib.kvsdk_profile_save(self.handle, _path(path)))
 
-    def close(self):
-        if getattr(self, "_handle", None) is not None:
-            lib.kvsdk_profile_destroy(self._handle)
-            self._handle = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
 
 
-class Planner:
+class Planner(OwnedHandle):
     """The mini-prefill planner: scores each layer's keys and window queries in a cache-free pass
     and returns the allocation for the real prefill. One thread at a time."""
+
+    @staticmethod
+    def _destroy(handle):
+        lib.kvsdk_planner_destroy(handle)
 
     def __init__(self, geometry, policy):
         raw_geometry, raw_policy = geometry.to_c(), policy.to_c()
@@ -132,17 +128,3 @@ class Planner:
         out = (ctypes.c_uint64 * n)()
         check(lib.kvsdk_planner_finish(self.handle, int(mode), float(value), out, n))
         return list(out)
-
-    def close(self):
-        if getattr(self, "_handle", None) is not None:
-            lib.kvsdk_planner_destroy(self._handle)
-            self._handle = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
