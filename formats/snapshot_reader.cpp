@@ -135,6 +135,11 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
   cp.heavy_ratio = fp.heavy_ratio();
   cp.schedule_alpha = fp.schedule_alpha();
   cp.schedule_beta = fp.schedule_beta();
+  cp.boundary_layer = fp.boundary_layer();
+  cp.merge_t = fp.merge_t();
+  cp.retain_ratio = fp.retain_ratio();
+  cp.fetch_tokens = fp.fetch_tokens();
+  cp.match_tokens = fp.match_tokens();
   try {
     s.policy = policy_from_c(&cp);
   } catch (const Error& e) {

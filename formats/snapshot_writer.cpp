@@ -43,7 +43,9 @@ flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder&
   const auto policy = fb::CreatePolicy(fbb, p.method, p.quant_bits, p.quant_group,
                                        p.quant_residual, p.sink_tokens, p.recent_tokens,
                                        p.obs_window, p.pool_kernel, p.pool_kind, p.heavy_ratio,
-                                       p.schedule_alpha, p.schedule_beta);
+                                       p.schedule_alpha, p.schedule_beta, p.boundary_layer,
+                                       p.merge_t, p.retain_ratio, p.fetch_tokens,
+                                       p.match_tokens);
   const auto policy_state = build_policy_state(fbb, cache);
   return fb::CreateMetadata(fbb, kFormatMajor, kFormatMinor,
                             fbb.CreateString(kvsdk_version_string()), geometry, policy,

@@ -230,6 +230,12 @@ typedef struct kvsdk_policy {
   float heavy_ratio;        /**< H2O share of kept tokens that are heavy hitters. 0.5. */
   float schedule_alpha;     /**< SpindleKV/PyramidKV schedule alpha. 0.525. */
   float schedule_beta;      /**< SpindleKV/PyramidKV schedule beta. 0.05. */
+  int32_t boundary_layer;   /**< SpindleKV: layers below it hold codebooks, the others evict;
+                                 MiniCache: first merged layer. -1 = n_layers / 2. */
+  float merge_t;            /**< MiniCache SLERP interpolation t. 0.6. */
+  float retain_ratio;       /**< MiniCache share of tokens per head kept unmerged. 0.05. */
+  int32_t fetch_tokens;     /**< SpeCache: top-k rows fetched per KV head for the next step. 64. */
+  int32_t match_tokens;     /**< SmallKV: prompt tokens used for head matching (100..200). 128. */
 } kvsdk_policy;
 
 /** Fills `policy` with the defaults of `method` (a kvsdk_method value) and sets struct_size.

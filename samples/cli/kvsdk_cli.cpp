@@ -163,6 +163,11 @@ void report_cache(Report& r, const char* path, const Loaded& l) {
   r.field("heavy_ratio", double(p.heavy_ratio));
   r.field("schedule_alpha", double(p.schedule_alpha));
   r.field("schedule_beta", double(p.schedule_beta));
+  r.field("boundary_layer", p.boundary_layer);
+  r.field("merge_t", double(p.merge_t));
+  r.field("retain_ratio", double(p.retain_ratio));
+  r.field("fetch_tokens", p.fetch_tokens);
+  r.field("match_tokens", p.match_tokens);
   r.end();
   r.begin("totals");
   r.field("tokens", s.tokens);

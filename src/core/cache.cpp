@@ -6,8 +6,8 @@
 #include "attention.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/kivi_tier.h"
-#include "kivi_attention.h"
+#include "core/policy.h"
+#include "core/representation.h"
 
 namespace kvsdk {
 
@@ -24,17 +24,7 @@ Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk
     l.heads.resize(geometry_.n_kv_heads);
     if (policy_.method == KVSDK_METHOD_H2O) l.scores.resize(geometry_.n_kv_heads);
   }
-  if (policy_.method == KVSDK_METHOD_KIVI) {
-    const cpu::KiviConfig cfg{uint32_t(policy_.quant_bits), uint32_t(policy_.quant_group),
-                              uint32_t(policy_.quant_residual)};
-    kivi_ = std::make_unique<KiviTier>();
-    kivi_->heads.resize(geometry_.n_layers);
-    for (auto& layer_heads : kivi_->heads) {
-      for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-        layer_heads.emplace_back(geometry_.head_dim, cfg);
-      }
-    }
-  }
+  repr_ = make_representation(geometry_, policy_);
 }
 
 Cache::~Cache() { ctx_->release(charged_); }
@@ -52,11 +42,11 @@ void Cache::append(uint32_t layer, size_t n_tokens, const void* k, const void* v
   for (size_t t = 0; t < n_tokens; ++t) {
     KVSDK_REQUIRE(positions[t] >= 0, "positions[", t, "] is ", positions[t], " (must be >= 0)");
   }
-  if (kivi_) {
-    append_kivi(layer, n_tokens, k, v, positions);
+  if (covered(layer)) {
+    append_represented(layer, n_tokens, k, v, positions);
     return;
   }
-  if (policy_.method != KVSDK_METHOD_FULL) {
+  if (evicts()) {
     append_compressing(layer, n_tokens, k, v, positions);
     return;
   }
@@ -95,46 +85,83 @@ void Cache::append(uint32_t layer, size_t n_tokens, const void* k, const void* v
   charged_ += add;
 }
 
-void Cache::append_kivi(uint32_t layer, size_t n_tokens, const void* k, const void* v,
-                        const int32_t* positions) {
-  const uint32_t dim = geometry_.head_dim;
-  std::vector<cpu::KiviHeadStore>& heads = kivi_->heads[layer];
-  // The exact byte change, flushes included, is known before anything changes: reserve it first
-  // so that a refused append leaves the cache as it was. A flush can shrink the tier.
-  uint64_t before = 0, after = 0;
-  for (const cpu::KiviHeadStore& h : heads) {
-    before += h.bytes().total();
-    after += h.projected_bytes(n_tokens).total();
-  }
-  if (after > before && !reserve(after - before)) {
-    fail(KVSDK_E_BUDGET, "appending ", n_tokens, " tokens to layer ", layer, " needs ",
-         after - before, " more bytes than the budget allows (policy 'kivi' quantizes but does "
-         "not evict)");
-  }
-  // Host rows -> f32 per head, then into the store (which keeps the residual in f16).
-  const size_t row = geometry_.kv_elems_per_token();
-  std::vector<float> kf(n_tokens * dim), vf(n_tokens * dim);
-  try {
-    for (uint32_t head = 0; head < geometry_.n_kv_heads; ++head) {
-      for (size_t t = 0; t < n_tokens; ++t) {
-        load_f32(geometry_.dtype, k, t * row + size_t(head) * dim, dim, kf.data() + t * dim);
-        load_f32(geometry_.dtype, v, t * row + size_t(head) * dim, dim, vf.data() + t * dim);
-      }
-      heads[head].append(kf.data(), vf.data(), positions, n_tokens);
+bool Cache::covered(uint32_t layer) const { return repr_ && repr_->covers(layer); }
+
+void Cache::append_represented(uint32_t layer, size_t n_tokens, const void* k, const void* v,
+                               const int32_t* positions) {
+  // Reserve an upper bound of the growth before anything changes, evicting first when the
+  // representation can; charge the exact change afterwards and return the rest.
+  const uint64_t bound = repr_->append_bound(layer, n_tokens);
+  if (bound > 0 && !reserve(bound)) {
+    const uint64_t target = target_bytes();
+    const uint64_t want = charged_ + bound - std::min(target, charged_ + bound);
+    const uint64_t freed = repr_->evict(want);
+    ctx_->release(freed);
+    charged_ -= freed;
+    if (!reserve(bound)) {
+      fail(KVSDK_E_BUDGET, "appending ", n_tokens, " tokens to layer ", layer, " may need ",
+           bound, " more bytes than the budget allows (policy '", policy_spec(policy_), "'",
+           freed ? " after evicting" : " does not evict", ")");
     }
+  }
+  const uint64_t before = repr_->layer_bytes(layer);
+  try {
+    const size_t elems = n_tokens * geometry_.kv_elems_per_token();
+    std::vector<float> kf(elems), vf(elems);
+    load_f32(geometry_.dtype, k, 0, elems, kf.data());
+    load_f32(geometry_.dtype, v, 0, elems, vf.data());
+    repr_->append(layer, n_tokens, kf.data(), vf.data(), positions);
   } catch (...) {
-    // Only allocation can fail here; the budget reservation is returned, the heads appended so
-    // far keep their rows (reported by stats, which count the stores themselves).
-    if (after > before) ctx_->release(after - before);
+    // Only allocation can fail here; what the representation holds is what is charged below.
+    const uint64_t now = repr_->layer_bytes(layer);
+    const uint64_t grown = now > before ? now - before : 0;
+    if (bound > grown) ctx_->release(bound - grown);
+    charged_ += grown;
     throw;
   }
-  if (after > before) {
+  const uint64_t after = repr_->layer_bytes(layer);
+  if (after >= before) {
+    if (after - before > bound) {
+      fail(KVSDK_E_INTERNAL, "representation grew by ", after - before, " bytes, over its bound ",
+           bound);
+    }
+    ctx_->release(bound - (after - before));
     charged_ += after - before;
   } else {
-    ctx_->release(before - after);
+    ctx_->release(bound + (before - after));
     charged_ -= before - after;
   }
   layers_[layer].appended_tokens += n_tokens;
+}
+
+void Cache::pack_queries(uint32_t kv_head, size_t n_queries, const void* q,
+                         const int32_t* q_positions, float* q_rows, int32_t* row_pos) const {
+  const uint32_t dim = geometry_.head_dim, group = geometry_.group_size();
+  for (size_t i = 0; i < n_queries; ++i) {
+    for (uint32_t j = 0; j < group; ++j) {
+      const size_t r = i * group + j;
+      const size_t h = size_t(kv_head) * group + j;
+      load_f32(geometry_.dtype, q, i * geometry_.q_elems_per_token() + h * dim, dim,
+               q_rows + r * dim);
+      row_pos[r] = q_positions ? q_positions[i] : std::numeric_limits<int32_t>::max();
+    }
+  }
+}
+
+void Cache::prefetch(uint32_t layer, size_t n_queries, const void* q,
+                     const int32_t* q_positions) {
+  check_layer(layer);
+  if (!covered(layer)) {
+    fail(KVSDK_E_UNSUPPORTED, "prefetch (speculative queries) is SpeCache's; policy '",
+         policy_spec(policy_), "' does not use it");
+  }
+  const size_t n_rows = n_queries * geometry_.group_size();
+  std::vector<float> q_rows(n_rows * geometry_.head_dim);
+  std::vector<int32_t> row_pos(n_rows);
+  for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
+    pack_queries(g, n_queries, q, q_positions, q_rows.data(), row_pos.data());
+    repr_->prefetch(layer, g, q_rows.data(), row_pos.data(), n_rows);
+  }
 }
 
 void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_t* q_positions,
@@ -148,26 +175,23 @@ void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_
                                                                           geometry_.q_elems_per_token());
   std::vector<int32_t> row_pos(n_rows);
   std::vector<float> kbuf(kChunkTokens * dim), vbuf(kChunkTokens * dim);
+  const bool represented = covered(layer);
   for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
-    for (size_t i = 0; i < n_queries; ++i) {
-      for (uint32_t j = 0; j < group; ++j) {
-        const size_t r = i * group + j;
-        const size_t h = size_t(g) * group + j;
-        load_f32(geometry_.dtype, q, i * geometry_.q_elems_per_token() + h * dim, dim,
-                 q_rows.data() + r * dim);
-        row_pos[r] = q_positions ? q_positions[i] : std::numeric_limits<int32_t>::max();
+    pack_queries(g, n_queries, q, q_positions, q_rows.data(), row_pos.data());
+    if (attention_tap_) attention_tap_(layer, g, q_rows.data(), row_pos.data(), n_rows);
+    if (represented) {
+      repr_->attend(layer, g, q_rows.data(), row_pos.data(), n_rows, out_rows.data());
+    } else {
+      cpu::OnlineAttention att(q_rows.data(), row_pos.data(), n_rows, dim, geometry_.attn_scale);
+      const ExactStore& s = layers_[layer].heads[g];
+      for (size_t t0 = 0; t0 < s.size(); t0 += kChunkTokens) {
+        const size_t n = std::min(kChunkTokens, s.size() - t0);
+        load_f32(KVSDK_DTYPE_F16, s.k.data(), t0 * dim, n * dim, kbuf.data());
+        load_f32(KVSDK_DTYPE_F16, s.v.data(), t0 * dim, n * dim, vbuf.data());
+        att.add_chunk(kbuf.data(), vbuf.data(), s.positions.data() + t0, n);
       }
+      att.finish(out_rows.data());
     }
-    cpu::OnlineAttention att(q_rows.data(), row_pos.data(), n_rows, dim, geometry_.attn_scale);
-    if (kivi_) cpu::kivi_attend(kivi_->heads[layer][g], att);  // dequantized chunk by chunk
-    const ExactStore& s = layers_[layer].heads[g];
-    for (size_t t0 = 0; t0 < s.size(); t0 += kChunkTokens) {
-      const size_t n = std::min(kChunkTokens, s.size() - t0);
-      load_f32(KVSDK_DTYPE_F16, s.k.data(), t0 * dim, n * dim, kbuf.data());
-      load_f32(KVSDK_DTYPE_F16, s.v.data(), t0 * dim, n * dim, vbuf.data());
-      att.add_chunk(kbuf.data(), vbuf.data(), s.positions.data() + t0, n);
-    }
-    att.finish(out_rows.data());
     for (size_t i = 0; i < n_queries; ++i) {
       for (uint32_t j = 0; j < group; ++j) {
         const size_t h = size_t(g) * group + j;
@@ -185,7 +209,7 @@ size_t Cache::head_tokens(uint32_t layer, uint32_t kv_head) const {
     fail(KVSDK_E_OUT_OF_RANGE, "kv_head ", kv_head, " is out of range (the geometry has ",
          geometry_.n_kv_heads, " KV heads)");
   }
-  if (kivi_) return kivi_->heads[layer][kv_head].size();
+  if (covered(layer)) return repr_->head_tokens(layer, kv_head);
   return layers_[layer].heads[kv_head].size();
 }
 
@@ -196,13 +220,11 @@ size_t Cache::read(uint32_t layer, uint32_t kv_head, void* k, void* v, int32_t* 
   KVSDK_REQUIRE(capacity >= n, "capacity_tokens is ", capacity, " but layer ", layer, " head ",
                 kv_head, " holds ", n, " tokens");
   const size_t dim = geometry_.head_dim;
-  if (kivi_) {  // rows as attention sees them: dequantized codes and the exact residual
-    const cpu::KiviHeadStore& s = kivi_->heads[layer][kv_head];
+  if (covered(layer)) {  // rows as attention sees them: dequantized / reconstructed
     std::vector<float> kf(n * dim), vf(n * dim);
-    s.read_rows(0, n, kf.data(), vf.data());
+    repr_->read(layer, kv_head, kf.data(), vf.data(), positions);
     if (k) store_f32(geometry_.dtype, kf.data(), n * dim, k, 0);
     if (v) store_f32(geometry_.dtype, vf.data(), n * dim, v, 0);
-    if (positions) std::copy_n(s.positions().data(), n, positions);
     return n;
   }
   const ExactStore& s = layers_[layer].heads[kv_head];
@@ -219,14 +241,7 @@ void Cache::layer_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) cons
     by_tier[KVSDK_TIER_EXACT] += h.size() * ExactStore::kv_bytes_per_token(geometry_.head_dim);
     by_tier[KVSDK_TIER_METADATA] += h.size() * ExactStore::meta_bytes_per_token();
   }
-  if (kivi_) {
-    for (const cpu::KiviHeadStore& h : kivi_->heads[layer]) {
-      const cpu::KiviBytes b = h.bytes();
-      by_tier[KVSDK_TIER_QUANTIZED] += b.codes + b.scales_zeros;
-      by_tier[KVSDK_TIER_EXACT] += b.residual;  // the f16 residual window is exact
-      by_tier[KVSDK_TIER_METADATA] += b.positions;
-    }
-  }
+  if (covered(layer)) repr_->add_bytes(layer, by_tier);
   for (const std::vector<float>& sc : L.scores) by_tier[KVSDK_TIER_METADATA] += sc.size() * 4;
   by_tier[KVSDK_TIER_METADATA] += L.window_q.size() * 4 + L.window_pos.size() * 4;
 }
@@ -263,6 +278,7 @@ kvsdk_cache_stats Cache::stats() const {
     s.full_bytes +=
         ls.appended_tokens * geometry_.n_kv_heads * ExactStore::bytes_per_token(geometry_.head_dim);
   }
+  s.backing_bytes = repr_ ? repr_->backing_bytes() : 0;
   s.budget_bytes = ctx_->budget();
   s.context_used_bytes = ctx_->used();
   return s;

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -14,7 +15,7 @@
 
 namespace kvsdk {
 
-struct KiviTier;  // core/kivi_tier.h: the quantized tier of policy 'kivi'
+class Representation;  // core/representation.h: compressed tiers of the covered layers
 
 // Cache-level state of the allocation stage (saved in snapshots with the per-layer state).
 struct PolicyRuntime {
@@ -84,13 +85,27 @@ class Cache {
 
   kvsdk_cache_stats stats() const;
   kvsdk_layer_stats layer_stats(uint32_t layer) const;
+  // The representation of the compressed layers, or null (full and eviction presets).
+  const Representation* representation() const { return repr_.get(); }
+  Representation* representation() { return repr_.get(); }
+  // SpeCache: speculative queries of the next step for `layer` (host dtype, like attend).
+  void prefetch(uint32_t layer, size_t n_queries, const void* q, const int32_t* q_positions);
+  // Called by attend() with each KV head's packed query rows before attention (SmallKV reads a
+  // proxy cache's queries this way). Empty = none.
+  using AttentionTap = std::function<void(uint32_t layer, uint32_t kv_head, const float* q_rows,
+                                          const int32_t* row_positions, size_t n_rows)>;
+  void set_attention_tap(AttentionTap tap) { attention_tap_ = std::move(tap); }
   uint64_t charged_bytes() const { return charged_; }
 
  private:
   void check_layer(uint32_t layer) const;
-  // Policy 'kivi': appends into the quantized tier, budget reserved first (cache.cpp).
-  void append_kivi(uint32_t layer, size_t n_tokens, const void* k, const void* v,
-                   const int32_t* positions);
+  bool covered(uint32_t layer) const;
+  // The queries of KV head `kv_head`'s group as f32 rows [n_queries * group][head_dim].
+  void pack_queries(uint32_t kv_head, size_t n_queries, const void* q, const int32_t* q_positions,
+                    float* q_rows, int32_t* row_pos) const;
+  // Layers held by the representation: budget reserved first (cache.cpp).
+  void append_represented(uint32_t layer, size_t n_tokens, const void* k, const void* v,
+                          const int32_t* positions);
   void layer_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) const;
 
   // Compression internals (cache_compress.cpp).
@@ -113,6 +128,7 @@ class Cache {
   void compress_to(uint64_t target);
   bool reserve(uint64_t bytes);
   bool uses_window() const;
+  bool evicts() const;  // an exact-tier eviction preset
 
   uint64_t cache_budget_ = 0;           // 0 = only the context budget applies
   std::vector<uint64_t> fixed_alloc_;   // host-set allocation (planner), tokens per layer
@@ -124,7 +140,8 @@ class Cache {
   Geometry geometry_;
   kvsdk_policy policy_;
   std::vector<LayerState> layers_;
-  std::unique_ptr<KiviTier> kivi_;  // policy 'kivi' only; the exact heads then stay empty
+  std::unique_ptr<Representation> repr_;  // null: every layer is exact
+  AttentionTap attention_tap_;
   uint64_t charged_ = 0;  // bytes this cache holds charged to ctx_
 };
 

@@ -13,6 +13,8 @@
 #include "core/cache.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/policy.h"
+#include "core/representation.h"
 #include "policy/allocation.h"
 #include "policy/importance.h"
 #include "policy/selection.h"
@@ -32,6 +34,14 @@ namespace {
 constexpr uint64_t kUnlimited = std::numeric_limits<uint64_t>::max();
 
 }  // namespace
+
+bool Cache::evicts() const {
+  // The exact-tier eviction presets of src/policy. Representations that evict do it themselves
+  // (Representation::evict).
+  const int32_t m = policy_.method;
+  return m == KVSDK_METHOD_STREAMING_LLM || m == KVSDK_METHOD_H2O || m == KVSDK_METHOD_SNAPKV ||
+         m == KVSDK_METHOD_PYRAMIDKV || m == KVSDK_METHOD_XKV;
+}
 
 bool Cache::uses_window() const {
   return policy_.method == KVSDK_METHOD_SNAPKV || policy_.method == KVSDK_METHOD_PYRAMIDKV ||
@@ -325,11 +335,15 @@ void Cache::append_compressing(uint32_t layer, size_t n_tokens, const void* k, c
 }
 
 void Cache::compress_to(uint64_t target) {
-  if (policy_.method == KVSDK_METHOD_FULL || kivi_) {
+  if (!evicts()) {
+    if (repr_ && charged_ > target) {
+      const uint64_t freed = repr_->evict(charged_ - target);
+      ctx_->release(freed);
+      charged_ -= freed;
+    }
     if (charged_ > target) {
-      fail(KVSDK_E_BUDGET, "policy '", policy_.method == KVSDK_METHOD_FULL ? "full" : "kivi",
-           "' does not evict; the cache holds ", charged_, " bytes, more than the ", target,
-           " allowed");
+      fail(KVSDK_E_BUDGET, "policy '", policy_spec(policy_), "' cannot evict further; the cache ",
+           "holds ", charged_, " bytes, more than the ", target, " allowed");
     }
     return;
   }
@@ -378,9 +392,9 @@ void Cache::set_allocation(const std::vector<uint64_t>& tokens) {
       fail(KVSDK_E_BUDGET, "the allocation needs ", sum, " layer-tokens but the budget holds ",
            cap);
     }
-    if (policy_.method == KVSDK_METHOD_FULL || kivi_) {
-      fail(KVSDK_E_UNSUPPORTED, "policy '", kivi_ ? "kivi" : "full", "' does not evict; an "
-           "allocation needs an eviction method");
+    if (!evicts()) {
+      fail(KVSDK_E_UNSUPPORTED, "policy '", policy_spec(policy_), "' has no per-layer "
+           "allocation; an allocation needs an eviction preset");
     }
   }
   const std::vector<uint64_t> old = fixed_alloc_;
@@ -398,9 +412,9 @@ void Cache::set_profile_shares(const std::vector<double>& shares) {
   if (!shares.empty()) {
     KVSDK_REQUIRE(shares.size() == geometry_.n_layers, "the profile has ", shares.size(),
                   " layers but the geometry has ", geometry_.n_layers);
-    if (policy_.method == KVSDK_METHOD_FULL || kivi_) {
-      fail(KVSDK_E_UNSUPPORTED, "policy '", kivi_ ? "kivi" : "full",
-           "' does not evict; a profile needs an eviction method");
+    if (!evicts()) {
+      fail(KVSDK_E_UNSUPPORTED, "policy '", policy_spec(policy_),
+           "' has no per-layer allocation; a profile needs an eviction preset");
     }
   }
   const std::vector<double> old = profile_shares_;

@@ -33,6 +33,11 @@ kvsdk_policy policy_defaults(kvsdk_method method) {
   p.heavy_ratio = 0.5f;    // H2O: half heavy hitters, half recent
   p.schedule_alpha = 0.525f;  // SpindleKV §3.3
   p.schedule_beta = 0.05f;
+  p.boundary_layer = -1;      // SpindleKV / MiniCache: half of the layers
+  p.merge_t = 0.6f;           // MiniCache: SLERP t = 0.6
+  p.retain_ratio = 0.05f;     // MiniCache: ~5% of tokens per head stay unmerged
+  p.fetch_tokens = 64;        // SpeCache: top-k fetched rows per KV head
+  p.match_tokens = 128;       // SmallKV: 100-200 prompt tokens for head matching
   if (method == KVSDK_METHOD_KIVI || method == KVSDK_METHOD_SPECACHE) p.quant_bits = 2;
   return p;
 }
@@ -62,6 +67,15 @@ kvsdk_policy policy_from_c(const kvsdk_policy* caller) {
                 "policy.heavy_ratio must be in [0, 1]");
   KVSDK_REQUIRE(std::isfinite(p.schedule_alpha) && std::isfinite(p.schedule_beta),
                 "policy schedule parameters must be finite");
+  KVSDK_REQUIRE(p.boundary_layer >= -1, "policy.boundary_layer is ", p.boundary_layer,
+                " (must be -1 or a layer index)");
+  KVSDK_REQUIRE(std::isfinite(p.merge_t) && p.merge_t >= 0.0f && p.merge_t <= 1.0f,
+                "policy.merge_t must be in [0, 1]");
+  KVSDK_REQUIRE(std::isfinite(p.retain_ratio) && p.retain_ratio >= 0.0f && p.retain_ratio <= 1.0f,
+                "policy.retain_ratio must be in [0, 1]");
+  KVSDK_REQUIRE(p.fetch_tokens >= 0, "policy.fetch_tokens is negative");
+  KVSDK_REQUIRE(p.match_tokens >= 1, "policy.match_tokens is ", p.match_tokens,
+                " (must be >= 1)");
   return p;
 }
 

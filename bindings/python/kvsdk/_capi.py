@@ -41,7 +41,9 @@ class kvsdk_policy(Structure):
                 ("quant_group", c_int32), ("quant_residual", c_int32),
                 ("sink_tokens", c_int32), ("recent_tokens", c_int32), ("obs_window", c_int32),
                 ("pool_kernel", c_int32), ("pool_kind", c_int32), ("heavy_ratio", c_float),
-                ("schedule_alpha", c_float), ("schedule_beta", c_float)]
+                ("schedule_alpha", c_float), ("schedule_beta", c_float),
+                ("boundary_layer", c_int32), ("merge_t", c_float), ("retain_ratio", c_float),
+                ("fetch_tokens", c_int32), ("match_tokens", c_int32)]
 
 # ----- Compression ---------------------------------------------------------------------------
 KVSDK_ALLOC_TOTAL_TOKENS = 0

@@ -169,6 +169,11 @@ class Policy:
     heavy_ratio: float
     schedule_alpha: float
     schedule_beta: float
+    boundary_layer: int
+    merge_t: float
+    retain_ratio: float
+    fetch_tokens: int
+    match_tokens: int
 
     @classmethod
     def defaults(cls, method):

@@ -120,6 +120,11 @@ pub struct kvsdk_policy {
     pub heavy_ratio: f32,
     pub schedule_alpha: f32,
     pub schedule_beta: f32,
+    pub boundary_layer: i32,
+    pub merge_t: f32,
+    pub retain_ratio: f32,
+    pub fetch_tokens: i32,
+    pub match_tokens: i32,
 }
 
 // ----- Cache -------------------------------------------------------------------------------

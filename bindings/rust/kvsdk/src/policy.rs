@@ -103,6 +103,11 @@ pub struct Policy {
     pub heavy_ratio: f32,
     pub schedule_alpha: f32,
     pub schedule_beta: f32,
+    pub boundary_layer: i32,
+    pub merge_t: f32,
+    pub retain_ratio: f32,
+    pub fetch_tokens: i32,
+    pub match_tokens: i32,
 }
 
 impl Policy {
@@ -137,6 +142,11 @@ impl Policy {
             heavy_ratio: raw.heavy_ratio,
             schedule_alpha: raw.schedule_alpha,
             schedule_beta: raw.schedule_beta,
+            boundary_layer: raw.boundary_layer,
+            merge_t: raw.merge_t,
+            retain_ratio: raw.retain_ratio,
+            fetch_tokens: raw.fetch_tokens,
+            match_tokens: raw.match_tokens,
         }
     }
 
@@ -155,6 +165,11 @@ impl Policy {
             heavy_ratio: self.heavy_ratio,
             schedule_alpha: self.schedule_alpha,
             schedule_beta: self.schedule_beta,
+            boundary_layer: self.boundary_layer,
+            merge_t: self.merge_t,
+            retain_ratio: self.retain_ratio,
+            fetch_tokens: self.fetch_tokens,
+            match_tokens: self.match_tokens,
         }
     }
 }

@@ -57,4 +57,13 @@ public struct Policy {
     public var scheduleBeta: Float {
         get { raw.schedule_beta } set { raw.schedule_beta = newValue }
     }
+    public var boundaryLayer: Int32 {
+        get { raw.boundary_layer } set { raw.boundary_layer = newValue }
+    }
+    public var mergeT: Float { get { raw.merge_t } set { raw.merge_t = newValue } }
+    public var retainRatio: Float {
+        get { raw.retain_ratio } set { raw.retain_ratio = newValue }
+    }
+    public var fetchTokens: Int32 { get { raw.fetch_tokens } set { raw.fetch_tokens = newValue } }
+    public var matchTokens: Int32 { get { raw.match_tokens } set { raw.match_tokens = newValue } }
 }

@@ -1,0 +1,107 @@
+// The representation stage of a cache (DESIGN §2, §6): how the rows of the layers a compressed
+// method covers are stored, attended, read, counted, evicted and saved. One subclass per method,
+// each in its own file under src/repr/ (kivi, spindlekv, minicache, smallkv, specache); the
+// algorithms themselves are the pure kernels of backends/cpu.
+//
+// The Cache owns at most one Representation. Layers it does not cover stay in the exact tier
+// (LayerState::heads), where the eviction presets of src/policy apply (e.g. SpindleKV's deep
+// layers, MiniCache's shallow layers).
+//
+// Budget contract (enforced by Cache, which charges the context): before an append the cache
+// reserves append_bound() — an upper bound of the bytes the append can add — and after it charges
+// exactly the change of layer_bytes(), returning the rest. So a representation never has to
+// predict data-dependent growth (codebook entries, retained tokens) exactly, and the budget is
+// never exceeded. A representation that can evict (SmallKV) frees bytes in evict().
+//
+// Failure contract: append() may throw only before it changes anything (validation) or on
+// allocation failure; attend/read/save never change state. restore() validates everything and
+// throws kvsdk::Error KVSDK_E_CORRUPT for any inconsistency.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/geometry.h"
+#include "core/tier_record.h"
+#include "kvsdk.h"
+
+namespace kvsdk {
+
+class Representation {
+ public:
+  Representation(const Geometry& geometry, const kvsdk_policy& policy)
+      : geometry_(geometry), policy_(policy) {}
+  virtual ~Representation() = default;
+  Representation(const Representation&) = delete;
+  Representation& operator=(const Representation&) = delete;
+
+  // Whether `layer` is held here (false: the cache's exact tier and eviction policy hold it).
+  virtual bool covers(uint32_t layer) const = 0;
+
+  // Adds the budgeted bytes of `layer` into by_tier (kvsdk_tier slots). Every byte counts:
+  // codes, scales, codebooks, indices, magnitudes, positions, slots, fetched rows.
+  virtual void add_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) const = 0;
+  uint64_t layer_bytes(uint32_t layer) const {
+    uint64_t t[KVSDK_TIER_SLOTS] = {};
+    add_bytes(layer, t);
+    uint64_t s = 0;
+    for (uint64_t b : t) s += b;
+    return s;
+  }
+  // Off-budget bytes (SpeCache's full-precision backing store); reported apart in stats.
+  virtual uint64_t backing_bytes() const { return 0; }
+
+  // An upper bound of how much layer_bytes(layer) can grow when `n_tokens` are appended.
+  virtual uint64_t append_bound(uint32_t layer, size_t n_tokens) const = 0;
+  // Appends `n_tokens` rows to a covered layer: k and v are f32 [n_tokens][n_kv_heads][head_dim]
+  // (keys as the host gives them, i.e. after RoPE), positions [n_tokens] (already checked >= 0).
+  virtual void append(uint32_t layer, size_t n_tokens, const float* k, const float* v,
+                      const int32_t* positions) = 0;
+
+  // Attention of one KV head of a covered layer: q_rows [n_rows][head_dim] (the queries of the
+  // group's query heads, row r = query r / group, head r % group), row_positions [n_rows] for
+  // causal masking (INT32_MAX sees everything). Writes out [n_rows][head_dim].
+  virtual void attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
+                      const int32_t* row_positions, size_t n_rows, float* out) const = 0;
+
+  // Rows one KV head of a covered layer holds, and those rows as attention sees them
+  // (dequantized / reconstructed), in stored order: k, v [n][head_dim], positions [n]. Null
+  // outputs are skipped.
+  virtual size_t head_tokens(uint32_t layer, uint32_t kv_head) const = 0;
+  virtual void read(uint32_t layer, uint32_t kv_head, float* k, float* v,
+                    int32_t* positions) const = 0;
+
+  // Evicting representations free at least `bytes` if they can (fewer if they cannot) and return
+  // how many they freed. Non-evicting ones return 0 (the default).
+  virtual uint64_t evict(uint64_t /*bytes*/) { return 0; }
+
+  // SpeCache: speculative queries of the next step (same layout as attend's q_rows) pick the rows
+  // the next attend() of this head uses in full precision. Others: KVSDK_E_UNSUPPORTED.
+  virtual void prefetch(uint32_t layer, uint32_t kv_head, const float* q_rows,
+                        const int32_t* row_positions, size_t n_rows);
+  // Fetch hit rate so far (SpeCache): the share of the real queries' attention mass on prefetched
+  // rows, averaged over attend() calls that followed a prefetch(); -1 when not applicable.
+  virtual double hit_rate() const { return -1.0; }
+
+  // Snapshot: every store of a covered layer as tier records, and the inverse. restore() is
+  // called on a fresh representation with the records of one layer, in the order save() gave.
+  virtual std::vector<TierRecord> save(uint32_t layer) const = 0;
+  virtual void restore(uint32_t layer, const std::vector<TierRecord>& records) = 0;
+
+  const Geometry& geometry() const { return geometry_; }
+  const kvsdk_policy& policy() const { return policy_; }
+
+ protected:
+  Geometry geometry_;
+  kvsdk_policy policy_;
+};
+
+// The representation of `policy`, or null when the policy keeps every layer in the exact tier
+// (full and the eviction presets). Throws kvsdk::Error for invalid parameters. Defined in
+// src/repr/factory.cpp.
+std::unique_ptr<Representation> make_representation(const Geometry& geometry,
+                                                    const kvsdk_policy& policy);
+
+}  // namespace kvsdk

@@ -1,0 +1,57 @@
+// The saved state of one representation store (one layer and KV head, or one layer pair): named,
+// typed buffers that formats/ writes as a FlatBuffers `TierState` table (formats/kvsdk.fbs) and
+// hands back on load. Typed vectors keep the file little-endian on every host (FlatBuffers does
+// the byte order); names make a record self-describing, so a reader can say exactly which buffer
+// of which store is missing or inconsistent.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace kvsdk {
+
+struct TierField {
+  std::string name;
+  std::vector<uint8_t> u8;
+  std::vector<uint16_t> u16;
+  std::vector<int32_t> i32;
+  std::vector<uint32_t> u32;
+  std::vector<float> f32;
+  std::vector<uint64_t> u64;
+};
+
+struct TierRecord {
+  uint32_t layer = 0;
+  uint32_t kv_head = 0;
+  std::string kind;  // which store wrote it, e.g. "kivi.head"; checked by the reader
+  std::vector<TierField> fields;
+
+  TierField& add(std::string name) {
+    fields.push_back(TierField{});
+    fields.back().name = std::move(name);
+    return fields.back();
+  }
+  // The field called `name`; throws KVSDK_E_CORRUPT when the record lacks it.
+  const TierField& get(const std::string& name) const {
+    for (const TierField& f : fields) {
+      if (f.name == name) return f;
+    }
+    fail(KVSDK_E_CORRUPT, "snapshot tier record '", kind, "' (layer ", layer, ", KV head ",
+         kv_head, ") has no field '", name, "'");
+  }
+  // A scalar stored as a one-element u64 vector; throws KVSDK_E_CORRUPT when it is not one.
+  uint64_t scalar(const std::string& name) const {
+    const TierField& f = get(name);
+    if (f.u64.size() != 1) {
+      fail(KVSDK_E_CORRUPT, "snapshot tier record '", kind, "' field '", name,
+           "' is not a scalar");
+    }
+    return f.u64[0];
+  }
+  void set_scalar(std::string name, uint64_t value) { add(std::move(name)).u64 = {value}; }
+};
+
+}  // namespace kvsdk

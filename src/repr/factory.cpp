@@ -1,0 +1,18 @@
+// Which representation each policy uses. Methods without one keep every layer exact (full and the
+// eviction presets, whose selection lives in src/policy).
+#include "core/representation.h"
+#include "repr/kivi_repr.h"
+
+namespace kvsdk {
+
+std::unique_ptr<Representation> make_representation(const Geometry& geometry,
+                                                    const kvsdk_policy& policy) {
+  switch (policy.method) {
+    case KVSDK_METHOD_KIVI:
+      return std::make_unique<KiviRepresentation>(geometry, policy);
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace kvsdk
