@@ -21,8 +21,12 @@
 
 namespace kvsdk::format {
 
-constexpr uint16_t kFormatMajor = 1;
-constexpr uint16_t kFormatMinor = 1;  // 1: eviction policy state (PolicyState)
+// The newest format this library reads and writes. Files without compressed-tier states are
+// still written as 1.kFormatMinorV1 so that kvsdk versions reading only major 1 keep loading them.
+constexpr uint16_t kFormatMajor = 2;  // 2: compressed-tier states (TierChunk.tiers)
+constexpr uint16_t kFormatMinor = 0;
+constexpr uint16_t kFormatMajorV1 = 1;
+constexpr uint16_t kFormatMinorV1 = 2;  // 1: eviction policy state; 2: policy fields 12..16
 
 constexpr size_t kFileHeaderBytes = 32;
 constexpr size_t kFrameHeaderBytes = 32;

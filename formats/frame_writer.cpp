@@ -13,8 +13,10 @@ void FrameWriter::emit(const void* data, size_t size, bool record) {
   offset_ += size;
 }
 
-void FrameWriter::write_file_header() {
+void FrameWriter::write_file_header(uint16_t major, uint16_t minor) {
   FileHeader h;
+  h.major = major;
+  h.minor = minor;
   h.snapshot_id = id_;
   unsigned char buf[kFileHeaderBytes];
   encode_file_header(h, buf);

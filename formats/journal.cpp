@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"
+#include "tier_state.h"
 #include "xxhash64.h"
 
 namespace kvsdk::format {
@@ -111,6 +112,11 @@ std::vector<std::vector<uint64_t>> fingerprint_rows(const Cache& cache) {
       }
     }
   }
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    const std::vector<TierRecord> records = cache.tier_records(l);
+    out.push_back(records.empty() ? std::vector<uint64_t>{}
+                                  : std::vector<uint64_t>{tier_records_hash(records)});
+  }
   return out;
 }
 
@@ -120,6 +126,11 @@ DeltaFrames build_delta(const Cache& cache, const JournalBase& base, uint64_t ma
   d.rows = fingerprint_rows(cache);
   if (base.rows.size() != d.rows.size()) fail(KVSDK_E_INTERNAL, "journal base of another shape");
   std::vector<HeadPlan> plans;
+  const size_t n_heads_total = size_t(g.n_layers) * g.n_kv_heads;
+  std::vector<uint32_t> tier_layers;
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    if (base.rows[n_heads_total + l] != d.rows[n_heads_total + l]) tier_layers.push_back(l);
+  }
   for (uint32_t l = 0; l < g.n_layers; ++l) {
     for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
       const size_t idx = size_t(l) * g.n_kv_heads + h;
@@ -187,9 +198,20 @@ DeltaFrames build_delta(const Cache& cache, const JournalBase& base, uint64_t ma
     // last part: small next to the rows (4 bytes per row and KV head at most).
     const auto policy_state = last ? build_policy_state(fbb, cache)
                                    : flatbuffers::Offset<fb::PolicyState>(0);
+    // Changed compressed layers go whole into the last part too.
+    flatbuffers::Offset<flatbuffers::Vector<uint32_t>> tier_layer_vec = 0;
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::TierState>>> tier_vec = 0;
+    if (last && !tier_layers.empty()) {
+      std::vector<flatbuffers::Offset<fb::TierState>> states;
+      for (uint32_t l : tier_layers) {
+        for (const TierRecord& r : cache.tier_records(l)) states.push_back(build_tier_state(fbb, r));
+      }
+      tier_layer_vec = fbb.CreateVector(tier_layers);
+      tier_vec = fbb.CreateVector(states);
+    }
     const auto delta = fb::CreateJournalDelta(
         fbb, base.next_sequence, uint32_t(part), uint32_t(parts.size()), fbb.CreateVector(heads),
-        last ? fbb.CreateVector(appended) : 0, policy_state);
+        last ? fbb.CreateVector(appended) : 0, policy_state, tier_layer_vec, tier_vec);
     fbb.Finish(fb::CreateFrame(fbb, fb::Payload::JournalDelta, delta.Union()),
                fb::FrameIdentifier());
     d.parts.emplace_back(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
@@ -198,7 +220,7 @@ DeltaFrames build_delta(const Cache& cache, const JournalBase& base, uint64_t ma
 }
 
 void apply_delta(const Geometry& g, const std::vector<const fb::JournalDelta*>& parts,
-                 std::vector<LayerState>& layers) {
+                 std::vector<LayerState>& layers, std::vector<std::vector<TierRecord>>& tiers) {
   const size_t dim = g.head_dim;
   struct HeadWork {
     const flatbuffers::Vector<const fb::Segment*>* segments = nullptr;
@@ -285,6 +307,28 @@ void apply_delta(const Geometry& g, const std::vector<const fb::JournalDelta*>& 
     old = std::move(next);
   }
   for (uint32_t l = 0; l < g.n_layers; ++l) layers[l].appended_tokens = appended->Get(l);
+  const fb::JournalDelta* last = parts.back();
+  if (last->tier_layers()) {
+    std::vector<std::vector<TierRecord>> replaced(g.n_layers);
+    std::vector<bool> listed(g.n_layers, false);
+    for (uint32_t l : *last->tier_layers()) {
+      if (l >= g.n_layers || listed[l]) fail(KVSDK_E_CORRUPT, "journal: bad tier layer list");
+      listed[l] = true;
+    }
+    if (last->tiers()) {
+      for (const fb::TierState* t : *last->tiers()) {
+        TierRecord r = read_tier_state(*t);
+        if (r.layer >= g.n_layers || !listed[r.layer]) {
+          fail(KVSDK_E_CORRUPT, "journal: tier record for a layer the delta does not replace");
+        }
+        replaced[r.layer].push_back(std::move(r));
+      }
+    }
+    if (tiers.size() != g.n_layers) tiers.resize(g.n_layers);
+    for (uint32_t l = 0; l < g.n_layers; ++l) {
+      if (listed[l]) tiers[l] = std::move(replaced[l]);
+    }
+  }
 }
 
 }  // namespace kvsdk::format

@@ -32,13 +32,15 @@ struct JournalBase {
   uint64_t base_end = 0;       // file offset just past the trailer
   uint64_t journal_end = 0;    // file offset past the last complete delta
   uint64_t next_sequence = 1;  // sequence number of the next delta
-  // Fingerprints of every stored row at that point, [layer * n_kv_heads + head][row].
+  // Fingerprints of every stored exact row at that point, [layer * n_kv_heads + head][row],
+  // followed by n_layers entries [n_layers * n_kv_heads + layer] holding one hash of that layer's
+  // compressed-store records (empty for exact layers).
   std::vector<std::vector<uint64_t>> rows;
 };
 
 uint64_t row_fingerprint(int32_t position, const uint16_t* k, const uint16_t* v, size_t head_dim);
 
-// Fingerprints of every row of the cache now.
+// Fingerprints of every exact row and every layer's compressed stores of the cache now.
 std::vector<std::vector<uint64_t>> fingerprint_rows(const Cache& cache);
 
 // A delta ready to append: finished FlatBuffers (root Frame holding a JournalDelta), one per
@@ -55,7 +57,9 @@ DeltaFrames build_delta(const Cache& cache, const JournalBase& base, uint64_t ma
 // Applies the verified parts of one complete delta (in part order) to `layers` (n_layers of
 // geometry). Throws KVSDK_E_CORRUPT, leaving `layers` unspecified, when the delta does not fit
 // them. The caller then discards `layers`.
+// `tiers` (per layer) receives the replaced compressed-store records; the caller checks their
+// layers and heads against the policy.
 void apply_delta(const Geometry& geometry, const std::vector<const fb::JournalDelta*>& parts,
-                 std::vector<LayerState>& layers);
+                 std::vector<LayerState>& layers, std::vector<std::vector<TierRecord>>& tiers);
 
 }  // namespace kvsdk::format

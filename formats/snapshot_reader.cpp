@@ -7,9 +7,11 @@
 #include "core/error.h"
 #include "core/exact_store.h"
 #include "core/policy.h"
+#include "core/representation.h"
 #include "journal.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"
+#include "tier_state.h"
 #include "xxhash64.h"
 #include "zstd_frame.h"
 
@@ -163,7 +165,16 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
          g.n_layers);
   }
   s.layers.resize(g.n_layers);
+  s.tiers.assign(g.n_layers, {});
   declared.assign(g.n_layers, {});
+  // Which layers the policy holds compressed: their rows come as tier records, not exact rows.
+  std::unique_ptr<Representation> repr;
+  try {
+    repr = make_representation(g, s.policy);
+  } catch (const Error& e) {
+    fail(KVSDK_E_CORRUPT, "snapshot policy is invalid: ", e.what());
+  }
+  s.covered.assign(g.n_layers, false);
   uint64_t declared_bytes = 0;
   const uint64_t bytes_per_row = ExactStore::bytes_per_token(g.head_dim);
   for (uint32_t l = 0; l < g.n_layers; ++l) {
@@ -173,10 +184,20 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
     }
     s.layers[l].heads.resize(g.n_kv_heads);
     s.layers[l].appended_tokens = li->appended_tokens();
+    s.covered[l] = repr && repr->covers(l);
+    if (s.covered[l]) {
+      // Compressed rows cost what the writer counted (checked exactly when they are charged).
+      uint64_t b = 0;
+      if (li->bytes_by_tier()) {
+        for (uint64_t x : *li->bytes_by_tier()) b = x > UINT64_MAX - b ? UINT64_MAX : b + x;
+      }
+      declared_bytes = b > UINT64_MAX - declared_bytes ? UINT64_MAX : declared_bytes + b;
+    }
     for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
       const uint64_t n = li->head_tokens()->Get(h);
       if (n > kMaxRowsPerHead) fail(KVSDK_E_CORRUPT, "snapshot layer ", l, " head ", h, " declares ", n, " rows");
       declared[l].push_back(n);
+      if (s.covered[l]) continue;
       // n * bytes_per_row < 2^31 * 2^13; the sum over up to 2^24 heads saturates instead of
       // wrapping around.
       const uint64_t add = n * bytes_per_row;
@@ -190,9 +211,33 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
   read_policy_state(m.policy_state(), g, s.policy, declared, s.layers, s.runtime);
 }
 
+// Checks a tier record's place: inside the geometry, in a layer the policy holds compressed.
+void check_tier_record(const TierRecord& r, const Geometry& g, const Snapshot& s) {
+  if (r.layer >= g.n_layers || r.kv_head >= g.n_kv_heads) {
+    fail(KVSDK_E_CORRUPT, "tier record for (", r.layer, ", ", r.kv_head, ") outside the geometry");
+  }
+  if (!s.covered[r.layer]) {
+    fail(KVSDK_E_CORRUPT, "tier record for layer ", r.layer, ", which policy '",
+         policy_spec(s.policy), "' keeps exact");
+  }
+}
+
 void read_tier_chunk(const fb::TierChunk& c, const Geometry& g, Snapshot& s,
                      const std::vector<std::vector<uint64_t>>& declared, uint64_t reserve_limit) {
-  if (!c.heads() || c.heads()->size() == 0) fail(KVSDK_E_CORRUPT, "empty tier chunk");
+  const bool has_heads = c.heads() && c.heads()->size() != 0;
+  const bool has_tiers = c.tiers() && c.tiers()->size() != 0;
+  if (!has_heads && !has_tiers) fail(KVSDK_E_CORRUPT, "empty tier chunk");
+  if (has_tiers) {
+    if (s.format_major < 2) {
+      fail(KVSDK_E_CORRUPT, "compressed-tier records in a format ", s.format_major, " file");
+    }
+    for (const fb::TierState* t : *c.tiers()) {
+      TierRecord r = read_tier_state(*t);
+      check_tier_record(r, g, s);
+      s.tiers[r.layer].push_back(std::move(r));
+    }
+  }
+  if (!has_heads) return;
   const size_t dim = g.head_dim;
   for (const fb::HeadRows* hr : *c.heads()) {
     const uint32_t l = hr->layer(), h = hr->kv_head();
@@ -275,7 +320,10 @@ void read_journal(Reader& rd, Snapshot& s) {
       for (RawFrame& p : pending) {
         parts.push_back(fb::GetFrame(p.flatbuffer.data())->payload_as_JournalDelta());
       }
-      apply_delta(s.geometry, parts, s.layers);
+      apply_delta(s.geometry, parts, s.layers, s.tiers);
+      for (const auto& layer_records : s.tiers) {
+        for (const TierRecord& r : layer_records) check_tier_record(r, s.geometry, s);
+      }
       std::vector<std::vector<uint64_t>> rows(s.geometry.n_layers);
       for (uint32_t l = 0; l < s.geometry.n_layers; ++l) {
         for (const ExactStore& e : s.layers[l].heads) rows[l].push_back(e.size());
@@ -354,12 +402,19 @@ Snapshot read_snapshot(const unsigned char* data, size_t size, const ReadOptions
 
   for (uint32_t l = 0; l < s.geometry.n_layers; ++l) {
     for (uint32_t h = 0; h < s.geometry.n_kv_heads; ++h) {
+      if (s.covered[l]) {
+        if (s.layers[l].heads[h].size() != 0) {
+          fail(KVSDK_E_CORRUPT, "layer ", l, " is compressed but has exact rows");
+        }
+        continue;  // checked against the restored representation (Cache::restore's caller)
+      }
       if (s.layers[l].heads[h].size() != declared[l][h]) {
         fail(KVSDK_E_CORRUPT, "layer ", l, " head ", h, " has ", s.layers[l].heads[h].size(),
              " rows, its metadata declares ", declared[l][h]);
       }
     }
   }
+  s.declared_rows = declared;
   read_journal(rd, s);
   return s;
 }

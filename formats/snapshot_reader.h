@@ -33,6 +33,11 @@ struct Snapshot {
   bool includes_backing = false;
   std::string writer_version;
   std::vector<LayerState> layers;   // after the journal
+  // Compressed-store records per layer (format major 2), for Cache::restore, and the rows each
+  // KV head declares (to check the restored representation against).
+  std::vector<std::vector<TierRecord>> tiers;
+  std::vector<std::vector<uint64_t>> declared_rows;
+  std::vector<bool> covered;        // layers the policy's representation holds
   PolicyRuntime runtime;            // allocation-stage state of the policy, after the journal
   uint64_t base_end = 0;            // offset just past the trailer
   uint64_t journal_end = 0;         // offset past the last complete delta

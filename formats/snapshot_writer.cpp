@@ -11,6 +11,7 @@
 #include "frame_writer.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"
+#include "tier_state.h"
 #include "zstd_frame.h"
 
 namespace kvsdk::format {
@@ -25,7 +26,8 @@ struct RowSpan {
 };
 
 flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder& fbb,
-                                                 const Cache& cache, bool includes_backing) {
+                                                 const Cache& cache, bool includes_backing,
+                                                 uint16_t major, uint16_t minor) {
   const Geometry& g = cache.geometry();
   const kvsdk_policy& p = cache.policy();
   std::vector<flatbuffers::Offset<fb::LayerInfo>> layers;
@@ -47,7 +49,7 @@ flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder&
                                        p.merge_t, p.retain_ratio, p.fetch_tokens,
                                        p.match_tokens);
   const auto policy_state = build_policy_state(fbb, cache);
-  return fb::CreateMetadata(fbb, kFormatMajor, kFormatMinor,
+  return fb::CreateMetadata(fbb, major, minor,
                             fbb.CreateString(kvsdk_version_string()), geometry, policy,
                             cache.context().budget(), fbb.CreateVector(layers), includes_backing,
                             policy_state);
@@ -69,6 +71,26 @@ void write_tier_frame(FrameWriter& out, flatbuffers::FlatBufferBuilder& fbb, con
   const auto chunk = fb::CreateTierChunk(fbb, fbb.CreateVector(heads));
   fbb.Finish(fb::CreateFrame(fbb, fb::Payload::TierChunk, chunk.Union()), fb::FrameIdentifier());
   out.write_frame(FrameKind::kTierChunk, fbb.GetBufferPointer(), fbb.GetSize());
+}
+
+// The compressed stores of one layer, packed into frames of at most max_frame_bytes (at least one
+// record per frame).
+void write_tier_states(FrameWriter& out, flatbuffers::FlatBufferBuilder& fbb,
+                       const std::vector<TierRecord>& records, uint64_t cap) {
+  size_t i = 0;
+  while (i < records.size()) {
+    fbb.Clear();
+    std::vector<flatbuffers::Offset<fb::TierState>> states;
+    uint64_t bytes = 0;
+    while (i < records.size() && (states.empty() || bytes + tier_record_bytes(records[i]) <= cap)) {
+      bytes += tier_record_bytes(records[i]);
+      states.push_back(build_tier_state(fbb, records[i++]));
+    }
+    const auto chunk = fb::CreateTierChunk(fbb, 0, fbb.CreateVector(states));
+    fbb.Finish(fb::CreateFrame(fbb, fb::Payload::TierChunk, chunk.Union()),
+               fb::FrameIdentifier());
+    out.write_frame(FrameKind::kTierChunk, fbb.GetBufferPointer(), fbb.GetSize());
+  }
 }
 
 }  // namespace
@@ -130,17 +152,21 @@ uint64_t snapshot_id_of(const Cache& cache, const std::vector<std::vector<uint64
 
 uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t snapshot_id,
                         Sink& sink) {
-  if (cache.policy().method == KVSDK_METHOD_KIVI) {
-    // The quantized tier has no snapshot table yet: refuse rather than write a cache without it.
-    fail(KVSDK_E_UNSUPPORTED, "snapshots of 'kivi' caches are not implemented yet (the "
-         "quantized tier has no snapshot table in this format version)");
-  }
   const Geometry& g = cache.geometry();
+  std::vector<std::vector<TierRecord>> tiers(g.n_layers);
+  bool any_tier = false;
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    tiers[l] = cache.tier_records(l);
+    any_tier = any_tier || !tiers[l].empty();
+  }
+  // Files without compressed tiers stay readable by major-1 readers.
+  const uint16_t major = any_tier ? kFormatMajor : kFormatMajorV1;
+  const uint16_t minor = any_tier ? kFormatMinor : kFormatMinorV1;
   FrameWriter out(sink, snapshot_id, params.zstd_level);
-  out.write_file_header();
+  out.write_file_header(major, minor);
 
   flatbuffers::FlatBufferBuilder fbb(1024);
-  const auto meta = build_metadata(fbb, cache, params.include_backing);
+  const auto meta = build_metadata(fbb, cache, params.include_backing, major, minor);
   fbb.Finish(fb::CreateFrame(fbb, fb::Payload::Metadata, meta.Union()), fb::FrameIdentifier());
   out.write_frame(FrameKind::kMetadata, fbb.GetBufferPointer(), fbb.GetSize());
 
@@ -169,6 +195,7 @@ uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t s
       }
     }
     if (!spans.empty()) write_tier_frame(out, fbb, cache, l, spans);
+    write_tier_states(out, fbb, tiers[l], cap);
   }
   out.write_index_and_trailer();
   return out.offset();

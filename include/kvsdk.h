@@ -548,11 +548,13 @@ KVSDK_API kvsdk_status kvsdk_cache_layer_stats_get(const kvsdk_cache *cache, uin
  * the geometry, every checksum): corrupt or truncated input yields KVSDK_E_CORRUPT, never a crash.
  * A cache loaded from a snapshot is charged to its context's budget like any other. */
 
-/** Version of the snapshot format this library writes. A reader accepts every minor version of
- *  its major version (unknown additions are ignored or reported as unsupported) and rejects a
- *  newer major version with KVSDK_E_VERSION. */
-#define KVSDK_SNAPSHOT_FORMAT_MAJOR 1
-#define KVSDK_SNAPSHOT_FORMAT_MINOR 1
+/** Newest snapshot format this library reads and writes. A reader accepts every older major and
+ *  every minor version of its major versions (unknown additions are ignored) and rejects a newer
+ *  major version with KVSDK_E_VERSION. Snapshots of caches that hold compressed tiers (KIVI,
+ *  SpindleKV, MiniCache, SmallKV, SpeCache) are written as format 2.0; caches that hold only exact
+ *  rows are written as format 1.2, so readers that know only major 1 keep loading them. */
+#define KVSDK_SNAPSHOT_FORMAT_MAJOR 2
+#define KVSDK_SNAPSHOT_FORMAT_MINOR 0
 
 typedef struct kvsdk_save_options {
   uint32_t struct_size;      /**< sizeof(kvsdk_save_options); set by kvsdk_save_options_init. */

@@ -51,7 +51,20 @@ void load(kvsdk_cache** out, kvsdk_context* ctx, const unsigned char* data, size
   opt.available_bytes = ctx->impl->available();
   Snapshot s = read_snapshot(data, size, opt);
   auto h = std::make_unique<kvsdk_cache>();
-  h->impl = Cache::restore(ctx->impl, s.geometry, s.policy, std::move(s.layers));
+  h->impl = Cache::restore(ctx->impl, s.geometry, s.policy, std::move(s.layers), s.tiers);
+  if (s.journal_frames_applied == 0) {
+    // Compressed layers: the restored stores must hold what the metadata declared.
+    for (uint32_t l = 0; l < s.geometry.n_layers; ++l) {
+      if (!s.covered[l]) continue;
+      for (uint32_t kh = 0; kh < s.geometry.n_kv_heads; ++kh) {
+        if (h->impl->head_tokens(l, kh) != s.declared_rows[l][kh]) {
+          fail(KVSDK_E_CORRUPT, "snapshot layer ", l, " head ", kh, " holds ",
+               h->impl->head_tokens(l, kh), " rows, its metadata declares ",
+               s.declared_rows[l][kh]);
+        }
+      }
+    }
+  }
   h->impl->restore_policy_runtime(std::move(s.runtime));
   h->journal = make_base(fingerprint_rows(*h->impl), s.snapshot_id, s.base_end, s.journal_end,
                          s.next_sequence);

@@ -87,6 +87,12 @@ void Cache::append(uint32_t layer, size_t n_tokens, const void* k, const void* v
 
 bool Cache::covered(uint32_t layer) const { return repr_ && repr_->covers(layer); }
 
+std::vector<TierRecord> Cache::tier_records(uint32_t layer) const {
+  check_layer(layer);
+  if (!covered(layer)) return {};
+  return repr_->save(layer);
+}
+
 void Cache::append_represented(uint32_t layer, size_t n_tokens, const void* k, const void* v,
                                const int32_t* positions) {
   // Reserve an upper bound of the growth before anything changes, evicting first when the

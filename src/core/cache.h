@@ -11,6 +11,7 @@
 #include "core/context.h"
 #include "core/exact_store.h"
 #include "core/geometry.h"
+#include "core/tier_record.h"
 #include "kvsdk.h"
 
 namespace kvsdk {
@@ -46,9 +47,14 @@ class Cache {
   // Snapshot restore (formats/): a cache holding `layers`, already validated against `geometry`,
   // with their bytes charged to `ctx`. Throws KVSDK_E_BUDGET (charging nothing) when they do not
   // fit. Defined in cache_restore.cpp.
+  // `tiers[l]` are the compressed-store records of layer l (Representation::save), empty for
+  // exact layers; they are validated here (KVSDK_E_CORRUPT).
   static std::unique_ptr<Cache> restore(std::shared_ptr<Context> ctx, const Geometry& geometry,
                                         const kvsdk_policy& policy,
-                                        std::vector<LayerState> layers);
+                                        std::vector<LayerState> layers,
+                                        const std::vector<std::vector<TierRecord>>& tiers = {});
+  // Snapshot support: the compressed stores of `layer` (empty when the layer is exact).
+  std::vector<TierRecord> tier_records(uint32_t layer) const;
 
   const Geometry& geometry() const { return geometry_; }
   const kvsdk_policy& policy() const { return policy_; }

@@ -6,11 +6,14 @@
 
 #include "core/cache.h"
 #include "core/error.h"
+#include "core/policy.h"
+#include "core/representation.h"
 
 namespace kvsdk {
 
 std::unique_ptr<Cache> Cache::restore(std::shared_ptr<Context> ctx, const Geometry& geometry,
-                                      const kvsdk_policy& policy, std::vector<LayerState> layers) {
+                                      const kvsdk_policy& policy, std::vector<LayerState> layers,
+                                      const std::vector<std::vector<TierRecord>>& tiers) {
   if (layers.size() != geometry.n_layers) {
     fail(KVSDK_E_INTERNAL, "restore: ", layers.size(), " layers for a geometry of ",
          geometry.n_layers);
@@ -20,8 +23,29 @@ std::unique_ptr<Cache> Cache::restore(std::shared_ptr<Context> ctx, const Geomet
       fail(KVSDK_E_INTERNAL, "restore: layer with ", l.heads.size(), " heads");
     }
   }
+  if (!tiers.empty() && tiers.size() != geometry.n_layers) {
+    fail(KVSDK_E_INTERNAL, "restore: tier records for ", tiers.size(), " layers");
+  }
   auto cache = std::make_unique<Cache>(std::move(ctx), geometry, policy);
   cache->layers_ = std::move(layers);
+  for (uint32_t l = 0; l < geometry.n_layers; ++l) {
+    static const std::vector<TierRecord> kNone;
+    const std::vector<TierRecord>& records = tiers.empty() ? kNone : tiers[l];
+    if (!cache->covered(l)) {
+      if (!records.empty()) {
+        fail(KVSDK_E_CORRUPT, "snapshot layer ", l, " has compressed-tier records, but policy '",
+             policy_spec(policy), "' keeps it exact");
+      }
+      continue;
+    }
+    for (const ExactStore& h : cache->layers_[l].heads) {
+      if (h.size() != 0) {
+        fail(KVSDK_E_CORRUPT, "snapshot layer ", l, " has exact rows, but policy '",
+             policy_spec(policy), "' holds it compressed");
+      }
+    }
+    cache->repr_->restore(l, records);
+  }
   // The same per-tier accounting as stats(), so a restored cache is charged what it reports.
   uint64_t bytes = 0;
   for (uint32_t l = 0; l < geometry.n_layers; ++l) {

@@ -11,7 +11,8 @@ use std::ffi::c_void;
 use std::path::Path;
 use std::ptr::{self, NonNull};
 
-/// Snapshot format this library writes (KVSDK_SNAPSHOT_FORMAT_MAJOR / _MINOR).
+/// Newest snapshot format this library reads and writes (KVSDK_SNAPSHOT_FORMAT_MAJOR / _MINOR);
+/// caches of exact rows only are written as 1.2.
 pub const SNAPSHOT_FORMAT: (u32, u32) =
     (sys::KVSDK_SNAPSHOT_FORMAT_MAJOR, sys::KVSDK_SNAPSHOT_FORMAT_MINOR);
 
