@@ -86,6 +86,16 @@ for policy in streaming_llm snapkv xkv; do
   [ "$(stat -c %s "$tmp/re_$policy.kvsnap")" -lt "$(stat -c %s "$same_heads")" ] ||
     fail "recompress to $policy did not shrink the snapshot"
 done
+# Compressed tiers: into kivi (format 2), and from kivi on to an eviction preset.
+expect_exit 0 "$cli" recompress "$same_heads" "$tmp/re_kivi.kvsnap" --policy kivi --budget 1M
+expect_exit 0 "$cli" verify "$tmp/re_kivi.kvsnap"
+expect_exit 0 "$cli" inspect "$tmp/re_kivi.kvsnap" --json; json_ok inspect kivi
+grep -q '"kivi"' "$tmp/out" || fail "recompressed file does not carry policy kivi"
+[ "$(stat -c %s "$tmp/re_kivi.kvsnap")" -lt "$(stat -c %s "$same_heads")" ] ||
+  fail "recompress to kivi did not shrink the snapshot"
+expect_exit 0 "$cli" recompress "$tmp/re_kivi.kvsnap" "$tmp/re_kivi_snapkv.kvsnap" --policy snapkv \
+  --budget 2K
+expect_exit 0 "$cli" verify "$tmp/re_kivi_snapkv.kvsnap"
 # A cache that keeps the same tokens in every KV head can change policy again.
 expect_exit 0 "$cli" recompress "$tmp/re_streaming_llm.kvsnap" "$tmp/re_back.kvsnap" --policy full \
   --budget 1M
