@@ -105,6 +105,16 @@ double kl_divergence(const float* p_logits, const float* q_logits, size_t vocab)
   return std::max(kl, 0.0);  // rounding can give -1e-17 for identical distributions
 }
 
+uint64_t snapshot_bytes(const kvsdk_cache* cache) {
+  size_t size = 0;
+  // The size query writes nothing; a cache that cannot be saved reports 0 (and the row shows it).
+  if (kvsdk_cache_save_to_buffer(const_cast<kvsdk_cache*>(cache), nullptr, nullptr, 0, &size) !=
+      KVSDK_OK) {
+    return 0;
+  }
+  return size;
+}
+
 Reference build_reference(const llama::Model& model, const std::vector<int>& text, Schedule schedule) {
   if (text.size() < 2 || schedule.prompt_tokens == 0 || schedule.prompt_tokens >= text.size()) {
     throw llama::Error("evaluation text needs at least 2 tokens and a prompt shorter than it");
@@ -136,6 +146,7 @@ Reference build_reference(const llama::Model& model, const std::vector<int>& tex
     peak = std::max(peak, cache_bytes(s));
   }
   ref.full_cache_bytes = std::max(ref.full_cache_bytes, peak);
+  ref.full_snapshot_bytes = snapshot_bytes(s.cache());
   return ref;
 }
 
@@ -167,6 +178,7 @@ Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_po
       agree += llama::argmax(full, V) == llama::argmax(mine, V);
       kl += kl_divergence(full, mine, V);
     }
+    out.snapshot_bytes = snapshot_bytes(s.cache());
     out.top1_agreement = steps ? double(agree) / double(steps) : 1.0;
     out.kl = steps ? kl / double(steps) : 0.0;
     out.ok = true;

@@ -26,6 +26,7 @@ struct Reference {
   Schedule schedule;                  // prompt = first schedule.prompt_tokens of both sequences
   std::vector<float> full_logits;     // logits at each continuation step (steps x vocab)
   uint64_t full_cache_bytes = 0;      // bytes of the full cache holding the whole sequence
+  uint64_t full_snapshot_bytes = 0;   // its kvsdk snapshot (default save options) at the end
 };
 
 // Runs the full cache over `text` (perplexity) and over its first `prompt_tokens` followed by
@@ -41,7 +42,11 @@ struct Outcome {
   double kl = 0;              // mean KL(full || compressed) in nats over continuation steps
   uint64_t cache_bytes = 0;   // most bytes the cache held at any point of the run
   uint64_t prefill_bytes = 0; // most bytes the cache held during the prompt's prefill
+  uint64_t snapshot_bytes = 0; // kvsdk snapshot of the cache at the end of the continuation
 };
+
+// Bytes of a snapshot of `cache` with default options (kvsdk_cache_save_to_buffer size query).
+uint64_t snapshot_bytes(const kvsdk_cache* cache);
 
 // Measures `policy` in a context whose budget is `budget_bytes` (0 = unlimited). With
 // `mini_prefill` (XKV), each run first plans the prompt with kvsdk_planner_* in a cache-free pass

@@ -228,6 +228,7 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
       r.budget_pct = pct;
       r.budget_bytes = std::max<uint64_t>(1, ref.full_cache_bytes * uint64_t(pct) / 100);
       r.full_cache_bytes = ref.full_cache_bytes;
+      r.full_snapshot_bytes = ref.full_snapshot_bytes;
       r.ppl_full = ref.ppl_full;
       r.context_tokens = n;
       r.prompt_tokens = schedule.prompt_tokens;
@@ -236,6 +237,7 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
       r.status = out.ok ? "ok" : kvsdk_status_str(out.status);
       r.error = out.error;
       r.cache_bytes = out.cache_bytes;
+      r.snapshot_bytes = out.snapshot_bytes;
       r.ppl = out.ppl;
       r.top1_agreement = out.top1_agreement;
       r.kl = out.kl;

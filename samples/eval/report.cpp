@@ -64,6 +64,8 @@ void write_json(const std::string& path, const std::vector<Record>& records) {
       << ", \"status\": " << json_string(r.status)
       << ", \"cache_bytes\": " << (r.ok ? std::to_string(r.cache_bytes) : "null")
       << ", \"full_cache_bytes\": " << r.full_cache_bytes
+      << ", \"snapshot_bytes\": " << (r.ok ? std::to_string(r.snapshot_bytes) : "null")
+      << ", \"full_snapshot_bytes\": " << r.full_snapshot_bytes
       << ", \"ppl\": " << number_or_null(r.ok, r.ppl)
       << ", \"ppl_full\": " << number_or_null(true, r.ppl_full)
       << ", \"top1_agreement\": " << number_or_null(r.ok, r.top1_agreement)
@@ -82,20 +84,40 @@ void write_markdown(const std::string& path, const std::vector<Record>& records)
     << "Budgets are shares of the full cache's bytes for the whole sequence; `cache KiB` is the\n"
     << "most the cache held during the run. Perplexity on held-out text; top-1 agreement and\n"
     << "KL(full || policy) of next-token distributions over a greedy continuation of the full\n"
-    << "model (teacher-forced). `failed` rows could not stay within the budget.\n";
+    << "model (teacher-forced). `failed` rows could not stay within the budget. `snapshot` is the\n"
+    << "size of the cache's kvsdk snapshot at the end of the run as a share of the full cache's\n"
+    << "snapshot (both zstd-compressed, default options).\n\n"
+    << "## Smallest snapshot at top-1 agreement >= 0.95\n\n"
+    << "| model | policy | budget | snapshot (x full) | top-1 agreement | KL (nats) |\n"
+    << "|---|---|---:|---:|---:|---:|\n";
+  for (const std::string& model : models_in_order(records)) {
+    const Record* best = nullptr;
+    for (const Record& r : records) {
+      if (r.model != model || !r.ok || r.top1_agreement < 0.95 || r.snapshot_bytes == 0) continue;
+      if (!best || r.snapshot_bytes < best->snapshot_bytes) best = &r;
+    }
+    if (!best) continue;
+    f << "| " << model << " | " << best->policy << " | " << best->budget_pct << "% | "
+      << std::fixed << std::setprecision(3)
+      << double(best->snapshot_bytes) / double(best->full_snapshot_bytes) << " | "
+      << best->top1_agreement << " | " << std::setprecision(4) << best->kl << " |\n";
+  }
   for (const std::string& model : models_in_order(records)) {
     f << "\n## " << model << "\n\n"
-      << "| policy | budget | cache KiB | ppl | ppl full | top-1 agreement | KL (nats) | status |\n"
-      << "|---|---:|---:|---:|---:|---:|---:|---|\n";
+      << "| policy | budget | cache KiB | snapshot (x full) | ppl | ppl full | top-1 agreement | "
+         "KL (nats) | status |\n"
+      << "|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
     for (const Record& r : records) {
       if (r.model != model) continue;
       f << "| " << r.policy << " | " << r.budget_pct << "% | ";
       if (r.ok) {
         f << std::fixed << std::setprecision(1) << double(r.cache_bytes) / 1024.0 << " | "
-          << std::setprecision(3) << r.ppl << " | " << r.ppl_full << " | " << r.top1_agreement
+          << std::setprecision(3)
+          << (r.full_snapshot_bytes ? double(r.snapshot_bytes) / double(r.full_snapshot_bytes) : 0.0)
+          << " | " << r.ppl << " | " << r.ppl_full << " | " << r.top1_agreement
           << " | " << std::setprecision(4) << r.kl << " | ok |\n";
       } else {
-        f << "- | - | " << std::fixed << std::setprecision(3) << r.ppl_full << " | - | - | failed ("
+        f << "- | - | - | " << std::fixed << std::setprecision(3) << r.ppl_full << " | - | - | failed ("
           << r.status << ") |\n";
       }
     }
@@ -132,7 +154,7 @@ void write_plot(const std::string& path, const std::vector<Record>& records) {
   g << "set terminal pngcairo size 1500," << 420 * 2 << " font ',10'\n"
     << "set output '" << path << "'\n"
     << "set multiplot layout 2," << models.size() << " title 'kvsdk: quality vs KV memory'\n"
-    << "set grid\nset key bottom right\nset xrange [0:105]\n";
+    << "set grid\nset key bottom right noenhanced\nset xrange [0:105]\n";
   size_t block = 0;
   std::vector<std::pair<size_t, std::vector<std::string>>> blocks_per_model;
   for (const std::string& model : models) {

@@ -17,6 +17,7 @@ struct Record {
   std::string error;         // kvsdk_last_error() detail when not ok
   uint64_t cache_bytes = 0;  // peak bytes the cache held (0 when the run failed)
   uint64_t full_cache_bytes = 0;
+  uint64_t snapshot_bytes = 0, full_snapshot_bytes = 0;  // kvsdk snapshot at the end of the run
   double ppl = 0, ppl_full = 0, top1_agreement = 0, kl = 0;
   size_t context_tokens = 0, prompt_tokens = 0;
 };
