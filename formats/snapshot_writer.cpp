@@ -157,6 +157,16 @@ uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t s
   bool any_tier = false;
   for (uint32_t l = 0; l < g.n_layers; ++l) {
     tiers[l] = cache.tier_records(l);
+    if (!params.include_backing) {
+      // Off-budget backing stores (SpeCache) are fields named "backing.*": left out unless asked.
+      for (TierRecord& r : tiers[l]) {
+        r.fields.erase(std::remove_if(r.fields.begin(), r.fields.end(),
+                                      [](const TierField& f) {
+                                        return f.name.compare(0, 8, "backing.") == 0;
+                                      }),
+                       r.fields.end());
+      }
+    }
     any_tier = any_tier || !tiers[l].empty();
   }
   // Files without compressed tiers stay readable by major-1 readers.

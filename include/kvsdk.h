@@ -199,8 +199,7 @@ typedef enum kvsdk_method {
   KVSDK_METHOD_SNAPKV = 3,         /**< Observation-window scores, pooled, per KV head. */
   KVSDK_METHOD_PYRAMIDKV = 4,      /**< SnapKV selection with a linear per-layer schedule. */
   KVSDK_METHOD_XKV = 5,            /**< Greedy personalised per-layer allocation (XKV). */
-  KVSDK_METHOD_KIVI = 6,           /**< Low-bit asymmetric quantization, no eviction
-                                        (implemented; snapshots not yet). */
+  KVSDK_METHOD_KIVI = 6,           /**< Low-bit asymmetric quantization, no eviction. */
   KVSDK_METHOD_SPINDLEKV = 7,      /**< Codebooks in shallow layers, eviction in deep layers. */
   KVSDK_METHOD_MINICACHE = 8,      /**< Cross-layer SLERP merging in deep layers. */
   KVSDK_METHOD_SMALLKV = 9,        /**< Proxy-model attention compensation. */
@@ -561,9 +560,10 @@ typedef struct kvsdk_save_options {
   int32_t zstd_level;        /**< zstd compression level, 1..19 (also negative "fast" levels
                                   down to -7). Default 3. Level 0 means the default. */
   uint32_t include_backing;  /**< 1: also write the off-budget full-precision backing store of
-                                  tiered policies (SpeCache); 0: leave it out. Caches without a
-                                  backing store (every policy of this version) ignore it.
-                                  Default 0. */
+                                  tiered policies (SpeCache), so that the resumed cache fetches
+                                  the same rows and continues bit-identically; 0: leave it out
+                                  (smaller file; see KVSDK_METHOD_SPECACHE for what a cache
+                                  loaded without it does). Other policies ignore it. Default 0. */
   uint64_t max_frame_bytes;  /**< Largest uncompressed rows payload per frame: per-layer data is
                                   split into frames of at most this many bytes of rows (at least
                                   one row per frame), which keeps every FlatBuffer far below its
