@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "attention.h"
+#include "core/error.h"
 #include "core/half.h"
 #include "minicache_kivi.h"
 #include "reference_attention.h"
