@@ -55,7 +55,7 @@ void Cache::append(uint32_t layer, size_t n_tokens, const void* k, const void* v
   if (!ctx_->try_reserve(add)) {
     fail(KVSDK_E_BUDGET, "appending ", n_tokens, " tokens to layer ", layer, " needs ", add,
          " bytes but the context has ", ctx_->available(), " of its ", ctx_->budget(),
-         " budget bytes free (policy 'full' does not compress)");
+         " budget bytes free (policy '", policy_spec(policy_), "' does not compress this layer)");
   }
   LayerState& L = layers_[layer];
   try {
