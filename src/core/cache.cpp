@@ -127,9 +127,14 @@ void Cache::append_represented(uint32_t layer, size_t n_tokens, const void* k, c
   } catch (...) {
     // Only allocation can fail here; what the representation holds is what is charged below.
     const uint64_t now = represented_bytes();
-    const uint64_t grown = now > before ? now - before : 0;
-    if (bound > grown) ctx_->release(bound - grown);
-    charged_ += grown;
+    if (now >= before) {
+      const uint64_t grown = now - before;
+      if (bound > grown) ctx_->release(bound - grown);
+      charged_ += grown;
+    } else {  // a merge released rows before the failure
+      ctx_->release(bound + (before - now));
+      charged_ -= before - now;
+    }
     throw;
   }
   const uint64_t after = represented_bytes();
