@@ -8,6 +8,7 @@
 
 #include "container.h"
 #include "core/options.h"
+#include "core/policy.h"
 #include "frame_writer.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"

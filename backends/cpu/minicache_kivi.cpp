@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/error.h"
 #include "core/half.h"
 
 namespace kvsdk::cpu {
@@ -23,7 +24,7 @@ void push_f16(std::vector<uint16_t>& dst, const float* x, size_t n) {
 }
 
 // out = m · e / ||e|| (zero when either is zero).
-void restore(const float* e, float m, size_t dim, float* out) {
+void restore_row(const float* e, float m, size_t dim, float* out) {
   const float en = norm(e, dim);
   const float s = en > 0.0f ? m / en : 0.0f;
   for (size_t i = 0; i < dim; ++i) out[i] = e[i] * s;
@@ -117,10 +118,58 @@ void MiniCacheKiviPair::read_rows(int layer, size_t first, size_t count, float* 
       }
     } else {
       const size_t m = s, o = (m - m_begin) * dim_;
-      restore(&ek[o], layer == 0 ? norm_k_prev_[m] : norm_k_cur_[m], dim_, ko);
-      restore(&ev[o], layer == 0 ? norm_v_prev_[m] : norm_v_cur_[m], dim_, vo);
+      restore_row(&ek[o], layer == 0 ? norm_k_prev_[m] : norm_k_cur_[m], dim_, ko);
+      restore_row(&ev[o], layer == 0 ? norm_v_prev_[m] : norm_v_cur_[m], dim_, vo);
     }
   }
+}
+
+MiniCacheKiviPair::Buffers MiniCacheKiviPair::buffers() const {
+  return {threshold_set_,   threshold_,       slot_,            positions_,
+          directions_.buffers(), norm_k_prev_, norm_k_cur_,     norm_v_prev_,
+          norm_v_cur_,      retained_k_prev_, retained_k_cur_,  retained_v_prev_,
+          retained_v_cur_};
+}
+
+MiniCacheKiviPair MiniCacheKiviPair::restore(size_t dim, const MiniCacheConfig& merge,
+                                             const KiviConfig& quant, Buffers b) {
+  MiniCacheKiviPair p(dim, merge, quant);
+  p.directions_ = KiviHeadStore::restore(dim, quant, std::move(b.directions));  // validates
+  const size_t merged = b.norm_k_prev.size();
+  const size_t retained = b.retained_k_prev.size() / dim;
+  bool ok = b.norm_k_cur.size() == merged && b.norm_v_prev.size() == merged &&
+            b.norm_v_cur.size() == merged && p.directions_.size() == merged &&
+            b.retained_k_prev.size() % dim == 0 &&
+            b.retained_k_cur.size() == b.retained_k_prev.size() &&
+            b.retained_v_prev.size() == b.retained_k_prev.size() &&
+            b.retained_v_cur.size() == b.retained_k_prev.size() &&
+            b.slots.size() == merged + retained && b.positions.size() == b.slots.size();
+  // Slots number merged and retained tokens in order within each kind, and a merged token's
+  // position is the one its KIVI row carries.
+  size_t next_m = 0, next_r = 0;
+  for (size_t i = 0; ok && i < b.slots.size(); ++i) {
+    const uint32_t s = b.slots[i];
+    if (s & kRetainedBit) {
+      ok = (s & ~kRetainedBit) == next_r++;
+    } else {
+      ok = s == next_m && p.directions_.positions()[next_m] == b.positions[i];
+      ++next_m;
+    }
+  }
+  if (!ok) fail(KVSDK_E_CORRUPT, "MiniCache+KIVI buffers are inconsistent (head_dim ", dim, ")");
+  p.threshold_set_ = b.threshold_set;
+  p.threshold_ = b.threshold;
+  p.slot_ = std::move(b.slots);
+  p.positions_ = std::move(b.positions);
+  p.norm_k_prev_ = std::move(b.norm_k_prev);
+  p.norm_k_cur_ = std::move(b.norm_k_cur);
+  p.norm_v_prev_ = std::move(b.norm_v_prev);
+  p.norm_v_cur_ = std::move(b.norm_v_cur);
+  p.retained_k_prev_ = std::move(b.retained_k_prev);
+  p.retained_k_cur_ = std::move(b.retained_k_cur);
+  p.retained_v_prev_ = std::move(b.retained_v_prev);
+  p.retained_v_cur_ = std::move(b.retained_v_cur);
+  return p;
 }
 
 MiniCacheKiviBytes MiniCacheKiviPair::bytes() const {

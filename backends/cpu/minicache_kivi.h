@@ -47,6 +47,23 @@ class MiniCacheKiviPair {
   const std::vector<int32_t>& positions() const { return positions_; }
   const KiviHeadStore& directions() const { return directions_; }
   MiniCacheKiviBytes bytes() const;
+  bool threshold_set() const { return threshold_set_; }
+  float threshold() const { return threshold_; }
+
+  // Snapshot support: every buffer, and a pair rebuilt from them. restore() throws kvsdk::Error
+  // KVSDK_E_CORRUPT when sizes, slots or the KIVI store are inconsistent.
+  struct Buffers {
+    bool threshold_set = false;
+    float threshold = 2.0f;
+    std::vector<uint32_t> slots;
+    std::vector<int32_t> positions;
+    KiviHeadBuffers directions;
+    std::vector<float> norm_k_prev, norm_k_cur, norm_v_prev, norm_v_cur;
+    std::vector<uint16_t> retained_k_prev, retained_k_cur, retained_v_prev, retained_v_cur;
+  };
+  Buffers buffers() const;
+  static MiniCacheKiviPair restore(size_t dim, const MiniCacheConfig& merge,
+                                   const KiviConfig& quant, Buffers b);
 
  private:
   static constexpr uint32_t kRetainedBit = 0x80000000u;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 namespace kvsdk::cpu {
 
 namespace {
@@ -29,6 +31,23 @@ void SpindleHeadStore::read_rows(size_t first, size_t count, float* k, float* v)
   keys_.reconstruct(first, count, k);
   rope_.apply_rows(k, positions_.data() + first, count);
   values_.reconstruct(first, count, v);
+}
+
+SpindleHeadStore SpindleHeadStore::restore(size_t head_dim, float rope_theta,
+                                           kvsdk_rope_style rope_style, SpindleCodebook keys,
+                                           SpindleCodebook values,
+                                           std::vector<int32_t> positions) {
+  SpindleHeadStore s(head_dim, rope_theta, rope_style, keys.theta(), values.theta());
+  if (keys.dim() != head_dim || values.dim() != head_dim || keys.size() != positions.size() ||
+      values.size() != positions.size()) {
+    fail(KVSDK_E_CORRUPT, "SpindleKV head buffers: ", keys.size(), " key rows and ",
+         values.size(), " value rows for ", positions.size(), " positions (head_dim ", head_dim,
+         ")");
+  }
+  s.keys_ = std::move(keys);
+  s.values_ = std::move(values);
+  s.positions_ = std::move(positions);
+  return s;
 }
 
 SpindleBytes SpindleHeadStore::bytes() const {

@@ -45,6 +45,13 @@ class SpindleHeadStore {
   const SpindleCodebook& values() const { return values_; }
   SpindleBytes bytes() const;
 
+  // Snapshot support: a store rebuilt from its two codebooks (SpindleCodebook::restore) and the
+  // tokens' positions. Throws kvsdk::Error KVSDK_E_CORRUPT when the codebooks do not both hold
+  // one row per position or their dimension differs from head_dim.
+  static SpindleHeadStore restore(size_t head_dim, float rope_theta, kvsdk_rope_style rope_style,
+                                  SpindleCodebook keys, SpindleCodebook values,
+                                  std::vector<int32_t> positions);
+
  private:
   Rope rope_;
   SpindleCodebook keys_, values_;

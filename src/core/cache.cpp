@@ -55,7 +55,7 @@ void Cache::append(uint32_t layer, size_t n_tokens, const void* k, const void* v
   if (!ctx_->try_reserve(add)) {
     fail(KVSDK_E_BUDGET, "appending ", n_tokens, " tokens to layer ", layer, " needs ", add,
          " bytes but the context has ", ctx_->available(), " of its ", ctx_->budget(),
-         " budget bytes free (policy 'full' does not compress)");
+         " budget bytes free (policy '", policy_spec(policy_), "' does not compress this layer)");
   }
   LayerState& L = layers_[layer];
   try {
@@ -104,13 +104,26 @@ void Cache::append_represented(uint32_t layer, size_t n_tokens, const void* k, c
     const uint64_t freed = repr_->evict(want);
     ctx_->release(freed);
     charged_ -= freed;
+    if (!reserve(bound) && evicts() && target >= bound) {
+      compress_to(target - bound);  // SpindleKV: make room by evicting in the exact (deep) layers
+    }
     if (!reserve(bound)) {
       fail(KVSDK_E_BUDGET, "appending ", n_tokens, " tokens to layer ", layer, " may need ",
            bound, " more bytes than the budget allows (policy '", policy_spec(policy_), "'",
-           freed ? " after evicting" : " does not evict", ")");
+           freed || evicts() ? " after evicting" : " does not evict", ")");
     }
   }
-  const uint64_t before = repr_->layer_bytes(layer);
+  // The change is measured over every covered layer: an append to one layer may change another
+  // one's bytes (MiniCache merges a pair when its second layer arrives, releasing the rows of the
+  // first that waited).
+  const auto represented_bytes = [&] {
+    uint64_t b = 0;
+    for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+      if (repr_->covers(l)) b += repr_->layer_bytes(l);
+    }
+    return b;
+  };
+  const uint64_t before = represented_bytes();
   try {
     const size_t elems = n_tokens * geometry_.kv_elems_per_token();
     std::vector<float> kf(elems), vf(elems);
@@ -119,13 +132,18 @@ void Cache::append_represented(uint32_t layer, size_t n_tokens, const void* k, c
     repr_->append(layer, n_tokens, kf.data(), vf.data(), positions);
   } catch (...) {
     // Only allocation can fail here; what the representation holds is what is charged below.
-    const uint64_t now = repr_->layer_bytes(layer);
-    const uint64_t grown = now > before ? now - before : 0;
-    if (bound > grown) ctx_->release(bound - grown);
-    charged_ += grown;
+    const uint64_t now = represented_bytes();
+    if (now >= before) {
+      const uint64_t grown = now - before;
+      if (bound > grown) ctx_->release(bound - grown);
+      charged_ += grown;
+    } else {  // a merge released rows before the failure
+      ctx_->release(bound + (before - now));
+      charged_ -= before - now;
+    }
     throw;
   }
-  const uint64_t after = repr_->layer_bytes(layer);
+  const uint64_t after = represented_bytes();
   if (after >= before) {
     if (after - before > bound) {
       fail(KVSDK_E_INTERNAL, "representation grew by ", after - before, " bytes, over its bound ",

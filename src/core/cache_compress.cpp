@@ -37,15 +37,15 @@ constexpr uint64_t kUnlimited = std::numeric_limits<uint64_t>::max();
 
 bool Cache::evicts() const {
   // The exact-tier eviction presets of src/policy. Representations that evict do it themselves
-  // (Representation::evict).
+  // (Representation::evict). SpindleKV evicts here too, in the layers its codebooks do not cover.
   const int32_t m = policy_.method;
   return m == KVSDK_METHOD_STREAMING_LLM || m == KVSDK_METHOD_H2O || m == KVSDK_METHOD_SNAPKV ||
-         m == KVSDK_METHOD_PYRAMIDKV || m == KVSDK_METHOD_XKV;
+         m == KVSDK_METHOD_PYRAMIDKV || m == KVSDK_METHOD_XKV || m == KVSDK_METHOD_SPINDLEKV;
 }
 
 bool Cache::uses_window() const {
   return policy_.method == KVSDK_METHOD_SNAPKV || policy_.method == KVSDK_METHOD_PYRAMIDKV ||
-         policy_.method == KVSDK_METHOD_XKV;
+         policy_.method == KVSDK_METHOD_XKV || policy_.method == KVSDK_METHOD_SPINDLEKV;
 }
 
 uint64_t Cache::token_bytes() const {
@@ -58,6 +58,11 @@ uint64_t Cache::token_bytes() const {
 uint64_t Cache::fixed_bytes() const {
   uint64_t b = 0;
   for (const LayerState& L : layers_) b += L.window_q.size() * 4 + L.window_pos.size() * 4;
+  // Layers a representation covers are not evicted here (their exact stores are empty, so their
+  // length and cap are 0): their bytes are fixed, and the token capacity is what they leave.
+  for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+    if (covered(l)) b += repr_->layer_bytes(l);
+  }
   return b;
 }
 
@@ -177,6 +182,21 @@ std::vector<uint64_t> Cache::plan_caps(uint64_t capacity, const Incoming* in,
     case KVSDK_METHOD_PYRAMIDKV:
       return policy::allocate_pyramid(lengths, prot, capacity, policy_.schedule_alpha,
                                       policy_.schedule_beta);
+    case KVSDK_METHOD_SPINDLEKV: {
+      // SpindleKV §3.3, Eq. (5) and (6) over the deep (evicting) layers only: layer 0 of the
+      // schedule is the boundary layer. Codebook layers keep their (empty) exact length.
+      std::vector<uint64_t> deep_len, deep_prot;
+      for (uint32_t l = 0; l < n_layers; ++l) {
+        if (!covered(l)) deep_len.push_back(lengths[l]), deep_prot.push_back(prot[l]);
+      }
+      const std::vector<uint64_t> deep = policy::allocate_pyramid(
+          deep_len, deep_prot, capacity, policy_.schedule_alpha, policy_.schedule_beta);
+      std::vector<uint64_t> caps(lengths);
+      for (uint32_t l = 0, i = 0; l < n_layers; ++l) {
+        if (!covered(l)) caps[l] = deep[i++];
+      }
+      return caps;
+    }
     case KVSDK_METHOD_XKV: {
       const uint64_t total_prot = std::accumulate(prot.begin(), prot.end(), uint64_t(0));
       if (capacity <= total_prot) return policy::allocate_uniform(prot, capacity);
@@ -310,8 +330,8 @@ void Cache::append_compressing(uint32_t layer, size_t n_tokens, const void* k, c
   const uint64_t unit = token_bytes();
   std::vector<uint64_t> caps = lengths;
   if (target != kUnlimited && fixed > target) {
-    fail(KVSDK_E_BUDGET, "the observation windows alone (", fixed, " bytes) exceed the ", target,
-         " bytes available");
+    fail(KVSDK_E_BUDGET, "the observation windows and compressed layers alone (", fixed,
+         " bytes) exceed the ", target, " bytes available");
   }
   const uint64_t capacity = target == kUnlimited ? kUnlimited : (target - fixed) / unit;
   if (!fixed_alloc_.empty() || (!profile_shares_.empty() && capacity != kUnlimited)) {
@@ -349,8 +369,8 @@ void Cache::compress_to(uint64_t target) {
   }
   const uint64_t fixed = fixed_bytes();
   if (fixed > target) {
-    fail(KVSDK_E_BUDGET, "the observation windows alone (", fixed, " bytes) exceed the ", target,
-         " bytes allowed");
+    fail(KVSDK_E_BUDGET, "the observation windows and compressed layers alone (", fixed,
+         " bytes) exceed the ", target, " bytes allowed");
   }
   const uint32_t n_layers = geometry_.n_layers;
   std::vector<HeadScores> scores(n_layers);
@@ -431,6 +451,7 @@ void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32
   check_layer(layer);
   const bool h2o = policy_.method == KVSDK_METHOD_H2O;
   if (!h2o && !uses_window()) return;  // full and streaming_llm use no attention signal
+  if (covered(layer)) return;  // SpindleKV's codebook layers never evict: no window to keep
   const size_t qe = geometry_.q_elems_per_token();
   std::vector<float> rows(n_queries * qe);
   load_f32(geometry_.dtype, q, 0, rows.size(), rows.data());

@@ -53,7 +53,9 @@ class Representation {
   // Off-budget bytes (SpeCache's full-precision backing store); reported apart in stats.
   virtual uint64_t backing_bytes() const { return 0; }
 
-  // An upper bound of how much layer_bytes(layer) can grow when `n_tokens` are appended.
+  // An upper bound of how much the representation's bytes (layer_bytes summed over the covered
+  // layers) can grow when `n_tokens` are appended to `layer`; usually only `layer` changes, but
+  // MiniCache's merge of a layer pair also releases the partner layer's waiting rows.
   virtual uint64_t append_bound(uint32_t layer, size_t n_tokens) const = 0;
   // Appends `n_tokens` rows to a covered layer: k and v are f32 [n_tokens][n_kv_heads][head_dim]
   // (keys as the host gives them, i.e. after RoPE), positions [n_tokens] (already checked >= 0).

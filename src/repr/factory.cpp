@@ -2,6 +2,8 @@
 // eviction presets, whose selection lives in src/policy).
 #include "core/representation.h"
 #include "repr/kivi_repr.h"
+#include "repr/minicache_repr.h"
+#include "repr/spindlekv_repr.h"
 
 namespace kvsdk {
 
@@ -10,6 +12,10 @@ std::unique_ptr<Representation> make_representation(const Geometry& geometry,
   switch (policy.method) {
     case KVSDK_METHOD_KIVI:
       return std::make_unique<KiviRepresentation>(geometry, policy);
+    case KVSDK_METHOD_MINICACHE:  // also 'minicache+kivi4' (quant_bits != 0)
+      return std::make_unique<MiniCacheRepresentation>(geometry, policy);
+    case KVSDK_METHOD_SPINDLEKV:  // codebook layers; deep layers evict in the exact tier
+      return std::make_unique<SpindleKvRepresentation>(geometry, policy);
     default:
       return nullptr;
   }

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "attention.h"
+#include "core/error.h"
 #include "core/half.h"
 #include "minicache_kivi.h"
 #include "reference_attention.h"
@@ -111,6 +112,58 @@ TEST(MiniCacheKivi, NormsExactRetainedExactDirectionsNearSlerp) {
       EXPECT_LT(b.total(), (fk.bytes() + fv.bytes() + 4 * n) * 0.6);
     }
   }
+}
+
+// buffers() -> restore() gives a pair that reads identically and merges further tokens
+// identically (threshold included); inconsistent buffers are refused with KVSDK_E_CORRUPT.
+TEST(MiniCacheKivi, RestoredPairContinuesIdentically) {
+  const size_t n = 150, dim = 32;
+  const std::vector<float> kp = f16_rounded(normal_rows(n * dim, 11)), vp = f16_rounded(normal_rows(n * dim, 12));
+  const std::vector<float> kc = correlated(kp, 13), vc = correlated(vp, 14);
+  std::vector<int32_t> pos(n);
+  std::iota(pos.begin(), pos.end(), 0);
+  const KiviConfig q{4, 8, 16};
+  MiniCacheKiviPair a(dim, MiniCacheConfig{}, q);
+  a.append(kp.data(), vp.data(), kc.data(), vc.data(), pos.data(), 100);
+  MiniCacheKiviPair b = MiniCacheKiviPair::restore(dim, MiniCacheConfig{}, q, a.buffers());
+  const size_t o = 100 * dim;
+  a.append(&kp[o], &vp[o], &kc[o], &vc[o], &pos[100], n - 100);
+  b.append(&kp[o], &vp[o], &kc[o], &vc[o], &pos[100], n - 100);
+  for (int layer : {0, 1}) {
+    std::vector<float> ka(n * dim), va(n * dim), kb(n * dim), vb(n * dim);
+    a.read_rows(layer, 0, n, ka.data(), va.data());
+    b.read_rows(layer, 0, n, kb.data(), vb.data());
+    EXPECT_EQ(ka, kb);
+    EXPECT_EQ(va, vb);
+  }
+  EXPECT_EQ(a.bytes().total(), b.bytes().total());
+  EXPECT_EQ(a.threshold(), b.threshold());
+  auto expect_corrupt = [&](MiniCacheKiviPair::Buffers bad, const char* what) {
+    try {
+      MiniCacheKiviPair::restore(dim, MiniCacheConfig{}, q, std::move(bad));
+      ADD_FAILURE() << what;
+    } catch (const kvsdk::Error& e) {
+      EXPECT_EQ(e.status(), KVSDK_E_CORRUPT) << what;
+    }
+  };
+  MiniCacheKiviPair::Buffers bad = a.buffers();
+  bad.slots.pop_back();
+  expect_corrupt(bad, "one slot too few");
+  bad = a.buffers();
+  bad.norm_v_cur.pop_back();
+  expect_corrupt(bad, "one norm too few");
+  bad = a.buffers();
+  bad.retained_k_cur.pop_back();
+  expect_corrupt(bad, "short retained rows");
+  bad = a.buffers();
+  std::swap(bad.slots[0], bad.slots[1]);
+  if (bad.slots[0] != bad.slots[1]) expect_corrupt(bad, "slots out of order");
+  bad = a.buffers();
+  bad.positions[0] += 1000;
+  expect_corrupt(bad, "positions disagree with the KIVI store");
+  bad = a.buffers();
+  bad.directions.positions.pop_back();
+  expect_corrupt(bad, "KIVI store damaged");
 }
 
 }  // namespace

@@ -280,3 +280,45 @@ TEST(SpindleCodebook, RestoredCodebookContinuesIdentically) {
 }
 
 }  // namespace
+
+namespace {
+
+// A store rebuilt from its codebooks and positions reads identically and keeps encoding new
+// tokens identically; inconsistent buffers are refused with KVSDK_E_CORRUPT.
+TEST(SpindleHeadStore, RestoredStoreContinuesIdentically) {
+  const size_t dim = 32, n = 120;
+  const std::vector<float> k = clustered_rows(n, dim, 5, 0.03f, 61);
+  const std::vector<float> v = clustered_rows(n, dim, 6, 0.05f, 62);
+  std::vector<int32_t> pos(n);
+  for (size_t t = 0; t < n; ++t) pos[t] = int32_t(t);
+  SpindleHeadStore a(dim, 10000.0f, KVSDK_ROPE_HALF);
+  a.append(k.data(), v.data(), pos.data(), 70);
+  auto copy = [&](const SpindleCodebook& c, float theta) {
+    return SpindleCodebook::restore(dim, theta, c.entry_data(), c.index(), c.magnitude());
+  };
+  SpindleHeadStore b = SpindleHeadStore::restore(dim, 10000.0f, KVSDK_ROPE_HALF,
+                                                 copy(a.keys(), kSpindleThetaK),
+                                                 copy(a.values(), kSpindleThetaV), a.positions());
+  a.append(&k[70 * dim], &v[70 * dim], &pos[70], n - 70);
+  b.append(&k[70 * dim], &v[70 * dim], &pos[70], n - 70);
+  std::vector<float> ka(n * dim), va(n * dim), kb(n * dim), vb(n * dim);
+  a.read_rows(0, n, ka.data(), va.data());
+  b.read_rows(0, n, kb.data(), vb.data());
+  EXPECT_EQ(ka, kb);
+  EXPECT_EQ(va, vb);
+  EXPECT_EQ(a.bytes().total(), b.bytes().total());
+  std::vector<int32_t> short_pos(a.positions().begin(), a.positions().end() - 1);
+  try {
+    SpindleHeadStore::restore(dim, 10000.0f, KVSDK_ROPE_HALF, copy(a.keys(), kSpindleThetaK),
+                              copy(a.values(), kSpindleThetaV), short_pos);
+    ADD_FAILURE() << "restore accepted one position too few";
+  } catch (const kvsdk::Error& e) {
+    EXPECT_EQ(e.status(), KVSDK_E_CORRUPT);
+  }
+  EXPECT_THROW(SpindleHeadStore::restore(dim + 1, 10000.0f, KVSDK_ROPE_HALF,
+                                         copy(a.keys(), kSpindleThetaK),
+                                         copy(a.values(), kSpindleThetaV), a.positions()),
+               kvsdk::Error);
+}
+
+}  // namespace
