@@ -130,10 +130,12 @@ uint64_t snapshot_id_of(const Cache& cache, const std::vector<std::vector<uint64
 
 uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t snapshot_id,
                         Sink& sink) {
-  if (cache.policy().method == KVSDK_METHOD_KIVI) {
-    // The quantized tier has no snapshot table yet: refuse rather than write a cache without it.
-    fail(KVSDK_E_UNSUPPORTED, "snapshots of 'kivi' caches are not implemented yet (the "
-         "quantized tier has no snapshot table in this format version)");
+  if (cache.policy().method == KVSDK_METHOD_KIVI || cache.policy().method == KVSDK_METHOD_SMALLKV) {
+    // Representation tiers have no snapshot table yet: refuse rather than write a cache without
+    // them.
+    fail(KVSDK_E_UNSUPPORTED, "snapshots of '", kvsdk_method_name(kvsdk_method(cache.policy().method)),
+         "' caches are not implemented yet (the representation's tiers have no snapshot table in "
+         "this format version)");
   }
   const Geometry& g = cache.geometry();
   FrameWriter out(sink, snapshot_id, params.zstd_level);
