@@ -139,7 +139,10 @@ void SmallKvRepresentation::append(uint32_t layer, size_t n, const float* k, con
     if (!matched) L.match_stats.assign(size_t(geometry_.n_q_heads) * match_tokens_, 0.0f);
     L.started = true;
   }
-  drop_finished_stats();
+  // Only this layer's bytes may change here (the Cache charges this layer's change).
+  if (std::all_of(L.heads.begin(), L.heads.end(), [](const Head& h) { return h.matched; })) {
+    std::vector<float>().swap(L.match_stats);
+  }
   for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
     Head& h = L.heads[g];
     const size_t old = h.full_pos.size();
