@@ -532,6 +532,52 @@ KVSDK_API kvsdk_status kvsdk_cache_layer_stats_get(const kvsdk_cache *cache, uin
                                                    kvsdk_layer_stats *out);
 
 /* ------------------------------------------------------------------------------------------ */
+/* SmallKV: the proxy cache of a smaller model                                                 */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * Policy 'smallkv' (SmallKV, Zhao et al.) compresses a large model's cache with the help of a
+ * small model of the same family (same tokenizer) that runs on the same tokens, in the same
+ * order, at the same positions, with its own cache of policy 'full': the proxy.
+ * The host runs the proxy's step (append + attend of every layer) just before the large model's
+ * step; the large cache reads the proxy's queries of that step. Per KV head the large cache keeps
+ * full rows (critical and recent tokens: KVSDK_TIER_EXACT), marginal rows (values only:
+ * KVSDK_TIER_VALUE_ONLY) and per row its position and the proxy's accumulated attention
+ * (KVSDK_TIER_METADATA, with the head mapping and the matching statistics).
+ *  - Head matching: over the first policy.match_tokens tokens every large query head is mapped
+ *    to the proxy head (any layer) whose top-10% accumulated-attention tokens have the highest
+ *    Jaccard similarity; earlier when the budget forces an eviction before that.
+ *  - Until the budget is reached every token is kept full. Beyond it, each KV head's share is
+ *    split critical : recent : marginal = 2 : 1 : 2, critical tokens chosen by the matched proxy
+ *    heads' accumulated attention over the proxy's full cache; marginal tokens drop their keys;
+ *    other tokens are evicted (gone).
+ *  - Attention: full rows with the large model's own softmax, marginal rows weighted by the
+ *    matched proxy head's attention probability of the same step (SmallKV Eq. 6, normalised so
+ *    that the weights sum to 1). kvsdk_cache_attend of a smallkv cache also updates its
+ *    importance state (never its bytes). kvsdk_cache_read returns marginal rows with zero keys.
+ *  - Without a proxy a smallkv cache appends within its budget and attends over full rows;
+ *    evicting (an append beyond the budget, compress, set_budget) and attending over marginal
+ *    rows fail with KVSDK_E_STATE and change nothing.
+ *  - Snapshots keep the rows, scores and head mapping but not the link: after loading, attach
+ *    the proxy (itself loaded from its own snapshot) again.
+ * The proxy's own cache is budgeted by its own context; the link's working state (the proxy's
+ * latest queries, and its matching statistics until the matching is done) is not budgeted.
+ */
+
+/** Links `proxy` to the smallkv cache `cache`, replacing any previous proxy, or detaches it
+ *  (`proxy` NULL). The proxy must be a cache of policy 'full' holding the same tokens at the same
+ *  positions as `cache` (its geometry may differ: smaller model, other head_dim or dtype). A
+ *  proxy serves one cache at a time. `cache` does not own the proxy: keep the proxy alive while
+ *  `cache` uses it; destroying either cache detaches the link (kvsdk_cache_set_proxy(cache, NULL)
+ *  does so explicitly). Both caches must be used from one thread. Setting the current proxy again
+ *  is a no-op.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache, proxy == cache, a proxy whose policy is not 'full'),
+ *          KVSDK_E_UNSUPPORTED (`cache`'s policy is not smallkv),
+ *          KVSDK_E_STATE (the proxy already serves another cache),
+ *          KVSDK_E_GEOMETRY (a head mapping restored from a snapshot names proxy heads this
+ *          proxy does not have). On error nothing changed. */
+KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache *cache, kvsdk_cache *proxy);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Snapshots: suspend and resume                                                               */
 /* ------------------------------------------------------------------------------------------ */
 

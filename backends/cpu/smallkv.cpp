@@ -132,22 +132,48 @@ SmallKvSplit smallkv_split_budget(size_t budget_tokens, size_t n_tokens) {
 
 SmallKvSelection smallkv_select(const float* proxy_scores, size_t n_tokens,
                                 const SmallKvSplit& s) {
+  return smallkv_select(proxy_scores, nullptr, n_tokens, s);
+}
+
+SmallKvSelection smallkv_select(const float* proxy_scores, const uint8_t* has_key, size_t n_tokens,
+                                const SmallKvSplit& s) {
   SmallKvSelection sel;
-  const size_t recent = std::min(s.recent, n_tokens);
-  const size_t older = n_tokens - recent;
-  // Rank the older tokens by the proxy's scores; the head of the ranking is critical, the next
-  // stretch marginal.
-  std::vector<uint32_t> order(older);
-  std::iota(order.begin(), order.end(), 0u);
+  auto keyed = [&](size_t t) { return has_key == nullptr || has_key[t] != 0; };
+  // The recent window: the newest tokens that still have their keys.
+  std::vector<uint8_t> recent(n_tokens, 0);
+  size_t n_recent = 0;
+  for (size_t t = n_tokens; t-- > 0 && n_recent < s.recent;) {
+    if (keyed(t)) {
+      recent[t] = 1;
+      ++n_recent;
+    }
+  }
+  // Rank the other tokens by the proxy's scores; the head of the ranking is critical (when it
+  // has a key), the next stretch marginal.
+  std::vector<uint32_t> order;
+  order.reserve(n_tokens - n_recent);
+  for (size_t t = 0; t < n_tokens; ++t) {
+    if (!recent[t]) order.push_back(uint32_t(t));
+  }
   std::stable_sort(order.begin(), order.end(),
                    [&](uint32_t a, uint32_t b) {
                      return rank_key(proxy_scores[a]) > rank_key(proxy_scores[b]);
                    });
-  const size_t n_crit = std::min(s.critical, older);
-  const size_t n_marg = std::min(s.marginal, older - n_crit);
-  sel.full.assign(order.begin(), order.begin() + n_crit);
-  sel.marginal.assign(order.begin() + n_crit, order.begin() + n_crit + n_marg);
-  for (size_t t = older; t < n_tokens; ++t) sel.full.push_back(uint32_t(t));
+  size_t crit_left = s.critical, marg_left = s.marginal;
+  for (uint32_t t : order) {
+    if (crit_left > 0 && keyed(t)) {
+      sel.full.push_back(t);
+      --crit_left;
+    } else if (marg_left > 0) {
+      sel.marginal.push_back(t);
+      --marg_left;
+    } else if (crit_left == 0) {
+      break;  // both kinds are full: the rest is evicted
+    }
+  }
+  for (size_t t = 0; t < n_tokens; ++t) {
+    if (recent[t]) sel.full.push_back(uint32_t(t));
+  }
   std::sort(sel.full.begin(), sel.full.end());
   std::sort(sel.marginal.begin(), sel.marginal.end());
   return sel;

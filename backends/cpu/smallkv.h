@@ -56,6 +56,13 @@ struct SmallKvSelection {
   std::vector<uint32_t> marginal;  // V only
 };
 SmallKvSelection smallkv_select(const float* proxy_scores, size_t n_tokens, const SmallKvSplit& s);
+// The same selection on a head that already holds value-only tokens (has_key[t] == 0; null means
+// every token has its key): the recent window is the `recent` newest tokens that have keys, then
+// the other tokens in descending score become critical while critical slots remain and the token
+// has its key (a dropped key cannot come back), else marginal while marginal slots remain, else
+// evicted. With every key present this is exactly smallkv_select above.
+SmallKvSelection smallkv_select(const float* proxy_scores, const uint8_t* has_key, size_t n_tokens,
+                                const SmallKvSplit& s);
 
 // Eq. 6 for one KV head. Query rows q [n_rows][dim] (the queries of the group's heads) with their
 // positions; full tokens k/v [n_full][dim] with positions; marginal values [n_marg][dim] with

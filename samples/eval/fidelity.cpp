@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "error.h"
+#include "proxy.h"
 #include "sampler.h"
 #include "session.h"
 
@@ -32,7 +34,8 @@ uint64_t cache_bytes(const llama::Session& s) {
 // Feeds `tokens` under `schedule`; `logits` (tokens.size() x vocab) receives every position's
 // next-token logits when non-null. Tracks the peak cache bytes after each append round.
 void run(llama::Session& s, const std::vector<int>& tokens, const Schedule& schedule,
-         std::vector<float>* logits, uint64_t* peak, uint64_t* prefill_peak = nullptr) {
+         std::vector<float>* logits, uint64_t* peak, uint64_t* prefill_peak = nullptr,
+         ProxyRunner* proxy = nullptr) {
   const size_t V = size_t(s.model().config().vocab_size);
   if (logits) logits->assign(tokens.size() * V, 0.0f);
   size_t t = 0;
@@ -40,6 +43,7 @@ void run(llama::Session& s, const std::vector<int>& tokens, const Schedule& sche
     const size_t n = t < schedule.prompt_tokens
                          ? std::min(schedule.chunk, schedule.prompt_tokens - t)
                          : 1;
+    if (proxy) proxy->forward(tokens.data() + t, n);  // SmallKV: the proxy's step comes first
     s.forward(tokens.data() + t, n, logits ? logits->data() + t * V : nullptr, logits != nullptr);
     *peak = std::max(*peak, cache_bytes(s));
     if (prefill_peak && t < schedule.prompt_tokens) *prefill_peak = std::max(*prefill_peak, cache_bytes(s));
@@ -151,23 +155,29 @@ Reference build_reference(const llama::Model& model, const std::vector<int>& tex
 }
 
 Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_policy& policy,
-                 uint64_t budget_bytes, bool with_mini_prefill) {
+                 uint64_t budget_bytes, bool with_mini_prefill, const llama::Model* proxy_model) {
   const size_t V = size_t(model.config().vocab_size);
   Outcome out;
   try {
     ContextHandle ctx(budget_bytes);
     {
       llama::Session s(model, ctx.ctx, &policy);
+      std::unique_ptr<ProxyRunner> proxy;
+      if (proxy_model) proxy = std::make_unique<ProxyRunner>(*proxy_model, s.cache());
       std::vector<float> logits;
       if (with_mini_prefill) mini_prefill(s, ref.text, ref.schedule, policy, budget_bytes);
-      run(s, ref.text, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes);
+      run(s, ref.text, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes, proxy.get());
+      if (proxy) out.proxy_bytes = proxy->cache_bytes();
       out.ppl = perplexity(logits, ref.text, V);
     }
     // Teacher-forced on the full model's continuation: the logits at position t predict t+1.
     llama::Session s(model, ctx.ctx, &policy);
+    std::unique_ptr<ProxyRunner> proxy;
+    if (proxy_model) proxy = std::make_unique<ProxyRunner>(*proxy_model, s.cache());
     std::vector<float> logits;
     if (with_mini_prefill) mini_prefill(s, ref.continuation, ref.schedule, policy, budget_bytes);
-    run(s, ref.continuation, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes);
+    run(s, ref.continuation, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes,
+        proxy.get());
     const size_t steps = ref.full_logits.size() / V;
     const size_t first = ref.schedule.prompt_tokens - 1;
     size_t agree = 0;

@@ -43,6 +43,7 @@ struct Outcome {
   uint64_t cache_bytes = 0;   // most bytes the cache held at any point of the run
   uint64_t prefill_bytes = 0; // most bytes the cache held during the prompt's prefill
   uint64_t snapshot_bytes = 0; // kvsdk snapshot of the cache at the end of the continuation
+  uint64_t proxy_bytes = 0;   // smallkv: bytes of the proxy model's full cache (not budgeted)
 };
 
 // Bytes of a snapshot of `cache` with default options (kvsdk_cache_save_to_buffer size query).
@@ -51,8 +52,11 @@ uint64_t snapshot_bytes(const kvsdk_cache* cache);
 // Measures `policy` in a context whose budget is `budget_bytes` (0 = unlimited). With
 // `mini_prefill` (XKV), each run first plans the prompt with kvsdk_planner_* in a cache-free pass
 // (llama::Session::plan_prefill) and fixes the cache's allocation before the real prefill.
+// With `proxy` (smallkv), the proxy model runs each step just before `model` on its own full cache
+// (eval::ProxyRunner, proxy.h).
 Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_policy& policy,
-                 uint64_t budget_bytes, bool mini_prefill = false);
+                 uint64_t budget_bytes, bool mini_prefill = false,
+                 const llama::Model* proxy = nullptr);
 
 // Perplexity of `text` given logits (text.size() x vocab): exp of the mean next-token NLL.
 double perplexity(const std::vector<float>& logits, const std::vector<int>& text, size_t vocab);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "error.h"
 #include "fidelity.h"
 #include "model.h"
+#include "proxy.h"
 #include "report.h"
 #include "sampler.h"
 #include "session.h"
@@ -40,6 +42,7 @@ struct Options {
   uint64_t seed = 42;
   std::string json, markdown, plot;
   bool mini_prefill = false;  // also run xkv with the XKV mini-prefill planner
+  std::string proxy_model;    // smallkv's proxy; empty: eval::default_proxy_model
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -65,6 +68,9 @@ void usage(std::FILE* f) {
                "  --shared-dir DIR    folder with models/ and data/ (default %s)\n"
                "  --seed N            seed of stories260K's self-generated text (default 42)\n"
                "  --mini-prefill      also measure xkv planned by a cache-free mini-prefill pass\n"
+               "  --proxy-model NAME  smallkv's proxy (a smaller model with the same tokenizer; default:\n"
+               "                      shakespeare-small for shakespeare-base, none for other models,\n"
+               "                      whose smallkv rows are skipped)\n"
                "  --json FILE  --markdown FILE  --plot FILE.png\n",
                kCompositions[0], kCompositions[1], kCompositions[2], kHeldOutOffset, KVSDK_SHARED_DIR);
 }
@@ -104,6 +110,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--json") o.json = v;
     else if (a == "--markdown") o.markdown = v;
     else if (a == "--plot") o.plot = v;
+    else if (a == "--proxy-model") o.proxy_model = v;
     else {
       usage(stderr);
       throw llama::Error("unknown option " + a);
@@ -188,6 +195,33 @@ bool policy_available(const std::string& spec, const llama::Model& model, kvsdk_
   return false;
 }
 
+// SmallKV's proxy model for `name` (--proxy-model, else eval::default_proxy_model), or null with
+// a note when there is none or it does not share the model's vocabulary.
+std::unique_ptr<llama::Model> load_proxy(const Options& o, const std::string& name,
+                                         const llama::Model& model) {
+  const std::string proxy = o.proxy_model.empty() ? eval::default_proxy_model(name) : o.proxy_model;
+  if (proxy.empty()) {
+    std::fprintf(stderr, "note: smallkv on %s skipped: no proxy model (pass --proxy-model NAME)\n",
+                 name.c_str());
+    return nullptr;
+  }
+  const bool shared = proxy == "stories260K";
+  const std::string path = (shared ? o.shared_dir + "/models" : o.bundled_dir) + "/" + proxy + ".bin";
+  if (!exists(path)) {
+    std::fprintf(stderr, "note: smallkv on %s skipped: proxy %s not found\n", name.c_str(),
+                 path.c_str());
+    return nullptr;
+  }
+  auto m = std::make_unique<llama::Model>(llama::Model::load(path));
+  if (m->config().vocab_size != model.config().vocab_size) {
+    std::fprintf(stderr, "note: smallkv on %s skipped: proxy %s has another vocabulary\n",
+                 name.c_str(), proxy.c_str());
+    return nullptr;
+  }
+  std::fprintf(stderr, "[%s] smallkv proxy: %s\n", name.c_str(), proxy.c_str());
+  return m;
+}
+
 void evaluate_model(const Options& o, const std::string& name, std::vector<eval::Record>& records) {
   const bool shared = name == "stories260K";
   const std::string dir = shared ? o.shared_dir + "/models" : o.bundled_dir;
@@ -217,6 +251,11 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
   for (const std::string& spec : o.policies) {
     kvsdk_policy policy;
     if (!policy_available(spec, model, &policy)) continue;
+    std::unique_ptr<llama::Model> proxy;
+    if (policy.method == KVSDK_METHOD_SMALLKV) {
+      proxy = load_proxy(o, name, model);
+      if (!proxy) continue;
+    }
     const bool xkv = policy.method == KVSDK_METHOD_XKV && policy.quant_bits == 0;
     for (int variant = 0; variant < (o.mini_prefill && xkv ? 2 : 1); ++variant)
     for (int pct : o.budgets) {
@@ -232,7 +271,7 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
       r.ppl_full = ref.ppl_full;
       r.context_tokens = n;
       r.prompt_tokens = schedule.prompt_tokens;
-      const eval::Outcome out = eval::evaluate(model, ref, policy, r.budget_bytes, planned);
+      const eval::Outcome out = eval::evaluate(model, ref, policy, r.budget_bytes, planned, proxy.get());
       r.ok = out.ok;
       r.status = out.ok ? "ok" : kvsdk_status_str(out.status);
       r.error = out.error;
@@ -246,6 +285,10 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
                      "[%s] %-14s %3d%%: %8llu bytes (prefill peak %llu)  ppl %.4f  top-1 %.4f  KL %.5f\n",
                      name.c_str(), label.c_str(), pct, (unsigned long long)out.cache_bytes,
                      (unsigned long long)out.prefill_bytes, out.ppl, out.top1_agreement, out.kl);
+        if (proxy) {
+          std::fprintf(stderr, "[%s] %-14s %3d%%: proxy's full cache %llu bytes (own context)\n",
+                       name.c_str(), label.c_str(), pct, (unsigned long long)out.proxy_bytes);
+        }
       } else {
         std::fprintf(stderr, "[%s] %-14s %3d%%: failed: %s\n", name.c_str(), label.c_str(), pct,
                      out.error.c_str());

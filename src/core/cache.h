@@ -101,6 +101,7 @@ class Cache {
   using AttentionTap = std::function<void(uint32_t layer, uint32_t kv_head, const float* q_rows,
                                           const int32_t* row_positions, size_t n_rows)>;
   void set_attention_tap(AttentionTap tap) { attention_tap_ = std::move(tap); }
+  bool has_attention_tap() const { return static_cast<bool>(attention_tap_); }
   uint64_t charged_bytes() const { return charged_; }
 
  private:

@@ -85,11 +85,12 @@ void require_policy_implemented(const kvsdk_policy& p) {
                            p.method == KVSDK_METHOD_STREAMING_LLM || p.method == KVSDK_METHOD_H2O ||
                            p.method == KVSDK_METHOD_SNAPKV || p.method == KVSDK_METHOD_PYRAMIDKV ||
                            p.method == KVSDK_METHOD_XKV || p.method == KVSDK_METHOD_KIVI ||
-                           p.method == KVSDK_METHOD_MINICACHE || p.method == KVSDK_METHOD_SPINDLEKV;
+                           p.method == KVSDK_METHOD_MINICACHE || p.method == KVSDK_METHOD_SPINDLEKV ||
+                           p.method == KVSDK_METHOD_SMALLKV;
   if (!implemented) {
     fail(KVSDK_E_UNSUPPORTED, "method '", kMethodNames[p.method],
          "' is not implemented in this version of kvsdk (implemented: full, streaming_llm, h2o, "
-         "snapkv, pyramidkv, xkv, kivi, minicache, minicache+kiviN, spindlekv)");
+         "snapkv, pyramidkv, xkv, kivi, minicache, minicache+kiviN, spindlekv, smallkv)");
   }
   if (p.method == KVSDK_METHOD_MINICACHE) return;  // quant_bits != 0: directions in KIVI
   if (p.method == KVSDK_METHOD_KIVI) {

@@ -4,6 +4,7 @@
 #include "repr/kivi_repr.h"
 #include "repr/minicache_repr.h"
 #include "repr/spindlekv_repr.h"
+#include "repr/smallkv_repr.h"
 
 namespace kvsdk {
 
@@ -16,6 +17,8 @@ std::unique_ptr<Representation> make_representation(const Geometry& geometry,
       return std::make_unique<MiniCacheRepresentation>(geometry, policy);
     case KVSDK_METHOD_SPINDLEKV:  // codebook layers; deep layers evict in the exact tier
       return std::make_unique<SpindleKvRepresentation>(geometry, policy);
+    case KVSDK_METHOD_SMALLKV:
+      return std::make_unique<SmallKvRepresentation>(geometry, policy);
     default:
       return nullptr;
   }

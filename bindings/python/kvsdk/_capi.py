@@ -140,6 +140,8 @@ _FUNCTIONS = {
     # Stats
     "kvsdk_cache_stats_get": (status, [handle, POINTER(kvsdk_cache_stats)]),
     "kvsdk_cache_layer_stats_get": (status, [handle, c_uint32, POINTER(kvsdk_layer_stats)]),
+    # SmallKV
+    "kvsdk_cache_set_proxy": (status, [handle, handle]),
     # Snapshots
     "kvsdk_save_options_init": (status, [POINTER(kvsdk_save_options)]),
     "kvsdk_cache_save": (status, [handle, c_char_p, POINTER(kvsdk_save_options)]),

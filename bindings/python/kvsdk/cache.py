@@ -134,3 +134,10 @@ class Cache(OwnedHandle, CompressionMixin, SnapshotMixin):
         raw.struct_size = ctypes.sizeof(raw)
         check(lib.kvsdk_cache_layer_stats_get(self.handle, layer, ctypes.byref(raw)))
         return LayerStats.from_c(raw)
+
+    def set_proxy(self, proxy):
+        """SmallKV: links `proxy` (a 'full' cache of a smaller model fed the same tokens, run just
+        before this one) or detaches it (None). This cache keeps a reference to the proxy object
+        while linked, so the proxy outlives its use; closing either cache detaches the link."""
+        check(lib.kvsdk_cache_set_proxy(self.handle, proxy.handle if proxy is not None else None))
+        self._proxy = proxy

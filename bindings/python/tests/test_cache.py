@@ -186,5 +186,29 @@ class NumpyTest(unittest.TestCase):
         np.testing.assert_allclose(out.reshape(4, 8)[0], k[:, 0, :].mean(axis=0), rtol=1e-6)
 
 
+class SmallKvProxyTest(unittest.TestCase):
+    def test_set_proxy_links_detaches_and_refuses_misuse(self):
+        g = geometry()
+        ctx = kvsdk.Context()
+        large = kvsdk.Cache(ctx, g, kvsdk.Policy.parse("smallkv"))
+        proxy = kvsdk.Cache(ctx, kvsdk.Geometry(n_layers=1, n_q_heads=2, n_kv_heads=1,
+                                                head_dim=8, dtype=kvsdk.Dtype.F32),
+                            kvsdk.Policy.parse("full"))
+        large.set_proxy(proxy)
+        large.set_proxy(proxy)  # the current proxy again: no-op
+        other = kvsdk.Cache(ctx, g, kvsdk.Policy.parse("smallkv"))
+        with self.assertRaises(kvsdk.KvsdkError) as caught:
+            other.set_proxy(proxy)  # serves one cache at a time
+        self.assertEqual(caught.exception.status, Status.STATE)
+        with self.assertRaises(kvsdk.KvsdkError) as caught:
+            proxy.set_proxy(large)  # a 'full' cache has no proxy
+        self.assertEqual(caught.exception.status, Status.UNSUPPORTED)
+        with self.assertRaises(kvsdk.KvsdkError) as caught:
+            large.set_proxy(other)  # a proxy must be 'full'
+        self.assertEqual(caught.exception.status, Status.INVALID_ARG)
+        large.set_proxy(None)
+        other.set_proxy(proxy)
+
+
 if __name__ == "__main__":
     unittest.main()

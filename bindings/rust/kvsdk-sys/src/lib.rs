@@ -264,6 +264,9 @@ extern "C" {
         layer: u32,
         out: *mut kvsdk_layer_stats,
     ) -> kvsdk_status;
+
+    // SmallKV: the proxy cache of a smaller model
+    pub fn kvsdk_cache_set_proxy(cache: *mut kvsdk_cache, proxy: *mut kvsdk_cache) -> kvsdk_status;
 }
 
 // ----- Snapshots: suspend and resume (declared in snapshot.rs) -----------------------------

@@ -25,6 +25,7 @@ mod error;
 mod geometry;
 mod planning;
 mod policy;
+mod proxy;
 mod snapshot;
 mod stats;
 
@@ -35,6 +36,7 @@ pub use error::{Error, Result, Status};
 pub use geometry::{Dtype, Geometry, RopeStyle};
 pub use planning::{plan_allocation, AllocTarget, Planner, Profile};
 pub use policy::{Method, Policy, PoolKind};
+pub use proxy::ProxyLink;
 pub use snapshot::{LoadInfo, SaveOptions, SNAPSHOT_FORMAT};
 pub use stats::{CacheStats, LayerStats, Tier, TIER_SLOTS};
 

@@ -191,3 +191,28 @@ fn caches_outlive_their_context_and_move_between_threads() {
     assert_eq!(tokens, vec![2, 4, 6, 8]);
     assert!(caches[0].stats().unwrap().context_used_bytes > 0);
 }
+
+#[test]
+fn smallkv_proxy_link_borrows_both_caches() {
+    let g = geometry();
+    let ctx = Context::with_budget(0).unwrap();
+    let mut large = Cache::new(&ctx, &g, &Policy::parse("smallkv").unwrap()).unwrap();
+    let mut proxy_geometry = Geometry::new(1, 2, 1, 8);
+    proxy_geometry.dtype = Dtype::F32;
+    let mut proxy = Cache::new(&ctx, &proxy_geometry, &Policy::parse("full").unwrap()).unwrap();
+    let mut other = Cache::new(&ctx, &g, &Policy::parse("smallkv").unwrap()).unwrap();
+    {
+        let mut link = kvsdk::ProxyLink::new(&mut large, &mut proxy).unwrap();
+        // Within the budget both caches take the same tokens, the proxy's step first.
+        let positions = [0, 1];
+        let pk = vec![0.5f32; 2 * 8];
+        link.proxy().append(0, &pk, &pk, &positions).unwrap();
+        let k = kv(0..2, &g, 1.0);
+        link.large().append(0, &k, &k, &positions).unwrap();
+        assert_eq!(link.large().read::<f32>(0, 0).unwrap().positions, vec![0, 1]);
+    }
+    // The link was dropped: the proxy is free for another cache; a 'full' cache has no proxy.
+    let err = kvsdk::ProxyLink::new(&mut proxy, &mut other).unwrap_err();
+    assert_eq!(err.status, Status::Unsupported);
+    kvsdk::ProxyLink::new(&mut other, &mut proxy).unwrap();
+}

@@ -13,6 +13,8 @@ public final class Cache {
     let handle: OpaquePointer
     /// The geometry as the library reports it (attnScale resolved).
     public let geometry: Geometry
+    /// SmallKV's proxy while linked (setProxy), kept alive by this reference.
+    private var proxy: Cache?
 
     public convenience init(context: Context, geometry: Geometry, policy: Policy? = nil) throws {
         var g = geometry.raw
@@ -159,5 +161,13 @@ public final class Cache {
         raw.struct_size = UInt32(MemoryLayout<kvsdk_layer_stats>.size)
         try check(kvsdk_cache_layer_stats_get(handle, layer, &raw))
         return LayerStats(raw)
+    }
+
+    /// SmallKV: links `proxy` (a 'full' cache of a smaller model fed the same tokens, run just
+    /// before this one) or detaches it (nil). This cache holds a strong reference to the proxy
+    /// while linked, so the proxy outlives its use.
+    public func setProxy(_ proxy: Cache?) throws {
+        try check(kvsdk_cache_set_proxy(handle, proxy?.handle))
+        self.proxy = proxy
     }
 }

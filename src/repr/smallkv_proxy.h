@@ -1,0 +1,72 @@
+// SmallKV's link to the proxy (paper 000, §4): the cache of a smaller model of the same family
+// (policy 'full') that runs on the same tokens just before the large model. The link listens to
+// the proxy's attention through Cache::set_attention_tap and keeps
+//  - each proxy (layer, KV head)'s latest packed query rows, so that the large cache can compute
+//    the matched proxy head's attention of the same step over the proxy's full cache (Eq. 6), and
+//  - Eq. 1 of every proxy head over the first match_tokens tokens (for the head matching, Eq. 2/3).
+// Proxy heads are numbered across layers: layer * n_q_heads + head.
+//
+// Lifetime: the representation owns the link through a shared_ptr; the tap installed on the proxy
+// holds a handle whose destructor clears the link's proxy pointer, so destroying the proxy cache
+// (or replacing its tap) detaches it, and the representation removes its tap when it dies.
+// Working state outside the budget: the latest query rows of one step and the proxy's matching
+// statistics (proxy heads x match_tokens floats until the matching is done).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace kvsdk {
+
+class Cache;
+
+class SmallKvProxyLink {
+ public:
+  explicit SmallKvProxyLink(uint32_t match_tokens) : match_tokens_(match_tokens) {}
+
+  // Installs the tap on `proxy` (which must be a 'full' cache without a tap; checked by the
+  // caller) and resets the per-proxy state. `self` is the shared_ptr that owns this link.
+  static void attach(const std::shared_ptr<SmallKvProxyLink>& self, Cache& proxy);
+  // Removes the tap from the proxy, if any.
+  void detach();
+  Cache* proxy() const { return proxy_; }
+  uint32_t proxy_heads() const;  // query heads of the proxy over all its layers
+
+  // The tap: records one proxy (layer, KV head)'s query rows of this step and adds Eq. 1 of the
+  // queries among the first match_tokens tokens.
+  void on_proxy_queries(uint32_t layer, uint32_t kv_head, const float* q_rows,
+                        const int32_t* row_positions, size_t n_rows);
+
+  // Proxy head `head`'s Eq. 1 scores at `positions` (the large cache's matching tokens), written
+  // to out [n] (0 for a position the proxy does not hold among its first match_tokens rows).
+  void match_scores(uint32_t head, const int32_t* positions, size_t n, float* out) const;
+  // The largest query position counted in the matching statistics (-1: none yet).
+  int64_t matched_through() const { return matched_through_; }
+  // Frees the matching statistics (every large head is matched).
+  void drop_match_stats();
+
+  // The attention probabilities of proxy head `head` at this step for the query rows at
+  // `row_positions` [n_rows] over the proxy's full cache, gathered at `wanted` [n_wanted]
+  // positions into out [n_rows][n_wanted] (cpu::smallkv_proxy_weights). Throws KVSDK_E_STATE
+  // when the proxy has not attended a row's position in its latest pass over that layer.
+  void weights(uint32_t head, const int32_t* row_positions, size_t n_rows, const int32_t* wanted,
+               size_t n_wanted, float* out) const;
+
+ private:
+  struct LatestQueries {
+    std::vector<float> rows;       // [n_rows][head_dim], packed as Cache::attend packs them
+    std::vector<int32_t> positions;  // [n_rows]
+  };
+  uint32_t match_tokens_;
+  Cache* proxy_ = nullptr;
+  std::vector<LatestQueries> latest_;  // [layer * n_kv_heads + kv_head] of the proxy
+  std::vector<float> match_stats_;     // [proxy head][match_tokens]
+  int64_t matched_through_ = -1;
+  bool stats_dropped_ = false;
+
+  friend struct SmallKvTapHandle;
+};
+
+}  // namespace kvsdk

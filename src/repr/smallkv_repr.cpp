@@ -1,0 +1,547 @@
+#include "repr/smallkv_repr.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/cache.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "smallkv.h"
+
+namespace kvsdk {
+
+namespace {
+
+constexpr uint64_t kScoreBytes = sizeof(float), kPositionBytes = sizeof(int32_t);
+
+// Rows of a head in position order: which store (true: full) and the index in it.
+struct MergedRow {
+  int32_t position;
+  bool full;
+  uint32_t index;
+};
+
+}  // namespace
+
+SmallKvRepresentation::SmallKvRepresentation(const Geometry& g, const kvsdk_policy& p)
+    : Representation(g, p),
+      match_tokens_(uint32_t(p.match_tokens)),
+      layers_(g.n_layers),
+      link_(std::make_shared<SmallKvProxyLink>(uint32_t(p.match_tokens))) {
+  KVSDK_REQUIRE(p.match_tokens >= 1, "method 'smallkv' needs match_tokens >= 1");
+  for (Layer& l : layers_) {
+    l.heads.resize(g.n_kv_heads);
+    l.mapping.assign(g.n_q_heads, 0);
+  }
+}
+
+SmallKvRepresentation::~SmallKvRepresentation() { link_->detach(); }
+
+void SmallKvRepresentation::set_proxy(Cache* proxy) {
+  if (!proxy) {
+    link_->detach();
+    return;
+  }
+  const uint32_t heads = proxy->geometry().n_layers * proxy->geometry().n_q_heads;
+  const uint32_t group = geometry_.group_size();
+  for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+    for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
+      if (!layers_[l].heads[g].matched) continue;
+      for (uint32_t j = 0; j < group; ++j) {
+        if (layers_[l].mapping[g * group + j] >= heads) {
+          fail(KVSDK_E_GEOMETRY, "this cache's heads were matched to a proxy with more heads (",
+               "layer ", l, " head ", g * group + j, " maps to proxy head ",
+               layers_[l].mapping[g * group + j], ") than this proxy's ", heads);
+        }
+      }
+    }
+  }
+  SmallKvProxyLink::attach(link_, *proxy);
+  if (all_matched()) link_->drop_match_stats();
+}
+
+uint64_t SmallKvRepresentation::full_row_bytes() const {
+  return uint64_t(geometry_.head_dim) * 2 * 2 + kPositionBytes + kScoreBytes;
+}
+
+uint64_t SmallKvRepresentation::marginal_row_bytes() const {
+  return uint64_t(geometry_.head_dim) * 2 + kPositionBytes + kScoreBytes;
+}
+
+uint64_t SmallKvRepresentation::head_bytes(const Head& h) const {
+  return h.full_pos.size() * full_row_bytes() + h.marg_pos.size() * marginal_row_bytes();
+}
+
+uint64_t SmallKvRepresentation::fixed_bytes(const Layer& l) const {
+  return l.started ? (l.mapping.size() + l.match_stats.size()) * 4 : 0;
+}
+
+uint64_t SmallKvRepresentation::total_bytes() const {
+  uint64_t b = 0;
+  for (const Layer& l : layers_) {
+    b += fixed_bytes(l);
+    for (const Head& h : l.heads) b += head_bytes(h);
+  }
+  return b;
+}
+
+void SmallKvRepresentation::add_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) const {
+  const Layer& L = layers_[layer];
+  const uint64_t dim = geometry_.head_dim;
+  for (const Head& h : L.heads) {
+    by_tier[KVSDK_TIER_EXACT] += h.full_pos.size() * dim * 4;
+    by_tier[KVSDK_TIER_VALUE_ONLY] += h.marg_pos.size() * dim * 2;
+    by_tier[KVSDK_TIER_METADATA] += h.size() * (kPositionBytes + kScoreBytes);
+  }
+  by_tier[KVSDK_TIER_METADATA] += fixed_bytes(L);
+}
+
+uint64_t SmallKvRepresentation::append_bound(uint32_t layer, size_t n_tokens) const {
+  const Layer& L = layers_[layer];
+  uint64_t fixed = 0;
+  if (!L.started) fixed = uint64_t(geometry_.n_q_heads) * (1 + uint64_t(match_tokens_)) * 4;
+  return uint64_t(n_tokens) * geometry_.n_kv_heads * full_row_bytes() + fixed;
+}
+
+bool SmallKvRepresentation::all_matched() const {
+  for (const Layer& l : layers_) {
+    for (const Head& h : l.heads) {
+      if (!h.matched) return false;
+    }
+  }
+  return true;
+}
+
+void SmallKvRepresentation::drop_finished_stats() {
+  for (Layer& l : layers_) {
+    const bool done =
+        std::all_of(l.heads.begin(), l.heads.end(), [](const Head& h) { return h.matched; });
+    if (done) std::vector<float>().swap(l.match_stats);
+  }
+  if (all_matched()) link_->drop_match_stats();
+}
+
+void SmallKvRepresentation::append(uint32_t layer, size_t n, const float* k, const float* v,
+                                   const int32_t* positions) {
+  const size_t dim = geometry_.head_dim, row = geometry_.kv_elems_per_token();
+  Layer& L = layers_[layer];
+  // Reserve everything first so that the copy below cannot fail half-way.
+  for (Head& h : L.heads) {
+    h.full_pos.reserve(h.full_pos.size() + n);
+    h.full_k.reserve((h.full_pos.size() + n) * dim);
+    h.full_v.reserve((h.full_pos.size() + n) * dim);
+    h.full_score.reserve(h.full_pos.size() + n);
+  }
+  if (!L.started) {
+    const bool matched =
+        std::all_of(L.heads.begin(), L.heads.end(), [](const Head& h) { return h.matched; });
+    if (!matched) L.match_stats.assign(size_t(geometry_.n_q_heads) * match_tokens_, 0.0f);
+    L.started = true;
+  }
+  // Only this layer's bytes may change here (the Cache charges this layer's change).
+  if (std::all_of(L.heads.begin(), L.heads.end(), [](const Head& h) { return h.matched; })) {
+    std::vector<float>().swap(L.match_stats);
+  }
+  for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
+    Head& h = L.heads[g];
+    const size_t old = h.full_pos.size();
+    h.full_pos.insert(h.full_pos.end(), positions, positions + n);
+    h.full_score.resize(old + n, 0.0f);
+    h.full_k.resize((old + n) * dim);
+    h.full_v.resize((old + n) * dim);
+    for (size_t t = 0; t < n; ++t) {
+      store_f32(KVSDK_DTYPE_F16, k + t * row + g * dim, dim, h.full_k.data(), (old + t) * dim);
+      store_f32(KVSDK_DTYPE_F16, v + t * row + g * dim, dim, h.full_v.data(), (old + t) * dim);
+    }
+  }
+}
+
+void SmallKvRepresentation::accumulate_match_stats(uint32_t layer, uint32_t kv_head,
+                                                   const float* q_rows,
+                                                   const int32_t* row_positions,
+                                                   size_t n_rows) const {
+  Layer& L = layers_[layer];
+  Head& H = L.heads[kv_head];
+  if (L.match_stats.empty()) return;
+  const uint32_t dim = geometry_.head_dim, group = geometry_.group_size();
+  const size_t nf = H.full_pos.size(), m = std::min<size_t>(nf, match_tokens_);
+  if (m == 0) return;
+  const int32_t limit =
+      nf >= match_tokens_ ? H.full_pos[match_tokens_ - 1] : std::numeric_limits<int32_t>::max();
+  std::vector<float> k(m * dim), q, acc(m);
+  load_f32(KVSDK_DTYPE_F16, H.full_k.data(), 0, m * dim, k.data());
+  std::vector<int32_t> qpos;
+  for (uint32_t j = 0; j < group; ++j) {
+    q.clear();
+    qpos.clear();
+    for (size_t r = j; r < n_rows; r += group) {
+      if (row_positions[r] > limit) continue;
+      q.insert(q.end(), q_rows + r * dim, q_rows + (r + 1) * dim);
+      qpos.push_back(row_positions[r]);
+    }
+    if (qpos.empty()) continue;
+    // Eq. 1 of the large model over the first match_tokens tokens.
+    cpu::smallkv_accumulated_attention(q.data(), qpos.data(), qpos.size(), k.data(),
+                                       H.full_pos.data(), m, dim, geometry_.attn_scale,
+                                       acc.data());
+    float* dst = L.match_stats.data() + (size_t(kv_head) * group + j) * match_tokens_;
+    for (size_t t = 0; t < m; ++t) dst[t] += acc[t];
+  }
+  if (nf >= match_tokens_) {
+    for (size_t r = 0; r < n_rows; ++r) {
+      if (row_positions[r] >= limit) H.stats_done = true;
+    }
+  }
+}
+
+void SmallKvRepresentation::match_head(uint32_t layer, uint32_t kv_head) const {
+  Layer& L = layers_[layer];
+  Head& H = L.heads[kv_head];
+  const uint32_t group = geometry_.group_size();
+  // Matching tokens: the first rows (no row was evicted before the head is matched).
+  const size_t n = std::min<size_t>(H.full_pos.size(), match_tokens_);
+  const uint32_t n_proxy = link_->proxy_heads();
+  std::vector<float> large(size_t(group) * n, 0.0f), proxy(size_t(n_proxy) * n);
+  if (!L.match_stats.empty()) {
+    for (uint32_t j = 0; j < group; ++j) {
+      std::copy_n(L.match_stats.data() + (size_t(kv_head) * group + j) * match_tokens_, n,
+                  large.data() + size_t(j) * n);
+    }
+  }
+  for (uint32_t p = 0; p < n_proxy; ++p) {
+    link_->match_scores(p, H.full_pos.data(), n, proxy.data() + size_t(p) * n);
+  }
+  // Eqs. 2-3: Jaccard of the top 10% tokens (at least one), argmax over every proxy head.
+  const size_t top = std::max<size_t>(1, (n + 9) / 10);
+  const std::vector<uint32_t> f =
+      cpu::smallkv_match_heads(large.data(), group, proxy.data(), n_proxy, n, top);
+  for (uint32_t j = 0; j < group; ++j) {
+    L.mapping[size_t(kv_head) * group + j] = f[j];
+    // The proxy's accumulated attention so far starts the rows' scores.
+    for (size_t t = 0; t < n; ++t) H.full_score[t] += proxy[size_t(f[j]) * n + t];
+  }
+  H.scores_from = link_->matched_through();
+  H.matched = true;
+  H.stats_done = true;
+}
+
+void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
+                                   const int32_t* row_positions, size_t n_rows,
+                                   float* out) const {
+  Head& H = layers_[layer].heads[kv_head];
+  const uint32_t dim = geometry_.head_dim, group = geometry_.group_size();
+  if (!H.matched && !H.stats_done) {
+    accumulate_match_stats(layer, kv_head, q_rows, row_positions, n_rows);
+  }
+  if (!H.matched && H.stats_done && link_->proxy()) {
+    match_head(layer, kv_head);
+    if (all_matched()) link_->drop_match_stats();
+  }
+  const size_t nf = H.full_pos.size(), nm = H.marg_pos.size(), n = nf + nm;
+  const bool proxied = H.matched && link_->proxy() != nullptr;
+  if (nm > 0 && !proxied) {
+    fail(KVSDK_E_STATE, "layer ", layer, " KV head ", kv_head, " holds ", nm,
+         " marginal (value-only) tokens whose attention weights come from the proxy: attach it "
+         "with kvsdk_cache_set_proxy");
+  }
+  // The matched proxy heads' attention of this step over every held row (Eq. 6 and scores).
+  std::vector<float> w(proxied ? n_rows * n : 0);
+  if (proxied) {
+    std::vector<int32_t> wanted(H.full_pos);
+    wanted.insert(wanted.end(), H.marg_pos.begin(), H.marg_pos.end());
+    const uint32_t* map = layers_[layer].mapping.data() + size_t(kv_head) * group;
+    std::vector<int32_t> rpos;
+    std::vector<size_t> rows;
+    std::vector<float> part;
+    for (uint32_t j = 0; j < group; ++j) {
+      bool seen = false;  // one call per distinct proxy head
+      for (uint32_t i = 0; i < j; ++i) seen = seen || map[i] == map[j];
+      if (seen) continue;
+      rows.clear();
+      rpos.clear();
+      for (size_t r = 0; r < n_rows; ++r) {
+        if (map[r % group] == map[j]) {
+          rows.push_back(r);
+          rpos.push_back(row_positions[r]);
+        }
+      }
+      part.resize(rows.size() * n);
+      link_->weights(map[j], rpos.data(), rows.size(), wanted.data(), n, part.data());
+      for (size_t i = 0; i < rows.size(); ++i) {
+        std::copy_n(part.data() + i * n, n, w.data() + rows[i] * n);
+      }
+    }
+  }
+  // Eq. 6.
+  std::vector<float> kf(nf * dim), vf(nf * dim), vm(nm * dim), wm(n_rows * nm);
+  load_f32(KVSDK_DTYPE_F16, H.full_k.data(), 0, nf * dim, kf.data());
+  load_f32(KVSDK_DTYPE_F16, H.full_v.data(), 0, nf * dim, vf.data());
+  load_f32(KVSDK_DTYPE_F16, H.marg_v.data(), 0, nm * dim, vm.data());
+  for (size_t r = 0; r < n_rows && nm > 0; ++r) {
+    std::copy_n(w.data() + r * n + nf, nm, wm.data() + r * nm);
+  }
+  cpu::smallkv_attend(q_rows, row_positions, n_rows, dim, geometry_.attn_scale, kf.data(),
+                      vf.data(), H.full_pos.data(), nf, vm.data(), H.marg_pos.data(), nm,
+                      wm.data(), out);
+  // Saliency-shift compensation: rows accumulate the proxy's attention of every later step.
+  if (proxied) {
+    for (size_t r = 0; r < n_rows; ++r) {
+      if (row_positions[r] <= H.scores_from) continue;
+      const float* wr = w.data() + r * n;
+      for (size_t t = 0; t < nf; ++t) H.full_score[t] += wr[t];
+      for (size_t t = 0; t < nm; ++t) H.marg_score[t] += wr[nf + t];
+    }
+  }
+}
+
+size_t SmallKvRepresentation::head_tokens(uint32_t layer, uint32_t kv_head) const {
+  return layers_[layer].heads[kv_head].size();
+}
+
+namespace {
+
+std::vector<MergedRow> merged_rows(const std::vector<int32_t>& full_pos,
+                                   const std::vector<int32_t>& marg_pos) {
+  std::vector<MergedRow> rows;
+  rows.reserve(full_pos.size() + marg_pos.size());
+  for (size_t i = 0; i < full_pos.size(); ++i) rows.push_back({full_pos[i], true, uint32_t(i)});
+  for (size_t i = 0; i < marg_pos.size(); ++i) rows.push_back({marg_pos[i], false, uint32_t(i)});
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const MergedRow& a, const MergedRow& b) { return a.position < b.position; });
+  return rows;
+}
+
+}  // namespace
+
+void SmallKvRepresentation::read(uint32_t layer, uint32_t kv_head, float* k, float* v,
+                                 int32_t* positions) const {
+  const Head& H = layers_[layer].heads[kv_head];
+  const size_t dim = geometry_.head_dim;
+  const std::vector<MergedRow> rows = merged_rows(H.full_pos, H.marg_pos);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const MergedRow& r = rows[i];
+    if (positions) positions[i] = r.position;
+    if (k) {
+      if (r.full) {
+        load_f32(KVSDK_DTYPE_F16, H.full_k.data(), size_t(r.index) * dim, dim, k + i * dim);
+      } else {
+        std::fill_n(k + i * dim, dim, 0.0f);
+      }
+    }
+    if (v) {
+      const uint16_t* src = r.full ? H.full_v.data() : H.marg_v.data();
+      load_f32(KVSDK_DTYPE_F16, src, size_t(r.index) * dim, dim, v + i * dim);
+    }
+  }
+}
+
+uint64_t SmallKvRepresentation::bytes_under_cap(const Head& h, uint64_t cap) const {
+  const uint64_t cur = head_bytes(h);
+  if (cur <= cap) return cur;
+  const uint64_t fb = full_row_bytes(), mb = marginal_row_bytes();
+  const size_t n = h.size(), nf = h.full_pos.size();
+  cpu::SmallKvSplit s = cpu::smallkv_split_budget(size_t(cap / fb), n);
+  s.marginal = std::min<size_t>(s.marginal, size_t((cap - (s.critical + s.recent) * fb) / mb));
+  const size_t rec = std::min(s.recent, nf), older = n - rec;
+  const size_t crit = std::min(s.critical, nf - rec), marg = std::min(s.marginal, older - crit);
+  return (crit + rec) * fb + marg * mb;
+}
+
+void SmallKvRepresentation::shrink_to_cap(Head& h, uint64_t cap) {
+  const uint64_t fb = full_row_bytes(), mb = marginal_row_bytes();
+  const size_t dim = geometry_.head_dim;
+  const std::vector<MergedRow> rows = merged_rows(h.full_pos, h.marg_pos);
+  const size_t n = rows.size();
+  // §4 budget allocation: critical : recent : marginal = 2 : 1 : 2 of the head's cap; marginal
+  // rows fitted to what a value-only row really costs (its position and score included).
+  cpu::SmallKvSplit s = cpu::smallkv_split_budget(size_t(cap / fb), n);
+  s.marginal = std::min<size_t>(s.marginal, size_t((cap - (s.critical + s.recent) * fb) / mb));
+  std::vector<float> scores(n);
+  std::vector<uint8_t> has_key(n);
+  for (size_t i = 0; i < n; ++i) {
+    scores[i] = rows[i].full ? h.full_score[rows[i].index] : h.marg_score[rows[i].index];
+    has_key[i] = rows[i].full ? 1 : 0;
+  }
+  const cpu::SmallKvSelection sel = cpu::smallkv_select(scores.data(), has_key.data(), n, s);
+  Head out;
+  out.stats_done = h.stats_done;
+  out.matched = h.matched;
+  out.scores_from = h.scores_from;
+  for (uint32_t i : sel.full) {
+    const MergedRow& r = rows[i];
+    out.full_pos.push_back(r.position);
+    out.full_score.push_back(h.full_score[r.index]);
+    out.full_k.insert(out.full_k.end(), h.full_k.begin() + long(r.index * dim),
+                      h.full_k.begin() + long((r.index + 1) * dim));
+    out.full_v.insert(out.full_v.end(), h.full_v.begin() + long(r.index * dim),
+                      h.full_v.begin() + long((r.index + 1) * dim));
+  }
+  for (uint32_t i : sel.marginal) {  // marginal tokens drop K
+    const MergedRow& r = rows[i];
+    const std::vector<uint16_t>& src = r.full ? h.full_v : h.marg_v;
+    out.marg_pos.push_back(r.position);
+    out.marg_score.push_back(r.full ? h.full_score[r.index] : h.marg_score[r.index]);
+    out.marg_v.insert(out.marg_v.end(), src.begin() + long(r.index * dim),
+                      src.begin() + long((r.index + 1) * dim));
+  }
+  h = std::move(out);
+}
+
+uint64_t SmallKvRepresentation::evict(uint64_t bytes) {
+  if (!link_->proxy()) {
+    fail(KVSDK_E_STATE, "policy 'smallkv' selects the tokens to keep with its proxy's attention: "
+         "attach the proxy cache with kvsdk_cache_set_proxy before the cache exceeds its budget");
+  }
+  const uint64_t before = total_bytes();
+  // The budget cannot wait for match_tokens tokens: match every head with what it has seen.
+  for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+    for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
+      if (!layers_[l].heads[g].matched) match_head(l, g);
+    }
+  }
+  drop_finished_stats();
+  const uint64_t now = total_bytes();
+  if (before - now >= bytes) return before - now;
+  const uint64_t target = bytes >= before ? 0 : before - bytes;
+  uint64_t fixed = 0, hi = 0;
+  for (const Layer& l : layers_) {
+    fixed += fixed_bytes(l);
+    for (const Head& h : l.heads) hi = std::max(hi, head_bytes(h));
+  }
+  const uint64_t rows_target = target > fixed ? target - fixed : 0;
+  auto total_under = [&](uint64_t cap) {
+    uint64_t t = 0;
+    for (const Layer& l : layers_) {
+      for (const Head& h : l.heads) t += bytes_under_cap(h, cap);
+    }
+    return t;
+  };
+  // The largest per-head cap that meets the target. Every head fits rows_target / heads, so the
+  // search starts feasible and stays feasible.
+  uint64_t lo = rows_target / (uint64_t(geometry_.n_layers) * geometry_.n_kv_heads);
+  lo = std::min(lo, hi);
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo + 1) / 2;
+    if (total_under(mid) <= rows_target) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  for (Layer& l : layers_) {
+    for (Head& h : l.heads) {
+      if (head_bytes(h) > lo) shrink_to_cap(h, lo);
+    }
+  }
+  return before - total_bytes();
+}
+
+std::vector<TierRecord> SmallKvRepresentation::save(uint32_t layer) const {
+  const Layer& L = layers_[layer];
+  std::vector<TierRecord> out(geometry_.n_kv_heads + 1);
+  TierRecord& lr = out[0];
+  lr.layer = layer;
+  lr.kind = "smallkv.layer";
+  lr.set_scalar("started", L.started ? 1 : 0);
+  lr.add("mapping").u32 = L.mapping;
+  lr.add("match_stats").f32 = L.match_stats;
+  for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
+    const Head& h = L.heads[g];
+    TierRecord& r = out[g + 1];
+    r.layer = layer;
+    r.kv_head = g;
+    r.kind = "smallkv.head";
+    r.add("full_positions").i32 = h.full_pos;
+    r.add("full_keys").u16 = h.full_k;
+    r.add("full_values").u16 = h.full_v;
+    r.add("full_scores").f32 = h.full_score;
+    r.add("marginal_positions").i32 = h.marg_pos;
+    r.add("marginal_values").u16 = h.marg_v;
+    r.add("marginal_scores").f32 = h.marg_score;
+    r.set_scalar("stats_done", h.stats_done ? 1 : 0);
+    r.set_scalar("matched", h.matched ? 1 : 0);
+    r.set_scalar("scores_from", uint64_t(h.scores_from));
+  }
+  return out;
+}
+
+namespace {
+
+bool flag(const TierRecord& r, const char* name) {
+  const uint64_t v = r.scalar(name);
+  if (v > 1) fail(KVSDK_E_CORRUPT, "snapshot tier record '", r.kind, "' field '", name, "' is ", v);
+  return v == 1;
+}
+
+void check_size(const TierRecord& r, const char* name, size_t got, size_t want) {
+  if (got != want) {
+    fail(KVSDK_E_CORRUPT, "snapshot tier record '", r.kind, "' (layer ", r.layer, ", KV head ",
+         r.kv_head, ") field '", name, "' has ", got, " elements, expected ", want);
+  }
+}
+
+}  // namespace
+
+void SmallKvRepresentation::restore(uint32_t layer, const std::vector<TierRecord>& records) {
+  const uint32_t kv = geometry_.n_kv_heads, dim = geometry_.head_dim;
+  if (records.size() != size_t(kv) + 1) {
+    fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " has ", records.size(),
+         " smallkv records, expected ", kv + 1);
+  }
+  const TierRecord& lr = records[0];
+  if (lr.kind != "smallkv.layer") {
+    fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " record 0 is '", lr.kind,
+         "', expected 'smallkv.layer'");
+  }
+  Layer L;
+  L.started = flag(lr, "started");
+  L.mapping = lr.get("mapping").u32;
+  L.match_stats = lr.get("match_stats").f32;
+  check_size(lr, "mapping", L.mapping.size(), geometry_.n_q_heads);
+  if (!L.match_stats.empty() || !L.started) {
+    check_size(lr, "match_stats", L.match_stats.size(),
+               L.started ? size_t(geometry_.n_q_heads) * match_tokens_ : 0);
+  }
+  for (uint32_t g = 0; g < kv; ++g) {
+    const TierRecord& r = records[g + 1];
+    if (r.kind != "smallkv.head" || r.kv_head != g) {
+      fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " record ", g + 1, " is '", r.kind,
+           "' for KV head ", r.kv_head, ", expected 'smallkv.head' for KV head ", g);
+    }
+    Head h;
+    h.full_pos = r.get("full_positions").i32;
+    h.full_k = r.get("full_keys").u16;
+    h.full_v = r.get("full_values").u16;
+    h.full_score = r.get("full_scores").f32;
+    h.marg_pos = r.get("marginal_positions").i32;
+    h.marg_v = r.get("marginal_values").u16;
+    h.marg_score = r.get("marginal_scores").f32;
+    const size_t nf = h.full_pos.size(), nm = h.marg_pos.size();
+    check_size(r, "full_keys", h.full_k.size(), nf * dim);
+    check_size(r, "full_values", h.full_v.size(), nf * dim);
+    check_size(r, "full_scores", h.full_score.size(), nf);
+    check_size(r, "marginal_values", h.marg_v.size(), nm * dim);
+    check_size(r, "marginal_scores", h.marg_score.size(), nm);
+    for (int32_t p : h.full_pos) {
+      if (p < 0) fail(KVSDK_E_CORRUPT, "snapshot smallkv layer ", layer, " has position ", p);
+    }
+    for (int32_t p : h.marg_pos) {
+      if (p < 0) fail(KVSDK_E_CORRUPT, "snapshot smallkv layer ", layer, " has position ", p);
+    }
+    h.stats_done = flag(r, "stats_done");
+    h.matched = flag(r, "matched");
+    h.scores_from = int64_t(r.scalar("scores_from"));
+    if (nm > 0 && !h.matched) {
+      fail(KVSDK_E_CORRUPT, "snapshot smallkv layer ", layer, " KV head ", g,
+           " holds marginal tokens but no head matching");
+    }
+    if (h.size() > 0 && !L.started) {
+      fail(KVSDK_E_CORRUPT, "snapshot smallkv layer ", layer, " holds rows but is not started");
+    }
+    L.heads.push_back(std::move(h));
+  }
+  layers_[layer] = std::move(L);
+}
+
+}  // namespace kvsdk
