@@ -18,7 +18,7 @@ namespace {
 // Presets with compressed tiers. Small KIVI groups and residual so that a few hundred tokens
 // already fill quantized blocks; the other parameters are the presets' defaults.
 const char* const kPresets[] = {"kivi",      "kivi+kivi1",      "kivi+kivi4", "kivi+kivi8",
-                                "minicache", "minicache+kivi4", "spindlekv"};
+                                "minicache", "minicache+kivi4", "spindlekv", "smallkv"};
 
 kvsdk_policy preset(const std::string& spec) {
   kvsdk_policy p;
