@@ -219,7 +219,9 @@ typedef enum kvsdk_pool_kind {
 typedef struct kvsdk_policy {
   uint32_t struct_size;     /**< sizeof(kvsdk_policy); set by kvsdk_policy_init. */
   int32_t method;           /**< A kvsdk_method. */
-  int32_t quant_bits;       /**< KIVI representation overlay: 0 = exact, or 8/4/2/1 bits. */
+  int32_t quant_bits;       /**< KIVI representation overlay: 0 = exact, or 8/4/2/1 bits.
+                                 Eviction presets store the rows they keep KIVI-quantized
+                                 (eviction never re-quantizes a kept row); 'full' takes none. */
   int32_t quant_group;      /**< KIVI group size G (tokens for keys, channels for values). 32. */
   int32_t quant_residual;   /**< KIVI exact residual window R (tokens). 128. */
   int32_t sink_tokens;      /**< StreamingLLM / H2O attention sinks kept forever. 4. */
@@ -582,7 +584,7 @@ KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options *options);
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options), KVSDK_E_IO (cannot create,
  *          write, sync or rename; the previous file at `path` is intact and no temporary file is
  *          left behind), KVSDK_E_NO_MEMORY, KVSDK_E_UNSUPPORTED (a tier without a snapshot table
- *          in this version: policy 'kivi'; nothing is written).
+ *          in this version: policy 'kivi' or a '+kiviN' overlay; nothing is written).
  *  Threading: like every cache call, one thread at a time per cache. */
 KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache *cache, const char *path,
                                         const kvsdk_save_options *options);

@@ -6,6 +6,7 @@
 
 #include "core/cache.h"
 #include "core/error.h"
+#include "core/policy.h"
 
 namespace kvsdk {
 
@@ -21,6 +22,19 @@ std::unique_ptr<Cache> Cache::restore(std::shared_ptr<Context> ctx, const Geomet
     }
   }
   auto cache = std::make_unique<Cache>(std::move(ctx), geometry, policy);
+  if (!cache->layers_.empty() && !cache->layers_[0].quant.empty()) {
+    // A KIVI overlay (core/quant_overlay.h) keeps its rows in LayerState::quant, which the caller
+    // must have restored (quant_overlay_restore); exact rows would be ignored, so refuse them.
+    for (const LayerState& l : layers) {
+      if (l.quant.size() != geometry.n_kv_heads) {
+        fail(KVSDK_E_UNSUPPORTED, "restore: policy '", policy_spec(policy), "' keeps its rows in "
+             "KIVI overlay stores, which this snapshot does not have");
+      }
+      for (const ExactStore& h : l.heads) {
+        if (h.size() != 0) fail(KVSDK_E_CORRUPT, "restore: exact rows in a KIVI overlay cache");
+      }
+    }
+  }
   cache->layers_ = std::move(layers);
   // The same per-tier accounting as stats(), so a restored cache is charged what it reports.
   uint64_t bytes = 0;
