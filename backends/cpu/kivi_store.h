@@ -68,7 +68,9 @@ class KiviHeadStore {
   // Keeps only the tokens at the given indices (strictly ascending, each < size()), in order,
   // without re-quantizing: the kept tokens read back bit-identically. Key blocks left empty are
   // dropped. Later appends and flushes continue as before. Throws KVSDK_E_INVALID_ARG (store
-  // unchanged) for indices out of range or not ascending; otherwise does not allocate.
+  // unchanged) for indices out of range or not ascending. Its only allocation (the block counts,
+  // when the store first becomes ragged) happens before anything changes, so the store is
+  // unchanged if that throws.
   void retain(const std::vector<uint32_t>& keep);
   // Whether the store records per-block token counts (a retain() dropped a quantized token).
   bool ragged() const { return !block_tokens_.empty(); }
