@@ -382,7 +382,10 @@ KVSDK_API kvsdk_status kvsdk_cache_set_budget(kvsdk_cache *cache, uint64_t budge
 /** How many layer-tokens (one row in every KV head of one layer) the cache's budget can hold
  *  besides its fixed metadata (observation windows), and the bytes of one layer-token (keys,
  *  values, positions and per-row scores of all KV heads). `*out_tokens` is UINT64_MAX when no
- *  budget applies. Either output may be NULL. Errors: KVSDK_E_INVALID_ARG (NULL cache). */
+ *  budget applies. With a '+kiviN' overlay both are estimates (a fully quantized row; the exact
+ *  residual windows charged at the f16 cost): the real cost depends on the data, and the cache
+ *  keeps fewer rows when the estimate was optimistic, never more bytes than the budget.
+ *  Either output may be NULL. Errors: KVSDK_E_INVALID_ARG (NULL cache). */
 KVSDK_API kvsdk_status kvsdk_cache_token_capacity(const kvsdk_cache *cache, uint64_t *out_tokens,
                                                   uint64_t *out_token_bytes);
 
