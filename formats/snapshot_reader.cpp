@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/exact_store.h"
 #include "core/policy.h"
+#include "core/quant_overlay.h"
 #include "core/representation.h"
 #include "journal.h"
 #include "kvsdk_generated.h"
@@ -184,7 +185,8 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
     }
     s.layers[l].heads.resize(g.n_kv_heads);
     s.layers[l].appended_tokens = li->appended_tokens();
-    s.covered[l] = repr && repr->covers(l);
+    // Layers with tier records: a representation's, or an eviction preset's KIVI overlay.
+    s.covered[l] = (repr && repr->covers(l)) || quant_overlay(s.policy);
     if (s.covered[l]) {
       // Compressed rows cost what the writer counted (checked exactly when they are charged).
       uint64_t b = 0;
@@ -326,7 +328,18 @@ void read_journal(Reader& rd, Snapshot& s) {
       }
       std::vector<std::vector<uint64_t>> rows(s.geometry.n_layers);
       for (uint32_t l = 0; l < s.geometry.n_layers; ++l) {
-        for (const ExactStore& e : s.layers[l].heads) rows[l].push_back(e.size());
+        for (uint32_t h = 0; h < s.geometry.n_kv_heads; ++h) {
+          uint64_t n = s.layers[l].heads[h].size();
+          // Compressed layers: the rows a head's record holds (per-row policy state, e.g. H2O
+          // scores of an h2o+kiviN overlay, is checked against them).
+          for (const TierRecord& r : s.tiers[l]) {
+            if (r.kv_head != h) continue;
+            for (const TierField& f : r.fields) {
+              if (f.name == "positions") n = f.i32.size();
+            }
+          }
+          rows[l].push_back(n);
+        }
       }
       read_policy_state(parts.back()->policy_state(), s.geometry, s.policy, rows, s.layers,
                         s.runtime);

@@ -218,7 +218,9 @@ typedef enum kvsdk_pool_kind {
 typedef struct kvsdk_policy {
   uint32_t struct_size;     /**< sizeof(kvsdk_policy); set by kvsdk_policy_init. */
   int32_t method;           /**< A kvsdk_method. */
-  int32_t quant_bits;       /**< KIVI representation overlay: 0 = exact, or 8/4/2/1 bits. */
+  int32_t quant_bits;       /**< KIVI representation overlay: 0 = exact, or 8/4/2/1 bits.
+                                 Eviction presets store the rows they keep KIVI-quantized
+                                 (eviction never re-quantizes a kept row); 'full' takes none. */
   int32_t quant_group;      /**< KIVI group size G (tokens for keys, channels for values). 32. */
   int32_t quant_residual;   /**< KIVI exact residual window R (tokens). 128. */
   int32_t sink_tokens;      /**< StreamingLLM / H2O attention sinks kept forever. 4. */
@@ -379,7 +381,10 @@ KVSDK_API kvsdk_status kvsdk_cache_set_budget(kvsdk_cache *cache, uint64_t budge
 /** How many layer-tokens (one row in every KV head of one layer) the cache's budget can hold
  *  besides its fixed metadata (observation windows), and the bytes of one layer-token (keys,
  *  values, positions and per-row scores of all KV heads). `*out_tokens` is UINT64_MAX when no
- *  budget applies. Either output may be NULL. Errors: KVSDK_E_INVALID_ARG (NULL cache). */
+ *  budget applies. With a '+kiviN' overlay both are estimates (a fully quantized row; the exact
+ *  residual windows charged at the f16 cost): the real cost depends on the data, and the cache
+ *  keeps fewer rows when the estimate was optimistic, never more bytes than the budget.
+ *  Either output may be NULL. Errors: KVSDK_E_INVALID_ARG (NULL cache). */
 KVSDK_API kvsdk_status kvsdk_cache_token_capacity(const kvsdk_cache *cache, uint64_t *out_tokens,
                                                   uint64_t *out_token_bytes);
 
@@ -630,7 +635,7 @@ KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options *options);
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options), KVSDK_E_IO (cannot create,
  *          write, sync or rename; the previous file at `path` is intact and no temporary file is
  *          left behind), KVSDK_E_NO_MEMORY, KVSDK_E_UNSUPPORTED (a tier without a snapshot table
- *          in this version: policy 'kivi'; nothing is written).
+ *          in this version: policy 'kivi' or a '+kiviN' overlay; nothing is written).
  *  Threading: like every cache call, one thread at a time per cache. */
 KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache *cache, const char *path,
                                         const kvsdk_save_options *options);

@@ -39,7 +39,7 @@ void KiviHeadStore::flush_block() {
   }
   k_codes_.resize((n_quant_ + G) * row_bytes_);
   v_codes_.resize((n_quant_ + G) * row_bytes_);
-  const size_t block = n_quant_ / G;
+  const size_t block = blocks();
   k_scale_.resize((block + 1) * dim_);
   k_zero_.resize((block + 1) * dim_);
   v_scale_.resize((n_quant_ + G) * v_groups_);
@@ -51,6 +51,7 @@ void KiviHeadStore::flush_block() {
                        v_zero_.data() + n_quant_ * v_groups_);
   res_k_.erase(res_k_.begin(), res_k_.begin() + G * dim_);
   res_v_.erase(res_v_.begin(), res_v_.begin() + G * dim_);
+  if (!block_tokens_.empty()) block_tokens_.push_back(uint32_t(G));
   n_quant_ += G;
 }
 
@@ -58,31 +59,107 @@ void KiviHeadStore::read_rows(size_t first, size_t count, float* k, float* v) co
   const size_t G = cfg_.group;
   size_t t = first;
   const size_t end = first + count;
+  // Find the key block holding token `first` (blocks may be ragged after retain()).
+  size_t block = 0, block_first = 0;
+  while (block < blocks() && block_first + block_size(block) <= t) block_first += block_size(block++);
   while (t < end && t < n_quant_) {
     // Rows of one key block share the block's per-channel parameters.
-    const size_t block = t / G;
-    const size_t n = std::min(end, (block + 1) * G) - t;
-    float* ko = k + (t - first) * dim_;
-    float* vo = v + (t - first) * dim_;
-    kivi_dequantize_keys(k_codes_.data() + block * G * row_bytes_, k_scale_.data() + block * dim_,
-                         k_zero_.data() + block * dim_, t - block * G, n, dim_, cfg_.bits, ko);
-    kivi_dequantize_values(v_codes_.data() + t * row_bytes_, v_scale_.data() + t * v_groups_,
-                           v_zero_.data() + t * v_groups_, n, dim_, G, cfg_.bits, vo);
+    const size_t in_block = block_size(block);
+    const size_t n = std::min(end, block_first + in_block) - t;
+    if (k) {
+      kivi_dequantize_keys(k_codes_.data() + block_first * row_bytes_,
+                           k_scale_.data() + block * dim_, k_zero_.data() + block * dim_,
+                           t - block_first, n, dim_, cfg_.bits, k + (t - first) * dim_);
+    }
+    if (v) {
+      kivi_dequantize_values(v_codes_.data() + t * row_bytes_, v_scale_.data() + t * v_groups_,
+                             v_zero_.data() + t * v_groups_, n, dim_, G, cfg_.bits,
+                             v + (t - first) * dim_);
+    }
     t += n;
+    if (t == block_first + in_block) block_first += in_block, ++block;
   }
   for (; t < end; ++t) {
     const size_t r = (t - n_quant_) * dim_;
     for (size_t c = 0; c < dim_; ++c) {
-      k[(t - first) * dim_ + c] = f16_to_f32(res_k_[r + c]);
-      v[(t - first) * dim_ + c] = f16_to_f32(res_v_[r + c]);
+      if (k) k[(t - first) * dim_ + c] = f16_to_f32(res_k_[r + c]);
+      if (v) v[(t - first) * dim_ + c] = f16_to_f32(res_v_[r + c]);
     }
   }
+}
+
+std::vector<uint32_t> KiviHeadStore::block_tokens() const {
+  if (!block_tokens_.empty()) return block_tokens_;
+  return std::vector<uint32_t>(blocks(), uint32_t(cfg_.group));
+}
+
+void KiviHeadStore::retain(const std::vector<uint32_t>& keep) {
+  for (size_t i = 0; i < keep.size(); ++i) {
+    KVSDK_REQUIRE(keep[i] < size() && (i == 0 || keep[i] > keep[i - 1]), "retain: index ",
+                  keep[i], " at ", i, " is out of range or not ascending (", size(), " tokens)");
+  }
+  const size_t n_blocks = blocks();
+  // Whether a quantized token is dropped decides if block counts are needed at all.
+  size_t kept_quant = 0;
+  while (kept_quant < keep.size() && keep[kept_quant] < n_quant_) ++kept_quant;
+  if (kept_quant == n_quant_ && keep.size() == size()) return;  // keeps everything
+  if (kept_quant < n_quant_ && block_tokens_.empty()) {
+    // Becoming ragged: record the count of every block (the one allocation; nothing changed yet).
+    block_tokens_.assign(n_blocks, uint32_t(cfg_.group));
+  }
+  // Compact quantized rows (codes, value parameters, positions) block by block; drop empty
+  // blocks' key parameters. Everything moves forward only, so in-place copies are safe.
+  size_t out = 0, out_block = 0, i = 0, block_first = 0;
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const size_t in_block = block_size(b);
+    size_t kept = 0;
+    for (; i < kept_quant && keep[i] < block_first + in_block; ++i, ++out, ++kept) {
+      const size_t t = keep[i];
+      if (t == out) continue;
+      std::copy_n(k_codes_.data() + t * row_bytes_, row_bytes_, k_codes_.data() + out * row_bytes_);
+      std::copy_n(v_codes_.data() + t * row_bytes_, row_bytes_, v_codes_.data() + out * row_bytes_);
+      std::copy_n(v_scale_.data() + t * v_groups_, v_groups_, v_scale_.data() + out * v_groups_);
+      std::copy_n(v_zero_.data() + t * v_groups_, v_groups_, v_zero_.data() + out * v_groups_);
+      positions_[out] = positions_[t];
+    }
+    if (kept > 0) {
+      if (out_block != b) {
+        std::copy_n(k_scale_.data() + b * dim_, dim_, k_scale_.data() + out_block * dim_);
+        std::copy_n(k_zero_.data() + b * dim_, dim_, k_zero_.data() + out_block * dim_);
+      }
+      if (!block_tokens_.empty()) block_tokens_[out_block] = uint32_t(kept);
+      ++out_block;
+    }
+    block_first += in_block;
+  }
+  const size_t new_quant = out;
+  // Residual rows: exact f16, simply removed.
+  size_t r_out = 0;
+  for (; i < keep.size(); ++i, ++r_out, ++out) {
+    const size_t r = keep[i] - n_quant_;
+    positions_[out] = positions_[keep[i]];
+    if (r == r_out) continue;
+    std::copy_n(res_k_.data() + r * dim_, dim_, res_k_.data() + r_out * dim_);
+    std::copy_n(res_v_.data() + r * dim_, dim_, res_v_.data() + r_out * dim_);
+  }
+  n_quant_ = new_quant;
+  positions_.resize(out);
+  k_codes_.resize(new_quant * row_bytes_);
+  v_codes_.resize(new_quant * row_bytes_);
+  v_scale_.resize(new_quant * v_groups_);
+  v_zero_.resize(new_quant * v_groups_);
+  k_scale_.resize(out_block * dim_);
+  k_zero_.resize(out_block * dim_);
+  if (!block_tokens_.empty()) block_tokens_.resize(out_block);
+  res_k_.resize(r_out * dim_);
+  res_v_.resize(r_out * dim_);
 }
 
 KiviBytes KiviHeadStore::bytes() const {
   KiviBytes b;
   b.codes = k_codes_.size() + v_codes_.size();
-  b.scales_zeros = 2 * (k_scale_.size() + k_zero_.size() + v_scale_.size() + v_zero_.size());
+  b.scales_zeros = 2 * (k_scale_.size() + k_zero_.size() + v_scale_.size() + v_zero_.size()) +
+                   sizeof(uint32_t) * block_tokens_.size();
   b.residual = 2 * (res_k_.size() + res_v_.size());
   b.positions = sizeof(int32_t) * positions_.size();
   return b;
@@ -90,22 +167,24 @@ KiviBytes KiviHeadStore::bytes() const {
 
 KiviBytes KiviHeadStore::projected_bytes(size_t n_more) const {
   const size_t G = cfg_.group;
-  size_t res = residual_tokens() + n_more, nq = n_quant_;
+  size_t res = residual_tokens() + n_more, nq = n_quant_, nb = blocks();
   if (res >= size_t(cfg_.residual) + G) {  // the flush loop of append(), in closed form
     const size_t flushes = (res - size_t(cfg_.residual)) / G;
     res -= flushes * G;
     nq += flushes * G;
+    nb += flushes;
   }
   KiviBytes b;
   b.codes = 2 * uint64_t(nq) * row_bytes_;
-  b.scales_zeros = 2 * (2 * uint64_t(nq / G) * dim_ + 2 * uint64_t(nq) * v_groups_);
+  b.scales_zeros = 2 * (2 * uint64_t(nb) * dim_ + 2 * uint64_t(nq) * v_groups_) +
+                   (ragged() ? sizeof(uint32_t) * uint64_t(nb) : 0);
   b.residual = 2 * 2 * uint64_t(res) * dim_;
   b.positions = sizeof(int32_t) * uint64_t(size() + n_more);
   return b;
 }
 
 KiviHeadBuffers KiviHeadStore::buffers() const {
-  return {n_quant_, positions_, k_codes_, v_codes_, k_scale_, k_zero_,
+  return {n_quant_, block_tokens_, positions_, k_codes_, v_codes_, k_scale_, k_zero_,
           v_scale_, v_zero_, res_k_, res_v_};
 }
 
@@ -115,21 +194,34 @@ KiviHeadStore KiviHeadStore::restore(size_t head_dim, const KiviConfig& config, 
   const auto check = [](bool ok, const char* what) {
     if (!ok) fail(KVSDK_E_CORRUPT, "KIVI head buffers: ", what, " do not match the geometry");
   };
-  check(nq % G == 0 && nq <= n, "quantized token count");
+  check(nq <= n, "quantized token count");
+  // Block counts: none (every block holds G), or one per block, each 1..G, summing to nq.
+  size_t nb = nq / G;
+  if (b.block_tokens.empty()) {
+    check(nq % G == 0, "quantized token count");
+  } else {
+    uint64_t sum = 0;
+    for (uint32_t c : b.block_tokens) {
+      check(c >= 1 && c <= G, "block token counts");
+      sum += c;
+    }
+    check(sum == nq, "block token counts");
+    nb = b.block_tokens.size();
+  }
   const size_t nr = n - nq;
-  // A saved store holds fewer than R + G residual rows (more would have been flushed), and at
-  // least R once anything was flushed.
-  check(nr < size_t(config.residual) + G && (nq == 0 || nr >= config.residual),
-        "residual length");
+  // A saved store holds fewer than R + G residual rows (more would have been flushed); retain()
+  // may leave fewer than R.
+  check(nr < size_t(config.residual) + G, "residual length");
   check(b.key_codes.size() == nq * s.row_bytes_ && b.value_codes.size() == nq * s.row_bytes_,
         "code buffers");
-  check(b.key_scales.size() == nq / G * head_dim && b.key_zeros.size() == nq / G * head_dim,
+  check(b.key_scales.size() == nb * head_dim && b.key_zeros.size() == nb * head_dim,
         "key scales/zeros");
   check(b.value_scales.size() == nq * s.v_groups_ && b.value_zeros.size() == nq * s.v_groups_,
         "value scales/zeros");
   check(b.residual_keys.size() == nr * head_dim && b.residual_values.size() == nr * head_dim,
         "residual rows");
   s.n_quant_ = nq;
+  s.block_tokens_ = std::move(b.block_tokens);
   s.positions_ = std::move(b.positions);
   s.k_codes_ = std::move(b.key_codes);
   s.v_codes_ = std::move(b.value_codes);

@@ -4,6 +4,13 @@
 // tokens its oldest G are flushed into one quantized block, so at least R recent tokens stay exact.
 // Flushing quantizes the f16-rounded residual rows, so the store's contents do not depend on how
 // the tokens were split across append calls.
+//
+// Eviction on top of KIVI (compositions such as xkv+kivi2): retain() drops tokens without
+// re-quantizing anything. Values are quantized per token, so dropping their rows is exact; a key
+// block keeps its per-channel scale/zero for the tokens it still holds, so a block may become
+// ragged (fewer than G tokens). A store that was ever retained records the token count of every
+// block (one uint32 each, counted in bytes()); a store that never was has only full blocks and
+// pays nothing for counts.
 #pragma once
 
 #include <cstddef>
@@ -21,7 +28,8 @@ struct KiviConfig {
 // Every byte the store holds, by kind (logical sizes of its buffers).
 struct KiviBytes {
   uint64_t codes = 0;        // packed key and value codes
-  uint64_t scales_zeros = 0; // f16 scales and zero points of keys and values
+  uint64_t scales_zeros = 0; // f16 scales and zero points of keys and values, and the uint32
+                             // token count of every key block once the store is ragged
   uint64_t residual = 0;     // f16 keys and values of the exact window
   uint64_t positions = 0;    // int32 original position of every token
   uint64_t total() const { return codes + scales_zeros + residual + positions; }
@@ -30,6 +38,7 @@ struct KiviBytes {
 // Every buffer of a KiviHeadStore, for snapshots: restore() rebuilds an identical store.
 struct KiviHeadBuffers {
   size_t quantized_tokens = 0;
+  std::vector<uint32_t> block_tokens;  // tokens of each key block; empty = every block holds G
   std::vector<int32_t> positions;
   std::vector<uint8_t> key_codes, value_codes;
   std::vector<uint16_t> key_scales, key_zeros, value_scales, value_zeros;
@@ -52,8 +61,21 @@ class KiviHeadStore {
   const std::vector<int32_t>& positions() const { return positions_; }
 
   // Writes the rows of tokens [first, first + count) as attention sees them (dequantized codes, or
-  // the exact residual) into k/v [count][head_dim]. Token order is append order.
+  // the exact residual) into k/v [count][head_dim]. Token order is append order. A null k or v is
+  // skipped.
   void read_rows(size_t first, size_t count, float* k, float* v) const;
+
+  // Keeps only the tokens at the given indices (strictly ascending, each < size()), in order,
+  // without re-quantizing: the kept tokens read back bit-identically. Key blocks left empty are
+  // dropped. Later appends and flushes continue as before. Throws KVSDK_E_INVALID_ARG (store
+  // unchanged) for indices out of range or not ascending. Its only allocation (the block counts,
+  // when the store first becomes ragged) happens before anything changes, so the store is
+  // unchanged if that throws.
+  void retain(const std::vector<uint32_t>& keep);
+  // Whether the store records per-block token counts (a retain() dropped a quantized token).
+  bool ragged() const { return !block_tokens_.empty(); }
+  // Tokens held by each key block, oldest first.
+  std::vector<uint32_t> block_tokens() const;
 
   KiviBytes bytes() const;
   // What bytes() will be after appending `n_more` tokens (flushes included), without appending:
@@ -67,7 +89,8 @@ class KiviHeadStore {
   KiviHeadBuffers buffers() const;
   static KiviHeadStore restore(size_t head_dim, const KiviConfig& config, KiviHeadBuffers b);
   // Bytes a fully quantized token costs (codes, its share of key scales, its value scales,
-  // position), for budget planning.
+  // position), for budget planning. Ragged blocks cost more per token (their key scales and
+  // count are shared by fewer tokens).
   static double bytes_per_quantized_token(size_t head_dim, const KiviConfig& config);
 
   // Raw buffers (snapshots, other backends).
@@ -87,10 +110,13 @@ class KiviHeadStore {
   KiviConfig cfg_;
   size_t row_bytes_;   // packed bytes per token row
   size_t v_groups_;    // value groups per token
-  size_t n_quant_ = 0; // quantized tokens (a multiple of G)
+  size_t n_quant_ = 0; // quantized tokens (a multiple of G unless ragged)
+  size_t blocks() const { return block_tokens_.empty() ? n_quant_ / cfg_.group : block_tokens_.size(); }
+  size_t block_size(size_t b) const { return block_tokens_.empty() ? cfg_.group : block_tokens_[b]; }
+  std::vector<uint32_t> block_tokens_;         // [blocks] once ragged, else empty (all G)
   std::vector<int32_t> positions_;             // [size()]
   std::vector<uint8_t> k_codes_, v_codes_;     // [n_quant][row_bytes]
-  std::vector<uint16_t> k_scale_, k_zero_;     // [n_quant / G][dim] f16
+  std::vector<uint16_t> k_scale_, k_zero_;     // [blocks][dim] f16
   std::vector<uint16_t> v_scale_, v_zero_;     // [n_quant][v_groups] f16
   std::vector<uint16_t> res_k_, res_v_;        // [residual_tokens][dim] f16
 };

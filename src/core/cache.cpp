@@ -7,7 +7,9 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/policy.h"
+#include "core/quant_overlay.h"
 #include "core/representation.h"
+#include "kivi_attention.h"
 
 namespace kvsdk {
 
@@ -23,6 +25,7 @@ Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk
   for (LayerState& l : layers_) {
     l.heads.resize(geometry_.n_kv_heads);
     if (policy_.method == KVSDK_METHOD_H2O) l.scores.resize(geometry_.n_kv_heads);
+    if (quant_overlay(policy_)) quant_overlay_init(l, geometry_, policy_);
   }
   repr_ = make_representation(geometry_, policy_);
 }
@@ -89,6 +92,7 @@ bool Cache::covered(uint32_t layer) const { return repr_ && repr_->covers(layer)
 
 std::vector<TierRecord> Cache::tier_records(uint32_t layer) const {
   check_layer(layer);
+  if (quant_overlay(policy_)) return quant_overlay_records(layers_[layer], layer);
   if (!covered(layer)) return {};
   return repr_->save(layer);
 }
@@ -208,6 +212,9 @@ void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_
     } else {
       cpu::OnlineAttention att(q_rows.data(), row_pos.data(), n_rows, dim, geometry_.attn_scale);
       const ExactStore& s = layers_[layer].heads[g];
+      if (!layers_[layer].quant.empty()) {
+        cpu::kivi_attend(layers_[layer].quant[g], att);  // KIVI overlay: dequantized in chunks
+      }
       for (size_t t0 = 0; t0 < s.size(); t0 += kChunkTokens) {
         const size_t n = std::min(kChunkTokens, s.size() - t0);
         load_f32(KVSDK_DTYPE_F16, s.k.data(), t0 * dim, n * dim, kbuf.data());
@@ -234,7 +241,7 @@ size_t Cache::head_tokens(uint32_t layer, uint32_t kv_head) const {
          geometry_.n_kv_heads, " KV heads)");
   }
   if (covered(layer)) return repr_->head_tokens(layer, kv_head);
-  return layers_[layer].heads[kv_head].size();
+  return held_rows(layers_[layer], kv_head);
 }
 
 size_t Cache::read(uint32_t layer, uint32_t kv_head, void* k, void* v, int32_t* positions,
@@ -244,9 +251,14 @@ size_t Cache::read(uint32_t layer, uint32_t kv_head, void* k, void* v, int32_t* 
   KVSDK_REQUIRE(capacity >= n, "capacity_tokens is ", capacity, " but layer ", layer, " head ",
                 kv_head, " holds ", n, " tokens");
   const size_t dim = geometry_.head_dim;
-  if (covered(layer)) {  // rows as attention sees them: dequantized / reconstructed
+  if (covered(layer) || !layers_[layer].quant.empty()) {
+    // Rows as attention sees them: dequantized / reconstructed.
     std::vector<float> kf(n * dim), vf(n * dim);
-    repr_->read(layer, kv_head, kf.data(), vf.data(), positions);
+    if (covered(layer)) {
+      repr_->read(layer, kv_head, kf.data(), vf.data(), positions);
+    } else {
+      read_held_rows(layers_[layer], kv_head, uint32_t(dim), kf.data(), vf.data(), positions);
+    }
     if (k) store_f32(geometry_.dtype, kf.data(), n * dim, k, 0);
     if (v) store_f32(geometry_.dtype, vf.data(), n * dim, v, 0);
     return n;
@@ -266,6 +278,7 @@ void Cache::layer_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) cons
     by_tier[KVSDK_TIER_METADATA] += h.size() * ExactStore::meta_bytes_per_token();
   }
   if (covered(layer)) repr_->add_bytes(layer, by_tier);
+  quant_overlay_add_bytes(L, by_tier);  // KIVI overlay stores (none for other policies)
   for (const std::vector<float>& sc : L.scores) by_tier[KVSDK_TIER_METADATA] += sc.size() * 4;
   by_tier[KVSDK_TIER_METADATA] += L.window_q.size() * 4 + L.window_pos.size() * 4;
 }

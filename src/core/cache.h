@@ -12,6 +12,7 @@
 #include "core/exact_store.h"
 #include "core/geometry.h"
 #include "core/tier_record.h"
+#include "kivi_store.h"
 #include "kvsdk.h"
 
 namespace kvsdk {
@@ -28,6 +29,9 @@ struct PolicyRuntime {
 
 struct LayerState {
   std::vector<ExactStore> heads;  // one per KV head
+  // Eviction presets with a KIVI overlay (e.g. xkv+kivi2; core/quant_overlay.h): the kept rows of
+  // each KV head, KIVI-quantized; `heads` then stays empty. Empty for every other policy.
+  std::vector<cpu::KiviHeadStore> quant;
   uint64_t appended_tokens = 0;
   // H2O: accumulated attention per stored row, parallel to heads[h] (empty for other methods).
   std::vector<std::vector<float>> scores;
@@ -130,8 +134,15 @@ class Cache {
   std::vector<uint64_t> plan_caps(uint64_t capacity, const Incoming* in,
                                   std::vector<HeadScores>& scores,
                                   std::vector<bool>& scored) const;
-  void apply_caps(const std::vector<uint64_t>& caps, const Incoming* in,
-                  std::vector<HeadScores>& scores, std::vector<bool>& scored);
+  // Returns false (nothing changed) only for a KIVI overlay whose exact bytes after the eviction
+  // would exceed the budget; fit_caps() then shrinks the caps and retries.
+  // `needed` receives the bytes the eviction would have needed. Other policies throw as before.
+  bool apply_caps(const std::vector<uint64_t>& caps, const Incoming* in,
+                  std::vector<HeadScores>& scores, std::vector<bool>& scored, uint64_t target,
+                  uint64_t* needed);
+  void fit_caps(std::vector<uint64_t>& caps, const Incoming* in, std::vector<HeadScores>& scores,
+                std::vector<bool>& scored, uint64_t target);
+  uint64_t capacity_for(uint64_t bytes) const;  // layer-tokens `bytes` can hold
   void compress_to(uint64_t target);
   bool reserve(uint64_t bytes);
   bool uses_window() const;

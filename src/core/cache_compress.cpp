@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/policy.h"
+#include "core/quant_overlay.h"
 #include "core/representation.h"
 #include "policy/allocation.h"
 #include "policy/importance.h"
@@ -51,8 +52,19 @@ bool Cache::uses_window() const {
 uint64_t Cache::token_bytes() const {
   // Per KV head: f16 key + value, the int32 position, and H2O's f32 accumulated score.
   const uint64_t score = policy_.method == KVSDK_METHOD_H2O ? sizeof(float) : 0;
+  if (quant_overlay(policy_)) {  // KIVI overlay: a fully quantized row (an estimate)
+    return quant_overlay_token_bytes(geometry_, policy_) + geometry_.n_kv_heads * score;
+  }
   return uint64_t(geometry_.n_kv_heads) *
          (ExactStore::bytes_per_token(geometry_.head_dim) + score);
+}
+
+uint64_t Cache::capacity_for(uint64_t bytes) const {
+  if (!quant_overlay(policy_)) return bytes / token_bytes();  // exact
+  // KIVI overlay: the residual windows cost the exact rate (an estimate; apply_caps checks the
+  // real bytes and fit_caps shrinks the caps when it was too optimistic).
+  const uint64_t score = policy_.method == KVSDK_METHOD_H2O ? sizeof(float) : 0;
+  return quant_overlay_capacity(bytes, geometry_, policy_, score);
 }
 
 uint64_t Cache::fixed_bytes() const {
@@ -76,7 +88,7 @@ uint64_t Cache::token_capacity() const {
   const uint64_t target = target_bytes();
   if (target == kUnlimited) return kUnlimited;
   const uint64_t fixed = fixed_bytes();
-  return target > fixed ? (target - fixed) / token_bytes() : 0;
+  return target > fixed ? capacity_for(target - fixed) : 0;
 }
 
 bool Cache::reserve(uint64_t bytes) {
@@ -91,7 +103,7 @@ uint64_t Cache::protected_rows(uint32_t /*layer*/, uint64_t length) const {
 }
 
 uint64_t Cache::layer_length(uint32_t layer, const Incoming* in) const {
-  return layers_[layer].heads[0].size() + (in && in->layer == layer ? in->n : 0);
+  return held_rows(layers_[layer], 0) + (in && in->layer == layer ? in->n : 0);
 }
 
 std::vector<uint64_t> Cache::allocation() const {
@@ -115,7 +127,7 @@ void Cache::restore_policy_runtime(PolicyRuntime rt) {
 Cache::HeadScores Cache::layer_scores(uint32_t layer, const Incoming* in) const {
   const LayerState& L = layers_[layer];
   const uint32_t dim = geometry_.head_dim;
-  const size_t held = L.heads[0].size();
+  const size_t held = held_rows(L, 0);
   const size_t n = layer_length(layer, in);
   HeadScores out;
   if (policy_.method == KVSDK_METHOD_H2O) {
@@ -132,17 +144,16 @@ Cache::HeadScores Cache::layer_scores(uint32_t layer, const Incoming* in) const 
   out.resize(geometry_.n_kv_heads);
   std::vector<int32_t> pos(n);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-    const ExactStore& s = L.heads[h];
-    std::copy(s.positions.begin(), s.positions.end(), pos.begin());
+    std::copy_n(held_positions(L, h), held, pos.begin());
     if (n > held) std::copy_n(in->positions, in->n, pos.begin() + held);
     const size_t row = geometry_.kv_elems_per_token();
     auto load = [&](size_t first, size_t count, float* dst) {
-      for (size_t t = first; t < first + count; ++t, dst += dim) {
-        if (t < held) {
-          load_f32(KVSDK_DTYPE_F16, s.k.data(), t * dim, dim, dst);
-        } else {
-          load_f32(geometry_.dtype, in->k, (t - held) * row + size_t(h) * dim, dim, dst);
-        }
+      // Held rows as attention sees them (dequantized under a KIVI overlay), then incoming rows.
+      const size_t from_held = first < held ? std::min(count, held - first) : 0;
+      if (from_held) load_held_keys(L, h, dim, first, from_held, dst);
+      dst += from_held * dim;
+      for (size_t t = first + from_held; t < first + count; ++t, dst += dim) {
+        load_f32(geometry_.dtype, in->k, (t - held) * row + size_t(h) * dim, dim, dst);
       }
     };
     std::vector<float> raw = policy::window_scores(window, geometry_, h, load, pos.data(), n);
@@ -214,8 +225,9 @@ std::vector<uint64_t> Cache::plan_caps(uint64_t capacity, const Incoming* in,
   }
 }
 
-void Cache::apply_caps(const std::vector<uint64_t>& caps, const Incoming* in,
-                       std::vector<HeadScores>& scores, std::vector<bool>& scored) {
+bool Cache::apply_caps(const std::vector<uint64_t>& caps, const Incoming* in,
+                       std::vector<HeadScores>& scores, std::vector<bool>& scored,
+                       uint64_t target, uint64_t* needed) {
   const uint32_t n_layers = geometry_.n_layers;
   const uint32_t n_heads = geometry_.n_kv_heads;
   const uint32_t dim = geometry_.head_dim;
@@ -251,7 +263,30 @@ void Cache::apply_caps(const std::vector<uint64_t>& caps, const Incoming* in,
     }
   }
   // 2. Charge: bytes grow only after the budget accepted them.
-  const uint64_t new_bytes = new_tokens * token_bytes() + fixed_bytes();
+  uint64_t new_bytes = new_tokens * token_bytes() + fixed_bytes();
+  const bool overlay = quant_overlay(policy_);
+  std::vector<std::vector<cpu::KiviHeadStore>> built(overlay ? n_layers : 0);
+  if (overlay) {
+    // KIVI overlay: the bytes depend on the data (residual windows, ragged blocks), so build the
+    // new stores aside (nothing changes yet) and count them exactly.
+    const uint64_t score = policy_.method == KVSDK_METHOD_H2O ? sizeof(float) : 0;
+    new_bytes = fixed_bytes() + new_tokens * n_heads * score;
+    for (uint32_t l = 0; l < n_layers; ++l) {
+      if (keep[l].empty()) {
+        new_bytes += quant_overlay_bytes(layers_[l]);
+        continue;
+      }
+      const bool here = in && in->layer == l;
+      for (uint32_t h = 0; h < n_heads; ++h) {
+        built[l].push_back(quant_overlay_kept(layers_[l].quant[h], keep[l][h], geometry_, h,
+                                              here ? in->k : nullptr, here ? in->v : nullptr,
+                                              here ? in->positions : nullptr));
+        new_bytes += built[l].back().bytes().total();
+      }
+    }
+    if (needed) *needed = new_bytes;
+    if (new_bytes > target) return false;
+  }
   if (new_bytes > charged_) {
     if (!reserve(new_bytes - charged_)) {
       fail(KVSDK_E_BUDGET, "the compressed cache needs ", new_bytes, " bytes but only ",
@@ -264,9 +299,11 @@ void Cache::apply_caps(const std::vector<uint64_t>& caps, const Incoming* in,
       for (uint32_t h = 0; h < n_heads; ++h) {
         ExactStore& s = layers_[l].heads[h];
         const size_t k = keep[l][h].size();
-        s.positions.reserve(k);
-        s.k.reserve(k * dim);
-        s.v.reserve(k * dim);
+        if (!overlay) {  // (an overlay's ExactStores stay empty)
+          s.positions.reserve(k);
+          s.k.reserve(k * dim);
+          s.v.reserve(k * dim);
+        }
         if (!layers_[l].scores.empty()) layers_[l].scores[h].reserve(k);
       }
     }
@@ -283,6 +320,17 @@ void Cache::apply_caps(const std::vector<uint64_t>& caps, const Incoming* in,
     for (uint32_t h = 0; h < n_heads; ++h) {
       ExactStore& s = L.heads[h];
       std::vector<float>* sc = L.scores.empty() ? nullptr : &L.scores[h];
+      if (overlay) {  // the new store was built above; compact the scores alongside
+        const size_t held = L.quant[h].size();
+        size_t j = 0;
+        for (uint32_t i : keep[l][h]) {
+          if (sc && i < held) (*sc)[j++] = (*sc)[i];
+        }
+        if (sc) sc->resize(j);
+        if (sc) sc->resize(keep[l][h].size(), 0.0f);  // reserved above: no allocation
+        L.quant[h] = std::move(built[l][h]);
+        continue;
+      }
       const size_t held = s.size();
       size_t j = 0;
       for (uint32_t i : keep[l][h]) {
@@ -314,6 +362,34 @@ void Cache::apply_caps(const std::vector<uint64_t>& caps, const Incoming* in,
   if (in) layers_[in->layer].appended_tokens += in->n;
   if (new_bytes < charged_) ctx_->release(charged_ - new_bytes);
   charged_ = new_bytes;
+  return true;
+}
+
+void Cache::fit_caps(std::vector<uint64_t>& caps, const Incoming* in,
+                     std::vector<HeadScores>& scores, std::vector<bool>& scored, uint64_t target) {
+  // Only a KIVI overlay can miss (its per-token cost is an estimate: residual windows, ragged key
+  // blocks). Then every layer's cap shrinks in proportion to the overshoot and the eviction is
+  // planned again; each round drops at least 5% of the rows (and at least one), so this ends, at
+  // worst with no rows, which fits whenever the fixed bytes do.
+  for (;;) {
+    uint64_t needed = 0;
+    if (apply_caps(caps, in, scores, scored, target, &needed)) return;
+    const uint64_t fixed = fixed_bytes();
+    const double room = target > fixed ? double(target - fixed) : 0.0;
+    const double ratio = std::min(0.95, needed > fixed ? room / double(needed - fixed) : 0.0);
+    bool any = false;
+    for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+      const uint64_t c = std::min(caps[l], layer_length(l, in));
+      uint64_t next = uint64_t(double(c) * ratio);
+      if (c > 0 && next >= c) next = c - 1;
+      any = any || c > 0;
+      caps[l] = next;
+    }
+    if (!any) {
+      fail(KVSDK_E_BUDGET, "the compressed cache needs ", needed, " bytes but only ", target,
+           " are available to it (budget too small for the policy's minimum)");
+    }
+  }
 }
 
 void Cache::append_compressing(uint32_t layer, size_t n_tokens, const void* k, const void* v,
@@ -327,13 +403,12 @@ void Cache::append_compressing(uint32_t layer, size_t n_tokens, const void* k, c
   for (uint32_t l = 0; l < n_layers; ++l) total += lengths[l] = layer_length(l, &in);
   const uint64_t target = target_bytes();
   const uint64_t fixed = fixed_bytes();
-  const uint64_t unit = token_bytes();
   std::vector<uint64_t> caps = lengths;
   if (target != kUnlimited && fixed > target) {
     fail(KVSDK_E_BUDGET, "the observation windows and compressed layers alone (", fixed,
          " bytes) exceed the ", target, " bytes available");
   }
-  const uint64_t capacity = target == kUnlimited ? kUnlimited : (target - fixed) / unit;
+  const uint64_t capacity = target == kUnlimited ? kUnlimited : capacity_for(target - fixed);
   if (!fixed_alloc_.empty() || (!profile_shares_.empty() && capacity != kUnlimited)) {
     // A known allocation (planner or profile): hold each layer to its own share right away, so
     // that prefill never holds more than one layer's incoming tokens beyond the budget plan.
@@ -348,10 +423,12 @@ void Cache::append_compressing(uint32_t layer, size_t n_tokens, const void* k, c
       caps[layer] = lengths[layer] - excess;  // this layer alone is over its share: evict locally
     } else {
       caps = plan_caps(capacity, &in, scores, scored);  // re-plan every layer
+      fit_caps(caps, &in, scores, scored, target);
       last_caps_ = caps;
+      return;
     }
   }
-  apply_caps(caps, &in, scores, scored);
+  fit_caps(caps, &in, scores, scored, target);
 }
 
 void Cache::compress_to(uint64_t target) {
@@ -375,9 +452,8 @@ void Cache::compress_to(uint64_t target) {
   const uint32_t n_layers = geometry_.n_layers;
   std::vector<HeadScores> scores(n_layers);
   std::vector<bool> scored(n_layers, false);
-  const std::vector<uint64_t> caps =
-      plan_caps((target - fixed) / token_bytes(), nullptr, scores, scored);
-  apply_caps(caps, nullptr, scores, scored);
+  std::vector<uint64_t> caps = plan_caps(capacity_for(target - fixed), nullptr, scores, scored);
+  fit_caps(caps, nullptr, scores, scored, target);
   last_caps_ = caps;
 }
 
@@ -464,11 +540,10 @@ void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32
     // Compute every head first so that a failure (allocation) leaves all scores unchanged.
     std::vector<std::vector<float>> updated(L.scores);
     for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-      const ExactStore& s = L.heads[h];
       auto load = [&](size_t first, size_t count, float* dst) {
-        load_f32(KVSDK_DTYPE_F16, s.k.data(), first * dim, count * dim, dst);
+        load_held_keys(L, h, dim, first, count, dst);  // dequantized under a KIVI overlay
       };
-      policy::h2o_accumulate(qb, geometry_, h, load, s.positions.data(), s.size(),
+      policy::h2o_accumulate(qb, geometry_, h, load, held_positions(L, h), held_rows(L, h),
                              updated[h].data());
     }
     L.scores.swap(updated);

@@ -97,9 +97,10 @@ void require_policy_implemented(const kvsdk_policy& p) {
     KVSDK_REQUIRE(p.quant_bits != 0, "method 'kivi' needs quant_bits 1, 2, 4 or 8 (got 0)");
     return;
   }
-  if (p.quant_bits != 0) {
+  // Eviction presets take a KIVI overlay (e.g. xkv+kivi2; core/quant_overlay.h); full does not.
+  if (p.quant_bits != 0 && p.method == KVSDK_METHOD_FULL) {
     fail(KVSDK_E_UNSUPPORTED, "KIVI quantization (quant_bits = ", p.quant_bits,
-         ") is not implemented in this version of kvsdk");
+         ") on policy 'full' is not implemented (use method 'kivi')");
   }
 }
 

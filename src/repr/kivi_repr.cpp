@@ -17,6 +17,7 @@ void kivi_store_to_record(const cpu::KiviHeadStore& s, const std::string& prefix
                           TierRecord& r) {
   cpu::KiviHeadBuffers b = s.buffers();
   r.set_scalar(prefix + "quantized_tokens", b.quantized_tokens);
+  r.add(prefix + "block_tokens").u32 = std::move(b.block_tokens);  // empty unless ragged
   r.add(prefix + "positions").i32 = std::move(b.positions);
   r.add(prefix + "key_codes").u8 = std::move(b.key_codes);
   r.add(prefix + "value_codes").u8 = std::move(b.value_codes);
@@ -32,6 +33,7 @@ cpu::KiviHeadStore kivi_store_from_record(size_t head_dim, const cpu::KiviConfig
                                           const std::string& prefix, const TierRecord& r) {
   cpu::KiviHeadBuffers b;
   b.quantized_tokens = size_t(r.scalar(prefix + "quantized_tokens"));
+  b.block_tokens = r.get(prefix + "block_tokens").u32;
   b.positions = r.get(prefix + "positions").i32;
   b.key_codes = r.get(prefix + "key_codes").u8;
   b.value_codes = r.get(prefix + "value_codes").u8;

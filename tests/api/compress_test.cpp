@@ -371,9 +371,9 @@ TEST(Compress, BadInputGetsStatusAndChangesNothing) {
   auto pos = iota_positions(10);
   ASSERT_EQ(kvsdk_cache_append(full.get(), 0, 10, k.data(), k.data(), pos.data(), 640), KVSDK_OK);
   EXPECT_EQ(kvsdk_cache_set_budget(full.get(), 100), KVSDK_E_BUDGET);
-  // Unimplemented overlays stay unsupported.
+  // Unimplemented overlays stay unsupported ('full' takes none; eviction presets do).
   kvsdk_policy x;
-  ASSERT_EQ(kvsdk_policy_parse(&x, "xkv+kivi2"), KVSDK_OK);
+  ASSERT_EQ(kvsdk_policy_parse(&x, "full+kivi2"), KVSDK_OK);
   kvsdk_cache* c = nullptr;
   EXPECT_EQ(kvsdk_cache_create(&c, ctx.get(), &g, &x), KVSDK_E_UNSUPPORTED);
   // Planner and profile misuse.

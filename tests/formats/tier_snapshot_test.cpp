@@ -18,7 +18,8 @@ namespace {
 // Presets with compressed tiers. Small KIVI groups and residual so that a few hundred tokens
 // already fill quantized blocks; the other parameters are the presets' defaults.
 const char* const kPresets[] = {"kivi",      "kivi+kivi1",      "kivi+kivi4", "kivi+kivi8",
-                                "minicache", "minicache+kivi4", "spindlekv", "smallkv"};
+                                "minicache", "minicache+kivi4", "spindlekv", "smallkv",
+                                "xkv+kivi2", "snapkv+kivi2",    "h2o+kivi4"};
 
 kvsdk_policy preset(const std::string& spec) {
   kvsdk_policy p;
