@@ -6,6 +6,7 @@
 #include "error.h"
 #include "sampler.h"
 #include "session.h"
+#include "specache_run.h"
 
 namespace eval {
 
@@ -149,14 +150,23 @@ Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_po
       llama::Session s(model, ctx.ctx, &policy);
       std::vector<float> logits;
       if (with_mini_prefill) mini_prefill(s, ref.text, ref.schedule, policy, budget_bytes);
-      run(s, ref.text, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes);
+      if (policy.method == KVSDK_METHOD_SPECACHE) {  // SpeCache decodes with its own step
+        run_specache(s, ref.text, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes);
+      } else {
+        run(s, ref.text, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes);
+      }
       out.ppl = perplexity(logits, ref.text, V);
     }
     // Teacher-forced on the full model's continuation: the logits at position t predict t+1.
     llama::Session s(model, ctx.ctx, &policy);
     std::vector<float> logits;
     if (with_mini_prefill) mini_prefill(s, ref.continuation, ref.schedule, policy, budget_bytes);
-    run(s, ref.continuation, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes);
+    if (policy.method == KVSDK_METHOD_SPECACHE) {
+      out.fetch_hit_rate = run_specache(s, ref.continuation, ref.schedule, &logits,
+                                        &out.cache_bytes, &out.prefill_bytes);
+    } else {
+      run(s, ref.continuation, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes);
+    }
     const size_t steps = ref.full_logits.size() / V;
     const size_t first = ref.schedule.prompt_tokens - 1;
     size_t agree = 0;

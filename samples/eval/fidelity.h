@@ -41,6 +41,7 @@ struct Outcome {
   double kl = 0;              // mean KL(full || compressed) in nats over continuation steps
   uint64_t cache_bytes = 0;   // most bytes the cache held at any point of the run
   uint64_t prefill_bytes = 0; // most bytes the cache held during the prompt's prefill
+  double fetch_hit_rate = -1; // SpeCache: the cache's fetch hit rate (teacher-forced run); -1 n/a
 };
 
 // Measures `policy` in a context whose budget is `budget_bytes` (0 = unlimited). With

@@ -84,14 +84,20 @@ void require_policy_implemented(const kvsdk_policy& p) {
   const bool implemented = p.method == KVSDK_METHOD_FULL ||
                            p.method == KVSDK_METHOD_STREAMING_LLM || p.method == KVSDK_METHOD_H2O ||
                            p.method == KVSDK_METHOD_SNAPKV || p.method == KVSDK_METHOD_PYRAMIDKV ||
-                           p.method == KVSDK_METHOD_XKV || p.method == KVSDK_METHOD_KIVI;
+                           p.method == KVSDK_METHOD_XKV || p.method == KVSDK_METHOD_KIVI ||
+                           p.method == KVSDK_METHOD_SPECACHE;
   if (!implemented) {
     fail(KVSDK_E_UNSUPPORTED, "method '", kMethodNames[p.method],
          "' is not implemented in this version of kvsdk (implemented: full, streaming_llm, h2o, "
-         "snapkv, pyramidkv, xkv, kivi)");
+         "snapkv, pyramidkv, xkv, kivi, specache)");
   }
   if (p.method == KVSDK_METHOD_KIVI) {
     KVSDK_REQUIRE(p.quant_bits != 0, "method 'kivi' needs quant_bits 1, 2, 4 or 8 (got 0)");
+    return;
+  }
+  if (p.method == KVSDK_METHOD_SPECACHE) {
+    KVSDK_REQUIRE(p.quant_bits == 1 || p.quant_bits == 2,
+                  "method 'specache' keeps a 1- or 2-bit copy (got quant_bits ", p.quant_bits, ")");
     return;
   }
   if (p.quant_bits != 0) {

@@ -2,6 +2,7 @@
 // eviction presets, whose selection lives in src/policy).
 #include "core/representation.h"
 #include "repr/kivi_repr.h"
+#include "repr/specache_repr.h"
 
 namespace kvsdk {
 
@@ -10,6 +11,8 @@ std::unique_ptr<Representation> make_representation(const Geometry& geometry,
   switch (policy.method) {
     case KVSDK_METHOD_KIVI:
       return std::make_unique<KiviRepresentation>(geometry, policy);
+    case KVSDK_METHOD_SPECACHE:
+      return std::make_unique<SpeCacheRepresentation>(geometry, policy);
     default:
       return nullptr;
   }

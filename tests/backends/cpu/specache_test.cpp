@@ -34,7 +34,7 @@ struct Fixture {
     pos.resize(n);
     std::iota(pos.begin(), pos.end(), 0);
     lowbit.append(k.data(), v.data(), pos.data(), n);
-    backing.dim = dim;
+    backing = SpeCacheBackingStore(dim);
     backing.append(k.data(), v.data(), n);
     q = normal_rows(group * dim, 3, 0.5f);
     for (size_t h = 0; h < group; ++h)
@@ -148,7 +148,9 @@ TEST(SpeCacheHead, DecodeStepsFetchForTheNextStep) {
   std::vector<int32_t> pos(n);
   std::iota(pos.begin(), pos.end(), 0);
   head.append(k.data(), v.data(), pos.data(), n);
-  EXPECT_EQ(head.backing_bytes(), 2 * 2 * n * dim);
+  // Whole blocks of kBlockTokens rows (keys and values, f16) are allocated.
+  const size_t blocks = (n + SpeCacheBackingStore::kBlockTokens - 1) / SpeCacheBackingStore::kBlockTokens;
+  EXPECT_EQ(head.backing_bytes(), 2 * 2 * blocks * SpeCacheBackingStore::kBlockTokens * dim);
   EXPECT_EQ(head.budget_bytes(), head.lowbit().bytes().total());  // nothing fetched yet
   const std::vector<float> q = normal_rows(group * dim, 83, 0.7f);
   const std::vector<int32_t> qpos(group, INT32_MAX);
