@@ -26,6 +26,7 @@ mod geometry;
 mod planning;
 mod policy;
 mod snapshot;
+mod specache;
 mod stats;
 
 pub use cache::{Cache, HeadData};
