@@ -8,6 +8,7 @@
 
 #include "container.h"
 #include "core/options.h"
+#include "core/policy.h"
 #include "frame_writer.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"
@@ -130,10 +131,12 @@ uint64_t snapshot_id_of(const Cache& cache, const std::vector<std::vector<uint64
 
 uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t snapshot_id,
                         Sink& sink) {
-  if (cache.policy().method == KVSDK_METHOD_KIVI) {
+  if (cache.policy().method == KVSDK_METHOD_KIVI ||
+      cache.policy().method == KVSDK_METHOD_SPECACHE) {
     // The quantized tier has no snapshot table yet: refuse rather than write a cache without it.
-    fail(KVSDK_E_UNSUPPORTED, "snapshots of 'kivi' caches are not implemented yet (the "
-         "quantized tier has no snapshot table in this format version)");
+    fail(KVSDK_E_UNSUPPORTED, "snapshots of '", policy_spec(cache.policy()),
+         "' caches are not implemented yet (the quantized tier has no snapshot table in this "
+         "format version)");
   }
   const Geometry& g = cache.geometry();
   FrameWriter out(sink, snapshot_id, params.zstd_level);

@@ -634,7 +634,7 @@ KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options *options);
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options), KVSDK_E_IO (cannot create,
  *          write, sync or rename; the previous file at `path` is intact and no temporary file is
  *          left behind), KVSDK_E_NO_MEMORY, KVSDK_E_UNSUPPORTED (a tier without a snapshot table
- *          in this version: policy 'kivi'; nothing is written).
+ *          in this version: policies 'kivi' and 'specache'; nothing is written).
  *  Threading: like every cache call, one thread at a time per cache. */
 KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache *cache, const char *path,
                                         const kvsdk_save_options *options);

@@ -122,8 +122,8 @@ TEST(SpeCache, FetchedRowsReplaceTheirLowBitRows) {
   f.lowbit.read_rows(0, f.n, kr.data(), vr.data());
   for (uint32_t t : fetched_tokens) {
     for (size_t d = 0; d < f.dim; ++d) {
-      kr[t * f.dim + d] = kvsdk::f16_to_f32(f.backing.k[t * f.dim + d]);
-      vr[t * f.dim + d] = kvsdk::f16_to_f32(f.backing.v[t * f.dim + d]);
+      kr[t * f.dim + d] = kvsdk::f16_to_f32(f.backing.key_row(t)[d]);
+      vr[t * f.dim + d] = kvsdk::f16_to_f32(f.backing.value_row(t)[d]);
     }
   }
   EXPECT_LT(relative_error(out, reference_attention(f.q, qpos, kr, vr, f.pos, f.dim, 0.125)), 2e-6);
