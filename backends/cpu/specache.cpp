@@ -65,6 +65,10 @@ std::vector<uint32_t> specache_select(const KiviHeadStore& lowbit, const float* 
                                       int32_t q_position, float scale, size_t k,
                                       std::vector<float>* avg_probs) {
   const size_t n = lowbit.size(), dim = lowbit.head_dim();
+  if (n == 0) {  // nothing stored yet: nothing to select
+    if (avg_probs) avg_probs->clear();
+    return {};
+  }
   std::vector<float> scores(group * n);
   std::vector<float> kr(kChunk * dim), vr(kChunk * dim);
   const float neg_inf = -std::numeric_limits<float>::infinity();

@@ -306,14 +306,31 @@ TEST(SpeCacheCache, OtherPoliciesAreUnsupported) {
     EXPECT_EQ(kvsdk_cache_fetch_stats(cache.get(), &hit, nullptr), KVSDK_E_UNSUPPORTED) << spec;
     EXPECT_EQ(kvsdk_cache_set_backing_file(cache.get(), "/tmp/unused"), KVSDK_E_UNSUPPORTED) << spec;
   }
-  // Snapshots are refused (no table for the tiers yet) rather than written without the rows.
+  // A snapshot either refuses the cache (a format without a table for its tiers) or restores it
+  // with the same rows and attention; it never loses the rows silently.
   {
-    const kvsdk_policy sp = specache_policy();
+    const kvsdk_policy sp = specache_policy("specache", 8);
     auto cache = make_cache(ctx.get(), g, &sp);
-    append(cache.get(), 4, 1);
+    append(cache.get(), 40, 1);
+    const std::vector<float> q = random_floats(kQRow, 2);
+    ASSERT_EQ(prefetch(cache.get(), 1, q), KVSDK_OK);
     size_t size = 0;
-    EXPECT_EQ(kvsdk_cache_save_to_buffer(cache.get(), nullptr, nullptr, 0, &size),
-              KVSDK_E_UNSUPPORTED);
+    const kvsdk_status st = kvsdk_cache_save_to_buffer(cache.get(), nullptr, nullptr, 0, &size);
+    if (st == KVSDK_OK) {
+      std::vector<uint8_t> buf(size);
+      ASSERT_EQ(kvsdk_cache_save_to_buffer(cache.get(), nullptr, buf.data(), size, &size), KVSDK_OK);
+      kvsdk_cache* loaded = nullptr;
+      ASSERT_EQ(kvsdk_cache_load_from_buffer(&loaded, ctx.get(), buf.data(), size, nullptr, nullptr),
+                KVSDK_OK)
+          << kvsdk_last_error();
+      CachePtr owned(loaded);
+      for (uint32_t l = 0; l < kLayers; ++l) {
+        EXPECT_EQ(read(cache.get(), l, 1).k, read(loaded, l, 1).k);
+        EXPECT_EQ(attend(cache.get(), l, q), attend(loaded, l, q));
+      }
+    } else {
+      EXPECT_EQ(st, KVSDK_E_UNSUPPORTED);
+    }
   }
   // quant_bits other than 1 or 2 are refused at creation.
   kvsdk_policy p = specache_policy();

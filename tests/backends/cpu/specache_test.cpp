@@ -181,3 +181,19 @@ TEST(SpeCacheHead, DecodeStepsFetchForTheNextStep) {
 }
 
 }  // namespace
+
+namespace {
+
+// An empty store selects nothing (and reads no row), so a prefetch before any append is a no-op.
+TEST(SpeCache, SelectionOnAnEmptyStoreIsEmpty) {
+  KiviHeadStore empty(16, KiviConfig{2, 8, 8});
+  const std::vector<float> q = normal_rows(2 * 16, 5);
+  std::vector<float> probs = {1.0f};
+  EXPECT_TRUE(specache_select(empty, q.data(), 2, INT32_MAX, 0.25f, 4, &probs).empty());
+  EXPECT_TRUE(probs.empty());
+  SpeCacheHead head(16, KiviConfig{2, 8, 8});
+  head.prefetch(q.data(), 2, INT32_MAX, 0.25f, 4);
+  EXPECT_TRUE(head.fetched().tokens.empty());
+}
+
+}  // namespace
