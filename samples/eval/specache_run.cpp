@@ -22,17 +22,14 @@ double run_specache(llama::Session& s, const std::vector<int>& tokens, const Sch
                     std::vector<float>* logits, uint64_t* peak, uint64_t* prefill_peak) {
   const size_t V = size_t(s.model().config().vocab_size);
   if (logits) logits->assign(tokens.size() * V, 0.0f);
-  // Prefill: every prompt token but the last (the first output token T_1 of the decoding).
+  // Prefill (paper 003 Algorithm 1, full-precision attention): every prompt token but the last
+  // (the first output token T_1 of the decoding), in one pass.
   const size_t prefill = std::min(tokens.size(), std::max<size_t>(schedule.prompt_tokens, 1) - 1);
-  for (size_t t = 0; t < prefill;) {
-    const size_t n = std::min(schedule.chunk, prefill - t);
-    s.forward(tokens.data() + t, n, logits ? logits->data() + t * V : nullptr, logits != nullptr);
-    *peak = std::max(*peak, cache_bytes(s));
-    if (prefill_peak) *prefill_peak = std::max(*prefill_peak, cache_bytes(s));
-    t += n;
-  }
-  if (prefill == tokens.size()) return -1.0;
   llama::SpeCacheDecoder d(s.model(), s.cache(), s.position());
+  d.prefill(tokens.data(), prefill, logits ? logits->data() : nullptr);
+  *peak = std::max(*peak, cache_bytes(s));
+  if (prefill_peak) *prefill_peak = std::max(*prefill_peak, cache_bytes(s));
+  if (prefill == tokens.size()) return -1.0;
   std::vector<float> step_logits(V);
   int spec = d.pre_decode(tokens[prefill]);
   for (size_t t = prefill; t < tokens.size(); ++t) {

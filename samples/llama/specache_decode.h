@@ -23,6 +23,12 @@ class SpeCacheDecoder {
   // Continues `cache` (not owned; a 'specache' cache the prefill filled up to `position`).
   SpeCacheDecoder(const Model& model, kvsdk_cache* cache, int position);
 
+  // Prefilling (Algorithm 1): appends `n` prompt tokens at position() .. to the cache, layer by
+  // layer, with each layer's attention computed in full precision over a transient one-layer
+  // exact cache of the prompt (as the paper's prefill attends the 16-bit K/V before offloading
+  // them); that scratch lives outside the budgeted cache and is freed before the next layer.
+  // Only at position 0 (throws Error otherwise). `logits`: NULL or the n x vocab_size logits.
+  void prefill(const int* tokens, size_t n, float* logits);
   // Pre-decoding of the first output token: returns the first speculative token.
   int pre_decode(int token);
   // One decoding step: `token` at position() (appended) and the speculative `spec` at

@@ -24,8 +24,8 @@ double max_rel_diff(const float* a, const float* b, size_t n) {
   return worst / scale;
 }
 
-// Prefills tokens[0, prompt - 1) into both sessions, then decodes the rest: full with
-// Session::step, SpeCache with pre-decoding and decode steps. Returns the worst relative logit
+// Prefills tokens[0, prompt - 1) into both caches (SpeCache: SpeCacheDecoder::prefill), then
+// decodes the rest: full with Session::step, SpeCache with pre-decoding and decode steps. Returns the worst relative logit
 // difference of a step, and the mean over the steps in `*mean`.
 double decode_against_full(const llama::Model& model, const kvsdk_policy& policy, size_t prompt,
                            size_t steps, kvsdk_cache** specache_out, kvsdk_context* ctx,
@@ -36,8 +36,8 @@ double decode_against_full(const llama::Model& model, const kvsdk_policy& policy
   llama::Session full(model, ctx, nullptr);
   keep = std::make_unique<llama::Session>(model, ctx, &policy);
   full.forward(tokens.data(), prompt - 1, nullptr);
-  keep->forward(tokens.data(), prompt - 1, nullptr);
-  llama::SpeCacheDecoder d(model, keep->cache(), keep->position());
+  llama::SpeCacheDecoder d(model, keep->cache(), 0);
+  d.prefill(tokens.data(), prompt - 1, nullptr);  // full-precision attention, low-bit storage
   int spec = d.pre_decode(tokens[prompt - 1]);
   std::vector<float> mine(V);
   double worst = 0, sum = 0;
@@ -60,11 +60,8 @@ TEST(SpeCacheDecode, FetchingEveryTokenGivesTheFullCachesLogits) {
   kvsdk_policy p;
   ASSERT_EQ(kvsdk_policy_parse(&p, "specache+kivi1"), KVSDK_OK);
   p.fetch_tokens = 1000;  // more than the sequence: everything fetched
-  // The prefill attends the low-bit copy (only decode steps have fetched rows): keep the prompt
-  // in the exact residual window so that it matches the full cache; the 40 decode steps then
-  // push quantized groups out of the window, which only the fetch keeps exact.
   p.quant_group = 8;
-  p.quant_residual = 80;
+  p.quant_residual = 16;  // most rows quantized: only the fetch keeps attention exact
   kvsdk_cache* cache = nullptr;
   std::unique_ptr<llama::Session> keep;
   const double worst = decode_against_full(model, p, 80, 40, &cache, ctx.get(), keep);
