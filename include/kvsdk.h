@@ -203,7 +203,10 @@ typedef enum kvsdk_method {
   KVSDK_METHOD_SPINDLEKV = 7,      /**< Codebooks in shallow layers, eviction in deep layers. */
   KVSDK_METHOD_MINICACHE = 8,      /**< Cross-layer SLERP merging in deep layers. */
   KVSDK_METHOD_SMALLKV = 9,        /**< Proxy-model attention compensation. */
-  KVSDK_METHOD_SPECACHE = 10       /**< Low-bit shadow + full-precision backing + prefetch. */
+  KVSDK_METHOD_SPECACHE = 10       /**< Low-bit shadow + full-precision backing + prefetch.
+                                        A snapshot saved without its backing store
+                                        (include_backing = 0) loads with the backing rebuilt
+                                        from the low-bit copy. */
 } kvsdk_method;
 #define KVSDK_METHOD_COUNT 11
 
@@ -485,6 +488,58 @@ KVSDK_API kvsdk_status kvsdk_planner_feed_layer(kvsdk_planner *planner, uint32_t
  *  not fed). */
 KVSDK_API kvsdk_status kvsdk_planner_finish(kvsdk_planner *planner, int32_t mode, double value,
                                             uint64_t *out_tokens, uint32_t n_layers);
+
+/* ------------------------------------------------------------------------------------------ */
+/* SpeCache: speculative prefetch and the off-budget backing store                             */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * Policy 'specache' (KVSDK_METHOD_SPECACHE) keeps a 2-bit (or 1-bit: "specache+kivi1") copy of
+ * every layer in the budget, and the full-precision f16 rows in a backing store outside it
+ * (kvsdk_cache_stats.backing_bytes). A decode step decodes the output token and a speculative
+ * next token together: kvsdk_cache_attend for the output token uses the rows the previous step
+ * fetched, and the speculative token's queries (its K/V are not appended) go to
+ * kvsdk_cache_prefetch, which fetches each KV head's fetch_tokens most attended rows (attention
+ * averaged over the GQA group, over the low-bit keys) into the budget for the next attend.
+ */
+
+/** Keeps the backing store of a 'specache' cache in the file `path` instead of host memory: the
+ *  file is created or truncated (mode 0600), grown with ftruncate and mapped with mmap as tokens
+ *  arrive, and kept (not deleted) when the cache is destroyed. Must be called before the first
+ *  append. Results are identical to a host-memory backing store.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path), KVSDK_E_UNSUPPORTED (the policy is not
+ *          'specache', or the platform lacks mmap: POSIX only), KVSDK_E_STATE (tokens were
+ *          already appended), KVSDK_E_IO (cannot create the file). On error the cache is
+ *          unchanged. Later appends fail with KVSDK_E_IO (cache unchanged) when the file cannot
+ *          grow.
+ *  Threading: like every cache call, one thread at a time per cache. */
+KVSDK_API kvsdk_status kvsdk_cache_set_backing_file(kvsdk_cache *cache, const char *path);
+
+/** Speculative prefetch for one layer: `q` holds the speculative token's queries (one query:
+ *  n_queries must be 1; n_q_heads x head_dim elements of the geometry's dtype, `q_bytes` long),
+ *  `q_positions` NULL or its position (causal). For each KV head the fetch_tokens rows with the
+ *  most group-averaged attention over the low-bit keys are copied from the backing store into the
+ *  budget, replacing the previous fetch of that layer; the next kvsdk_cache_attend of the layer
+ *  uses them in full precision (kvsdk_cache_read shows them too). The fetched rows' bytes are
+ *  reserved from the budget before fetching.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache/q, n_queries != 1, q_bytes mismatch),
+ *          KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_UNSUPPORTED (policy other than 'specache'),
+ *          KVSDK_E_BUDGET (the fetched rows would not fit), KVSDK_E_NO_MEMORY.
+ *  On error the cache is unchanged.
+ *  Threading: like every cache call, one thread at a time per cache. */
+KVSDK_API kvsdk_status kvsdk_cache_prefetch(kvsdk_cache *cache, uint32_t layer, size_t n_queries,
+                                            const void *q, const int32_t *q_positions,
+                                            size_t q_bytes);
+
+/** SpeCache's fetch hit rate: the share of the real queries' attention (over the low-bit keys)
+ *  that fell on the prefetched rows, measured on the first kvsdk_cache_attend of each layer and
+ *  KV head after a prefetch, per query, and averaged over every such measurement since the cache
+ *  was created (not saved in snapshots). `*hit_rate` is in [0, 1], or -1 before the first
+ *  measurement; `*samples` (NULL ok) receives the number of measurements.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache/hit_rate), KVSDK_E_UNSUPPORTED (policy other than
+ *          'specache'). On error the outputs are untouched.
+ *  Threading: like every cache call, one thread at a time per cache. */
+KVSDK_API kvsdk_status kvsdk_cache_fetch_stats(const kvsdk_cache *cache, double *hit_rate,
+                                               uint64_t *samples);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Stats: what the cache holds and what it costs                                               */

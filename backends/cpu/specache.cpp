@@ -14,13 +14,50 @@ namespace {
 constexpr size_t kChunk = 256;
 }
 
+SpeCacheBackingStore::SpeCacheBackingStore(size_t dim, std::shared_ptr<BackingArena> arena)
+    : dim_(dim), arena_(arena ? std::move(arena) : make_host_backing(block_elems(dim))) {
+  KVSDK_REQUIRE(arena_->block_elems() == block_elems(dim), "backing arena blocks hold ",
+                arena_->block_elems(), " values, a head of dimension ", dim, " needs ",
+                block_elems(dim));
+}
+
+void SpeCacheBackingStore::reserve(size_t n_more) {
+  const size_t need = (n_ + n_more + kBlockTokens - 1) / kBlockTokens;
+  blocks_.reserve(need);
+  while (blocks_.size() < need) blocks_.push_back(arena_->add_block());
+}
+
+uint16_t* SpeCacheBackingStore::row(size_t t, bool value) {
+  return arena_->block(blocks_[t / kBlockTokens]) + (value ? kBlockTokens * dim_ : 0) +
+         (t % kBlockTokens) * dim_;
+}
+
+const uint16_t* SpeCacheBackingStore::key_row(size_t t) const {
+  return arena_->block(blocks_[t / kBlockTokens]) + (t % kBlockTokens) * dim_;
+}
+
+const uint16_t* SpeCacheBackingStore::value_row(size_t t) const {
+  return arena_->block(blocks_[t / kBlockTokens]) + kBlockTokens * dim_ +
+         (t % kBlockTokens) * dim_;
+}
+
 void SpeCacheBackingStore::append(const float* k_rows, const float* v_rows, size_t n) {
-  const size_t old = k.size();
-  k.resize(old + n * dim);
-  v.resize(old + n * dim);
-  for (size_t i = 0; i < n * dim; ++i) {
-    k[old + i] = f32_to_f16(k_rows[i]);
-    v[old + i] = f32_to_f16(v_rows[i]);
+  reserve(n);
+  for (size_t t = 0; t < n; ++t, ++n_) {
+    uint16_t* kr = row(n_, false);
+    uint16_t* vr = row(n_, true);
+    for (size_t d = 0; d < dim_; ++d) {
+      kr[d] = f32_to_f16(k_rows[t * dim_ + d]);
+      vr[d] = f32_to_f16(v_rows[t * dim_ + d]);
+    }
+  }
+}
+
+void SpeCacheBackingStore::append_f16(const uint16_t* k_rows, const uint16_t* v_rows, size_t n) {
+  reserve(n);
+  for (size_t t = 0; t < n; ++t, ++n_) {
+    std::copy_n(k_rows + t * dim_, dim_, row(n_, false));
+    std::copy_n(v_rows + t * dim_, dim_, row(n_, true));
   }
 }
 
@@ -28,6 +65,10 @@ std::vector<uint32_t> specache_select(const KiviHeadStore& lowbit, const float* 
                                       int32_t q_position, float scale, size_t k,
                                       std::vector<float>* avg_probs) {
   const size_t n = lowbit.size(), dim = lowbit.head_dim();
+  if (n == 0) {  // nothing stored yet: nothing to select
+    if (avg_probs) avg_probs->clear();
+    return {};
+  }
   std::vector<float> scores(group * n);
   std::vector<float> kr(kChunk * dim), vr(kChunk * dim);
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -58,7 +99,7 @@ std::vector<uint32_t> specache_select(const KiviHeadStore& lowbit, const float* 
 SpeCacheFetched specache_fetch(const SpeCacheBackingStore& backing,
                                const std::vector<uint32_t>& tokens) {
   SpeCacheFetched f;
-  const size_t dim = backing.dim;
+  const size_t dim = backing.dim();
   f.tokens = tokens;
   f.k.resize(tokens.size() * dim);
   f.v.resize(tokens.size() * dim);
@@ -66,8 +107,8 @@ SpeCacheFetched specache_fetch(const SpeCacheBackingStore& backing,
     KVSDK_REQUIRE(tokens[i] < backing.size(), "fetched token ", tokens[i], " is beyond the ",
                   backing.size(), " tokens of the backing store");
     KVSDK_REQUIRE(i == 0 || tokens[i] > tokens[i - 1], "fetched tokens must be ascending");
-    std::copy_n(&backing.k[size_t(tokens[i]) * dim], dim, &f.k[i * dim]);
-    std::copy_n(&backing.v[size_t(tokens[i]) * dim], dim, &f.v[i * dim]);
+    std::copy_n(backing.key_row(tokens[i]), dim, &f.k[i * dim]);
+    std::copy_n(backing.value_row(tokens[i]), dim, &f.v[i * dim]);
   }
   return f;
 }
@@ -105,11 +146,16 @@ double specache_hit_rate(const std::vector<float>& probs, const std::vector<uint
 
 namespace kvsdk::cpu {
 
-SpeCacheHead::SpeCacheHead(size_t head_dim, const KiviConfig& lowbit) : lowbit_(head_dim, lowbit) {
-  backing_.dim = head_dim;
-}
+SpeCacheHead::SpeCacheHead(size_t head_dim, const KiviConfig& lowbit,
+                           std::shared_ptr<BackingArena> arena)
+    : lowbit_(head_dim, lowbit), backing_(head_dim, std::move(arena)) {}
+
+SpeCacheHead::SpeCacheHead(KiviHeadStore lowbit, SpeCacheBackingStore backing,
+                           SpeCacheFetched fetched)
+    : lowbit_(std::move(lowbit)), backing_(std::move(backing)), fetched_(std::move(fetched)) {}
 
 void SpeCacheHead::append(const float* k, const float* v, const int32_t* positions, size_t n) {
+  backing_.reserve(n);  // the only step of the backing append that can fail
   lowbit_.append(k, v, positions, n);
   backing_.append(k, v, n);
 }

@@ -8,21 +8,48 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "attention.h"
 #include "kivi_store.h"
+#include "specache_backing.h"
 
 namespace kvsdk::cpu {
 
 // Full-precision (f16) rows of one KV head, in the same token order as the low-bit copy. Lives
-// outside the budgeted memory (host RAM, or a file mapping), so it is reported separately.
-struct SpeCacheBackingStore {
-  size_t dim = 0;
-  std::vector<uint16_t> k, v;  // [n][dim] f16
-  void append(const float* k_rows, const float* v_rows, size_t n);
-  size_t size() const { return dim ? k.size() / dim : 0; }
-  uint64_t bytes() const { return 2 * uint64_t(k.size() + v.size()); }
+// outside the budgeted memory (host RAM, or a file mapping: specache_backing.h), so it is
+// reported separately. Rows are kept in blocks of kBlockTokens tokens (keys, then values) of an
+// arena that the heads of a cache share. Move-only (it owns its blocks' contents).
+class SpeCacheBackingStore {
+ public:
+  static constexpr size_t kBlockTokens = 64;
+  static size_t block_elems(size_t dim) { return 2 * kBlockTokens * dim; }
+
+  SpeCacheBackingStore() = default;
+  // Rows go into `arena` (blocks of block_elems(dim)); null: a host-memory arena of its own.
+  explicit SpeCacheBackingStore(size_t dim, std::shared_ptr<BackingArena> arena = nullptr);
+  SpeCacheBackingStore(SpeCacheBackingStore&&) = default;
+  SpeCacheBackingStore& operator=(SpeCacheBackingStore&&) = default;
+
+  // Allocates the blocks `n_more` further rows need. Throws (KVSDK_E_NO_MEMORY / KVSDK_E_IO)
+  // with the rows unchanged; blocks it did allocate stay for later appends.
+  void reserve(size_t n_more);
+  void append(const float* k_rows, const float* v_rows, size_t n);  // reserve(), then writes
+  void append_f16(const uint16_t* k_rows, const uint16_t* v_rows, size_t n);
+  size_t size() const { return n_; }
+  size_t dim() const { return dim_; }
+  const uint16_t* key_row(size_t t) const;
+  const uint16_t* value_row(size_t t) const;
+  // Bytes of the blocks this head holds (allocated, so up to kBlockTokens - 1 rows of headroom).
+  uint64_t bytes() const { return uint64_t(blocks_.size()) * block_elems(dim_) * 2; }
+  const BackingArena& arena() const { return *arena_; }
+
+ private:
+  uint16_t* row(size_t t, bool value);
+  size_t dim_ = 0, n_ = 0;
+  std::shared_ptr<BackingArena> arena_;
+  std::vector<size_t> blocks_;  // arena block of rows [i * kBlockTokens, (i + 1) * kBlockTokens)
 };
 
 // Rows fetched into the budgeted memory for one step: ascending token indices and their rows.
@@ -62,10 +89,16 @@ namespace kvsdk::cpu {
 class SpeCacheHead {
  public:
   // Throws kvsdk::Error (KVSDK_E_INVALID_ARG) for an unsupported low-bit configuration.
-  SpeCacheHead(size_t head_dim, const KiviConfig& lowbit);
+  // `arena`: where the backing rows go (null: host memory of its own).
+  SpeCacheHead(size_t head_dim, const KiviConfig& lowbit,
+               std::shared_ptr<BackingArena> arena = nullptr);
+  // A head from saved parts (snapshot restore); the caller has validated that the backing store
+  // and the low-bit copy hold the same number of rows and the fetched tokens are below it.
+  SpeCacheHead(KiviHeadStore lowbit, SpeCacheBackingStore backing, SpeCacheFetched fetched);
 
   // Appends tokens to both the low-bit copy and the backing store. Fetched rows stay valid
-  // (token indices never move).
+  // (token indices never move). Backing blocks are allocated first, so a failure to grow the
+  // backing store leaves both copies unchanged.
   void append(const float* k, const float* v, const int32_t* positions, size_t n);
 
   void attend(OnlineAttention& attn) const { specache_attend(lowbit_, fetched_, attn); }
@@ -80,6 +113,7 @@ class SpeCacheHead {
 
   const KiviHeadStore& lowbit() const { return lowbit_; }
   const SpeCacheBackingStore& backing() const { return backing_; }
+  SpeCacheBackingStore& backing() { return backing_; }
   const SpeCacheFetched& fetched() const { return fetched_; }
   // Budgeted bytes: the low-bit copy and the fetched rows. The backing store is reported apart.
   uint64_t budget_bytes() const { return lowbit_.bytes().total() + fetched_.bytes(); }

@@ -8,6 +8,7 @@
 #include "proxy.h"
 #include "sampler.h"
 #include "session.h"
+#include "specache_run.h"
 
 namespace eval {
 
@@ -166,7 +167,11 @@ Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_po
       if (proxy_model) proxy = std::make_unique<ProxyRunner>(*proxy_model, s.cache());
       std::vector<float> logits;
       if (with_mini_prefill) mini_prefill(s, ref.text, ref.schedule, policy, budget_bytes);
-      run(s, ref.text, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes, proxy.get());
+      if (policy.method == KVSDK_METHOD_SPECACHE) {  // SpeCache decodes with its own step
+        run_specache(s, ref.text, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes);
+      } else {
+        run(s, ref.text, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes, proxy.get());
+      }
       if (proxy) out.proxy_bytes = proxy->cache_bytes();
       out.ppl = perplexity(logits, ref.text, V);
     }
@@ -176,8 +181,13 @@ Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_po
     if (proxy_model) proxy = std::make_unique<ProxyRunner>(*proxy_model, s.cache());
     std::vector<float> logits;
     if (with_mini_prefill) mini_prefill(s, ref.continuation, ref.schedule, policy, budget_bytes);
-    run(s, ref.continuation, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes,
-        proxy.get());
+    if (policy.method == KVSDK_METHOD_SPECACHE) {
+      out.fetch_hit_rate = run_specache(s, ref.continuation, ref.schedule, &logits,
+                                        &out.cache_bytes, &out.prefill_bytes);
+    } else {
+      run(s, ref.continuation, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes,
+          proxy.get());
+    }
     const size_t steps = ref.full_logits.size() / V;
     const size_t first = ref.schedule.prompt_tokens - 1;
     size_t agree = 0;

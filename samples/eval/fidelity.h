@@ -44,6 +44,7 @@ struct Outcome {
   uint64_t prefill_bytes = 0; // most bytes the cache held during the prompt's prefill
   uint64_t snapshot_bytes = 0; // kvsdk snapshot of the cache at the end of the continuation
   uint64_t proxy_bytes = 0;   // smallkv: bytes of the proxy model's full cache (not budgeted)
+  double fetch_hit_rate = -1; // SpeCache: the cache's fetch hit rate (teacher-forced run); -1 n/a
 };
 
 // Bytes of a snapshot of `cache` with default options (kvsdk_cache_save_to_buffer size query).

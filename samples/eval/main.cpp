@@ -280,6 +280,7 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
       r.ppl = out.ppl;
       r.top1_agreement = out.top1_agreement;
       r.kl = out.kl;
+      r.fetch_hit_rate = out.fetch_hit_rate;
       if (out.ok) {
         std::fprintf(stderr,
                      "[%s] %-14s %3d%%: %8llu bytes (prefill peak %llu)  ppl %.4f  top-1 %.4f  KL %.5f\n",
@@ -288,6 +289,10 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
         if (proxy) {
           std::fprintf(stderr, "[%s] %-14s %3d%%: proxy's full cache %llu bytes (own context)\n",
                        name.c_str(), label.c_str(), pct, (unsigned long long)out.proxy_bytes);
+        }
+        if (out.fetch_hit_rate >= 0) {
+          std::fprintf(stderr, "[%s] %-14s %3d%%: fetch hit rate %.4f\n", name.c_str(), label.c_str(),
+                       pct, out.fetch_hit_rate);
         }
       } else {
         std::fprintf(stderr, "[%s] %-14s %3d%%: failed: %s\n", name.c_str(), label.c_str(), pct,

@@ -71,6 +71,7 @@ void write_json(const std::string& path, const std::vector<Record>& records) {
       << ", \"top1_agreement\": " << number_or_null(r.ok, r.top1_agreement)
       << ", \"kl\": " << number_or_null(r.ok, r.kl)
       << ", \"context_tokens\": " << r.context_tokens << ", \"prompt_tokens\": " << r.prompt_tokens;
+    if (r.fetch_hit_rate >= 0) f << ", \"fetch_hit_rate\": " << number_or_null(r.ok, r.fetch_hit_rate);
     if (!r.ok) f << ", \"error\": " << json_string(r.error);
     f << "}" << (i + 1 < records.size() ? "," : "") << "\n";
   }
@@ -115,7 +116,9 @@ void write_markdown(const std::string& path, const std::vector<Record>& records)
           << std::setprecision(3)
           << (r.full_snapshot_bytes ? double(r.snapshot_bytes) / double(r.full_snapshot_bytes) : 0.0)
           << " | " << r.ppl << " | " << r.ppl_full << " | " << r.top1_agreement
-          << " | " << std::setprecision(4) << r.kl << " | ok |\n";
+          << " | " << std::setprecision(4) << r.kl << " | ok";
+        if (r.fetch_hit_rate >= 0) f << " (fetch hit rate " << std::setprecision(3) << r.fetch_hit_rate << ")";
+        f << " |\n";
       } else {
         f << "- | - | - | " << std::fixed << std::setprecision(3) << r.ppl_full << " | - | - | failed ("
           << r.status << ") |\n";

@@ -20,6 +20,7 @@ struct Record {
   uint64_t snapshot_bytes = 0, full_snapshot_bytes = 0;  // kvsdk snapshot at the end of the run
   double ppl = 0, ppl_full = 0, top1_agreement = 0, kl = 0;
   size_t context_tokens = 0, prompt_tokens = 0;
+  double fetch_hit_rate = -1;  // SpeCache's fetch hit rate; -1: not applicable
 };
 
 // Each writer throws llama::Error when the file cannot be written.

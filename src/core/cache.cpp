@@ -186,10 +186,35 @@ void Cache::prefetch(uint32_t layer, size_t n_queries, const void* q,
   const size_t n_rows = n_queries * geometry_.group_size();
   std::vector<float> q_rows(n_rows * geometry_.head_dim);
   std::vector<int32_t> row_pos(n_rows);
-  for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
-    pack_queries(g, n_queries, q, q_positions, q_rows.data(), row_pos.data());
-    repr_->prefetch(layer, g, q_rows.data(), row_pos.data(), n_rows);
+  // Fetched rows are budgeted (SpeCache): reserve every head's growth bound before fetching,
+  // then charge the exact change and return the rest, as append_represented does.
+  uint64_t bound = 0;
+  for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) bound += repr_->prefetch_bound(layer, g);
+  if (bound > 0 && !reserve(bound)) {
+    fail(KVSDK_E_BUDGET, "prefetching into layer ", layer, " may need ", bound,
+         " more bytes than the budget allows (policy '", policy_spec(policy_), "')");
   }
+  const uint64_t before = repr_->layer_bytes(layer);
+  const auto settle = [&] {
+    const uint64_t after = repr_->layer_bytes(layer);
+    if (after >= before) {
+      ctx_->release(bound - std::min(bound, after - before));
+      charged_ += after - before;
+    } else {
+      ctx_->release(bound + (before - after));
+      charged_ -= before - after;
+    }
+  };
+  try {
+    for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
+      pack_queries(g, n_queries, q, q_positions, q_rows.data(), row_pos.data());
+      repr_->prefetch(layer, g, q_rows.data(), row_pos.data(), n_rows);
+    }
+  } catch (...) {
+    settle();
+    throw;
+  }
+  settle();
 }
 
 void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_t* q_positions,

@@ -86,21 +86,28 @@ void require_policy_implemented(const kvsdk_policy& p) {
                            p.method == KVSDK_METHOD_SNAPKV || p.method == KVSDK_METHOD_PYRAMIDKV ||
                            p.method == KVSDK_METHOD_XKV || p.method == KVSDK_METHOD_KIVI ||
                            p.method == KVSDK_METHOD_MINICACHE || p.method == KVSDK_METHOD_SPINDLEKV ||
-                           p.method == KVSDK_METHOD_SMALLKV;
+                           p.method == KVSDK_METHOD_SMALLKV || p.method == KVSDK_METHOD_SPECACHE;
   if (!implemented) {
     fail(KVSDK_E_UNSUPPORTED, "method '", kMethodNames[p.method],
          "' is not implemented in this version of kvsdk (implemented: full, streaming_llm, h2o, "
-         "snapkv, pyramidkv, xkv, kivi, minicache, minicache+kiviN, spindlekv, smallkv)");
+         "snapkv, pyramidkv, xkv, kivi, minicache, minicache+kiviN, spindlekv, smallkv, specache)");
   }
   if (p.method == KVSDK_METHOD_MINICACHE) return;  // quant_bits != 0: directions in KIVI
   if (p.method == KVSDK_METHOD_KIVI) {
     KVSDK_REQUIRE(p.quant_bits != 0, "method 'kivi' needs quant_bits 1, 2, 4 or 8 (got 0)");
     return;
   }
-  // Eviction presets take a KIVI overlay (e.g. xkv+kivi2; core/quant_overlay.h); full does not.
-  if (p.quant_bits != 0 && p.method == KVSDK_METHOD_FULL) {
-    fail(KVSDK_E_UNSUPPORTED, "KIVI quantization (quant_bits = ", p.quant_bits,
-         ") on policy 'full' is not implemented (use method 'kivi')");
+  if (p.method == KVSDK_METHOD_SPECACHE) {
+    KVSDK_REQUIRE(p.quant_bits == 1 || p.quant_bits == 2,
+                  "method 'specache' keeps a 1- or 2-bit copy (got quant_bits ", p.quant_bits, ")");
+    return;
+  }
+  // Eviction presets take a KIVI overlay (e.g. xkv+kivi2; core/quant_overlay.h), MiniCache a KIVI
+  // store of its directions (minicache+kivi4); full, spindlekv and smallkv take none.
+  if (p.quant_bits != 0 && (p.method == KVSDK_METHOD_FULL || p.method == KVSDK_METHOD_SPINDLEKV ||
+                            p.method == KVSDK_METHOD_SMALLKV)) {
+    fail(KVSDK_E_UNSUPPORTED, "KIVI quantization (quant_bits = ", p.quant_bits, ") on policy '",
+         kMethodNames[p.method], "' is not implemented (full: use method 'kivi')");
   }
 }
 

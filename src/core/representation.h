@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/geometry.h"
@@ -83,9 +84,17 @@ class Representation {
   // the next attend() of this head uses in full precision. Others: KVSDK_E_UNSUPPORTED.
   virtual void prefetch(uint32_t layer, uint32_t kv_head, const float* q_rows,
                         const int32_t* row_positions, size_t n_rows);
+  // An upper bound of how much layer_bytes(layer) can grow in one prefetch() of `kv_head`
+  // (SpeCache: fetch_tokens rows minus those fetched now); Cache::prefetch reserves it first.
+  virtual uint64_t prefetch_bound(uint32_t /*layer*/, uint32_t /*kv_head*/) const { return 0; }
+  // SpeCache: keep the off-budget backing store in the file `path` (mmap) instead of host memory;
+  // only before the first append. Others: KVSDK_E_UNSUPPORTED.
+  virtual void set_backing_file(const std::string& path);
   // Fetch hit rate so far (SpeCache): the share of the real queries' attention mass on prefetched
   // rows, averaged over attend() calls that followed a prefetch(); -1 when not applicable.
   virtual double hit_rate() const { return -1.0; }
+  // How many measurements hit_rate() averages (0 when not applicable).
+  virtual uint64_t hit_rate_samples() const { return 0; }
 
   // Snapshot: every store of a covered layer as tier records, and the inverse. restore() is
   // called on a fresh representation with the records of one layer, in the order save() gave.

@@ -42,6 +42,12 @@ struct TierRecord {
     fail(KVSDK_E_CORRUPT, "snapshot tier record '", kind, "' (layer ", layer, ", KV head ",
          kv_head, ") has no field '", name, "'");
   }
+  bool has(const std::string& name) const {
+    for (const TierField& f : fields) {
+      if (f.name == name) return true;
+    }
+    return false;
+  }
   // A scalar stored as a one-element u64 vector; throws KVSDK_E_CORRUPT when it is not one.
   uint64_t scalar(const std::string& name) const {
     const TierField& f = get(name);

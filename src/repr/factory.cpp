@@ -5,6 +5,7 @@
 #include "repr/minicache_repr.h"
 #include "repr/spindlekv_repr.h"
 #include "repr/smallkv_repr.h"
+#include "repr/specache_repr.h"
 
 namespace kvsdk {
 
@@ -19,6 +20,8 @@ std::unique_ptr<Representation> make_representation(const Geometry& geometry,
       return std::make_unique<SpindleKvRepresentation>(geometry, policy);
     case KVSDK_METHOD_SMALLKV:
       return std::make_unique<SmallKvRepresentation>(geometry, policy);
+    case KVSDK_METHOD_SPECACHE:
+      return std::make_unique<SpeCacheRepresentation>(geometry, policy);
     default:
       return nullptr;
   }

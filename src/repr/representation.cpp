@@ -11,4 +11,9 @@ void Representation::prefetch(uint32_t /*layer*/, uint32_t /*kv_head*/, const fl
        policy_spec(policy_), "' does not use it");
 }
 
+void Representation::set_backing_file(const std::string& /*path*/) {
+  fail(KVSDK_E_UNSUPPORTED, "a backing file is SpeCache's; policy '", policy_spec(policy_),
+       "' has no backing store");
+}
+
 }  // namespace kvsdk

@@ -19,7 +19,19 @@ namespace {
 // already fill quantized blocks; the other parameters are the presets' defaults.
 const char* const kPresets[] = {"kivi",      "kivi+kivi1",      "kivi+kivi4", "kivi+kivi8",
                                 "minicache", "minicache+kivi4", "spindlekv", "smallkv",
-                                "xkv+kivi2", "snapkv+kivi2",    "h2o+kivi4"};
+                                "xkv+kivi2", "snapkv+kivi2",    "h2o+kivi4",  "specache",
+                                "specache+kivi1"};
+
+// With SpeCache's backing store, so that a resumed cache fetches the same full-precision rows.
+const kvsdk_save_options* with_backing() {
+  static kvsdk_save_options o = [] {
+    kvsdk_save_options x;
+    kvsdk_save_options_init(&x);
+    x.include_backing = 1;
+    return x;
+  }();
+  return &o;
+}
 
 kvsdk_policy preset(const std::string& spec) {
   kvsdk_policy p;
@@ -69,7 +81,7 @@ TEST_P(TierSnapshot, FileRoundTripResumesBitIdentically) {
   auto a = filled(ctx.get(), 77);
   ASSERT_TRUE(a);
   const std::string path = dir.file("a.kvsnap");
-  ASSERT_EQ(kvsdk_cache_save(a.get(), path.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  ASSERT_EQ(kvsdk_cache_save(a.get(), path.c_str(), with_backing()), KVSDK_OK) << kvsdk_last_error();
   kvsdk_cache* raw = nullptr;
   kvsdk_load_info info{};
   info.struct_size = sizeof info;
@@ -98,9 +110,9 @@ TEST_P(TierSnapshot, EqualCachesGiveByteIdenticalSnapshots) {
   auto a = filled(ctx.get(), 60);
   auto b = filled(ctx.get(), 60);
   ASSERT_TRUE(a && b);
-  EXPECT_EQ(save_buffer(a.get()), save_buffer(b.get()));
+  EXPECT_EQ(save_buffer(a.get(), with_backing()), save_buffer(b.get(), with_backing()));
   step(b.get(), g_, 1, 60, 3);
-  EXPECT_NE(save_buffer(a.get()), save_buffer(b.get()));
+  EXPECT_NE(save_buffer(a.get(), with_backing()), save_buffer(b.get(), with_backing()));
 }
 
 TEST_P(TierSnapshot, JournalDeltasReplayCompressedLayers) {
@@ -109,10 +121,10 @@ TEST_P(TierSnapshot, JournalDeltasReplayCompressedLayers) {
   auto a = filled(ctx.get(), 40);
   ASSERT_TRUE(a);
   const std::string path = dir.file("j.kvsnap");
-  ASSERT_EQ(kvsdk_cache_save(a.get(), path.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  ASSERT_EQ(kvsdk_cache_save(a.get(), path.c_str(), with_backing()), KVSDK_OK) << kvsdk_last_error();
   for (int s = 0; s < 3; ++s) {
     step(a.get(), g_, 11, 40 + s * 11, 20 + s);
-    ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK)
+    ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), with_backing()), KVSDK_OK)
         << kvsdk_last_error();
   }
   kvsdk_cache* raw = nullptr;
@@ -139,7 +151,7 @@ TEST_P(TierSnapshot, DamagedFilesAreRejectedNotTrusted) {
   auto ctx = make_context();
   auto a = filled(ctx.get(), 50);
   ASSERT_TRUE(a);
-  const std::vector<unsigned char> good = save_buffer(a.get());
+  const std::vector<unsigned char> good = save_buffer(a.get(), with_backing());
   std::mt19937 rng(7);
   for (int i = 0; i < 60; ++i) {
     std::vector<unsigned char> bad = good;
@@ -167,7 +179,7 @@ TEST_P(TierSnapshot, LoadIntoATooSmallBudgetFailsCleanly) {
   auto ctx = make_context();
   auto a = filled(ctx.get(), 50);
   ASSERT_TRUE(a);
-  const std::vector<unsigned char> buf = save_buffer(a.get());
+  const std::vector<unsigned char> buf = save_buffer(a.get(), with_backing());
   kvsdk_cache_stats s{};
   s.struct_size = sizeof s;
   ASSERT_EQ(kvsdk_cache_stats_get(a.get(), &s), KVSDK_OK);
@@ -178,6 +190,28 @@ TEST_P(TierSnapshot, LoadIntoATooSmallBudgetFailsCleanly) {
   uint64_t used = 1;
   ASSERT_EQ(kvsdk_context_used_bytes(small.get(), &used), KVSDK_OK);
   EXPECT_EQ(used, 0u);
+}
+
+TEST(TierSnapshotSpeCache, WithoutBackingTheFileIsSmallerAndStillLoads) {
+  auto ctx = make_context();
+  const kvsdk_geometry g = geometry();
+  const kvsdk_policy p = preset("specache");
+  auto a = make_cache(ctx.get(), g, &p);
+  ASSERT_TRUE(a) << kvsdk_last_error();
+  step(a.get(), g, 70, 0, 1);
+  const std::vector<unsigned char> with = save_buffer(a.get(), with_backing());
+  const std::vector<unsigned char> without = save_buffer(a.get());
+  EXPECT_LT(without.size(), with.size());
+  kvsdk_status st = KVSDK_E_INTERNAL;
+  auto b = load_buffer(ctx.get(), without, &st);
+  ASSERT_EQ(st, KVSDK_OK) << kvsdk_last_error();
+  // Same low-bit rows (read back), backing rebuilt from them (reported, off budget).
+  EXPECT_TRUE(dump(a.get()).k == dump(b.get()).k);
+  kvsdk_cache_stats sb{};
+  sb.struct_size = sizeof sb;
+  ASSERT_EQ(kvsdk_cache_stats_get(b.get(), &sb), KVSDK_OK);
+  EXPECT_GT(sb.backing_bytes, 0u);
+  EXPECT_EQ(step(b.get(), g, 3, 70, 9).size(), step(a.get(), g, 3, 70, 9).size());
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, TierSnapshot, ::testing::ValuesIn(kPresets),

@@ -137,6 +137,11 @@ _FUNCTIONS = {
                                           c_size_t, c_size_t, c_void_p, POINTER(c_int32),
                                           c_size_t]),
     "kvsdk_planner_finish": (status, [handle, c_int32, c_double, POINTER(c_uint64), c_uint32]),
+    # SpeCache: speculative prefetch and the off-budget backing store
+    "kvsdk_cache_set_backing_file": (status, [handle, c_char_p]),
+    "kvsdk_cache_prefetch": (status, [handle, c_uint32, c_size_t, c_void_p, POINTER(c_int32),
+                                      c_size_t]),
+    "kvsdk_cache_fetch_stats": (status, [handle, POINTER(c_double), POINTER(c_uint64)]),
     # Stats
     "kvsdk_cache_stats_get": (status, [handle, POINTER(kvsdk_cache_stats)]),
     "kvsdk_cache_layer_stats_get": (status, [handle, c_uint32, POINTER(kvsdk_layer_stats)]),

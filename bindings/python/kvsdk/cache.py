@@ -8,6 +8,7 @@ import ctypes
 from . import _capi, buffers
 from .compression import CompressionMixin
 from .snapshot import SnapshotMixin
+from .specache import SpeCacheMixin
 from ._capi import lib
 from .errors import check, invalid
 from .owned import OwnedHandle
@@ -21,7 +22,7 @@ class HeadData:
         self.keys, self.values, self.positions = keys, values, positions
 
 
-class Cache(OwnedHandle, CompressionMixin, SnapshotMixin):
+class Cache(OwnedHandle, CompressionMixin, SnapshotMixin, SpeCacheMixin):
     """An owned kvsdk_cache, released by close(), by `with`, or when garbage-collected."""
 
     @staticmethod

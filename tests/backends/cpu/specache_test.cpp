@@ -34,7 +34,7 @@ struct Fixture {
     pos.resize(n);
     std::iota(pos.begin(), pos.end(), 0);
     lowbit.append(k.data(), v.data(), pos.data(), n);
-    backing.dim = dim;
+    backing = SpeCacheBackingStore(dim);
     backing.append(k.data(), v.data(), n);
     q = normal_rows(group * dim, 3, 0.5f);
     for (size_t h = 0; h < group; ++h)
@@ -122,8 +122,8 @@ TEST(SpeCache, FetchedRowsReplaceTheirLowBitRows) {
   f.lowbit.read_rows(0, f.n, kr.data(), vr.data());
   for (uint32_t t : fetched_tokens) {
     for (size_t d = 0; d < f.dim; ++d) {
-      kr[t * f.dim + d] = kvsdk::f16_to_f32(f.backing.k[t * f.dim + d]);
-      vr[t * f.dim + d] = kvsdk::f16_to_f32(f.backing.v[t * f.dim + d]);
+      kr[t * f.dim + d] = kvsdk::f16_to_f32(f.backing.key_row(t)[d]);
+      vr[t * f.dim + d] = kvsdk::f16_to_f32(f.backing.value_row(t)[d]);
     }
   }
   EXPECT_LT(relative_error(out, reference_attention(f.q, qpos, kr, vr, f.pos, f.dim, 0.125)), 2e-6);
@@ -133,7 +133,9 @@ TEST(SpeCache, FetchRejectsBadTokenLists) {
   Fixture f(2);
   EXPECT_THROW(specache_fetch(f.backing, {1, 500}), kvsdk::Error);
   EXPECT_THROW(specache_fetch(f.backing, {3, 2}), kvsdk::Error);
-  EXPECT_EQ(f.backing.bytes(), 2 * 2 * f.n * f.dim);
+  const size_t rows = (f.n + SpeCacheBackingStore::kBlockTokens - 1) /
+                      SpeCacheBackingStore::kBlockTokens * SpeCacheBackingStore::kBlockTokens;
+  EXPECT_EQ(f.backing.bytes(), 2 * 2 * rows * f.dim);  // whole blocks, unchanged by the refusals
 }
 
 }  // namespace
@@ -148,7 +150,9 @@ TEST(SpeCacheHead, DecodeStepsFetchForTheNextStep) {
   std::vector<int32_t> pos(n);
   std::iota(pos.begin(), pos.end(), 0);
   head.append(k.data(), v.data(), pos.data(), n);
-  EXPECT_EQ(head.backing_bytes(), 2 * 2 * n * dim);
+  // Whole blocks of kBlockTokens rows (keys and values, f16) are allocated.
+  const size_t blocks = (n + SpeCacheBackingStore::kBlockTokens - 1) / SpeCacheBackingStore::kBlockTokens;
+  EXPECT_EQ(head.backing_bytes(), 2 * 2 * blocks * SpeCacheBackingStore::kBlockTokens * dim);
   EXPECT_EQ(head.budget_bytes(), head.lowbit().bytes().total());  // nothing fetched yet
   const std::vector<float> q = normal_rows(group * dim, 83, 0.7f);
   const std::vector<int32_t> qpos(group, INT32_MAX);
@@ -176,6 +180,22 @@ TEST(SpeCacheHead, DecodeStepsFetchForTheNextStep) {
   const double bad = head.hit_rate(q.data(), group, INT32_MAX, 0.2f);
   EXPECT_GT(good, bad);
   EXPECT_EQ(head.fetched().tokens.size(), 15u);
+}
+
+}  // namespace
+
+namespace {
+
+// An empty store selects nothing (and reads no row), so a prefetch before any append is a no-op.
+TEST(SpeCache, SelectionOnAnEmptyStoreIsEmpty) {
+  KiviHeadStore empty(16, KiviConfig{2, 8, 8});
+  const std::vector<float> q = normal_rows(2 * 16, 5);
+  std::vector<float> probs = {1.0f};
+  EXPECT_TRUE(specache_select(empty, q.data(), 2, INT32_MAX, 0.25f, 4, &probs).empty());
+  EXPECT_TRUE(probs.empty());
+  SpeCacheHead head(16, KiviConfig{2, 8, 8});
+  head.prefetch(q.data(), 2, INT32_MAX, 0.25f, 4);
+  EXPECT_TRUE(head.fetched().tokens.empty());
 }
 
 }  // namespace

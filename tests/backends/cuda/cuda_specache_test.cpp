@@ -20,14 +20,16 @@ TEST(CudaSpeCache, FetchedRowsEqualTheCpuFetch) {
   KVSDK_REQUIRE_CUDA_DEVICE();
   const size_t heads = 2, n = 500, dim = 64, k = 40;
   SpeCacheHostStore store(heads, n, dim);
-  std::vector<cpu::SpeCacheBackingStore> cpu_store(heads);
+  std::vector<cpu::SpeCacheBackingStore> cpu_store;
   for (size_t h = 0; h < heads; ++h) {
     const auto kf = test::random_floats(n * dim, uint32_t(h + 1));
     const auto vf = test::random_floats(n * dim, uint32_t(h + 11));
-    cpu_store[h].dim = dim;
+    cpu_store.emplace_back(dim);
     cpu_store[h].append(kf.data(), vf.data(), n);
-    std::memcpy(store.key_row(h, 0), cpu_store[h].k.data(), n * dim * 2);
-    std::memcpy(store.value_row(h, 0), cpu_store[h].v.data(), n * dim * 2);
+    for (size_t t = 0; t < n; ++t) {  // the CPU store keeps rows in blocks, not contiguously
+      std::memcpy(store.key_row(h, t), cpu_store[h].key_row(t), dim * 2);
+      std::memcpy(store.value_row(h, t), cpu_store[h].value_row(t), dim * 2);
+    }
   }
   // The speculative selection, computed on the device as in a decode step.
   const auto scores = test::random_floats(heads * n, 99);

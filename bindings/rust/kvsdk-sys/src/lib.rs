@@ -140,6 +140,11 @@ pub struct kvsdk_cache {
 mod compression;
 pub use compression::*;
 
+// ----- SpeCache: speculative prefetch and the backing store (declared in specache.rs) ------
+
+mod specache;
+pub use specache::*;
+
 // ----- Stats -------------------------------------------------------------------------------
 
 pub type kvsdk_tier = i32;

@@ -27,6 +27,7 @@ mod planning;
 mod policy;
 mod proxy;
 mod snapshot;
+mod specache;
 mod stats;
 
 pub use cache::{Cache, HeadData};

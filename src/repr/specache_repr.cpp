@@ -1,0 +1,233 @@
+#include "repr/specache_repr.h"
+
+#include <algorithm>
+
+#include "attention.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "repr/kivi_repr.h"
+
+namespace kvsdk {
+
+SpeCacheRepresentation::SpeCacheRepresentation(const Geometry& g, const kvsdk_policy& p)
+    : Representation(g, p), config_(kivi_config(p)), fetch_tokens_(size_t(p.fetch_tokens)) {
+  KVSDK_REQUIRE(p.quant_bits == 1 || p.quant_bits == 2,
+                "method 'specache' keeps a 1- or 2-bit copy (got quant_bits ", p.quant_bits, ")");
+  arena_ = cpu::make_host_backing(cpu::SpeCacheBackingStore::block_elems(g.head_dim));
+  make_heads();
+}
+
+void SpeCacheRepresentation::make_heads() {
+  heads_.clear();
+  heads_.resize(geometry_.n_layers);
+  pending_.assign(geometry_.n_layers, std::vector<char>(geometry_.n_kv_heads, 0));
+  for (auto& layer : heads_) {
+    for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+      layer.emplace_back(geometry_.head_dim, config_, arena_);
+    }
+  }
+}
+
+void SpeCacheRepresentation::set_backing_file(const std::string& path) {
+  for (const auto& layer : heads_) {
+    for (const cpu::SpeCacheHead& h : layer) {
+      if (h.lowbit().size() != 0) {
+        fail(KVSDK_E_STATE, "the SpeCache backing file must be set before the first append");
+      }
+    }
+  }
+  arena_ = cpu::open_file_backing(path, cpu::SpeCacheBackingStore::block_elems(geometry_.head_dim));
+  make_heads();
+}
+
+void SpeCacheRepresentation::add_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) const {
+  for (const cpu::SpeCacheHead& h : heads_[layer]) {
+    const cpu::KiviBytes b = h.lowbit().bytes();
+    by_tier[KVSDK_TIER_QUANTIZED] += b.codes + b.scales_zeros;
+    by_tier[KVSDK_TIER_EXACT] += b.residual;  // the f16 residual window is exact
+    by_tier[KVSDK_TIER_METADATA] += b.positions;
+    const cpu::SpeCacheFetched& f = h.fetched();
+    by_tier[KVSDK_TIER_EXACT] += 2 * uint64_t(f.k.size() + f.v.size());  // fetched f16 rows
+    by_tier[KVSDK_TIER_METADATA] += 4 * uint64_t(f.tokens.size());      // their token indices
+  }
+}
+
+uint64_t SpeCacheRepresentation::backing_bytes() const {
+  return arena_->bytes();  // every block of every head, allocated headroom included
+}
+
+uint64_t SpeCacheRepresentation::append_bound(uint32_t layer, size_t n_tokens) const {
+  // Only the low-bit copy grows on append (fetched rows change in prefetch); exact, like KIVI's.
+  uint64_t before = 0, after = 0;
+  for (const cpu::SpeCacheHead& h : heads_[layer]) {
+    before += h.lowbit().bytes().total();
+    after += h.lowbit().projected_bytes(n_tokens).total();
+  }
+  return after > before ? after - before : 0;
+}
+
+void SpeCacheRepresentation::append(uint32_t layer, size_t n, const float* k, const float* v,
+                                    const int32_t* positions) {
+  // Grow every head's backing store first: a full disk or file error then changes no head.
+  for (cpu::SpeCacheHead& h : heads_[layer]) h.backing().reserve(n);
+  const size_t dim = geometry_.head_dim, row = geometry_.kv_elems_per_token();
+  std::vector<float> kf(n * dim), vf(n * dim);
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    for (size_t t = 0; t < n; ++t) {
+      std::copy_n(k + t * row + h * dim, dim, kf.data() + t * dim);
+      std::copy_n(v + t * row + h * dim, dim, vf.data() + t * dim);
+    }
+    heads_[layer][h].append(kf.data(), vf.data(), positions, n);
+  }
+}
+
+void SpeCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
+                                    const int32_t* row_positions, size_t n_rows,
+                                    float* out) const {
+  const cpu::SpeCacheHead& h = heads_[layer][kv_head];
+  cpu::OnlineAttention att(q_rows, row_positions, n_rows, geometry_.head_dim,
+                           geometry_.attn_scale);
+  h.attend(att);
+  att.finish(out);
+  if (pending_[layer][kv_head]) {
+    // The real queries' attention (over the low-bit keys) on the rows the speculative token
+    // fetched, per query, averaged into the running hit rate (paper 003 §4 reports this share).
+    const size_t group = geometry_.group_size(), dim = geometry_.head_dim;
+    for (size_t r = 0; r + group <= n_rows; r += group) {
+      hit_sum_ += h.hit_rate(q_rows + r * dim, group, row_positions[r], geometry_.attn_scale);
+      ++hit_count_;
+    }
+    pending_[layer][kv_head] = 0;
+  }
+}
+
+size_t SpeCacheRepresentation::head_tokens(uint32_t layer, uint32_t kv_head) const {
+  return heads_[layer][kv_head].lowbit().size();
+}
+
+void SpeCacheRepresentation::read(uint32_t layer, uint32_t kv_head, float* k, float* v,
+                                  int32_t* positions) const {
+  const cpu::SpeCacheHead& h = heads_[layer][kv_head];
+  const size_t n = h.lowbit().size(), dim = geometry_.head_dim;
+  std::vector<float> kf(k ? 0 : n * dim), vf(v ? 0 : n * dim);
+  float* kd = k ? k : kf.data();
+  float* vd = v ? v : vf.data();
+  h.lowbit().read_rows(0, n, kd, vd);
+  const cpu::SpeCacheFetched& f = h.fetched();
+  for (size_t i = 0; i < f.tokens.size(); ++i) {  // what specache_attend substitutes
+    for (size_t d = 0; d < dim; ++d) {
+      kd[size_t(f.tokens[i]) * dim + d] = f16_to_f32(f.k[i * dim + d]);
+      vd[size_t(f.tokens[i]) * dim + d] = f16_to_f32(f.v[i * dim + d]);
+    }
+  }
+  if (positions) std::copy_n(h.lowbit().positions().data(), n, positions);
+}
+
+uint64_t SpeCacheRepresentation::prefetch_bound(uint32_t layer, uint32_t kv_head) const {
+  const cpu::SpeCacheHead& h = heads_[layer][kv_head];
+  const uint64_t rows = std::min(fetch_tokens_, h.lowbit().size());
+  const uint64_t most = rows * (4 + 2 * 2 * uint64_t(geometry_.head_dim));  // index + f16 k, v
+  const uint64_t now = h.fetched().bytes();
+  return most > now ? most - now : 0;
+}
+
+void SpeCacheRepresentation::prefetch(uint32_t layer, uint32_t kv_head, const float* q_rows,
+                                      const int32_t* row_positions, size_t n_rows) {
+  const size_t group = geometry_.group_size();
+  KVSDK_REQUIRE(n_rows == group, "SpeCache prefetches with one speculative query per step (got ",
+                n_rows / group, ")");
+  heads_[layer][kv_head].prefetch(q_rows, group, row_positions[0], geometry_.attn_scale,
+                                  fetch_tokens_);
+  pending_[layer][kv_head] = 1;
+}
+
+double SpeCacheRepresentation::hit_rate() const {
+  return hit_count_ ? hit_sum_ / double(hit_count_) : -1.0;
+}
+
+std::vector<TierRecord> SpeCacheRepresentation::save(uint32_t layer) const {
+  std::vector<TierRecord> out(geometry_.n_kv_heads);
+  const size_t dim = geometry_.head_dim;
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    const cpu::SpeCacheHead& s = heads_[layer][h];
+    TierRecord& r = out[h];
+    r.layer = layer;
+    r.kv_head = h;
+    r.kind = "specache.head";
+    kivi_store_to_record(s.lowbit(), "lowbit.", r);
+    const cpu::SpeCacheBackingStore& b = s.backing();
+    std::vector<uint16_t> bk(b.size() * dim), bv(b.size() * dim);
+    for (size_t t = 0; t < b.size(); ++t) {
+      std::copy_n(b.key_row(t), dim, &bk[t * dim]);
+      std::copy_n(b.value_row(t), dim, &bv[t * dim]);
+    }
+    // "backing.*": left out of snapshots unless kvsdk_save_options.include_backing (formats/).
+    r.add("backing.keys").u16 = std::move(bk);
+    r.add("backing.values").u16 = std::move(bv);
+    r.add("fetched_tokens").u32 = s.fetched().tokens;
+    r.add("fetched_keys").u16 = s.fetched().k;
+    r.add("fetched_values").u16 = s.fetched().v;
+  }
+  return out;
+}
+
+void SpeCacheRepresentation::restore(uint32_t layer, const std::vector<TierRecord>& records) {
+  if (records.size() != geometry_.n_kv_heads) {
+    fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " has ", records.size(),
+         " SpeCache head records, expected ", geometry_.n_kv_heads);
+  }
+  const size_t dim = geometry_.head_dim;
+  std::vector<cpu::SpeCacheHead> heads;
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    const TierRecord& r = records[h];
+    if (r.kind != "specache.head" || r.kv_head != h) {
+      fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " record ", h, " is '", r.kind,
+           "' for KV head ", r.kv_head, ", expected 'specache.head' for KV head ", h);
+    }
+    cpu::KiviHeadStore lowbit = kivi_store_from_record(dim, config_, "lowbit.", r);
+    const size_t n = lowbit.size();
+    // Saved without its backing store (include_backing = 0): rebuilt from the low-bit copy, so
+    // fetched rows then carry low-bit precision until new tokens arrive.
+    std::vector<uint16_t> rebuilt_k, rebuilt_v;
+    const bool with_backing = r.has("backing.keys") || r.has("backing.values");
+    if (!with_backing) {
+      std::vector<float> kf(n * dim), vf(n * dim);
+      lowbit.read_rows(0, n, kf.data(), vf.data());
+      rebuilt_k.resize(n * dim);
+      rebuilt_v.resize(n * dim);
+      for (size_t i = 0; i < n * dim; ++i) {
+        rebuilt_k[i] = f32_to_f16(kf[i]);
+        rebuilt_v[i] = f32_to_f16(vf[i]);
+      }
+    }
+    const std::vector<uint16_t>& bk = with_backing ? r.get("backing.keys").u16 : rebuilt_k;
+    const std::vector<uint16_t>& bv = with_backing ? r.get("backing.values").u16 : rebuilt_v;
+    if (bk.size() != n * dim || bv.size() != n * dim) {
+      fail(KVSDK_E_CORRUPT, "snapshot SpeCache layer ", layer, " head ", h, ": backing rows hold ",
+           bk.size(), "/", bv.size(), " values, expected ", n * dim, " (", n, " tokens)");
+    }
+    cpu::SpeCacheFetched f;
+    f.tokens = r.get("fetched_tokens").u32;
+    f.k = r.get("fetched_keys").u16;
+    f.v = r.get("fetched_values").u16;
+    if (f.k.size() != f.tokens.size() * dim || f.v.size() != f.tokens.size() * dim ||
+        f.tokens.size() > std::min(fetch_tokens_, n)) {
+      fail(KVSDK_E_CORRUPT, "snapshot SpeCache layer ", layer, " head ", h, ": ",
+           f.tokens.size(), " fetched tokens with ", f.k.size(), "/", f.v.size(),
+           " values do not fit ", n, " tokens and fetch_tokens ", fetch_tokens_);
+    }
+    for (size_t i = 0; i < f.tokens.size(); ++i) {
+      if (f.tokens[i] >= n || (i > 0 && f.tokens[i] <= f.tokens[i - 1])) {
+        fail(KVSDK_E_CORRUPT, "snapshot SpeCache layer ", layer, " head ", h,
+             ": fetched token indices are not ascending below ", n);
+      }
+    }
+    cpu::SpeCacheBackingStore backing(dim, arena_);
+    backing.append_f16(bk.data(), bv.data(), n);
+    heads.emplace_back(std::move(lowbit), std::move(backing), std::move(f));
+  }
+  heads_[layer] = std::move(heads);
+  std::fill(pending_[layer].begin(), pending_[layer].end(), 0);
+}
+
+}  // namespace kvsdk

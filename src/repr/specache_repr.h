@@ -1,0 +1,65 @@
+// Policy 'specache' (SpeCache, paper 003; DESIGN §6): every layer and KV head in a
+// cpu::SpeCacheHead (backends/cpu/specache.h). Budgeted: the low-bit KIVI copy (quant_bits 2, or
+// SpeCache's 1-bit variant) and the full-precision rows fetched for the next step. Off budget: the
+// f16 backing store, in host memory or in a file (set_backing_file), reported as backing_bytes.
+//
+// A decode step (§3.3): attend() for the output token uses the rows prefetch() fetched with the
+// previous step's speculative token; prefetch() with this step's speculative queries picks
+// fetch_tokens rows per KV head for the next step. Never evicts.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/representation.h"
+#include "specache.h"
+
+namespace kvsdk {
+
+class SpeCacheRepresentation final : public Representation {
+ public:
+  SpeCacheRepresentation(const Geometry& geometry, const kvsdk_policy& policy);
+
+  bool covers(uint32_t) const override { return true; }
+  void add_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) const override;
+  uint64_t backing_bytes() const override;
+  uint64_t append_bound(uint32_t layer, size_t n_tokens) const override;
+  void append(uint32_t layer, size_t n_tokens, const float* k, const float* v,
+              const int32_t* positions) override;
+  // Also measures the fetch hit rate on the first attend() of a head after its prefetch().
+  void attend(uint32_t layer, uint32_t kv_head, const float* q_rows, const int32_t* row_positions,
+              size_t n_rows, float* out) const override;
+  size_t head_tokens(uint32_t layer, uint32_t kv_head) const override;
+  // Rows as attention sees them: dequantized low-bit rows, fetched rows in full precision.
+  void read(uint32_t layer, uint32_t kv_head, float* k, float* v,
+            int32_t* positions) const override;
+  uint64_t prefetch_bound(uint32_t layer, uint32_t kv_head) const override;
+  // One speculative query (n_rows == group); throws KVSDK_E_INVALID_ARG otherwise.
+  void prefetch(uint32_t layer, uint32_t kv_head, const float* q_rows,
+                const int32_t* row_positions, size_t n_rows) override;
+  double hit_rate() const override;
+  uint64_t hit_rate_samples() const override { return hit_count_; }
+  void set_backing_file(const std::string& path) override;
+  std::vector<TierRecord> save(uint32_t layer) const override;
+  void restore(uint32_t layer, const std::vector<TierRecord>& records) override;
+
+  const cpu::SpeCacheHead& head(uint32_t layer, uint32_t kv_head) const {
+    return heads_[layer][kv_head];
+  }
+
+ private:
+  void make_heads();
+
+  cpu::KiviConfig config_;
+  size_t fetch_tokens_;
+  std::shared_ptr<cpu::BackingArena> arena_;           // shared by every head
+  std::vector<std::vector<cpu::SpeCacheHead>> heads_;  // [layer][kv_head]
+  // Hit-rate bookkeeping (measurement only; not saved): which heads prefetched since their last
+  // attend, and the running sum over measured attends.
+  mutable std::vector<std::vector<char>> pending_;
+  mutable double hit_sum_ = 0;
+  mutable uint64_t hit_count_ = 0;
+};
+
+}  // namespace kvsdk
