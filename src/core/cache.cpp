@@ -108,10 +108,12 @@ void Cache::append_represented(uint32_t layer, size_t n_tokens, const void* k, c
     const uint64_t freed = repr_->evict(want);
     ctx_->release(freed);
     charged_ -= freed;
-    if (!reserve(bound) && evicts() && target >= bound) {
+    bool reserved = reserve(bound);
+    if (!reserved && evicts() && target >= bound) {
       compress_to(target - bound);  // SpindleKV: make room by evicting in the exact (deep) layers
+      reserved = reserve(bound);
     }
-    if (!reserve(bound)) {
+    if (!reserved) {
       fail(KVSDK_E_BUDGET, "appending ", n_tokens, " tokens to layer ", layer, " may need ",
            bound, " more bytes than the budget allows (policy '", policy_spec(policy_), "'",
            freed || evicts() ? " after evicting" : " does not evict", ")");

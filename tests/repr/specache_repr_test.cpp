@@ -281,7 +281,7 @@ TEST(SpeCacheRepr, DamagedRecordsAreCorrupt) {
   recs[0].fields.erase(recs[0].fields.begin() + long(recs[0].fields.size()) - 1);
   expect_corrupt(recs, "missing field");
   recs = good;
-  field(recs[0], "backing_keys").u16.pop_back();
+  field(recs[0], "backing.keys").u16.pop_back();
   expect_corrupt(recs, "short backing keys");
   recs = good;
   field(recs[0], "fetched_tokens").u32[0] = 9999;
