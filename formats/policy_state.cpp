@@ -3,14 +3,11 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/policy.h"
 
 namespace kvsdk::format {
 
 namespace {
-
-bool window_method(int32_t m) {
-  return m == KVSDK_METHOD_SNAPKV || m == KVSDK_METHOD_PYRAMIDKV || m == KVSDK_METHOD_XKV;
-}
 
 [[noreturn]] void bad(const char* what) { fail(KVSDK_E_CORRUPT, "snapshot policy state: ", what); }
 
@@ -91,7 +88,7 @@ void read_policy_state(const fb::PolicyState* st, const Geometry& g, const kvsdk
         }
       }
       if (ls->window_queries() || ls->window_positions()) {
-        if (!window_method(p.method) || !ls->window_queries() || !ls->window_positions()) {
+        if (!method_uses_window(p.method) || !ls->window_queries() || !ls->window_positions()) {
           bad("observation window for a policy without one");
         }
         const size_t n = ls->window_positions()->size();

@@ -44,10 +44,7 @@ bool Cache::evicts() const {
          m == KVSDK_METHOD_PYRAMIDKV || m == KVSDK_METHOD_XKV || m == KVSDK_METHOD_SPINDLEKV;
 }
 
-bool Cache::uses_window() const {
-  return policy_.method == KVSDK_METHOD_SNAPKV || policy_.method == KVSDK_METHOD_PYRAMIDKV ||
-         policy_.method == KVSDK_METHOD_XKV || policy_.method == KVSDK_METHOD_SPINDLEKV;
-}
+bool Cache::uses_window() const { return method_uses_window(policy_.method); }
 
 uint64_t Cache::token_bytes() const {
   // Per KV head: f16 key + value, the int32 position, and H2O's f32 accumulated score.

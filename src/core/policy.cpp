@@ -18,6 +18,11 @@ const char* const kMethodNames[KVSDK_METHOD_COUNT] = {
 
 bool method_valid(int32_t method) { return method >= 0 && method < KVSDK_METHOD_COUNT; }
 
+bool method_uses_window(int32_t m) {
+  return m == KVSDK_METHOD_SNAPKV || m == KVSDK_METHOD_PYRAMIDKV || m == KVSDK_METHOD_XKV ||
+         m == KVSDK_METHOD_SPINDLEKV;
+}
+
 kvsdk_policy policy_defaults(kvsdk_method method) {
   kvsdk_policy p{};
   p.struct_size = sizeof(kvsdk_policy);

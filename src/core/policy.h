@@ -16,5 +16,8 @@ void require_policy_implemented(const kvsdk_policy& policy);
 // "snapkv+kivi2"-style canonical name.
 std::string policy_spec(const kvsdk_policy& policy);
 bool method_valid(int32_t method);
+// Whether the method scores tokens with an observation window of queries (SnapKV, PyramidKV, XKV,
+// and SpindleKV's deep layers): kvsdk_cache_observe keeps the window, snapshots save it.
+bool method_uses_window(int32_t method);
 
 }  // namespace kvsdk

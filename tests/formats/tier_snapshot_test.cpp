@@ -54,6 +54,9 @@ std::vector<unsigned char> step(kvsdk_cache* c, const kvsdk_geometry& g, size_t 
     auto q = random_floats(elems, seed * 7 + l);
     auto qp = iota_positions(nq, pos0 + int32_t(n) - 2);
     std::vector<float> out(elems);
+    // Observed queries: window methods (SpindleKV's deep layers, overlays) save their window.
+    EXPECT_EQ(kvsdk_cache_observe(c, l, nq, q.data(), qp.data(), elems * 4), KVSDK_OK)
+        << kvsdk_last_error();
     EXPECT_EQ(kvsdk_cache_attend(c, l, nq, q.data(), qp.data(), elems * 4, out.data(), elems * 4),
               KVSDK_OK)
         << kvsdk_last_error();
