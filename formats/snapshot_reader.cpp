@@ -334,8 +334,8 @@ void read_journal(Reader& rd, Snapshot& s) {
           // scores of an h2o+kiviN overlay, is checked against them).
           for (const TierRecord& r : s.tiers[l]) {
             if (r.kv_head != h) continue;
-            for (const TierField& f : r.fields) {
-              if (f.name == "positions") n = f.i32.size();
+            for (const TierField& field : r.fields) {
+              if (field.name == "positions") n = field.i32.size();
             }
           }
           rows[l].push_back(n);

@@ -105,6 +105,11 @@ class Representation {
   const kvsdk_policy& policy() const { return policy_; }
 
  protected:
+  // Copies KV head `head`'s rows out of append()'s interleaved k/v [n][n_kv_heads][head_dim]
+  // into k_out/v_out [n][head_dim].
+  void head_rows(const float* k, const float* v, size_t n, uint32_t head, float* k_out,
+                 float* v_out) const;
+
   Geometry geometry_;
   kvsdk_policy policy_;
 };

@@ -75,13 +75,10 @@ uint64_t KiviRepresentation::append_bound(uint32_t layer, size_t n_tokens) const
 
 void KiviRepresentation::append(uint32_t layer, size_t n, const float* k, const float* v,
                                 const int32_t* positions) {
-  const size_t dim = geometry_.head_dim, row = geometry_.kv_elems_per_token();
+  const size_t dim = geometry_.head_dim;
   std::vector<float> kf(n * dim), vf(n * dim);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-    for (size_t t = 0; t < n; ++t) {
-      std::copy_n(k + t * row + h * dim, dim, kf.data() + t * dim);
-      std::copy_n(v + t * row + h * dim, dim, vf.data() + t * dim);
-    }
+    head_rows(k, v, n, h, kf.data(), vf.data());
     heads_[layer][h].append(kf.data(), vf.data(), positions, n);
   }
 }

@@ -70,13 +70,10 @@ void SpeCacheRepresentation::append(uint32_t layer, size_t n, const float* k, co
                                     const int32_t* positions) {
   // Grow every head's backing store first: a full disk or file error then changes no head.
   for (cpu::SpeCacheHead& h : heads_[layer]) h.backing().reserve(n);
-  const size_t dim = geometry_.head_dim, row = geometry_.kv_elems_per_token();
+  const size_t dim = geometry_.head_dim;
   std::vector<float> kf(n * dim), vf(n * dim);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-    for (size_t t = 0; t < n; ++t) {
-      std::copy_n(k + t * row + h * dim, dim, kf.data() + t * dim);
-      std::copy_n(v + t * row + h * dim, dim, vf.data() + t * dim);
-    }
+    head_rows(k, v, n, h, kf.data(), vf.data());
     heads_[layer][h].append(kf.data(), vf.data(), positions, n);
   }
 }
