@@ -5,6 +5,7 @@
 #include "attention.h"
 #include "core/error.h"
 #include "kivi_attention.h"
+#include "repr/head_store.h"
 
 namespace kvsdk {
 
@@ -85,10 +86,9 @@ void KiviRepresentation::append(uint32_t layer, size_t n, const float* k, const 
 
 void KiviRepresentation::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                                 const int32_t* row_positions, size_t n_rows, float* out) const {
-  cpu::OnlineAttention att(q_rows, row_positions, n_rows, geometry_.head_dim,
-                           geometry_.attn_scale);
-  cpu::kivi_attend(heads_[layer][kv_head], att);  // dequantized chunk by chunk
-  att.finish(out);
+  // Dequantized chunk by chunk.
+  attend_head_store(heads_[layer][kv_head], cpu::kivi_attend, geometry_, q_rows, row_positions,
+                    n_rows, out);
 }
 
 size_t KiviRepresentation::head_tokens(uint32_t layer, uint32_t kv_head) const {
@@ -97,11 +97,7 @@ size_t KiviRepresentation::head_tokens(uint32_t layer, uint32_t kv_head) const {
 
 void KiviRepresentation::read(uint32_t layer, uint32_t kv_head, float* k, float* v,
                               int32_t* positions) const {
-  const cpu::KiviHeadStore& s = heads_[layer][kv_head];
-  const size_t n = s.size(), dim = geometry_.head_dim;
-  std::vector<float> kf(k ? 0 : n * dim), vf(v ? 0 : n * dim);
-  s.read_rows(0, n, k ? k : kf.data(), v ? v : vf.data());
-  if (positions) std::copy_n(s.positions().data(), n, positions);
+  read_head_store(heads_[layer][kv_head], geometry_.head_dim, k, v, positions);
 }
 
 std::vector<TierRecord> KiviRepresentation::save(uint32_t layer) const {

@@ -4,6 +4,7 @@
 
 #include "attention.h"
 #include "core/error.h"
+#include "repr/head_store.h"
 
 namespace kvsdk {
 
@@ -68,10 +69,9 @@ void SpindleKvRepresentation::append(uint32_t layer, size_t n, const float* k, c
 void SpindleKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                                      const int32_t* row_positions, size_t n_rows,
                                      float* out) const {
-  cpu::OnlineAttention att(q_rows, row_positions, n_rows, geometry_.head_dim,
-                           geometry_.attn_scale);
-  cpu::spindlekv_attend(heads_[layer][kv_head], att);  // reconstructed chunk by chunk
-  att.finish(out);
+  // Reconstructed chunk by chunk.
+  attend_head_store(heads_[layer][kv_head], cpu::spindlekv_attend, geometry_, q_rows,
+                    row_positions, n_rows, out);
 }
 
 size_t SpindleKvRepresentation::head_tokens(uint32_t layer, uint32_t kv_head) const {
@@ -80,11 +80,7 @@ size_t SpindleKvRepresentation::head_tokens(uint32_t layer, uint32_t kv_head) co
 
 void SpindleKvRepresentation::read(uint32_t layer, uint32_t kv_head, float* k, float* v,
                                    int32_t* positions) const {
-  const cpu::SpindleHeadStore& s = heads_[layer][kv_head];
-  const size_t n = s.size(), dim = geometry_.head_dim;
-  std::vector<float> kf(k ? 0 : n * dim), vf(v ? 0 : n * dim);
-  s.read_rows(0, n, k ? k : kf.data(), v ? v : vf.data());
-  if (positions) std::copy_n(s.positions().data(), n, positions);
+  read_head_store(heads_[layer][kv_head], geometry_.head_dim, k, v, positions);
 }
 
 std::vector<TierRecord> SpindleKvRepresentation::save(uint32_t layer) const {

@@ -117,7 +117,7 @@ struct Built {
 bool evicts(const kvsdk_policy& p) {
   return p.method == KVSDK_METHOD_STREAMING_LLM || p.method == KVSDK_METHOD_H2O ||
          p.method == KVSDK_METHOD_SNAPKV || p.method == KVSDK_METHOD_PYRAMIDKV ||
-         p.method == KVSDK_METHOD_XKV || p.method == KVSDK_METHOD_SMALLKV;
+         p.method == KVSDK_METHOD_XKV;
 }
 
 Built& build(const std::string& spec) {
