@@ -59,7 +59,9 @@ Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_po
                  uint64_t budget_bytes, bool mini_prefill = false,
                  const llama::Model* proxy = nullptr);
 
-// Perplexity of `text` given logits (text.size() x vocab): exp of the mean next-token NLL.
+// Perplexity of `text` given logits (text.size() x vocab): exp of the mean next-token NLL over
+// text[1..n): every token but the first is scored, each predicted from all tokens before it. No
+// BOS is added here; a text that starts with BOS (stories260K's) thus never scores it.
 double perplexity(const std::vector<float>& logits, const std::vector<int>& text, size_t vocab);
 
 // KL(p || q) in nats between the softmax distributions of two logit vectors.

@@ -83,7 +83,11 @@ void write_markdown(const std::string& path, const std::vector<Record>& records)
   std::ofstream f = open_out(path);
   f << "# kvsdk fidelity evaluation\n\n"
     << "Budgets are shares of the full cache's bytes for the whole sequence; `cache KiB` is the\n"
-    << "most the cache held during the run. Perplexity on held-out text; top-1 agreement and\n"
+    << "most the cache held during the run. Perplexity is exp of the mean negative log-likelihood\n"
+    << "of every token of the evaluation text but the first, each predicted from all tokens before\n"
+    << "it (teacher-forced, no BOS added: stories260K's self-generated text starts with BOS, which\n"
+    << "is context only; the character-level shakespeare models were trained without BOS, so their\n"
+    << "first character is context only). Top-1 agreement and\n"
     << "KL(full || policy) of next-token distributions over a greedy continuation of the full\n"
     << "model (teacher-forced). `failed` rows could not stay within the budget. `snapshot` is the\n"
     << "size of the cache's kvsdk snapshot at the end of the run as a share of the full cache's\n"
@@ -154,10 +158,12 @@ void write_plot(const std::string& path, const std::vector<Record>& records) {
     }
   }
   std::ofstream g = open_out(script_path);
-  g << "set terminal pngcairo size 1500," << 420 * 2 << " font ',10'\n"
+  // Each panel keeps its legend outside, to the right of its axes, so that no key covers a point.
+  g << "set terminal pngcairo size " << 620 * models.size() << "," << 440 * 2 << " font ',10'\n"
     << "set output '" << path << "'\n"
     << "set multiplot layout 2," << models.size() << " title 'kvsdk: quality vs KV memory'\n"
-    << "set grid\nset key bottom right noenhanced\nset xrange [0:105]\n";
+    << "set grid\nset key outside right top noenhanced samplen 2 spacing 0.9 font ',8'\n"
+    << "set xrange [0:105]\n";
   size_t block = 0;
   std::vector<std::pair<size_t, std::vector<std::string>>> blocks_per_model;
   for (const std::string& model : models) {

@@ -382,7 +382,7 @@ void BM_SpeCache(benchmark::State& state) {
       const HeadData x = make_head(n, uint32_t(h));
       d->lowbit.emplace_back(kDim, KiviConfig{bits, 32, 128});
       d->lowbit.back().append(x.k.data(), x.v.data(), pos.data(), n);
-      d->backing.push_back(SpeCacheBackingStore{kDim, {}, {}});
+      d->backing.emplace_back(kDim);
       d->backing.back().append(x.k.data(), x.v.data(), n);
       const auto top = specache_select(d->lowbit.back(), q.head(h), kGroup, INT32_MAX, kScale, topk);
       d->fetched.push_back(specache_fetch(d->backing.back(), top));
