@@ -4,12 +4,24 @@
 // or reaches --reply-tokens. After every turn the cache is saved to the session
 // file: the first turn writes a full snapshot, later turns append a journal delta (only what
 // changed), so a crash loses at most the current turn. `--resume FILE` picks the conversation up
-// again, in this or any later process. Works interactively or with piped input.
+// again, in this or any later process, and goes on numbering its turns. Works interactively or
+// with piped input.
+//
+// Turn numbers: the snapshot holds the conversation's K/V rows, not its text, and its journal
+// frames are not turns (a delta may span several frames), so the turn count cannot be read back
+// from it. Next to the session file, FILE.turns lists the conversation's length in tokens after
+// each saved turn, one number per line; it is rewritten atomically (temporary file, fsync, rename)
+// right after every autosave. A resume counts the listed turns that the loaded conversation
+// contains, plus one when the snapshot holds a turn the list missed (a crash between the two
+// writes); a torn last delta that the load dropped is not counted. Without the record (a session
+// file copied alone) numbering restarts at 1, and the resume says so.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -53,6 +65,47 @@ void usage(std::FILE* f) {
                "  --seed N              sampling seed (default 1)\n");
 }
 
+// The turn record next to a session file (see the top of this file).
+std::string turns_path(const std::string& session_file) { return session_file + ".turns"; }
+
+// Conversation length (tokens) after each saved turn; empty when there is no readable record.
+std::vector<int> read_turns(const std::string& session_file) {
+  std::vector<int> ends;
+  std::ifstream in(turns_path(session_file));
+  int end = 0;
+  while (in >> end) ends.push_back(end);
+  return ends;
+}
+
+// Rewrites the record atomically: a crash leaves the previous record or the new one.
+void write_turns(const std::string& session_file, const std::vector<int>& ends) {
+  const std::string path = turns_path(session_file), tmp = path + ".tmp";
+  std::string text;
+  for (int e : ends) text += std::to_string(e) + "\n";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  bool ok = fd >= 0;
+  if (ok) ok = ::write(fd, text.data(), text.size()) == ssize_t(text.size()) && ::fsync(fd) == 0;
+  if (fd >= 0) ok = ::close(fd) == 0 && ok;
+  if (ok) ok = std::rename(tmp.c_str(), path.c_str()) == 0;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    throw llama::Error("cannot write the turn record " + path);
+  }
+}
+
+// Turns a loaded conversation of `position` tokens holds, from the record `ends`.
+int turns_held(const std::vector<int>& ends, int position) {
+  int turns = 0, last_end = 0;
+  for (int e : ends) {
+    if (e > position) break;  // a turn the snapshot does not hold (e.g. a dropped torn delta)
+    ++turns;
+    last_end = e;
+  }
+  // The autosave of the last turn completed but its record did not (a crash in between).
+  if (position > last_end) ++turns;
+  return turns;
+}
+
 uint64_t stats_of(const kvsdk_cache* cache, uint64_t* appended) {
   kvsdk_cache_stats st{};
   st.struct_size = sizeof st;
@@ -84,6 +137,7 @@ int run(const Options& o) {
 
   std::unique_ptr<llama::Session> session;
   bool saved_once = false;
+  std::vector<int> turn_ends;  // conversation length after each saved turn (FILE.turns)
   if (o.resume) {
     const kvsdk_geometry g = llama::geometry_of(cfg);
     kvsdk_cache* cache = nullptr;
@@ -96,8 +150,19 @@ int run(const Options& o) {
     const int position = int(appended / uint64_t(cfg.n_layers));
     session.reset(new llama::Session(model, cache, position));
     saved_once = true;
-    std::fprintf(stderr, "[resumed %s: %d tokens, %u journal turns applied%s]\n", o.session_file.c_str(),
-                 position, unsigned(info.journal_frames_applied),
+    const std::vector<int> record = read_turns(o.session_file);
+    if (record.empty()) {
+      std::fprintf(stderr, "[no turn record %s: turn numbers restart at 1]\n",
+                   turns_path(o.session_file).c_str());
+    } else {
+      // Keep the record's ends of the turns held; a turn it missed ends at `position`.
+      const size_t turns = size_t(turns_held(record, position));
+      turn_ends.assign(record.begin(), record.begin() + long(std::min(record.size(), turns)));
+      if (turn_ends.size() < turns) turn_ends.push_back(position);
+    }
+    std::fprintf(stderr, "[resumed %s: %d tokens, %d turns, %u journal turns applied%s]\n",
+                 o.session_file.c_str(), position, int(turn_ends.size()),
+                 unsigned(info.journal_frames_applied),
                  info.journal_frames_dropped ? ", a torn last turn was dropped" : "");
   } else {
     kvsdk_policy policy;
@@ -108,7 +173,6 @@ int run(const Options& o) {
   llama::Sampler sampler(o.temperature, o.seed + uint64_t(session->position()));
   const int newline = tok.encode("\n", false).empty() ? -1 : tok.encode("\n", false).back();
   std::string line;
-  int turn = 0;
   const bool interactive = isatty(0);
   if (interactive) std::printf("%s: ", o.user.c_str());
   while (std::getline(std::cin, line)) {
@@ -145,9 +209,10 @@ int run(const Options& o) {
                                        : kvsdk_cache_save(session->cache(), o.session_file.c_str(), &save);
     llama::check(st, saved_once ? "kvsdk_cache_save_delta" : "kvsdk_cache_save");
     saved_once = true;
-    ++turn;
-    std::fprintf(stderr, "[turn %d saved to %s: %d tokens, %llu cache bytes]\n", turn,
-                 o.session_file.c_str(), session->position(),
+    turn_ends.push_back(session->position());
+    write_turns(o.session_file, turn_ends);
+    std::fprintf(stderr, "[turn %d saved to %s: %d tokens, %llu cache bytes]\n",
+                 int(turn_ends.size()), o.session_file.c_str(), session->position(),
                  (unsigned long long)stats_of(session->cache(), nullptr));
     if (interactive) std::printf("%s: ", o.user.c_str());
   }
