@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "error.h"
-#include "proxy.h"
+#include "proxy_runner.h"
 #include "sampler.h"
 #include "session.h"
 #include "specache_run.h"
@@ -36,7 +36,7 @@ uint64_t cache_bytes(const llama::Session& s) {
 // next-token logits when non-null. Tracks the peak cache bytes after each append round.
 void run(llama::Session& s, const std::vector<int>& tokens, const Schedule& schedule,
          std::vector<float>* logits, uint64_t* peak, uint64_t* prefill_peak = nullptr,
-         ProxyRunner* proxy = nullptr) {
+         llama::ProxyRunner* proxy = nullptr) {
   const size_t V = size_t(s.model().config().vocab_size);
   if (logits) logits->assign(tokens.size() * V, 0.0f);
   size_t t = 0;
@@ -163,8 +163,8 @@ Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_po
     ContextHandle ctx(budget_bytes);
     {
       llama::Session s(model, ctx.ctx, &policy);
-      std::unique_ptr<ProxyRunner> proxy;
-      if (proxy_model) proxy = std::make_unique<ProxyRunner>(*proxy_model, s.cache());
+      std::unique_ptr<llama::ProxyRunner> proxy;
+      if (proxy_model) proxy = std::make_unique<llama::ProxyRunner>(*proxy_model, s.cache());
       std::vector<float> logits;
       if (with_mini_prefill) mini_prefill(s, ref.text, ref.schedule, policy, budget_bytes);
       if (policy.method == KVSDK_METHOD_SPECACHE) {  // SpeCache decodes with its own step
@@ -177,8 +177,8 @@ Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_po
     }
     // Teacher-forced on the full model's continuation: the logits at position t predict t+1.
     llama::Session s(model, ctx.ctx, &policy);
-    std::unique_ptr<ProxyRunner> proxy;
-    if (proxy_model) proxy = std::make_unique<ProxyRunner>(*proxy_model, s.cache());
+    std::unique_ptr<llama::ProxyRunner> proxy;
+    if (proxy_model) proxy = std::make_unique<llama::ProxyRunner>(*proxy_model, s.cache());
     std::vector<float> logits;
     if (with_mini_prefill) mini_prefill(s, ref.continuation, ref.schedule, policy, budget_bytes);
     if (policy.method == KVSDK_METHOD_SPECACHE) {

@@ -54,7 +54,7 @@ uint64_t snapshot_bytes(const kvsdk_cache* cache);
 // `mini_prefill` (XKV), each run first plans the prompt with kvsdk_planner_* in a cache-free pass
 // (llama::Session::plan_prefill) and fixes the cache's allocation before the real prefill.
 // With `proxy` (smallkv), the proxy model runs each step just before `model` on its own full cache
-// (eval::ProxyRunner, proxy.h).
+// (llama::ProxyRunner, proxy_runner.h).
 Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_policy& policy,
                  uint64_t budget_bytes, bool mini_prefill = false,
                  const llama::Model* proxy = nullptr);

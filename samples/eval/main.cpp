@@ -16,7 +16,7 @@
 #include "error.h"
 #include "fidelity.h"
 #include "model.h"
-#include "proxy.h"
+#include "proxy_runner.h"
 #include "report.h"
 #include "sampler.h"
 #include "session.h"
@@ -42,7 +42,7 @@ struct Options {
   uint64_t seed = 42;
   std::string json, markdown, plot;
   bool mini_prefill = false;  // also run xkv with the XKV mini-prefill planner
-  std::string proxy_model;    // smallkv's proxy; empty: eval::default_proxy_model
+  std::string proxy_model;    // smallkv's proxy; empty: llama::default_proxy_model
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -195,11 +195,11 @@ bool policy_available(const std::string& spec, const llama::Model& model, kvsdk_
   return false;
 }
 
-// SmallKV's proxy model for `name` (--proxy-model, else eval::default_proxy_model), or null with
+// SmallKV's proxy model for `name` (--proxy-model, else llama::default_proxy_model), or null with
 // a note when there is none or it does not share the model's vocabulary.
 std::unique_ptr<llama::Model> load_proxy(const Options& o, const std::string& name,
                                          const llama::Model& model) {
-  const std::string proxy = o.proxy_model.empty() ? eval::default_proxy_model(name) : o.proxy_model;
+  const std::string proxy = o.proxy_model.empty() ? llama::default_proxy_model(name) : o.proxy_model;
   if (proxy.empty()) {
     std::fprintf(stderr, "note: smallkv on %s skipped: no proxy model (pass --proxy-model NAME)\n",
                  name.c_str());
