@@ -196,26 +196,26 @@ bool policy_available(const std::string& spec, const llama::Model& model, kvsdk_
 }
 
 // SmallKV's proxy model for `name` (--proxy-model, else llama::default_proxy_model), or null with
-// a note when there is none or it does not share the model's vocabulary.
+// a note (and `*why`) when there is none or it does not share the model's vocabulary.
 std::unique_ptr<llama::Model> load_proxy(const Options& o, const std::string& name,
-                                         const llama::Model& model) {
+                                         const llama::Model& model, std::string* why) {
   const std::string proxy = o.proxy_model.empty() ? llama::default_proxy_model(name) : o.proxy_model;
-  if (proxy.empty()) {
-    std::fprintf(stderr, "note: smallkv on %s skipped: no proxy model (pass --proxy-model NAME)\n",
-                 name.c_str());
-    return nullptr;
-  }
   const bool shared = proxy == "stories260K";
   const std::string path = (shared ? o.shared_dir + "/models" : o.bundled_dir) + "/" + proxy + ".bin";
-  if (!exists(path)) {
-    std::fprintf(stderr, "note: smallkv on %s skipped: proxy %s not found\n", name.c_str(),
-                 path.c_str());
-    return nullptr;
+  std::unique_ptr<llama::Model> m;
+  if (proxy.empty()) {
+    *why = "no smaller proxy model of the same family (pass --proxy-model NAME)";
+  } else if (!exists(path)) {
+    *why = "proxy " + path + " not found";
+  } else {
+    m = std::make_unique<llama::Model>(llama::Model::load(path));
+    if (m->config().vocab_size != model.config().vocab_size) {
+      *why = "proxy " + proxy + " has another vocabulary";
+      m.reset();
+    }
   }
-  auto m = std::make_unique<llama::Model>(llama::Model::load(path));
-  if (m->config().vocab_size != model.config().vocab_size) {
-    std::fprintf(stderr, "note: smallkv on %s skipped: proxy %s has another vocabulary\n",
-                 name.c_str(), proxy.c_str());
+  if (!m) {
+    std::fprintf(stderr, "note: smallkv on %s skipped: %s\n", name.c_str(), why->c_str());
     return nullptr;
   }
   std::fprintf(stderr, "[%s] smallkv proxy: %s\n", name.c_str(), proxy.c_str());
@@ -252,10 +252,8 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
     kvsdk_policy policy;
     if (!policy_available(spec, model, &policy)) continue;
     std::unique_ptr<llama::Model> proxy;
-    if (policy.method == KVSDK_METHOD_SMALLKV) {
-      proxy = load_proxy(o, name, model);
-      if (!proxy) continue;
-    }
+    std::string no_proxy;
+    if (policy.method == KVSDK_METHOD_SMALLKV) proxy = load_proxy(o, name, model, &no_proxy);
     const bool xkv = policy.method == KVSDK_METHOD_XKV && policy.quant_bits == 0;
     for (int variant = 0; variant < (o.mini_prefill && xkv ? 2 : 1); ++variant)
     for (int pct : o.budgets) {
@@ -271,6 +269,12 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
       r.ppl_full = ref.ppl_full;
       r.context_tokens = n;
       r.prompt_tokens = schedule.prompt_tokens;
+      if (!no_proxy.empty()) {  // every cell is recorded, those that cannot run with the reason
+        r.status = "skipped";
+        r.error = no_proxy;
+        records.push_back(r);
+        continue;
+      }
       const eval::Outcome out = eval::evaluate(model, ref, policy, r.budget_bytes, planned, proxy.get());
       r.ok = out.ok;
       r.status = out.ok ? "ok" : kvsdk_status_str(out.status);
@@ -322,8 +326,9 @@ int main(int argc, char** argv) {
                     r.policy.c_str(), r.budget_pct, (unsigned long long)r.cache_bytes, r.ppl,
                     r.ppl_full, r.top1_agreement, r.kl);
       } else {
-        std::printf("%-18s %-14s %5d%% %10s  failed: %s\n", r.model.c_str(), r.policy.c_str(),
-                    r.budget_pct, "-", r.status.c_str());
+        std::printf("%-18s %-14s %5d%% %10s  %s: %s\n", r.model.c_str(), r.policy.c_str(),
+                    r.budget_pct, "-", r.status == "skipped" ? "skipped" : "failed",
+                    r.status == "skipped" ? r.error.c_str() : r.status.c_str());
       }
     }
     return 0;

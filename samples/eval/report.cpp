@@ -124,8 +124,9 @@ void write_markdown(const std::string& path, const std::vector<Record>& records)
         if (r.fetch_hit_rate >= 0) f << " (fetch hit rate " << std::setprecision(3) << r.fetch_hit_rate << ")";
         f << " |\n";
       } else {
-        f << "- | - | - | " << std::fixed << std::setprecision(3) << r.ppl_full << " | - | - | failed ("
-          << r.status << ") |\n";
+        f << "- | - | - | " << std::fixed << std::setprecision(3) << r.ppl_full << " | - | - | "
+          << (r.status == "skipped" ? "skipped (" + r.error + ")" : "failed (" + r.status + ")")
+          << " |\n";
       }
     }
   }

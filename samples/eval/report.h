@@ -13,7 +13,8 @@ struct Record {
   int budget_pct = 0;
   uint64_t budget_bytes = 0;
   bool ok = false;
-  std::string status;        // "ok", or the kvsdk status that stopped the run
+  std::string status;        // "ok", "skipped" (the cell cannot run on this model: `error`
+                             // says why), or the kvsdk status that stopped the run
   std::string error;         // kvsdk_last_error() detail when not ok
   uint64_t cache_bytes = 0;  // peak bytes the cache held (0 when the run failed)
   uint64_t full_cache_bytes = 0;
