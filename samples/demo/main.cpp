@@ -163,7 +163,7 @@ int print_table(const demo::Setup& s, const std::vector<demo::Row>& rows) {
     identical += r.identical;
     std::string mark;
     if (r.proxy_bytes) {
-      notes.push_back(r.spec.policy + ": the proxy model (" + s.proxy_path + ") runs every token first on its own full cache of " +
+      notes.push_back(r.spec.policy + ": the proxy model " + s.proxy_name + " runs every token first on its own full cache of " +
                       std::to_string(r.proxy_bytes) + " bytes, outside the budget; its snapshot is saved beside the row's.");
       mark = " [" + std::to_string(notes.size()) + "]";
     }
@@ -235,6 +235,7 @@ int run_parent(const Options& o) {
   if (wants_proxy && !proxy_name.empty()) {
     std::string proxy_tok;
     llama::resolve_model(proxy_name, o.bundled_dir, o.shared_dir, &s.proxy_path, &proxy_tok);
+    s.proxy_name = proxy_name;
     proxy = std::make_unique<llama::Model>(llama::Model::load(s.proxy_path));
     s.proxy = proxy.get();
   }
@@ -255,7 +256,9 @@ int run_parent(const Options& o) {
     rows.push_back(demo::run_row(s, specs[i]));
     const demo::Row& r = rows.back();
     if (!o.quiet && r.ran && (o.verbose || i == 0)) print_scene(s, tok, r);
+    std::fflush(stdout);
   }
+  if (!o.quiet) std::printf("\n");
   return print_table(s, rows);
 }
 

@@ -21,7 +21,7 @@ struct RowSpec {
 struct Setup {
   const llama::Model* model = nullptr;
   const llama::Model* proxy = nullptr;  // smallkv's proxy model, or null
-  std::string model_path, proxy_path;
+  std::string model_path, proxy_path, proxy_name;
   std::vector<int> prompt;
   int tokens = 0, suspend_at = 0;
   float temperature = 0;
