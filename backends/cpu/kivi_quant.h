@@ -1,9 +1,9 @@
 // KIVI asymmetric min/max quantization ("KIVI: a tuning-free asymmetric 2bit quantization for KV
-// cache", as specified in DESIGN §6): X' = clamp(round((X - z) / s), 0, 2^b - 1), z = min X,
+// cache", docs/papers.md): X' = clamp(round((X - z) / s), 0, 2^b - 1), z = min X,
 // s = (max X - min X) / (2^b - 1); keys grouped per channel over G tokens, values per token over
-// G channels; and the 1-bit variant of
-// SpeCache (paper 003, §3.4: z = (3 min + max) / 4, s = (max - min) / 2, codes clamped to {0, 1},
-// i.e. the two levels sit at the quarter points of the range instead of at its ends).
+// G channels; and the 1-bit variant of SpeCache (docs/papers.md, §3.4: z = (3 min + max) / 4,
+// s = (max - min) / 2, codes clamped to {0, 1}, i.e. the two levels sit at the quarter points of
+// the range instead of at its ends).
 //
 // Scales and zero points are stored as IEEE f16 (2 bytes each). For 2/4/8 bits the zero point is
 // rounded down and the scale up, so the stored grid still covers [min, max] and every element is

@@ -1,9 +1,9 @@
-// One KV head held the KIVI way (DESIGN §6; KIVI's streaming scheme): the oldest tokens quantized in
-// blocks of G (keys per channel over the block, values per token over G-channel groups), the most
-// recent R..R+G-1 tokens kept exact (f16) in a residual window. When the residual reaches R + G
-// tokens its oldest G are flushed into one quantized block, so at least R recent tokens stay exact.
-// Flushing quantizes the f16-rounded residual rows, so the store's contents do not depend on how
-// the tokens were split across append calls.
+// One KV head held the KIVI way (KIVI's streaming scheme, docs/papers.md): the oldest tokens
+// quantized in blocks of G (keys per channel over the block, values per token over G-channel
+// groups), the most recent R..R+G-1 tokens kept exact (f16) in a residual window. When the residual
+// reaches R + G tokens its oldest G are flushed into one quantized block, so at least R recent
+// tokens stay exact. Flushing quantizes the f16-rounded residual rows, so the store's contents do
+// not depend on how the tokens were split across append calls.
 //
 // Eviction on top of KIVI (compositions such as xkv+kivi2): retain() drops tokens without
 // re-quantizing anything. Values are quantized per token, so dropping their rows is exact; a key

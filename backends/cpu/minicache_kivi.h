@@ -1,7 +1,8 @@
-// MiniCache composed with KIVI (the "minicache+kivi4" composition, DESIGN §6: "composes with KIVI
-// 4-bit"): a layer pair merged as in minicache_merge.h, with the shared directions of keys and
-// values held in a KIVI store (key directions quantized per channel over blocks of G tokens,
-// value directions per token, the most recent R merged tokens exact) instead of f16.
+// MiniCache composed with KIVI (the "minicache+kivi4" composition: MiniCache's abstract presents it
+// as complementary to quantization; docs/papers.md): a layer pair merged as in minicache_merge.h,
+// with the shared directions of keys and values held in a KIVI store (key directions quantized per
+// channel over blocks of G tokens, value directions per token, the most recent R merged tokens
+// exact) instead of f16.
 //
 // Differences from MergedLayerPair, both because K and V directions share one KIVI row:
 //  - one retention decision per token: a token stays unmerged when the larger of its key and value

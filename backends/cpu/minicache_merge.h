@@ -1,4 +1,5 @@
-// MiniCache cross-layer merging (paper 002, abstract only; method as fixed in DESIGN §6):
+// MiniCache cross-layer merging (MiniCache, docs/papers.md; only the paper's abstract was at hand,
+// so the formulas below are kvsdk's own reading of it):
 // from the middle layer on, the rows of adjacent layers (l-1, l) at the same token are merged into
 // one direction by spherical interpolation of their unit vectors,
 //   Ω = arccos(clamp(x̂_{l-1} · x̂_l, -1, 1)),

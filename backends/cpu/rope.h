@@ -1,7 +1,7 @@
 // Rotary position embeddings (RoPE, Su et al. 2021) applied to and removed from single key rows.
 // The cache receives keys already rotated by the host; representations that compare keys across
-// tokens (SpindleKV's codebook works on pre-RoPE keys, paper 001 §3.4) remove the rotation first
-// and re-apply it when a row is reconstructed for attention.
+// tokens (SpindleKV's codebook works on pre-RoPE keys, SpindleKV (docs/papers.md) §3.4) remove the
+// rotation first and re-apply it when a row is reconstructed for attention.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,5 @@
-// SmallKV: small-model-assisted compensation of KV cache compression (Zhao et al., paper 000, §4).
+// SmallKV: small-model-assisted compensation of KV cache compression (Zhao et al.; SmallKV
+// (docs/papers.md) §4).
 //  - Eq. 1: accumulated attention F(A, C)_v = Σ_u A[u, v] (column sums; computed by the caller).
 //  - Eq. 2: similarity of a large-model head i and a proxy head j = Jaccard similarity of the
 //    top-k token sets of their accumulated attention; Eq. 3: f(i) = argmax_j S(A_i, A'_j).

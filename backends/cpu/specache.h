@@ -1,4 +1,4 @@
-// SpeCache (Jie et al., paper 003): the full-precision KV cache lives in a backing store, a
+// SpeCache (Jie et al.; docs/papers.md): the full-precision KV cache lives in a backing store, a
 // low-bit KIVI copy (2- or 1-bit) is where attention runs. Each decode step also decodes a
 // speculative next token; its attention over the low-bit keys picks the top-k tokens (scores
 // averaged over the query heads of a GQA group, so one set per KV head) whose full-precision rows

@@ -1,7 +1,8 @@
-// Where SpeCache's off-budget full-precision rows live (paper 003 §3.2: the 16-bit cache is kept in
-// CPU memory; on a CPU-only device that can be a file, so the rows do not count against RAM).
-// Storage is handed out in fixed-size blocks addressed by index, never by pointer, so a file
-// mapping may move when it grows: a pointer from block() is valid until the next add_block().
+// Where SpeCache's off-budget full-precision rows live (SpeCache (docs/papers.md) §3.2: the 16-bit
+// cache is kept in CPU memory; on a CPU-only device that can be a file, so the rows do not count
+// against RAM). Storage is handed out in fixed-size blocks addressed by index, never by pointer, so
+// a file mapping may move when it grows: a pointer from block() is valid until the next
+// add_block().
 //
 // Two implementations: host memory (one heap allocation per block) and a file mapped with mmap
 // (POSIX only; elsewhere open_file_backing throws KVSDK_E_UNSUPPORTED). Neither is thread-safe:

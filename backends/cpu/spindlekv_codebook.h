@@ -1,4 +1,4 @@
-// SpindleKV codebook replacement for shallow layers (Tang et al., paper 001, §3.4,
+// SpindleKV codebook replacement for shallow layers (Tang et al.; SpindleKV (docs/papers.md) §3.4,
 // Algorithm 1 and Eqs. 8-14): rows are normalised (Eq. 8, magnitude m = ||x||), a cosine graph
 // links rows whose similarity exceeds θ (Eq. 9; θ_K = 0.98, θ_V = 0.95), and the codebook is built
 // greedily: take the row of highest degree (Eq. 10) as an entry (Eq. 11), point it and all its

@@ -1,6 +1,7 @@
-// One KV head of a SpindleKV shallow layer (paper 001, §3.4): keys and values each in their own
-// codebook (θ_K = 0.98, θ_V = 0.95). The codebook compares keys before RoPE, so the rotation the
-// host applied is removed on append and re-applied at the token's position on reconstruction.
+// One KV head of a SpindleKV shallow layer (SpindleKV (docs/papers.md) §3.4): keys and values each
+// in their own codebook (θ_K = 0.98, θ_V = 0.95). The codebook compares keys before RoPE, so the
+// rotation the host applied is removed on append and re-applied at the token's position on
+// reconstruction.
 //
 // Algorithm 1's cosine graph is quadratic in the rows it covers, so a long prefill is encoded in
 // blocks of kSpindlePrefillBlock tokens: each block first joins existing entries above θ (as

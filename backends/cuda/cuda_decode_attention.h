@@ -1,4 +1,4 @@
-// Decode attention on the device, directly over the stored tiers (DESIGN §5): one new query token
+// Decode attention on the device, directly over the stored tiers (docs/gpu.md): one new query token
 // per sequence attends to every cached token of its KV head, read from
 //  - the exact tier: f16 key/value rows, and/or
 //  - a KIVI tier: packed codes with f16 scales/zero points in backends/cpu/kivi_store.h's layout

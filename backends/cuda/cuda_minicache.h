@@ -1,5 +1,5 @@
-// MiniCache cross-layer merge and restore on the device (Liu et al. 2024, paper 002; the method as
-// fixed in DESIGN §6 and backends/cpu/minicache_merge.h): for each token the rows of layers l-1
+// MiniCache cross-layer merge and restore on the device (Liu et al. 2024, docs/papers.md; the
+// method as fixed in backends/cpu/minicache_merge.h): for each token the rows of layers l-1
 // and l are merged into one f16 direction by SLERP (t = 0.6) with one magnitude per layer, and
 // restored as ||x|| · e; retained tokens keep both f16 rows.
 //

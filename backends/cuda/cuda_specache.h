@@ -1,8 +1,8 @@
-// SpeCache on CUDA (Jie et al. 2025, paper 003, §3.3): the full-precision (f16) KV rows live in
-// pinned, device-mapped host memory outside the device budget; every decode step the speculative
-// top-k token indices (computed on the device by topk_rows) select rows that are fetched into the
-// budgeted device memory on a separate copy stream, overlapped with the compute stream's work,
-// and joined by an event only where the next step's attention needs them.
+// SpeCache on CUDA (Jie et al. 2025, SpeCache (docs/papers.md) §3.3): the full-precision (f16) KV
+// rows live in pinned, device-mapped host memory outside the device budget; every decode step the
+// speculative top-k token indices (computed on the device by topk_rows) select rows that are
+// fetched into the budgeted device memory on a separate copy stream, overlapped with the compute
+// stream's work, and joined by an event only where the next step's attention needs them.
 //
 // The fetch reads the selected rows straight from the mapped pinned buffer with a gather kernel
 // (zero-copy over PCIe / NVLink-C2C; on Jetson's shared memory, at memory speed), so the indices

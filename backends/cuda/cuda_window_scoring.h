@@ -1,8 +1,8 @@
 // Observation-window scoring on the device (the importance signal of SnapKV-style eviction and
-// SmallKV's accumulated attention, paper 000 Eq. 1): the last `window` queries of every query head
-// against all keys of its KV head, as causal f32 softmax probabilities. Q·Kᵀ runs on cuBLAS
-// (cublasGemmStridedBatchedEx, f16 inputs, f32 accumulation, one batch entry per KV head: the
-// group's query heads are stacked as rows, so GQA needs no repeated keys); masking, scaling and
+// SmallKV's accumulated attention, SmallKV (docs/papers.md) Eq. 1): the last `window` queries of
+// every query head against all keys of its KV head, as causal f32 softmax probabilities. Q·Kᵀ runs
+// on cuBLAS (cublasGemmStridedBatchedEx, f16 inputs, f32 accumulation, one batch entry per KV head:
+// the group's query heads are stacked as rows, so GQA needs no repeated keys); masking, scaling and
 // the softmax run in one f32 kernel.
 //
 // Device pointers; work is enqueued on `stream` (the handle is bound to it), nothing synchronises.

@@ -1,4 +1,4 @@
-// The device arena (DESIGN §5): the only device memory a CUDA cache owns for its tiers. One
+// The device arena (docs/gpu.md): the only device memory a CUDA cache owns for its tiers. One
 // cudaMalloc of exactly the context's byte budget (never managed memory), cut into per-layer,
 // per-tier slices by the allocation plan (device_arena_plan.h); a new plan re-partitions the same
 // region in place, moving each slice's live bytes, so the budget holds across plan changes.

@@ -1,4 +1,4 @@
-// Host-only bookkeeping of the device arena (DESIGN §5): how one byte budget is cut into
+// Host-only bookkeeping of the device arena (docs/gpu.md): how one byte budget is cut into
 // per-layer, per-tier slices (XKV's personalised per-layer sizes: every layer gets its own byte
 // count from the allocation plan), and how live data moves when the plan changes. No CUDA here,
 // so the logic is unit-tested on any machine; device_arena.cu executes the copies.

@@ -26,7 +26,8 @@ namespace {
 
 // The held-out 10% of tinyshakespeare starts here (see ../shared/data/README.md).
 constexpr size_t kHeldOutOffset = 1003854;
-// Combinations the presets must include beyond single methods (DESIGN §2).
+// Compositions (eviction presets with a KIVI overlay; docs/papers.md) evaluated beyond single
+// methods.
 const char* const kCompositions[] = {"xkv+kivi2", "snapkv+kivi4", "h2o+kivi4"};
 
 struct Options {

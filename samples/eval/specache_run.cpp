@@ -22,8 +22,8 @@ double run_specache(llama::Session& s, const std::vector<int>& tokens, const Sch
                     std::vector<float>* logits, uint64_t* peak, uint64_t* prefill_peak) {
   const size_t V = size_t(s.model().config().vocab_size);
   if (logits) logits->assign(tokens.size() * V, 0.0f);
-  // Prefill (paper 003 Algorithm 1, full-precision attention): every prompt token but the last
-  // (the first output token T_1 of the decoding), in one pass.
+  // Prefill (SpeCache (docs/papers.md) Algorithm 1, full-precision attention): every prompt token
+  // but the last (the first output token T_1 of the decoding), in one pass.
   const size_t prefill = std::min(tokens.size(), std::max<size_t>(schedule.prompt_tokens, 1) - 1);
   llama::SpeCacheDecoder d(s.model(), s.cache(), s.position());
   d.prefill(tokens.data(), prefill, logits ? logits->data() : nullptr);

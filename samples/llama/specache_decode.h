@@ -1,10 +1,10 @@
-// SpeCache's decoding (paper 003 §3.3, Algorithms 2 and 3) on a cache with policy 'specache':
-// each step decodes the output token T_t and a speculative token T'_{t+1} together. T_t's keys
-// and values are appended and its attention uses the full-precision rows fetched in the previous
-// step (kvsdk_cache_attend); T'_{t+1} attends the same cache (its K/V are never appended: it is
-// only a guess) and its queries go to kvsdk_cache_prefetch at every layer, so the next step's
-// attention finds the rows the next token most likely needs already fetched. The speculative
-// token of the next step is the argmax of T'_{t+1}'s logits.
+// SpeCache's decoding (SpeCache (docs/papers.md) §3.3, Algorithms 2 and 3) on a cache with policy
+// 'specache': each step decodes the output token T_t and a speculative token T'_{t+1} together.
+// T_t's keys and values are appended and its attention uses the full-precision rows fetched in the
+// previous step (kvsdk_cache_attend); T'_{t+1} attends the same cache (its K/V are never appended:
+// it is only a guess) and its queries go to kvsdk_cache_prefetch at every layer, so the next step's
+// attention finds the rows the next token most likely needs already fetched. The speculative token
+// of the next step is the argmax of T'_{t+1}'s logits.
 //
 // The first step needs rows for T_1 before any speculative token exists: a pre-decoding pass
 // (Algorithm 2) runs T_1 over the low-bit cache without appending it, prefetches with its own

@@ -1,6 +1,7 @@
-// Versioned option structs (DESIGN §3): copy a caller's struct of any size into the version this
-// library knows. Older (smaller, but at least the first version) structs keep defaults for the
-// fields they lack; newer (larger) structs are accepted when their unknown tail is zero.
+// Versioned option structs (the struct_size rule of include/kvsdk.h's ABI rules): copy a caller's
+// struct of any size into the version this library knows. Older (smaller, but at least the first
+// version) structs keep defaults for the fields they lack; newer (larger) structs are accepted when
+// their unknown tail is zero.
 #pragma once
 
 #include <cstddef>

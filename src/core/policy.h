@@ -1,5 +1,6 @@
-// Policy presets and their parameters (DESIGN §2): defaults from each method's paper, parsing of
-// preset names such as "xkv+kivi2", and validation.
+// Policy presets and their parameters (one preset per method of docs/papers.md, and the
+// compositions listed there): defaults, parsing of preset names such as "xkv+kivi2", and
+// validation.
 #pragma once
 
 #include <string>

@@ -1,10 +1,9 @@
-// Eviction presets with a KIVI overlay (policies such as "xkv+kivi2", "snapkv+kivi2",
-// "h2o+kivi4"; issue 6, DESIGN §2 "combinations"): the importance and allocation stages of the
-// eviction preset run unchanged, but every row an exact-tier head keeps is stored the KIVI way in
-// a cpu::KiviHeadStore (quantized blocks + an exact f16 residual window of the newest rows)
-// instead of f16 rows. Selection sees the rows as attention does (dequantized keys); eviction
-// calls KiviHeadStore::retain(), which drops rows without re-quantizing, so a kept row never
-// changes.
+// Eviction presets with a KIVI overlay (policies such as "xkv+kivi2", "snapkv+kivi2", "h2o+kivi4";
+// issue 6; the compositions in docs/papers.md): the importance and allocation stages of the
+// eviction preset run unchanged, but every row an exact-tier head keeps is stored the KIVI way in a
+// cpu::KiviHeadStore (quantized blocks + an exact f16 residual window of the newest rows) instead
+// of f16 rows. Selection sees the rows as attention does (dequantized keys); eviction calls
+// KiviHeadStore::retain(), which drops rows without re-quantizing, so a kept row never changes.
 //
 // Storage: LayerState::quant holds one store per KV head and LayerState::heads stays empty (the
 // stores hold the positions; nothing is counted twice). These helpers are the only places that

@@ -1,11 +1,12 @@
-// The representation stage of a cache (DESIGN §2, §6): how the rows of the layers a compressed
-// method covers are stored, attended, read, counted, evicted and saved. One subclass per method,
-// each in its own file under src/repr/ (kivi, spindlekv, minicache, smallkv, specache); the
-// algorithms themselves are the pure kernels of backends/cpu.
+// The representation stage of a cache (stage 3 of a policy, docs/papers.md; per method
+// docs/representations.md): how the rows of the layers a compressed method covers are stored,
+// attended, read, counted, evicted and saved. One subclass per method, each in its own file under
+// src/repr/ (kivi, spindlekv, minicache, smallkv, specache); the algorithms themselves are the pure
+// kernels of backends/cpu.
 //
 // The Cache owns at most one Representation. Layers it does not cover stay in the exact tier
-// (LayerState::heads), where the eviction presets of src/policy apply (e.g. SpindleKV's deep
-// layers, MiniCache's shallow layers).
+// (LayerState::heads): SpindleKV's deep layers evict there with the eviction machinery of
+// src/policy; MiniCache's shallow layers stay exact and never evict.
 //
 // Budget contract (enforced by Cache, which charges the context): before an append the cache
 // reserves append_bound() — an upper bound of the bytes the append can add — and after it charges
@@ -14,8 +15,10 @@
 // never exceeded. A representation that can evict (SmallKV) frees bytes in evict().
 //
 // Failure contract: append() may throw only before it changes anything (validation) or on
-// allocation failure; attend/read/save never change state. restore() validates everything and
-// throws kvsdk::Error KVSDK_E_CORRUPT for any inconsistency.
+// allocation failure; read/save never change state; attend never changes rows or bytes, but
+// SmallKV updates its importance state there (matching statistics, head mapping, row scores) and
+// SpeCache its hit-rate measurement (mutable members). restore() validates everything and throws
+// kvsdk::Error KVSDK_E_CORRUPT for any inconsistency.
 #pragma once
 
 #include <cstddef>

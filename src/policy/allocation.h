@@ -1,7 +1,7 @@
-// Allocation of a cache's token capacity across layers (DESIGN §2 stage 2). Every function
-// returns per-layer token counts (per KV head: every head of a layer keeps the same number of
-// rows) that never exceed the layer's length and sum to min(capacity, total length), so the
-// byte budget converted into `capacity` is used exactly.
+// Allocation of a cache's token capacity across layers (stage 2 of a policy, docs/papers.md). Every
+// function returns per-layer token counts (per KV head: every head of a layer keeps the same number
+// of rows) that never exceed the layer's length and sum to min(capacity, total length), so the byte
+// budget converted into `capacity` is used exactly.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,5 @@
-// Importance signals (DESIGN §2 stage 1): how much each cached token matters to one KV head.
+// Importance signals (stage 1 of a policy, docs/papers.md): how much each cached token matters to
+// one KV head.
 //   - window scores (SnapKV, PyramidKV, XKV): attention of the observation-window queries;
 //   - accumulated attention (H2O): column sums added up over every observed query.
 // Both average over the query heads of a GQA group, so there is one score per token per KV head
@@ -28,7 +29,7 @@ void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv
                        const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
                        float* scores);
 
-// SnapKV (paper: Li et al. 2024, as summarised in DESIGN §6): for every key, the f32 softmax
+// SnapKV (Li et al. 2024; docs/papers.md): for every key, the f32 softmax
 // probability each window query gives it (causal inside the window), summed over the window
 // queries and averaged over the query heads of `kv_head`'s group. Returns n_keys scores.
 std::vector<float> window_scores(const QueryBlock& window, const Geometry& g, uint32_t kv_head,

@@ -1,7 +1,7 @@
-// H2O heavy-hitter signal (Zhang et al. 2023, DESIGN §6): the accumulated column sums of attention
-// probabilities. Each observed query (decode step or prompt query) adds its probabilities to the
-// persistent per-token score of the tokens it sees; evicted tokens take their score with them and
-// kept tokens keep theirs, so the ranking survives compression and suspend/resume.
+// H2O heavy-hitter signal (Zhang et al. 2023; docs/papers.md): the accumulated column sums of
+// attention probabilities. Each observed query (decode step or prompt query) adds its probabilities
+// to the persistent per-token score of the tokens it sees; evicted tokens take their score with
+// them and kept tokens keep theirs, so the ranking survives compression and suspend/resume.
 #include "policy/importance.h"
 
 namespace kvsdk::policy {

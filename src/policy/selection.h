@@ -1,5 +1,6 @@
-// Token selection for one KV head (DESIGN §2 eviction): which of `n` candidate rows (in storage
-// order, oldest first) survive when only `k` may stay. Survivors keep their order and positions.
+// Token selection for one KV head (the eviction step of the eviction presets): which of `n`
+// candidate rows (in storage order, oldest first) survive when only `k` may stay. Survivors keep
+// their order and positions.
 #pragma once
 
 #include <cstddef>

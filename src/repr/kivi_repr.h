@@ -1,4 +1,4 @@
-// Policy 'kivi' (KIVI, paper 004; DESIGN §6): every layer and KV head in a KiviHeadStore
+// Policy 'kivi' (KIVI, docs/papers.md): every layer and KV head in a KiviHeadStore
 // (backends/cpu/kivi_store.h): keys per channel in blocks of G tokens, values per token, an exact
 // f16 residual window of R recent tokens. Quantizes, never evicts.
 #pragma once

@@ -1,4 +1,4 @@
-// Policy 'minicache' (MiniCache, paper 002; DESIGN §6) and the composition 'minicache+kivi4'
+// Policy 'minicache' (MiniCache, docs/papers.md) and the composition 'minicache+kivi4'
 // (quant_bits != 0): from the boundary layer m (policy.boundary_layer, -1 = n_layers / 2) on,
 // the adjacent layer pairs (m, m+1), (m+2, m+3), ... share one SLERP direction per token and
 // KV head (t = policy.merge_t), with per-layer magnitudes; the γ = policy.retain_ratio most

@@ -1,6 +1,6 @@
-// SmallKV's link to the proxy (paper 000, §4): the cache of a smaller model of the same family
-// (policy 'full') that runs on the same tokens just before the large model. The link listens to
-// the proxy's attention through Cache::set_attention_tap and keeps
+// SmallKV's link to the proxy (SmallKV (docs/papers.md) §4): the cache of a smaller model of the
+// same family (policy 'full') that runs on the same tokens just before the large model. The link
+// listens to the proxy's attention through Cache::set_attention_tap and keeps
 //  - each proxy (layer, KV head)'s latest packed query rows, so that the large cache can compute
 //    the matched proxy head's attention of the same step over the proxy's full cache (Eq. 6), and
 //  - Eq. 1 of every proxy head over the first match_tokens tokens (for the head matching, Eq. 2/3).

@@ -1,4 +1,4 @@
-// Policy 'smallkv' (SmallKV, paper 000 §4; DESIGN §6): every layer. Per KV head, full rows (f16
+// Policy 'smallkv' (SmallKV (docs/papers.md) §4): every layer. Per KV head, full rows (f16
 // K+V: critical and recent tokens, KVSDK_TIER_EXACT), marginal rows (f16 V only,
 // KVSDK_TIER_VALUE_ONLY), and per row its position and the proxy's accumulated attention
 // (KVSDK_TIER_METADATA). Kernels: backends/cpu/smallkv.h.

@@ -88,7 +88,8 @@ void SpeCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const floa
   att.finish(out);
   if (pending_[layer][kv_head]) {
     // The real queries' attention (over the low-bit keys) on the rows the speculative token
-    // fetched, per query, averaged into the running hit rate (paper 003 §4 reports this share).
+    // fetched, per query, averaged into the running hit rate (SpeCache (docs/papers.md) §4
+    // reports this share).
     const size_t group = geometry_.group_size(), dim = geometry_.head_dim;
     for (size_t r = 0; r + group <= n_rows; r += group) {
       hit_sum_ += h.hit_rate(q_rows + r * dim, group, row_positions[r], geometry_.attn_scale);
@@ -184,7 +185,8 @@ void SpeCacheRepresentation::restore(uint32_t layer, const std::vector<TierRecor
     cpu::KiviHeadStore lowbit = kivi_store_from_record(dim, config_, "lowbit.", r);
     const size_t n = lowbit.size();
     // Saved without its backing store (include_backing = 0): rebuilt from the low-bit copy, so
-    // fetched rows then carry low-bit precision until new tokens arrive.
+    // every later fetch of these tokens carries low-bit precision (tokens appended after the load
+    // get their f16 rows): the cache is identical to the saved one only until its next prefetch.
     std::vector<uint16_t> rebuilt_k, rebuilt_v;
     const bool with_backing = r.has("backing.keys") || r.has("backing.values");
     if (!with_backing) {

@@ -1,4 +1,4 @@
-// Policy 'specache' (SpeCache, paper 003; DESIGN §6): every layer and KV head in a
+// Policy 'specache' (SpeCache, docs/papers.md): every layer and KV head in a
 // cpu::SpeCacheHead (backends/cpu/specache.h). Budgeted: the low-bit KIVI copy (quant_bits 2, or
 // SpeCache's 1-bit variant) and the full-precision rows fetched for the next step. Off budget: the
 // f16 backing store, in host memory or in a file (set_backing_file), reported as backing_bytes.

@@ -1,4 +1,4 @@
-// Policy 'spindlekv' (SpindleKV, paper 001): the shallow layers below the boundary
+// Policy 'spindlekv' (SpindleKV, docs/papers.md): the shallow layers below the boundary
 // (policy.boundary_layer, -1 = n_layers / 2) hold per-KV-head codebooks (§3.4, Algorithm 1;
 // backends/cpu/spindlekv_store.h: keys grouped before RoPE with θ_K = 0.98, values with
 // θ_V = 0.95, decode tokens joining an entry above θ or extending the codebook). The layers from

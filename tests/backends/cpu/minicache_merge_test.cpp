@@ -1,5 +1,6 @@
-// MiniCache cross-layer merge (DESIGN §6) against a double-precision SLERP reference: restored
-// magnitudes, bit-exact retained tokens, merged directions, decode-time retention, attention.
+// MiniCache cross-layer merge (formulas in backends/cpu/minicache_merge.h) against a
+// double-precision SLERP reference: restored magnitudes, bit-exact retained tokens, merged
+// directions, decode-time retention, attention.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// SmallKV (paper 000) against naive references: top-k and Jaccard (Eq. 2), argmax-Jaccard head
+// SmallKV (docs/papers.md) against naive references: top-k and Jaccard (Eq. 2), argmax-Jaccard head
 // matching (Eq. 3), the 2:1:2 budget split, token selection, and the Eq. 6 composition.
 #include <gtest/gtest.h>
 

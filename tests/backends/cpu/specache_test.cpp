@@ -1,5 +1,5 @@
-// SpeCache (paper 003): group-averaged top-k selection against a naive reference, attention with
-// fetched rows substituted, and k = all tokens equal to exact attention.
+// SpeCache (docs/papers.md): group-averaged top-k selection against a naive reference, attention
+// with fetched rows substituted, and k = all tokens equal to exact attention.
 #include <gtest/gtest.h>
 
 #include <algorithm>

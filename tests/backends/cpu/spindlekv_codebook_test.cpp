@@ -1,5 +1,5 @@
-// SpindleKV codebook (paper 001, Algorithm 1) against a naive dense-graph reference; coverage,
-// reconstruction, decode-time joining, and the pre-RoPE key store.
+// SpindleKV codebook (SpindleKV (docs/papers.md) Algorithm 1) against a naive dense-graph
+// reference; coverage, reconstruction, decode-time joining, and the pre-RoPE key store.
 #include <gtest/gtest.h>
 
 #include <cmath>
