@@ -14,7 +14,10 @@
  * ABI rules (hold for every function below):
  *   - Handles are opaque; every `*_create` has a `*_destroy`, and `*_destroy(NULL)` is a no-op.
  *   - Every fallible call returns a `kvsdk_status`. On failure, outputs are left untouched and
- *     the object the call operated on is unchanged. `kvsdk_last_error()` adds detail.
+ *     the object the call operated on is unchanged, except where a function states otherwise
+ *     (kvsdk_cache_save_to_buffer's buffer; a smallkv cache's importance state in
+ *     kvsdk_cache_attend and its evictions in kvsdk_cache_append). `kvsdk_last_error()` adds
+ *     detail.
  *   - Option structs begin with `uint32_t struct_size` and are filled by their `*_init()`
  *     function; a struct from a newer header (larger `struct_size`) is accepted if the fields
  *     this library does not know are zero, a struct smaller than the first version is rejected.
@@ -23,8 +26,11 @@
  *
  * Threading (per object):
  *   - `kvsdk_context` is thread-safe: many caches on many threads may share one context.
- *   - `kvsdk_cache` is used by one thread at a time (the caller serialises access to one cache);
- *     distinct caches may be used concurrently, even when they share a context.
+ *   - `kvsdk_cache` is used by one thread at a time (the caller serialises access to one cache),
+ *     for every call, including those that take a const cache; distinct caches may be used
+ *     concurrently, even when they share a context. Exception: a smallkv cache and its proxy
+ *     (kvsdk_cache_set_proxy) read and update each other's state, so the pair is used by one
+ *     thread at a time.
  *   - Free functions without a handle (version, status strings, *_init) are thread-safe.
  *
  * C99-clean: no C++ and no dependency types appear here.
@@ -130,11 +136,15 @@ typedef struct kvsdk_context_options {
  *  Errors: KVSDK_E_INVALID_ARG if `options` is NULL. */
 KVSDK_API kvsdk_status kvsdk_context_options_init(kvsdk_context_options *options);
 
-/** Creates a context. `options` may be NULL for defaults. On success `*out` owns a new context
- *  that the caller releases with kvsdk_context_destroy after destroying every cache on it.
- *  Errors: KVSDK_E_INVALID_ARG (NULL out, bad struct_size, unknown backend),
- *          KVSDK_E_UNSUPPORTED (backend not compiled in or not implemented yet),
- *          KVSDK_E_BACKEND (device missing), KVSDK_E_NO_MEMORY. */
+/** Creates a context. `options` may be NULL for defaults. On success `*out` owns a new context;
+ *  the caller releases it with kvsdk_context_destroy (caches on it keep it alive until they are
+ *  destroyed).
+ *  In this version only KVSDK_BACKEND_CPU creates a context: KVSDK_BACKEND_CUDA fails with
+ *  KVSDK_E_UNSUPPORTED (without CUDA compiled in; or, with it, after checking the device: the
+ *  device cache backend is not implemented yet).
+ *  Errors: KVSDK_E_INVALID_ARG (NULL out, bad struct_size, unknown backend, device ordinal not
+ *          present), KVSDK_E_UNSUPPORTED (see above), KVSDK_E_BACKEND (no CUDA device),
+ *          KVSDK_E_NO_MEMORY. */
 KVSDK_API kvsdk_status kvsdk_context_create(kvsdk_context **out,
                                             const kvsdk_context_options *options);
 
@@ -172,10 +182,12 @@ typedef enum kvsdk_rope_style {
 
 typedef struct kvsdk_geometry {
   uint32_t struct_size;  /**< sizeof(kvsdk_geometry); set by kvsdk_geometry_init. */
-  uint32_t n_layers;     /**< Transformer layers, >= 1. */
-  uint32_t n_q_heads;    /**< Query heads per layer, a multiple of n_kv_heads. */
-  uint32_t n_kv_heads;   /**< Key/value heads per layer (GQA when fewer than n_q_heads). */
-  uint32_t head_dim;     /**< Channels per head, 1..1024. */
+  uint32_t n_layers;     /**< Transformer layers, 1..4096. */
+  uint32_t n_q_heads;    /**< Query heads per layer, a multiple of n_kv_heads, at most 4096. */
+  uint32_t n_kv_heads;   /**< Key/value heads per layer, 1..4096 (GQA when fewer than
+                              n_q_heads). */
+  uint32_t head_dim;     /**< Channels per head, 1..1024; even unless rope_style is
+                              KVSDK_ROPE_NONE. */
   int32_t dtype;         /**< A kvsdk_dtype for keys, values, queries and outputs. Default F32. */
   int32_t rope_style;    /**< A kvsdk_rope_style. Default KVSDK_ROPE_INTERLEAVED. */
   float rope_theta;      /**< RoPE base. Default 10000. */
@@ -190,23 +202,39 @@ KVSDK_API kvsdk_status kvsdk_geometry_init(kvsdk_geometry *geometry);
 /* Policy: how a cache stays inside its budget                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
-/** Compression methods (DESIGN §2 presets). Numbers are never renumbered. A method this build
- *  does not implement yet makes kvsdk_cache_create return KVSDK_E_UNSUPPORTED. */
+/** Compression methods: one preset per method, each from its paper (titles and arXiv ids in
+ *  docs/papers.md). Numbers are never renumbered. Every method is implemented on the CPU backend
+ *  (no cache can be created on KVSDK_BACKEND_CUDA yet: see kvsdk_context_create). Not
+ *  implemented: a KIVI overlay (quant_bits != 0, e.g. "full+kivi2") on full, spindlekv or smallkv,
+ *  for which kvsdk_cache_create returns KVSDK_E_UNSUPPORTED. Methods that "never evict" fail an
+ *  append that does not fit the budget with KVSDK_E_BUDGET. */
 typedef enum kvsdk_method {
-  KVSDK_METHOD_FULL = 0,           /**< Exact cache, no compression (implemented). */
-  KVSDK_METHOD_STREAMING_LLM = 1,  /**< Attention sinks + recent window. */
-  KVSDK_METHOD_H2O = 2,            /**< Heavy hitters by accumulated attention + recent window. */
-  KVSDK_METHOD_SNAPKV = 3,         /**< Observation-window scores, pooled, per KV head. */
-  KVSDK_METHOD_PYRAMIDKV = 4,      /**< SnapKV selection with a linear per-layer schedule. */
-  KVSDK_METHOD_XKV = 5,            /**< Greedy personalised per-layer allocation (XKV). */
-  KVSDK_METHOD_KIVI = 6,           /**< Low-bit asymmetric quantization, no eviction. */
-  KVSDK_METHOD_SPINDLEKV = 7,      /**< Codebooks in shallow layers, eviction in deep layers. */
-  KVSDK_METHOD_MINICACHE = 8,      /**< Cross-layer SLERP merging in deep layers. */
-  KVSDK_METHOD_SMALLKV = 9,        /**< Proxy-model attention compensation. */
-  KVSDK_METHOD_SPECACHE = 10       /**< Low-bit shadow + full-precision backing + prefetch.
-                                        A snapshot saved without its backing store
-                                        (include_backing = 0) loads with the backing rebuilt
-                                        from the low-bit copy. */
+  KVSDK_METHOD_FULL = 0,           /**< Exact f16 cache of every token; never evicts. */
+  KVSDK_METHOD_STREAMING_LLM = 1,  /**< Evicts all but the sink_tokens first rows and the newest
+                                        rows (StreamingLLM). */
+  KVSDK_METHOD_H2O = 2,            /**< Evicts by accumulated attention (kvsdk_cache_observe):
+                                        keeps sinks, heavy hitters and the newest rows (H2O). */
+  KVSDK_METHOD_SNAPKV = 3,         /**< Evicts by the pooled attention of an observation window
+                                        of queries, one selection per KV head (SnapKV). */
+  KVSDK_METHOD_PYRAMIDKV = 4,      /**< SnapKV selection; rows per layer decrease linearly with
+                                        depth (PyramidKV, with SpindleKV's schedule). */
+  KVSDK_METHOD_XKV = 5,            /**< SnapKV-style selection; rows per layer from XKV's greedy
+                                        personalised allocation. */
+  KVSDK_METHOD_KIVI = 6,           /**< Every layer KIVI-quantized (quant_bits 1/2/4/8, default 2)
+                                        with an exact window of recent rows; never evicts. */
+  KVSDK_METHOD_SPINDLEKV = 7,      /**< Layers below boundary_layer in codebooks (never evicted);
+                                        deeper layers evict with SnapKV selection on SpindleKV's
+                                        layer schedule. */
+  KVSDK_METHOD_MINICACHE = 8,      /**< From boundary_layer on, adjacent layer pairs share one
+                                        SLERP-merged direction per token; "minicache+kiviN" holds
+                                        the directions KIVI-quantized. Lower layers stay exact.
+                                        Never evicts. */
+  KVSDK_METHOD_SMALLKV = 9,        /**< Evicts and compensates with a proxy cache's attention
+                                        (SmallKV; see the SmallKV section below). */
+  KVSDK_METHOD_SPECACHE = 10       /**< A 2- or 1-bit KIVI copy in the budget, the f16 rows in an
+                                        off-budget backing store, speculative prefetch of rows
+                                        (SpeCache; see the SpeCache section below). Never evicts.
+                                        For snapshots see kvsdk_save_options.include_backing. */
 } kvsdk_method;
 #define KVSDK_METHOD_COUNT 11
 
@@ -217,29 +245,42 @@ typedef enum kvsdk_pool_kind {
 } kvsdk_pool_kind;
 
 /** Policy parameters. Fields that a method does not use are ignored by it. kvsdk_policy_init
- *  sets each method's defaults from its paper. */
+ *  sets the defaults given with each field (the same for every method, except quant_bits: 2 for
+ *  kivi and specache, 0 for the others). */
 typedef struct kvsdk_policy {
   uint32_t struct_size;     /**< sizeof(kvsdk_policy); set by kvsdk_policy_init. */
   int32_t method;           /**< A kvsdk_method. */
-  int32_t quant_bits;       /**< KIVI representation overlay: 0 = exact, or 8/4/2/1 bits.
-                                 Eviction presets store the rows they keep KIVI-quantized
-                                 (eviction never re-quantizes a kept row); 'full' takes none. */
+  int32_t quant_bits;       /**< KIVI bits: 0 = exact, or 8/4/2/1. kivi: 1/2/4/8 (0 is
+                                 KVSDK_E_INVALID_ARG); specache: its low-bit copy, 1 or 2;
+                                 eviction presets (the '+kiviN' overlay): the rows they keep are
+                                 stored KIVI-quantized (eviction never re-quantizes a kept row);
+                                 minicache: the merged directions; full, spindlekv and smallkv
+                                 take none (KVSDK_E_UNSUPPORTED). */
   int32_t quant_group;      /**< KIVI group size G (tokens for keys, channels for values). 32. */
   int32_t quant_residual;   /**< KIVI exact residual window R (tokens). 128. */
-  int32_t sink_tokens;      /**< StreamingLLM / H2O attention sinks kept forever. 4. */
-  int32_t recent_tokens;    /**< Recent window kept exact by eviction methods. 32. */
-  int32_t obs_window;       /**< Observation window w (queries) of SnapKV/PyramidKV/XKV. 32. */
-  int32_t pool_kernel;      /**< 1-D pooling kernel over scores. 7. */
+  int32_t sink_tokens;      /**< StreamingLLM / H2O: first rows never evicted. 4. */
+  int32_t recent_tokens;    /**< Not used by any method in this version (checked >= 0, saved in
+                                 snapshots). The recent rows a method keeps follow from its own
+                                 parameters: streaming_llm keeps every row after the sinks that
+                                 fits, h2o what heavy_ratio leaves, window methods the newest
+                                 obs_window rows, smallkv its 2:1:2 split. 32. */
+  int32_t obs_window;       /**< Observation window w (queries) of SnapKV/PyramidKV/XKV, of
+                                 SpindleKV's evicting layers and of kvsdk_planner; >= 1. 32. */
+  int32_t pool_kernel;      /**< 1-D pooling kernel over scores, odd. 7. */
   int32_t pool_kind;        /**< A kvsdk_pool_kind. Max. */
-  float heavy_ratio;        /**< H2O share of kept tokens that are heavy hitters. 0.5. */
+  float heavy_ratio;        /**< H2O: share of the kept rows after the sinks that are heavy
+                                 hitters (the rest are the newest rows), 0..1. 0.5. */
   float schedule_alpha;     /**< SpindleKV/PyramidKV schedule alpha. 0.525. */
   float schedule_beta;      /**< SpindleKV/PyramidKV schedule beta. 0.05. */
-  int32_t boundary_layer;   /**< SpindleKV: layers below it hold codebooks, the others evict;
-                                 MiniCache: first merged layer. -1 = n_layers / 2. */
-  float merge_t;            /**< MiniCache SLERP interpolation t. 0.6. */
-  float retain_ratio;       /**< MiniCache share of tokens per head kept unmerged. 0.05. */
+  int32_t boundary_layer;   /**< SpindleKV: layers below it hold codebooks, the others evict
+                                 (0..n_layers); MiniCache: first merged layer (below n_layers).
+                                 -1 = n_layers / 2. A value beyond the geometry makes
+                                 kvsdk_cache_create fail with KVSDK_E_INVALID_ARG. */
+  float merge_t;            /**< MiniCache SLERP interpolation t, 0..1. 0.6. */
+  float retain_ratio;       /**< MiniCache share of tokens per head kept unmerged, 0..1. 0.05. */
   int32_t fetch_tokens;     /**< SpeCache: top-k rows fetched per KV head for the next step. 64. */
-  int32_t match_tokens;     /**< SmallKV: prompt tokens used for head matching (100..200). 128. */
+  int32_t match_tokens;     /**< SmallKV: first tokens used for head matching, >= 1 (the paper
+                                 uses 100..200). 128. */
 } kvsdk_policy;
 
 /** Fills `policy` with the defaults of `method` (a kvsdk_method value) and sets struct_size.
@@ -247,9 +288,10 @@ typedef struct kvsdk_policy {
 KVSDK_API kvsdk_status kvsdk_policy_init(kvsdk_policy *policy, int32_t method);
 
 /** Parses a preset name such as "full", "snapkv", "kivi" or a composition "xkv+kivi2"
- *  (method, then '+kiviN' for an N-bit KIVI overlay) into `policy` (initialised with the
- *  method's defaults). On failure `policy` is untouched.
- *  Errors: KVSDK_E_INVALID_ARG (NULL arguments, unknown name). */
+ *  (method, then '+kiviN' for N-bit KIVI, N = 1, 2, 4 or 8) into `policy` (initialised with the
+ *  method's defaults, quant_bits = N). On failure `policy` is untouched. A name that parses may
+ *  still name an unsupported combination ("full+kivi2": see kvsdk_method).
+ *  Errors: KVSDK_E_INVALID_ARG (NULL arguments, unknown name, other N). */
 KVSDK_API kvsdk_status kvsdk_policy_parse(kvsdk_policy *policy, const char *spec);
 
 /** Canonical lower-case name of a kvsdk_method value ("full", "streaming_llm", ...), or NULL if
@@ -266,7 +308,9 @@ typedef struct kvsdk_cache kvsdk_cache;
  *  a reference to `ctx` (see kvsdk_context_destroy). On success `*out` owns the cache; release it
  *  with kvsdk_cache_destroy.
  *  Errors: KVSDK_E_INVALID_ARG (NULL out/ctx/geometry, bad struct_size, invalid geometry or
- *          policy values), KVSDK_E_UNSUPPORTED (method not implemented yet), KVSDK_E_NO_MEMORY. */
+ *          policy values, e.g. kivi with quant_bits 0, specache with quant_bits other than 1 or
+ *          2, boundary_layer beyond the geometry), KVSDK_E_UNSUPPORTED (a KIVI overlay on full,
+ *          spindlekv or smallkv), KVSDK_E_NO_MEMORY. */
 KVSDK_API kvsdk_status kvsdk_cache_create(kvsdk_cache **out, kvsdk_context *ctx,
                                           const kvsdk_geometry *geometry,
                                           const kvsdk_policy *policy);
@@ -284,9 +328,13 @@ KVSDK_API kvsdk_status kvsdk_cache_geometry(const kvsdk_cache *cache, kvsdk_geom
  *  `positions`: n_tokens absolute positions >= 0 (used for causal masking and kept with every
  *  token through eviction).
  *  Errors: KVSDK_E_INVALID_ARG (NULL pointers, n_tokens == 0, kv_bytes mismatch, negative
- *          position), KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_BUDGET (the result does not fit the
- *          budget and the policy cannot compress enough), KVSDK_E_NO_MEMORY.
- *  On any error the cache is unchanged. */
+ *          position; minicache: positions that differ from the partner layer's for the same
+ *          tokens), KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_BUDGET (the result does not fit the
+ *          budget and the policy cannot compress enough), KVSDK_E_STATE (smallkv must evict but
+ *          has no proxy), KVSDK_E_IO (specache: its backing file cannot grow),
+ *          KVSDK_E_NO_MEMORY.
+ *  On any error the cache is unchanged, except that a smallkv cache keeps the evictions it made
+ *  before failing with KVSDK_E_BUDGET. */
 KVSDK_API kvsdk_status kvsdk_cache_append(kvsdk_cache *cache, uint32_t layer, size_t n_tokens,
                                           const void *k, const void *v, const int32_t *positions,
                                           size_t kv_bytes);
@@ -297,16 +345,33 @@ KVSDK_API kvsdk_status kvsdk_cache_append(kvsdk_cache *cache, uint32_t layer, si
  *  then sees only cached tokens whose position is <= its own (causal prefill).
  *  `out`: n_queries x n_q_heads x head_dim elements of the geometry's dtype, `out_bytes` long.
  *  Query head h reads KV head h / (n_q_heads / n_kv_heads). Scores and the softmax accumulate in
- *  f32. A query that sees no token gets a zero output. The cache is not modified.
+ *  f32. A query that sees no token gets a zero output.
+ *  Rows, bytes and budget charges never change. State that does change (the cache is therefore
+ *  passed non-const and falls under the one-thread-per-cache rule):
+ *   - smallkv: the importance state (the large model's matching statistics over the first
+ *     match_tokens tokens, the head mapping once they are complete, each row's accumulated proxy
+ *     attention). It decides later matching and evictions, hence later outputs, and is saved in
+ *     snapshots.
+ *   - a 'full' cache serving as a smallkv proxy: not itself, but its smallkv cache's link (the
+ *     proxy queries of the step, which the smallkv cache's next attend reads, and the proxy's
+ *     matching statistics). It decides later outputs of the smallkv cache and is not saved.
+ *   - specache: the fetch hit-rate measurement (kvsdk_cache_fetch_stats). It never affects
+ *     outputs and is not saved.
+ *  Every other policy changes nothing (h2o accumulates its scores in kvsdk_cache_observe, not
+ *  here).
  *  Errors: KVSDK_E_INVALID_ARG (NULL pointers, zero queries, size mismatch),
- *          KVSDK_E_OUT_OF_RANGE (layer). On error `out` is untouched. */
+ *          KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_STATE (smallkv: marginal rows but no proxy, or
+ *          the proxy has not attended this step), KVSDK_E_NO_MEMORY. On error `out` is
+ *          untouched; a smallkv cache may keep the importance updates of the KV heads attended
+ *          before the failure. */
 KVSDK_API kvsdk_status kvsdk_cache_attend(kvsdk_cache *cache, uint32_t layer, size_t n_queries,
                                           const void *q, const int32_t *q_positions,
                                           size_t q_bytes, void *out, size_t out_bytes);
 
 /** Materialises the dense keys, values and positions that one KV head of one layer currently
- *  holds (dequantised/reconstructed for compressed tiers), in stored order: append order, which
- *  eviction preserves for the surviving tokens.
+ *  holds (dequantised/reconstructed for compressed tiers, as attention sees them), in stored
+ *  order: append order, which eviction preserves for the surviving tokens (smallkv: position
+ *  order, marginal rows with zero keys; specache: fetched rows in full precision).
  *  Size query: with `k`, `v` and `positions` all NULL, writes the token count to `*n_tokens`.
  *  Otherwise `capacity_tokens` is the capacity of the buffers (k and v: capacity x head_dim
  *  elements of the geometry's dtype; positions: capacity int32); any of the three may be NULL
@@ -321,13 +386,15 @@ KVSDK_API kvsdk_status kvsdk_cache_read(const kvsdk_cache *cache, uint32_t layer
 /* Compression: observe, compress, plan                                                        */
 /* ------------------------------------------------------------------------------------------ */
 /*
- * Eviction presets (streaming_llm, h2o, snapkv, pyramidkv, xkv) keep a cache inside its budget by
- * evicting rows per KV head; survivors keep their original positions and order. The budget of a
- * cache is the smaller of its own byte budget (kvsdk_cache_set_budget, optional) and what its
- * context has left. Every byte counts: f16 keys and values, the int32 position of every row,
- * H2O's f32 accumulated score per row and KV head, and the f32 observation-window queries that
- * window methods keep (all but keys/values are reported as KVSDK_TIER_METADATA). The allocation
- * stage converts the bytes into tokens per layer with exactly those per-row sizes.
+ * Eviction presets (streaming_llm, h2o, snapkv, pyramidkv, xkv, and spindlekv in its layers from
+ * boundary_layer on) keep a cache inside its budget by evicting rows per KV head; survivors keep
+ * their original positions and order. The budget of a cache is the smaller of its own byte budget
+ * (kvsdk_cache_set_budget, optional) and what its context has left. Every byte counts: f16 keys
+ * and values (KIVI codes, scales, zero points and exact residual rows with a '+kiviN' overlay),
+ * the int32 position of every row, H2O's f32 accumulated score per row and KV head, and the f32
+ * observation-window queries that window methods keep (all but keys/values are reported as
+ * KVSDK_TIER_METADATA). The allocation stage converts the bytes into tokens per layer with
+ * exactly those per-row sizes (estimated with an overlay: see kvsdk_cache_token_capacity).
  *
  * Typical use:
  *   prefill: per layer, kvsdk_cache_observe(the last obs_window prompt queries), then
@@ -351,7 +418,8 @@ KVSDK_API kvsdk_status kvsdk_cache_read(const kvsdk_cache *cache, uint32_t layer
  *                  §3.3, schedule_alpha / schedule_beta).
  *   xkv            snapkv-style per-layer importance vectors; tokens per layer from the XKV greedy
  *                  allocation (Algorithm 1), top-k per KV head (Algorithm 2).
- * Layers hold the same number of rows in every KV head. 'full' never evicts.
+ * Layers hold the same number of rows in every KV head. full, kivi, minicache and specache never
+ * evict; smallkv evicts on its own terms (see its section below).
  */
 
 /** Feeds the queries of `n_queries` tokens of one layer to the policy's importance signal:
@@ -359,9 +427,11 @@ KVSDK_API kvsdk_status kvsdk_cache_read(const kvsdk_cache *cache, uint32_t layer
  *  queries. `q`: n_queries x n_q_heads x head_dim elements of the geometry's dtype, `q_bytes`
  *  long; `q_positions`: NULL (queries see every key) or n_queries positions (causal).
  *  h2o adds the queries' attention over the currently held rows to their scores; window methods
- *  keep the newest obs_window observed queries, at most as many as fit in an eighth of the budget
- *  spread over all layers (at least one); a window that grows may evict tokens to make room for
- *  its bytes. full and streaming_llm ignore the queries.
+ *  (snapkv, pyramidkv, xkv, and spindlekv's evicting layers) keep the newest obs_window observed
+ *  queries, at most as many as fit in an eighth of the budget spread over all layers (at least
+ *  one); a window that grows may evict tokens to make room for its bytes. Every other policy
+ *  (full, streaming_llm, kivi, minicache, smallkv, specache) and spindlekv's codebook layers
+ *  check the arguments and ignore the queries.
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/q, zero queries, size mismatch),
  *          KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_BUDGET (the window cannot fit),
  *          KVSDK_E_NO_MEMORY. On error the cache is unchanged. */
@@ -371,28 +441,38 @@ KVSDK_API kvsdk_status kvsdk_cache_observe(kvsdk_cache *cache, uint32_t layer, s
 
 /** Enforces the budget (and an applied allocation or profile) now: computes the allocation over
  *  every layer and evicts what does not fit. Without a budget (context or per-cache) or a fixed
- *  allocation it does nothing. Errors: KVSDK_E_INVALID_ARG (NULL), KVSDK_E_BUDGET (even the policy's fixed
- *  metadata does not fit; nothing changed), KVSDK_E_NO_MEMORY. */
+ *  allocation it does nothing. Errors: KVSDK_E_INVALID_ARG (NULL), KVSDK_E_BUDGET (the cache
+ *  cannot shrink that far: even the policy's fixed metadata and compressed layers do not fit, or
+ *  the policy never evicts; nothing changed), KVSDK_E_STATE (smallkv without its proxy),
+ *  KVSDK_E_NO_MEMORY. */
 KVSDK_API kvsdk_status kvsdk_cache_compress(kvsdk_cache *cache);
 
 /** Sets a byte budget for this cache alone (0 removes it), for hosts that share one context
  *  between several caches; the context budget still applies. A budget below what the cache holds
  *  compresses it now. Errors: KVSDK_E_INVALID_ARG (NULL), KVSDK_E_BUDGET (the cache cannot shrink
- *  that far, e.g. policy 'full'; budget and cache unchanged). */
+ *  that far, e.g. a policy that never evicts; budget and cache unchanged), KVSDK_E_STATE (smallkv
+ *  without its proxy; budget and cache unchanged).
+ *  Known issue: kvsdk_cache_append of a 'full' cache checks only the context budget, not this
+ *  one, so a 'full' cache can grow past its own budget. */
 KVSDK_API kvsdk_status kvsdk_cache_set_budget(kvsdk_cache *cache, uint64_t budget_bytes);
 
-/** How many layer-tokens (one row in every KV head of one layer) the cache's budget can hold
- *  besides its fixed metadata (observation windows), and the bytes of one layer-token (keys,
- *  values, positions and per-row scores of all KV heads). `*out_tokens` is UINT64_MAX when no
- *  budget applies. With a '+kiviN' overlay both are estimates (a fully quantized row; the exact
- *  residual windows charged at the f16 cost): the real cost depends on the data, and the cache
- *  keeps fewer rows when the estimate was optimistic, never more bytes than the budget.
+/** How many layer-tokens (one row in every KV head of one layer) the cache's budget can hold in
+ *  the exact tier besides its fixed bytes (observation windows, and the current bytes of layers a
+ *  compressed representation holds), and the bytes of one such layer-token (f16 keys, values,
+ *  positions and per-row scores of all KV heads). Meaningful for the exact-tier eviction; the
+ *  rows of layers a compressed representation holds (kivi, spindlekv's codebook layers,
+ *  minicache's merged layers, smallkv, specache) are described by neither output.
+ *  `*out_tokens` is UINT64_MAX when no budget applies. With a '+kiviN' overlay both are
+ *  estimates (a fully quantized row; the exact residual windows charged at the f16 cost): the
+ *  real cost depends on the data, and the cache keeps fewer rows when the estimate was
+ *  optimistic, never more bytes than the budget.
  *  Either output may be NULL. Errors: KVSDK_E_INVALID_ARG (NULL cache). */
 KVSDK_API kvsdk_status kvsdk_cache_token_capacity(const kvsdk_cache *cache, uint64_t *out_tokens,
                                                   uint64_t *out_token_bytes);
 
-/** Rows per KV head that each layer holds now (`tokens`: n_layers entries; record these for an
- *  allocation profile). Errors: KVSDK_E_INVALID_ARG (NULL, n_layers != geometry). */
+/** Rows per KV head that each layer holds now (`tokens`: n_layers entries; KV head 0's count
+ *  where heads differ, as in smallkv; record these for an allocation profile).
+ *  Errors: KVSDK_E_INVALID_ARG (NULL, n_layers != geometry). */
 KVSDK_API kvsdk_status kvsdk_cache_allocation(const kvsdk_cache *cache, uint64_t *tokens,
                                               uint32_t n_layers);
 
@@ -400,7 +480,8 @@ KVSDK_API kvsdk_status kvsdk_cache_allocation(const kvsdk_cache *cache, uint64_t
  *  held to its entry from then on, so prefill compresses every layer right after its append.
  *  Compresses now. `tokens` NULL (with n_layers 0) returns to the policy's own allocation.
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache, n_layers != geometry), KVSDK_E_BUDGET (the entries
- *  do not fit the budget), KVSDK_E_UNSUPPORTED (policy 'full'). On error nothing changed. */
+ *  do not fit the budget), KVSDK_E_UNSUPPORTED (a policy without exact-tier eviction: full, kivi,
+ *  minicache, smallkv, specache). On error nothing changed. */
 KVSDK_API kvsdk_status kvsdk_cache_set_allocation(kvsdk_cache *cache, const uint64_t *tokens,
                                                   uint32_t n_layers);
 
@@ -454,7 +535,8 @@ KVSDK_API kvsdk_status kvsdk_profile_load(kvsdk_profile **out, const char *path)
 /** Applies a profile to a cache (NULL profile: back to the policy's own allocation); with a
  *  budget, compresses now. The cache copies the shares. Errors: KVSDK_E_INVALID_ARG (NULL
  *  cache, layer count differs from the geometry), KVSDK_E_STATE (empty profile),
- *  KVSDK_E_UNSUPPORTED (policy 'full'), KVSDK_E_BUDGET. On error nothing changed. */
+ *  KVSDK_E_UNSUPPORTED (a policy without exact-tier eviction, as kvsdk_cache_set_allocation),
+ *  KVSDK_E_BUDGET. On error nothing changed. */
 KVSDK_API kvsdk_status kvsdk_cache_apply_profile(kvsdk_cache *cache,
                                                  const kvsdk_profile *profile);
 
@@ -493,13 +575,16 @@ KVSDK_API kvsdk_status kvsdk_planner_finish(kvsdk_planner *planner, int32_t mode
 /* SpeCache: speculative prefetch and the off-budget backing store                             */
 /* ------------------------------------------------------------------------------------------ */
 /*
- * Policy 'specache' (KVSDK_METHOD_SPECACHE) keeps a 2-bit (or 1-bit: "specache+kivi1") copy of
- * every layer in the budget, and the full-precision f16 rows in a backing store outside it
+ * Policy 'specache' (KVSDK_METHOD_SPECACHE) keeps a 2-bit (or 1-bit: "specache+kivi1") KIVI copy
+ * of every layer in the budget (with KIVI's exact f16 window of at least the quant_residual
+ * newest rows), and the full-precision f16 rows in a backing store outside it
  * (kvsdk_cache_stats.backing_bytes). A decode step decodes the output token and a speculative
  * next token together: kvsdk_cache_attend for the output token uses the rows the previous step
  * fetched, and the speculative token's queries (its K/V are not appended) go to
  * kvsdk_cache_prefetch, which fetches each KV head's fetch_tokens most attended rows (attention
- * averaged over the GQA group, over the low-bit keys) into the budget for the next attend.
+ * averaged over the GQA group, over the low-bit keys) into the budget for the next attend. Never
+ * evicts: an append that does not fit fails with KVSDK_E_BUDGET. For snapshots see
+ * kvsdk_save_options.include_backing.
  */
 
 /** Keeps the backing store of a 'specache' cache in the file `path` instead of host memory: the
@@ -518,9 +603,10 @@ KVSDK_API kvsdk_status kvsdk_cache_set_backing_file(kvsdk_cache *cache, const ch
  *  n_queries must be 1; n_q_heads x head_dim elements of the geometry's dtype, `q_bytes` long),
  *  `q_positions` NULL or its position (causal). For each KV head the fetch_tokens rows with the
  *  most group-averaged attention over the low-bit keys are copied from the backing store into the
- *  budget, replacing the previous fetch of that layer; the next kvsdk_cache_attend of the layer
- *  uses them in full precision (kvsdk_cache_read shows them too). The fetched rows' bytes are
- *  reserved from the budget before fetching.
+ *  budget, replacing the previous fetch of that layer; every kvsdk_cache_attend of the layer
+ *  uses them in full precision instead of their low-bit rows until the next prefetch replaces
+ *  them (kvsdk_cache_read shows them too). The fetched rows' bytes are reserved from the budget
+ *  before fetching.
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/q, n_queries != 1, q_bytes mismatch),
  *          KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_UNSUPPORTED (policy other than 'specache'),
  *          KVSDK_E_BUDGET (the fetched rows would not fit), KVSDK_E_NO_MEMORY.
@@ -533,8 +619,9 @@ KVSDK_API kvsdk_status kvsdk_cache_prefetch(kvsdk_cache *cache, uint32_t layer, 
 /** SpeCache's fetch hit rate: the share of the real queries' attention (over the low-bit keys)
  *  that fell on the prefetched rows, measured on the first kvsdk_cache_attend of each layer and
  *  KV head after a prefetch, per query, and averaged over every such measurement since the cache
- *  was created (not saved in snapshots). `*hit_rate` is in [0, 1], or -1 before the first
- *  measurement; `*samples` (NULL ok) receives the number of measurements.
+ *  was created or loaded (not saved in snapshots; it never affects results). `*hit_rate` is in
+ *  [0, 1], or -1 before the first measurement; `*samples` (NULL ok) receives the number of
+ *  measurements.
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/hit_rate), KVSDK_E_UNSUPPORTED (policy other than
  *          'specache'). On error the outputs are untouched.
  *  Threading: like every cache call, one thread at a time per cache. */
@@ -595,7 +682,7 @@ KVSDK_API kvsdk_status kvsdk_cache_layer_stats_get(const kvsdk_cache *cache, uin
 /* SmallKV: the proxy cache of a smaller model                                                 */
 /* ------------------------------------------------------------------------------------------ */
 /*
- * Policy 'smallkv' (SmallKV, Zhao et al.) compresses a large model's cache with the help of a
+ * Policy 'smallkv' (SmallKV, docs/papers.md) compresses a large model's cache with the help of a
  * small model of the same family (same tokenizer) that runs on the same tokens, in the same
  * order, at the same positions, with its own cache of policy 'full': the proxy.
  * The host runs the proxy's step (append + attend of every layer) just before the large model's
@@ -617,8 +704,12 @@ KVSDK_API kvsdk_status kvsdk_cache_layer_stats_get(const kvsdk_cache *cache, uin
  *  - Without a proxy a smallkv cache appends within its budget and attends over full rows;
  *    evicting (an append beyond the budget, compress, set_budget) and attending over marginal
  *    rows fail with KVSDK_E_STATE and change nothing.
- *  - Snapshots keep the rows, scores and head mapping but not the link: after loading, attach
- *    the proxy (itself loaded from its own snapshot) again.
+ *  - Snapshots keep the rows, scores, head mapping and the large model's matching statistics, but
+ *    not the link: after loading, attach the proxy (itself loaded from its own snapshot) again.
+ *    Attaching starts the proxy's matching statistics afresh, so a snapshot taken before every
+ *    KV head was matched (before match_tokens tokens and before the first eviction) may resume
+ *    with another head mapping, and then other evictions and outputs, than an uninterrupted
+ *    run; a snapshot taken after the matching continues bit-identically.
  * The proxy's own cache is budgeted by its own context; the link's working state (the proxy's
  * latest queries, and its matching statistics until the matching is done) is not budgeted.
  */
@@ -641,13 +732,17 @@ KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache *cache, kvsdk_cache *pr
 /* Snapshots: suspend and resume                                                               */
 /* ------------------------------------------------------------------------------------------ */
 
-/* A snapshot holds everything a cache needs to continue bit-identically: geometry, policy and
- * its parameters, per-layer state and every tier's rows with their positions. Format (see
- * formats/kvsdk.fbs and formats/container.h): a header (magic "KVSDKSNP", format major.minor),
- * frames (each one FlatBuffer compressed as a zstd frame with its content checksum, plus a
- * 64-bit hash of the compressed bytes), a footer index, a trailer with a hash of the whole
- * snapshot, then optional journal frames appended by kvsdk_cache_save_delta. Little-endian on
- * every platform, so a snapshot moves between machines and backends.
+/* A snapshot holds what a cache needs to continue bit-identically: geometry, policy and its
+ * parameters, the allocation state, per-layer state (importance scores, observation windows) and
+ * every tier's rows with their positions. Three exceptions: a specache cache saved without its
+ * backing store (see kvsdk_save_options.include_backing), a smallkv cache saved before its head
+ * matching was complete (see the SmallKV section), and state that never affects results
+ * (SpeCache's hit-rate measurement). Format (see formats/kvsdk.fbs and formats/container.h): a
+ * header (magic "KVSDKSNP", format major.minor), frames (each one FlatBuffer compressed as a zstd
+ * frame with its content checksum, plus a 64-bit hash of the compressed bytes), a footer index, a
+ * trailer with a hash of the whole snapshot, then optional journal frames appended by
+ * kvsdk_cache_save_delta. Little-endian on every platform, so a snapshot moves between machines.
+ * (Caches exist only on the CPU backend in this version: a CUDA context cannot be created yet.)
  *
  * Loading validates everything before it is used (FlatBuffers Verifier with limits, sizes against
  * the geometry, every checksum): corrupt or truncated input yields KVSDK_E_CORRUPT, never a crash.
@@ -655,9 +750,10 @@ KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache *cache, kvsdk_cache *pr
 
 /** Newest snapshot format this library reads and writes. A reader accepts every older major and
  *  every minor version of its major versions (unknown additions are ignored) and rejects a newer
- *  major version with KVSDK_E_VERSION. Snapshots of caches that hold compressed tiers (KIVI,
- *  SpindleKV, MiniCache, SmallKV, SpeCache) are written as format 2.0; caches that hold only exact
- *  rows are written as format 1.2, so readers that know only major 1 keep loading them. */
+ *  major version with KVSDK_E_VERSION. Snapshots of caches with layers in compressed tiers (kivi,
+ *  '+kiviN' overlays, spindlekv's codebook layers, minicache's merged layers, smallkv, specache)
+ *  are written as format 2.0; caches that hold only exact rows are written as format 1.2, so
+ *  readers that know only major 1 keep loading them. */
 #define KVSDK_SNAPSHOT_FORMAT_MAJOR 2
 #define KVSDK_SNAPSHOT_FORMAT_MINOR 0
 
@@ -666,10 +762,17 @@ typedef struct kvsdk_save_options {
   int32_t zstd_level;        /**< zstd compression level, 1..19 (also negative "fast" levels
                                   down to -7). Default 3. Level 0 means the default. */
   uint32_t include_backing;  /**< 1: also write the off-budget full-precision backing store of
-                                  tiered policies (SpeCache), so that the resumed cache fetches
-                                  the same rows and continues bit-identically; 0: leave it out
-                                  (smaller file; see KVSDK_METHOD_SPECACHE for what a cache
-                                  loaded without it does). Other policies ignore it. Default 0. */
+                                  specache, so that the resumed cache fetches the same rows and
+                                  continues bit-identically. 0: leave it out (smaller file); the
+                                  loaded cache rebuilds the backing rows of the saved tokens from
+                                  its low-bit copy. Its attention is identical to the saved
+                                  cache's only until its next kvsdk_cache_prefetch: that fetches
+                                  those rows at low-bit precision, so from then on results differ
+                                  from an uninterrupted run (rows appended after the load, and
+                                  layers a later journal delta rewrote, have their f16 backing).
+                                  Other policies ignore it. kvsdk_cache_save_delta ignores it:
+                                  a delta always writes the backing store of the specache layers
+                                  it rewrites. Default 0. */
   uint64_t max_frame_bytes;  /**< Largest uncompressed rows payload per frame: per-layer data is
                                   split into frames of at most this many bytes of rows (at least
                                   one row per frame), which keeps every FlatBuffer far below its
@@ -683,14 +786,15 @@ KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options *options);
 /** Saves the whole cache to the file `path` atomically: the snapshot is written to a temporary
  *  file in the same directory, flushed to disk (fsync), renamed over `path`, and the directory is
  *  synced. A crash or power loss at any point leaves either the previous file at `path` or the
- *  new one, never a mix. `options` may be NULL for defaults. The cache is not modified, but it
- *  remembers this save as the base of later kvsdk_cache_save_delta calls on `path`.
- *  Bookkeeping for that costs 8 bytes of host memory per stored row (token and KV head),
- *  outside the budget. The file is created with mode 0600 (a conversation is private data).
+ *  new one, never a mix. `options` may be NULL for defaults. Every policy and composition that
+ *  kvsdk_cache_create accepts can be saved. The cache is not modified, but it remembers this
+ *  save as the base of later kvsdk_cache_save_delta calls on `path`. Bookkeeping for that costs
+ *  8 bytes of host memory per exact-tier row (token and KV head) and per layer held in
+ *  compressed tiers, outside the budget. The file is created with mode 0600 (a conversation is
+ *  private data).
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options), KVSDK_E_IO (cannot create,
  *          write, sync or rename; the previous file at `path` is intact and no temporary file is
- *          left behind), KVSDK_E_NO_MEMORY, KVSDK_E_UNSUPPORTED (a tier without a snapshot table
- *          in this version: policy 'kivi' or a '+kiviN' overlay; nothing is written).
+ *          left behind), KVSDK_E_NO_MEMORY.
  *  Threading: like every cache call, one thread at a time per cache. */
 KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache *cache, const char *path,
                                         const kvsdk_save_options *options);
@@ -701,8 +805,7 @@ KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache *cache, const char *path,
  *  bytes) and its size to `*out_size`. The cache is not modified, and a buffer save does not
  *  change which file kvsdk_cache_save_delta continues (the last file saved or loaded).
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/out_size, bad options, `capacity` smaller than the
- *          snapshot), KVSDK_E_NO_MEMORY, KVSDK_E_UNSUPPORTED (as kvsdk_cache_save). On failure
- *          `*out_size` is untouched and the contents of
+ *          snapshot), KVSDK_E_NO_MEMORY. On failure `*out_size` is untouched and the contents of
  *          `buf` are unspecified. */
 KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache *cache,
                                                   const kvsdk_save_options *options, void *buf,
@@ -715,7 +818,9 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache *cache,
  *  and fsync-ed; a crash while appending leaves a torn tail that kvsdk_cache_load ignores (it
  *  loads the state of the last complete delta and counts the torn frames in
  *  kvsdk_load_info.journal_frames_dropped); the next delta from this cache replaces that tail.
- *  Only `zstd_level` and `max_frame_bytes` of `options` (NULL for defaults) apply.
+ *  A layer held in compressed tiers that changed goes into the delta whole (a specache layer with
+ *  its backing store). Only `zstd_level` and `max_frame_bytes` of `options` (NULL for defaults)
+ *  apply.
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options),
  *          KVSDK_E_STATE (this cache has no base to continue from: it was never saved or loaded;
  *          or `path` is not the file of its last full save/load, or that file's journal holds
@@ -734,7 +839,7 @@ typedef struct kvsdk_load_info {
   uint32_t journal_frames_dropped;  /**< Frames of an incomplete (torn) last delta ignored. */
 } kvsdk_load_info;
 
-/** Loads a snapshot file into a new cache on `ctx` (either backend), applying every complete
+/** Loads a snapshot file into a new cache on `ctx`, applying every complete
  *  journal delta. `expected`: NULL accepts the file's geometry; otherwise the file's geometry
  *  must equal it (after defaults: attn_scale 0 means 1/sqrt(head_dim)). `info` (NULL ok; its
  *  struct_size must be set) receives what the load found. On success `*out` owns a new cache
@@ -744,7 +849,8 @@ typedef struct kvsdk_load_info {
  *  Errors: KVSDK_E_INVALID_ARG (NULL out/ctx/path, bad struct_size), KVSDK_E_IO (cannot open or
  *          read), KVSDK_E_CORRUPT (bad magic, truncated, checksum mismatch, invalid contents),
  *          KVSDK_E_VERSION (newer major format), KVSDK_E_GEOMETRY (differs from `expected`),
- *          KVSDK_E_UNSUPPORTED (the snapshot's policy is not implemented by this build),
+ *          KVSDK_E_UNSUPPORTED (the snapshot's policy or composition is not supported by this
+ *          build),
  *          KVSDK_E_BUDGET (the cache does not fit the budget), KVSDK_E_NO_MEMORY.
  *  On failure `*out` and `*info` are untouched and nothing stays charged to `ctx`.
  *  Threading: safe to call concurrently (it creates a new cache). */
