@@ -451,9 +451,8 @@ KVSDK_API kvsdk_status kvsdk_cache_compress(kvsdk_cache *cache);
  *  between several caches; the context budget still applies. A budget below what the cache holds
  *  compresses it now. Errors: KVSDK_E_INVALID_ARG (NULL), KVSDK_E_BUDGET (the cache cannot shrink
  *  that far, e.g. a policy that never evicts; budget and cache unchanged), KVSDK_E_STATE (smallkv
- *  without its proxy; budget and cache unchanged).
- *  Known issue: kvsdk_cache_append of a 'full' cache checks only the context budget, not this
- *  one, so a 'full' cache can grow past its own budget. */
+ *  without its proxy; budget and cache unchanged). Every later append honours it: a 'full'
+ *  cache (which never evicts) refuses an append past it with KVSDK_E_BUDGET. */
 KVSDK_API kvsdk_status kvsdk_cache_set_budget(kvsdk_cache *cache, uint64_t budget_bytes);
 
 /** How many layer-tokens (one row in every KV head of one layer) the cache's budget can hold in

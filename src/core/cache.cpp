@@ -55,7 +55,14 @@ void Cache::append(uint32_t layer, size_t n_tokens, const void* k, const void* v
   }
   const uint32_t dim = geometry_.head_dim;
   const uint64_t add = uint64_t(n_tokens) * geometry_.n_kv_heads * ExactStore::bytes_per_token(dim);
-  if (!ctx_->try_reserve(add)) {
+  // reserve() checks this cache's own budget (kvsdk_cache_set_budget) as well as the context's.
+  if (!reserve(add)) {
+    if (cache_budget_ && charged_ + add > cache_budget_) {
+      fail(KVSDK_E_BUDGET, "appending ", n_tokens, " tokens to layer ", layer, " needs ", add,
+           " bytes but the cache's own budget of ", cache_budget_, " bytes has ",
+           cache_budget_ - std::min(charged_, cache_budget_), " free (policy '", policy_spec(policy_),
+           "' does not compress this layer)");
+    }
     fail(KVSDK_E_BUDGET, "appending ", n_tokens, " tokens to layer ", layer, " needs ", add,
          " bytes but the context has ", ctx_->available(), " of its ", ctx_->budget(),
          " budget bytes free (policy '", policy_spec(policy_), "' does not compress this layer)");

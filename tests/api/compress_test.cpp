@@ -400,3 +400,27 @@ TEST(Compress, BadInputGetsStatusAndChangesNothing) {
 }
 
 }  // namespace
+
+// A 'full' cache never evicts, so its own budget (kvsdk_cache_set_budget) must refuse appends
+// past it, as the context budget does; the refusal changes nothing.
+TEST(Compress, FullCacheHonoursItsOwnBudget) {
+  const kvsdk_geometry g = make_geometry(2, 4, 2, 8);
+  auto ctx = make_context(0);  // the context itself is unlimited
+  auto full = make_cache(ctx.get(), g);
+  auto k = random_floats(16 * 10, 3);
+  auto pos = iota_positions(10);
+  ASSERT_EQ(kvsdk_cache_append(full.get(), 0, 4, k.data(), k.data(), pos.data(), 256), KVSDK_OK);
+  const uint64_t held = used(ctx.get());
+  ASSERT_EQ(kvsdk_cache_set_budget(full.get(), held + held / 2), KVSDK_OK);
+  // Four more tokens would double the bytes: past the cache's budget.
+  EXPECT_EQ(kvsdk_cache_append(full.get(), 0, 4, k.data(), k.data(), pos.data() + 4, 256),
+            KVSDK_E_BUDGET);
+  EXPECT_NE(std::string(kvsdk_last_error()).find("own budget"), std::string::npos) << kvsdk_last_error();
+  EXPECT_EQ(used(ctx.get()), held);
+  size_t n = 0;
+  ASSERT_EQ(kvsdk_cache_read(full.get(), 0, 0, nullptr, nullptr, nullptr, 0, &n), KVSDK_OK);
+  EXPECT_EQ(n, 4u);
+  // Two fit.
+  EXPECT_EQ(kvsdk_cache_append(full.get(), 0, 2, k.data(), k.data(), pos.data() + 4, 128), KVSDK_OK);
+  EXPECT_LE(used(ctx.get()), held + held / 2);
+}
