@@ -1,8 +1,10 @@
-"""Keeps the README's binding examples honest:
-  - every ```python block is executed (in a fresh namespace) against the real library;
+"""Keeps the binding examples of README.md and bindings/README.md (tensors and dtypes) honest:
+  - every ```python block is executed (in a fresh namespace) against the real library (a block
+    that imports numpy is skipped, saying so, when numpy is not installed);
   - every ```swift block appears line for line, in order, in the Swift package's test
     Tests/KVSDKTests/ReadmeExampleTests.swift (compiled and run by bindings/swift/check.sh);
   - ```rust blocks are compiled and run as doc tests of the kvsdk crate (see its build.rs).
+Exits non-zero on any failure.
 
 usage: readme_examples_test.py SOURCE_DIR
 """
@@ -31,28 +33,47 @@ def lines_in_order(snippet, text):
     return None
 
 
-def main(src):
-    with open(os.path.join(src, "README.md"), encoding="utf-8") as f:
+def check_readme(src, path, swift_test, swift_text):
+    """Runs the python blocks of one README and matches its swift blocks; returns (failures,
+    {language: number of blocks})."""
+    with open(path, encoding="utf-8") as f:
         readme = f.read()
+    name = os.path.relpath(path, src)
     failures = 0
     python_blocks = blocks(readme, "python")
     for i, code in enumerate(python_blocks):
-        exec(compile(code, f"README.md python block {i + 1}", "exec"), {"__name__": "__readme__"})
-        print(f"README python block {i + 1}: ran OK")
-    swift_test = os.path.join(src, "bindings/swift/Tests/KVSDKTests/ReadmeExampleTests.swift")
-    with open(swift_test, encoding="utf-8") as f:
-        swift_text = f.read()
+        try:
+            exec(compile(code, f"{name} python block {i + 1}", "exec"), {"__name__": "__readme__"})
+        except ModuleNotFoundError as e:
+            if e.name != "numpy":
+                raise
+            print(f"{name} python block {i + 1}: SKIPPED (numpy is not installed)")
+            continue
+        print(f"{name} python block {i + 1}: ran OK")
     swift_blocks = blocks(readme, "swift")
     for i, code in enumerate(swift_blocks):
         missing = lines_in_order(code, swift_text)
         if missing:
-            print(f"README swift block {i + 1}: line not in {swift_test}: {missing}")
+            print(f"{name} swift block {i + 1}: line not in {swift_test}: {missing}")
             failures += 1
         else:
-            print(f"README swift block {i + 1}: matches the compiled Swift test")
-    if not python_blocks or not swift_blocks or not blocks(readme, "rust"):
-        print("README lacks a python, swift or rust example")
-        failures += 1
+            print(f"{name} swift block {i + 1}: matches the compiled Swift test")
+    counts = {lang: len(blocks(readme, lang)) for lang in ("python", "swift", "rust")}
+    return failures, counts
+
+
+def main(src):
+    swift_test = os.path.join(src, "bindings/swift/Tests/KVSDKTests/ReadmeExampleTests.swift")
+    with open(swift_test, encoding="utf-8") as f:
+        swift_text = f.read()
+    failures = 0
+    for path in (os.path.join(src, "README.md"), os.path.join(src, "bindings", "README.md")):
+        failed, counts = check_readme(src, path, swift_test, swift_text)
+        failures += failed
+        if not all(counts.values()):
+            print(f"{path} lacks a python, swift or rust example: {counts}")
+            failures += 1
+    print(f"README examples: {failures} failures")
     return 1 if failures else 0
 
 

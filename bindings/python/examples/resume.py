@@ -2,9 +2,11 @@
 resume it from the snapshot in a fresh context, continuing bit-identically.
 
 Run: PYTHONPATH=bindings/python KVSDK_LIB_DIR=build/dev python3 bindings/python/examples/resume.py
+Exits non-zero (an exception or the final check) when anything fails.
 """
 import array
 import os
+import sys
 import tempfile
 
 import kvsdk
@@ -51,7 +53,8 @@ def main():
     k, v, q = draw(per_token), draw(per_token), draw(per_query)
     for c in (cache, resumed):
         c.append(0, k, v, [128])
-    assert cache.attend(0, q) == resumed.attend(0, q), "the resumed cache differs"
+    if cache.attend(0, q) != resumed.attend(0, q):
+        sys.exit("the resumed cache differs: FAILED")  # exit status 1
     print("resumed cache continues bit-identically: OK")
 
 

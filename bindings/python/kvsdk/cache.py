@@ -1,7 +1,16 @@
 """Cache: one conversation's KV cache for one model geometry.
 
 Threading (the header's contract): one thread at a time per cache; distinct caches may be used
-concurrently. Tensors: see kvsdk.buffers for what may be passed in and what comes back.
+concurrently.
+
+Tensors (see kvsdk.buffers for the full rules): keys, values and queries must already be in the
+cache's dtype -- F32: numpy float32, array.array('f') or Python numbers; F16: numpy float16,
+array.array('H') / ints / kvsdk.F16Bits of bit patterns; BF16: kvsdk.BF16Bits, array.array('H')
+or ints (bit patterns). They are passed to the library bit-exactly; nothing is converted, and
+anything else (float64, float32 on a half cache, integer arrays, wrong sizes or shapes,
+non-contiguous arrays) raises KvsdkError(INVALID_ARG) naming the expected dtype, with the cache
+unchanged. Outputs come back in the cache's dtype: numpy float32 / float16 / uint16 (bf16 bits)
+arrays for numpy input, else array.array('f') / array.array('H').
 """
 import ctypes
 
@@ -48,7 +57,16 @@ class Cache(OwnedHandle, CompressionMixin, SnapshotMixin, SpeCacheMixin):
     def _adopt(self, handle):
         self._handle = handle
         self._geometry = self.geometry
-        self._typecode = buffers.typecode_of(self._geometry.dtype)
+        self._dtype = buffers.dtype_of(self._geometry.dtype)
+
+    def _tensor(self, data, what, heads):
+        return buffers.tensor(data, self._dtype, what, heads, self._geometry.head_dim)
+
+    def _kv(self, data, what):
+        return self._tensor(data, what, self._geometry.n_kv_heads)
+
+    def _queries(self, data, what="queries"):
+        return self._tensor(data, what, self._geometry.n_q_heads)
 
     @property
     def handle(self):
@@ -69,35 +87,49 @@ class Cache(OwnedHandle, CompressionMixin, SnapshotMixin, SpeCacheMixin):
         The caller keeps the Buffer alive while the library uses its pointer."""
         per_query = self._geometry.q_elems_per_query
         if q_positions is not None:
-            pb = buffers.positions(q_positions)
+            pb = buffers.positions(q_positions, "q_positions")
+            if qb.count != pb.count * per_query:
+                raise invalid(f"queries: {qb.count} elements for {pb.count} q_positions, "
+                              f"expected {pb.count * per_query} (queries x n_q_heads x "
+                              f"head_dim)")
             return pb.count, pb
         if per_query and qb.count % per_query == 0:
             return qb.count // per_query, None
-        raise invalid(f"{qb.count} query elements are not a whole number of queries of "
-                      f"{per_query}")
+        raise invalid(f"queries: {qb.count} elements are not a whole number of queries of "
+                      f"{per_query} (n_q_heads x head_dim)")
 
     def append(self, layer, k, v, positions):
         """Appends len(positions) tokens to `layer`; k and v hold
-        tokens x n_kv_heads x head_dim elements (token-major, keys already rotated)."""
-        kb, vb = buffers.Buffer(k, self._typecode), buffers.Buffer(v, self._typecode)
+        tokens x n_kv_heads x head_dim elements (token-major, keys already rotated) of the
+        cache's dtype (see the module docstring), stored bit-exactly."""
+        kb, vb = self._kv(k, "keys"), self._kv(v, "values")
         pb = buffers.positions(positions)
-        if kb.nbytes != vb.nbytes:
-            raise invalid(f"keys hold {kb.count} elements but values {vb.count}")
+        g = self._geometry
+        expected = pb.count * g.kv_elems_per_token
+        for what, b in (("keys", kb), ("values", vb)):
+            if b.count != expected:
+                raise invalid(f"{what}: {b.count} elements for {pb.count} tokens, expected "
+                              f"{expected} (tokens x n_kv_heads x head_dim = {pb.count} x "
+                              f"{g.n_kv_heads} x {g.head_dim})")
         check(lib.kvsdk_cache_append(self.handle, layer, pb.count, kb.ptr, vb.ptr,
                                      pb.as_int32_ptr(), kb.nbytes))
 
     def attend(self, layer, q, q_positions=None, out=None):
         """Attention of queries `q` (queries x n_q_heads x head_dim) over `layer`.
         q_positions: None (every query sees every token) or one position per query (causal).
-        Returns `out` (a new buffer when None, else the given writable buffer, filled)."""
-        qb = buffers.Buffer(q, self._typecode)
+        Returns `out`: when None, a new buffer in the cache's dtype (numpy float32 / float16 /
+        uint16 bf16 bits if `q` is numpy, else array.array('f') / array.array('H')); else the
+        given writable buffer of that type, filled."""
+        qb = self._queries(q)
         n_queries, pb = self._query_count(qb, q_positions)
         if out is None:
-            ob = buffers.empty(self._typecode, qb.count, like_numpy=qb.numpy)
+            ob = buffers.output(self._dtype, qb.count, qb.numpy)
         else:
-            ob = buffers.Buffer(out, self._typecode)
-            if ob.obj is not out:
-                raise invalid("out must be a writable array of the cache's element type")
+            ob = buffers.out_buffer(out, self._dtype, "out", self._geometry.n_q_heads,
+                                    self._geometry.head_dim)
+            if ob.count != qb.count:
+                raise invalid(f"out: {ob.count} elements, expected {qb.count} (as many as the "
+                              f"queries)")
         check(lib.kvsdk_cache_attend(self.handle, layer, n_queries, qb.ptr,
                                      pb and pb.as_int32_ptr(), qb.nbytes, ob.ptr, ob.nbytes))
         return ob.obj
@@ -111,12 +143,14 @@ class Cache(OwnedHandle, CompressionMixin, SnapshotMixin, SpeCacheMixin):
 
     def read(self, layer, kv_head, numpy=False):
         """Dense keys, values and positions of one KV head, in stored order (append order,
-        which eviction preserves)."""
+        which eviction preserves). Keys and values (tokens x head_dim, flat) come back in the
+        cache's dtype: with numpy=True numpy float32 / float16 / uint16 (bf16 bits) arrays and
+        int32 positions, else array.array('f') / array.array('H') and array.array('i')."""
         capacity = self.token_count(layer, kv_head)
         d = self._geometry.head_dim
-        kb = buffers.empty(self._typecode, capacity * d, numpy)
-        vb = buffers.empty(self._typecode, capacity * d, numpy)
-        pb = buffers.empty("i", capacity, numpy)
+        kb = buffers.output(self._dtype, capacity * d, numpy)
+        vb = buffers.output(self._dtype, capacity * d, numpy)
+        pb = buffers.int32_output(capacity, numpy)
         if capacity:
             n = ctypes.c_size_t()
             check(lib.kvsdk_cache_read(self.handle, layer, kv_head, kb.ptr, vb.ptr,

@@ -2,7 +2,6 @@
 allocations (header section "Compression: observe, compress, plan"). Mixed into kvsdk.Cache."""
 import ctypes
 
-from . import buffers
 from ._capi import lib
 from .errors import check
 
@@ -17,8 +16,9 @@ def _uint64_array(values):
 class CompressionMixin:
     def observe(self, layer, q, q_positions=None):
         """Feeds queries `q` (queries x n_q_heads x head_dim) of `layer` to the policy's
-        importance signal. q_positions: None (queries see every key) or one per query."""
-        qb = buffers.Buffer(q, self._typecode)
+        importance signal. q_positions: None (queries see every key) or one per query.
+        `q` follows the dtype rules of kvsdk.Cache.append (the cache's dtype, bit-exact)."""
+        qb = self._queries(q)
         n_queries, pb = self._query_count(qb, q_positions)
         check(lib.kvsdk_cache_observe(self.handle, layer, n_queries, qb.ptr,
                                       pb and pb.as_int32_ptr(), qb.nbytes))

@@ -22,8 +22,9 @@ def _path(path):
 
 def plan_allocation(importance, mode, value):
     """XKV greedy allocation: tokens each layer keeps, given one importance vector per layer
-    (sequences of floats or float32 arrays)."""
-    vectors = [buffers.Buffer(w, "f") for w in importance]
+    (numpy float32 arrays, array.array('f') or sequences of numbers, each rounded to float32;
+    other numpy dtypes are refused)."""
+    vectors = [buffers.floats(w, f"importance[{i}]") for i, w in enumerate(importance)]
     n = len(vectors)
     pointers = (ctypes.POINTER(ctypes.c_float) * n)(
         *[ctypes.cast(v.ptr, ctypes.POINTER(ctypes.c_float)) for v in vectors])
@@ -98,7 +99,7 @@ class Planner(OwnedHandle):
         check(lib.kvsdk_planner_create(ctypes.byref(handle), ctypes.byref(raw_geometry),
                                        ctypes.byref(raw_policy)))
         self._handle, self._geometry = handle, geometry
-        self._typecode = buffers.typecode_of(geometry.dtype)
+        self._dtype = buffers.dtype_of(geometry.dtype)
 
     @property
     def handle(self):
@@ -107,12 +108,22 @@ class Planner(OwnedHandle):
         return self._handle
 
     def feed_layer(self, layer, k, positions, q, q_positions=None):
-        """Scores one layer: keys `k` at `positions`, window queries `q` at `q_positions`."""
-        kb, pb = buffers.Buffer(k, self._typecode), buffers.positions(positions)
-        qb = buffers.Buffer(q, self._typecode)
-        per_query = self._geometry.q_elems_per_query
+        """Scores one layer: keys `k` at `positions`, window queries `q` at `q_positions`.
+        `k` and `q` follow the dtype rules of kvsdk.Cache.append for the planner's geometry
+        dtype (bit-exact, nothing converted)."""
+        g = self._geometry
+        kb = buffers.tensor(k, self._dtype, "keys", g.n_kv_heads, g.head_dim)
+        pb = buffers.positions(positions)
+        qb = buffers.tensor(q, self._dtype, "queries", g.n_q_heads, g.head_dim)
+        if kb.count != pb.count * g.kv_elems_per_token:
+            raise invalid(f"keys: {kb.count} elements for {pb.count} tokens, expected "
+                          f"{pb.count * g.kv_elems_per_token} (tokens x n_kv_heads x head_dim)")
+        per_query = g.q_elems_per_query
         if q_positions is not None:
-            qpb = buffers.positions(q_positions)
+            qpb = buffers.positions(q_positions, "q_positions")
+            if qb.count != qpb.count * per_query:
+                raise invalid(f"queries: {qb.count} elements for {qpb.count} q_positions, "
+                              f"expected {qpb.count * per_query}")
             n_queries, qpos_ptr = qpb.count, qpb.as_int32_ptr()
         elif per_query and qb.count % per_query == 0:
             n_queries, qpos_ptr = qb.count // per_query, None

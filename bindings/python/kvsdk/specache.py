@@ -5,7 +5,7 @@ import ctypes
 
 from . import buffers
 from ._capi import lib
-from .errors import check
+from .errors import check, invalid
 
 
 class SpeCacheMixin:
@@ -17,9 +17,14 @@ class SpeCacheMixin:
     def prefetch(self, layer, q, q_position=None):
         """Fetches, per KV head of `layer`, the fetch_tokens rows the speculative token's
         queries `q` (one query: n_q_heads x head_dim) attend most, for the next attend.
-        q_position: None (sees every token) or the speculative token's position."""
-        qb = buffers.Buffer(q, self._typecode)
-        pb = None if q_position is None else buffers.positions([q_position])
+        q_position: None (sees every token) or the speculative token's position. `q` follows
+        the dtype rules of kvsdk.Cache.append (the cache's dtype, bit-exact)."""
+        qb = self._queries(q)
+        per_query = self._geometry.q_elems_per_query
+        if qb.count != per_query:
+            raise invalid(f"queries: {qb.count} elements, expected one query of {per_query} "
+                          f"(n_q_heads x head_dim)")
+        pb = None if q_position is None else buffers.positions([q_position], "q_position")
         check(lib.kvsdk_cache_prefetch(self.handle, layer, 1, qb.ptr, pb and pb.as_int32_ptr(),
                                        qb.nbytes))
 

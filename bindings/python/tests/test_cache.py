@@ -178,7 +178,11 @@ class NumpyTest(unittest.TestCase):
         cache = kvsdk.Cache(kvsdk.Context(), g)
         k = np.arange(3 * g.kv_elems_per_token, dtype=np.float32).reshape(3, 2, 8) / 64
         cache.append(0, k, k, np.arange(3, dtype=np.int32))
-        out = cache.attend(0, np.zeros((1, 4, 8), dtype=np.float64))
+        with self.assertRaises(kvsdk.KvsdkError) as caught:  # float64 is not the cache dtype
+            cache.attend(0, np.zeros((1, 4, 8), dtype=np.float64))
+        self.assertIn("expected float32 for an F32 cache, got a numpy float64 array",
+                      caught.exception.message)
+        out = cache.attend(0, np.zeros((1, 4, 8), dtype=np.float32))
         self.assertIsInstance(out, np.ndarray)
         self.assertEqual(out.dtype, np.float32)
         head = cache.read(0, 1, numpy=True)

@@ -1,6 +1,12 @@
 //! Cache: one conversation's KV cache for one model geometry.
+//!
+//! Tensors (keys, values, queries, outputs) are slices of the cache's element type: `f32` for
+//! `Dtype::F32`, [`F16`](crate::F16) for `Dtype::F16`, [`Bf16`](crate::Bf16) for `Dtype::Bf16`
+//! (see [`Element`]). They are passed to the library bit-exactly and come back in the same
+//! type; another element type, or a slice of the wrong length, is an `Err` with
+//! `Status::InvalidArg` naming what was expected, and the cache is unchanged.
 use crate::context::Context;
-use crate::element::Element;
+use crate::element::{self, Element};
 use crate::error::{check, Error, Result};
 use crate::geometry::Geometry;
 use crate::policy::Policy;
@@ -73,33 +79,20 @@ impl Cache {
     }
 
     /// Queries in a buffer of `q_len` elements: one per position when positions are given
-    /// (the library checks the byte size), else q_len / (n_q_heads * head_dim), which must divide.
+    /// (then q_len must be positions x n_q_heads x head_dim), else q_len / (n_q_heads *
+    /// head_dim), which must divide.
     pub(crate) fn query_count(&self, q_len: usize, q_positions: Option<&[i32]>) -> Result<usize> {
-        let per_query = self.geometry.q_elems_per_query();
-        match q_positions {
-            Some(p) => Ok(p.len()),
-            None if per_query > 0 && q_len % per_query == 0 => Ok(q_len / per_query),
-            None => Err(Error::invalid(format!(
-                "{q_len} query elements are not a whole number of queries of {per_query}"
-            ))),
-        }
+        query_count(&self.geometry, q_len, q_positions)
     }
 
-    pub(crate) fn require_element<T: Element>(&self) -> Result<()> {
-        if T::matches(self.geometry.dtype) {
-            Ok(())
-        } else {
-            Err(Error::invalid(format!(
-                "element type {} does not hold the cache dtype {:?}",
-                std::any::type_name::<T>(),
-                self.geometry.dtype
-            )))
-        }
+    /// `Err(InvalidArg)` unless `T` is the cache's element type.
+    pub(crate) fn require_element<T: Element>(&self, what: &str) -> Result<()> {
+        element::require::<T>(self.geometry.dtype, what)
     }
 
     /// Appends `positions.len()` tokens to `layer`: `k` and `v` hold
-    /// tokens x n_kv_heads x head_dim elements each (token-major, keys already rotated).
-    /// On error the cache is unchanged.
+    /// tokens x n_kv_heads x head_dim elements each (token-major, keys already rotated) of the
+    /// cache's element type, stored bit-exactly. On error the cache is unchanged.
     pub fn append<T: Element>(
         &mut self,
         layer: u32,
@@ -107,14 +100,9 @@ impl Cache {
         v: &[T],
         positions: &[i32],
     ) -> Result<()> {
-        self.require_element::<T>()?;
-        if k.len() != v.len() {
-            return Err(Error::invalid(format!(
-                "keys hold {} elements but values {}",
-                k.len(),
-                v.len()
-            )));
-        }
+        self.require_element::<T>("keys")?;
+        check_kv_len(&self.geometry, "keys", k.len(), positions.len())?;
+        check_kv_len(&self.geometry, "values", v.len(), positions.len())?;
         let kv_bytes = std::mem::size_of_val(k);
         // SAFETY: live handle; the library reads kv_bytes from k and v (it checks the size
         // against positions.len() and the geometry) and positions.len() positions.
@@ -133,7 +121,8 @@ impl Cache {
 
     /// Attention of the queries in `q` (queries x n_q_heads x head_dim) over `layer`, written to
     /// `out` (same shape). `q_positions`: None (every query sees every token) or one position
-    /// per query (causal). On error `out` is untouched.
+    /// per query (causal). `q` and `out` are of the cache's element type (`out` gets the
+    /// library's rounding of the f32 result to that type). On error `out` is untouched.
     pub fn attend_into<T: Element>(
         &mut self,
         layer: u32,
@@ -141,8 +130,15 @@ impl Cache {
         q_positions: Option<&[i32]>,
         out: &mut [T],
     ) -> Result<()> {
-        self.require_element::<T>()?;
+        self.require_element::<T>("queries")?;
         let n_queries = self.query_count(q.len(), q_positions)?;
+        if out.len() != q.len() {
+            return Err(Error::invalid(format!(
+                "out: {} elements, expected {} (as many as the queries)",
+                out.len(),
+                q.len()
+            )));
+        }
         let q_positions_ptr = q_positions.map_or(ptr::null(), |p| p.as_ptr());
         // SAFETY: live handle; the library checks q_bytes and out_bytes against n_queries and
         // the geometry before touching either buffer.
@@ -192,9 +188,9 @@ impl Cache {
     }
 
     /// Dense keys, values and positions of one KV head of one layer, in stored order (append
-    /// order, which eviction preserves).
+    /// order, which eviction preserves), as the cache's element type `T`.
     pub fn read<T: Element>(&self, layer: u32, kv_head: u32) -> Result<HeadData<T>> {
-        self.require_element::<T>()?;
+        self.require_element::<T>("read")?;
         let capacity = self.token_count(layer, kv_head)?;
         let head_dim = self.geometry.head_dim as usize;
         let mut data = HeadData {
@@ -243,6 +239,42 @@ impl Cache {
         check(unsafe { sys::kvsdk_cache_layer_stats_get(self.raw.as_ptr(), layer, &mut raw) })?;
         Ok(LayerStats::from_raw(&raw))
     }
+}
+
+/// See [`Cache::query_count`]; shared with the planner.
+pub(crate) fn query_count(
+    g: &Geometry,
+    q_len: usize,
+    q_positions: Option<&[i32]>,
+) -> Result<usize> {
+    let per_query = g.q_elems_per_query();
+    match q_positions {
+        Some(p) if q_len == p.len() * per_query => Ok(p.len()),
+        Some(p) => Err(Error::invalid(format!(
+            "queries: {q_len} elements for {} query positions, expected {} (queries x \
+             n_q_heads x head_dim)",
+            p.len(),
+            p.len() * per_query
+        ))),
+        None if per_query > 0 && q_len % per_query == 0 => Ok(q_len / per_query),
+        None => Err(Error::invalid(format!(
+            "queries: {q_len} elements are not a whole number of queries of {per_query} \
+             (n_q_heads x head_dim)"
+        ))),
+    }
+}
+
+/// `len` keys (or values) must hold `tokens` tokens: tokens x n_kv_heads x head_dim.
+pub(crate) fn check_kv_len(g: &Geometry, what: &str, len: usize, tokens: usize) -> Result<()> {
+    let expected = tokens * g.kv_elems_per_token();
+    if len == expected {
+        return Ok(());
+    }
+    Err(Error::invalid(format!(
+        "{what}: {len} elements for {tokens} tokens, expected {expected} (tokens x n_kv_heads x \
+         head_dim = {tokens} x {} x {})",
+        g.n_kv_heads, g.head_dim
+    )))
 }
 
 impl Drop for Cache {

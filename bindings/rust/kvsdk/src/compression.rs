@@ -11,14 +11,15 @@ use std::ptr;
 impl Cache {
     /// Feeds the queries in `q` (queries x n_q_heads x head_dim) of `layer` to the policy's
     /// importance signal (kvsdk_cache_observe). `q_positions`: None (queries see every key) or
-    /// one position per query (causal). On error the cache is unchanged.
+    /// one position per query (causal). `q` is of the cache's element type. On error the
+    /// cache is unchanged.
     pub fn observe<T: Element>(
         &mut self,
         layer: u32,
         q: &[T],
         q_positions: Option<&[i32]>,
     ) -> Result<()> {
-        self.require_element::<T>()?;
+        self.require_element::<T>("queries")?;
         let n_queries = self.query_count(q.len(), q_positions)?;
         // SAFETY: live handle; the library checks q_bytes against n_queries and the geometry.
         check(unsafe {

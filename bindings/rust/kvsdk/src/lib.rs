@@ -1,6 +1,10 @@
 //! Safe Rust API for kvsdk: owned handles released on `Drop`, `Result<_, Error>` for every
 //! fallible call, slices instead of raw pointers. Built on the C ABI only (`kvsdk-sys`).
 //!
+//! Tensors are slices of the cache's element type, passed bit-exactly: `f32` for `Dtype::F32`,
+//! [`F16`] for `Dtype::F16`, [`Bf16`] for `Dtype::Bf16` (see [`Element`]); another element
+//! type is an `Err` with `Status::InvalidArg` naming the expected one.
+//!
 //! Threading follows the header: a [`Context`] is `Send + Sync` (share it with `Arc`); a
 //! [`Cache`] is `Send` but not `Sync` (one thread at a time, moved between threads freely).
 //!
@@ -32,7 +36,7 @@ mod stats;
 
 pub use cache::{Cache, HeadData};
 pub use context::{Backend, Context, ContextOptions};
-pub use element::Element;
+pub use element::{Bf16, Element, F16};
 pub use error::{Error, Result, Status};
 pub use geometry::{Dtype, Geometry, RopeStyle};
 pub use planning::{plan_allocation, AllocTarget, Planner, Profile};
@@ -84,7 +88,8 @@ pub(crate) fn c_path(path: &std::path::Path) -> Result<std::ffi::CString> {
     std::ffi::CString::new(bytes).map_err(|_| Error::invalid("path contains NUL"))
 }
 
-/// The README's Rust examples (collected by build.rs), compiled and run as doc tests.
+/// The Rust examples of the README and of bindings/README.md (collected by build.rs), compiled
+/// and run as doc tests.
 #[cfg(doctest)]
 #[doc = include_str!(concat!(env!("OUT_DIR"), "/readme_rust.md"))]
 pub struct ReadmeExamples;

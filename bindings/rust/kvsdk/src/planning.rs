@@ -1,7 +1,8 @@
 //! Allocation planning without a cache: the XKV greedy allocation, allocation profiles and the
 //! mini-prefill planner (header section "Compression: observe, compress, plan").
 use crate::c_path;
-use crate::element::Element;
+use crate::cache::{check_kv_len, query_count};
+use crate::element::{self, Element};
 use crate::error::{check, Error, Result};
 use crate::geometry::Geometry;
 use crate::policy::Policy;
@@ -160,6 +161,7 @@ impl Planner {
 
     /// Scores one layer: keys `k` (tokens x n_kv_heads x head_dim) at `positions`, and window
     /// queries `q` (queries x n_q_heads x head_dim) at `q_positions` (None: see all keys).
+    /// `k` and `q` are of the geometry's element type (see [`Element`]).
     pub fn feed_layer<T: Element>(
         &mut self,
         layer: u32,
@@ -168,15 +170,9 @@ impl Planner {
         q: &[T],
         q_positions: Option<&[i32]>,
     ) -> Result<()> {
-        if !T::matches(self.geometry.dtype) {
-            return Err(Error::invalid("element type does not hold the geometry's dtype"));
-        }
-        let per_query = self.geometry.q_elems_per_query();
-        let n_queries = match q_positions {
-            Some(p) => p.len(),
-            None if per_query > 0 && q.len() % per_query == 0 => q.len() / per_query,
-            None => return Err(Error::invalid("query elements are not a whole number of queries")),
-        };
+        element::require::<T>(self.geometry.dtype, "keys")?;
+        check_kv_len(&self.geometry, "keys", k.len(), positions.len())?;
+        let n_queries = query_count(&self.geometry, q.len(), q_positions)?;
         // SAFETY: live handle; the library checks both byte sizes against the counts.
         check(unsafe {
             sys::kvsdk_planner_feed_layer(

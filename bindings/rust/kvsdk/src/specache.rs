@@ -3,7 +3,7 @@
 //! call fails with Status::Unsupported for policies other than 'specache'.
 use crate::cache::Cache;
 use crate::element::Element;
-use crate::error::{check, Result};
+use crate::error::{check, Error, Result};
 use crate::sys;
 use std::ffi::c_void;
 use std::path::Path;
@@ -19,14 +19,22 @@ impl Cache {
 
     /// Fetches, per KV head of `layer`, the fetch_tokens rows that the speculative token's
     /// queries `q` (one query: n_q_heads x head_dim) attend most, for the next attend.
-    /// `q_position`: None (sees every token) or the speculative token's position.
+    /// `q_position`: None (sees every token) or the speculative token's position. `q` is of
+    /// the cache's element type.
     pub fn prefetch<T: Element>(
         &mut self,
         layer: u32,
         q: &[T],
         q_position: Option<i32>,
     ) -> Result<()> {
-        self.require_element::<T>()?;
+        self.require_element::<T>("queries")?;
+        let per_query = self.geometry.q_elems_per_query();
+        if q.len() != per_query {
+            return Err(Error::invalid(format!(
+                "queries: {} elements, expected one query of {per_query} (n_q_heads x head_dim)",
+                q.len()
+            )));
+        }
         let pos = q_position.unwrap_or(0);
         // SAFETY: live handle; the library checks q_bytes against one query of the geometry.
         check(unsafe {

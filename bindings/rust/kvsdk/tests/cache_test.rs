@@ -1,5 +1,5 @@
 //! The safe API over the real library: marshalling, errors with status and message, ownership.
-use kvsdk::{Cache, Context, Dtype, Geometry, Method, Policy, Status, Tier};
+use kvsdk::{Cache, Context, Dtype, Geometry, Method, Policy, Status, Tier, F16};
 
 fn geometry() -> Geometry {
     // 2 layers, 4 query heads sharing 2 KV heads (GQA), head_dim 8, f32 in and out.
@@ -98,8 +98,9 @@ fn errors_carry_status_and_message_and_change_nothing() {
     assert_eq!(err.status, Status::InvalidArg);
     let err = cache.append(0, &kv(2..4, &g, 1.0), &kv(2..4, &g, 1.0), &[2]).unwrap_err();
     assert_eq!(err.status, Status::InvalidArg, "kv size does not match one token");
-    let err = cache.append(0, &[0u16; 16], &[0u16; 16], &[2]).unwrap_err();
-    assert_eq!(err.status, Status::InvalidArg, "u16 buffers for an f32 cache");
+    let err = cache.append(0, &[F16(0); 16], &[F16(0); 16], &[2]).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArg, "F16 buffers for an f32 cache");
+    assert!(err.message.contains("expected f32 elements for an F32 cache, got kvsdk::F16"));
     let err = cache.append(0, &kv(2..3, &g, 1.0), &kv(2..3, &g, 1.0), &[-1]).unwrap_err();
     assert_eq!(err.status, Status::InvalidArg);
 
@@ -146,12 +147,12 @@ fn invalid_geometry_is_rejected() {
 }
 
 #[test]
-fn half_precision_uses_u16_buffers() {
+fn half_precision_uses_f16_elements() {
     let mut g = geometry();
     g.dtype = Dtype::F16;
     let ctx = Context::with_budget(0).unwrap();
     let mut cache = Cache::new(&ctx, &g, &Policy::new(Method::Full).unwrap()).unwrap();
-    let one = 0x3c00u16; // 1.0 in binary16
+    let one = F16::from_bits(0x3c00); // 1.0 in binary16
     let n = g.kv_elems_per_token();
     cache.append(0, &vec![one; n], &vec![one; n], &[0]).unwrap();
     let out = cache.attend(0, &vec![one; g.q_elems_per_query()], None).unwrap();

@@ -1,5 +1,10 @@
 import CKVSDK
 
+// Tensors (keys, values, queries, outputs) are of the cache's element type (Elements.swift):
+// Float for .f32, Float16 or Float16Bits for .f16, BFloat16 for .bf16, passed bit-exactly and
+// returned in the same type. Another element type, or a buffer of the wrong length, throws
+// KVSDKError(.invalidArg) naming what was expected, and the cache is unchanged.
+
 /// Dense keys and values (tokens x headDim each) and positions of one KV head.
 public struct HeadData<T: TensorElement> {
     public var keys: [T]
@@ -44,21 +49,20 @@ public final class Cache {
         return Geometry(raw)
     }
 
-    func requireElement<T: TensorElement>(_: T.Type) throws {
-        guard T.holds(geometry.dtype) else {
-            throw invalidArgument("element type \(T.self) does not hold dtype \(geometry.dtype)")
-        }
+    /// Throws `.invalidArg` unless `T` is this cache's element type.
+    func requireElement<T: TensorElement>(_ type: T.Type, _ what: String) throws {
+        try requireElementType(type, of: geometry.dtype, what)
     }
 
     /// Appends positions.count tokens to `layer`; keys and values hold
-    /// tokens x nKVHeads x headDim elements (token-major, keys already rotated).
+    /// tokens x nKVHeads x headDim elements (token-major, keys already rotated) of the cache's
+    /// element type, stored bit-exactly.
     public func append<T: TensorElement>(layer: UInt32, keys: UnsafeBufferPointer<T>,
                                    values: UnsafeBufferPointer<T>,
                                    positions: UnsafeBufferPointer<Int32>) throws {
-        try requireElement(T.self)
-        guard keys.count == values.count else {
-            throw invalidArgument("keys hold \(keys.count) elements but values \(values.count)")
-        }
+        try requireElement(T.self, "keys")
+        try checkKVCount(geometry, "keys", keys.count, tokens: positions.count)
+        try checkKVCount(geometry, "values", values.count, tokens: positions.count)
         try check(kvsdk_cache_append(handle, layer, positions.count,
                                      UnsafeRawPointer(keys.baseAddress),
                                      UnsafeRawPointer(values.baseAddress), positions.baseAddress,
@@ -78,19 +82,16 @@ public final class Cache {
 
     /// Attention of `queries` (queries x nQHeads x headDim) over `layer` into `output` (same
     /// shape). queryPositions: nil (every query sees every token) or one per query (causal).
-    /// On error `output` is untouched.
+    /// Queries and output are of the cache's element type (the output is the library's
+    /// rounding of the f32 result to it). On error `output` is untouched.
     public func attend<T: TensorElement>(layer: UInt32, queries: UnsafeBufferPointer<T>,
                                    queryPositions: UnsafeBufferPointer<Int32>?,
                                    output: UnsafeMutableBufferPointer<T>) throws {
-        try requireElement(T.self)
-        let perQuery = geometry.qElementsPerQuery
-        let nQueries: Int
-        if let qp = queryPositions {
-            nQueries = qp.count
-        } else if perQuery > 0 && queries.count % perQuery == 0 {
-            nQueries = queries.count / perQuery
-        } else {
-            throw invalidArgument("\(queries.count) query elements are not whole queries")
+        try requireElement(T.self, "queries")
+        let nQueries = try queryCount(geometry, queries.count, positions: queryPositions?.count)
+        guard output.count == queries.count else {
+            throw invalidArgument("output: \(output.count) elements, expected "
+                                  + "\(queries.count) (as many as the queries)")
         }
         try check(kvsdk_cache_attend(handle, layer, nQueries, UnsafeRawPointer(queries.baseAddress),
                                      queryPositions?.baseAddress,
@@ -102,7 +103,7 @@ public final class Cache {
     /// Like the buffer version, returning a new array.
     public func attend<T: TensorElement>(layer: UInt32, queries: [T],
                                    queryPositions: [Int32]? = nil) throws -> [T] {
-        var output = [T](repeating: T.zero, count: queries.count)
+        var output = [T](repeating: T.zeroElement, count: queries.count)
         try queries.withUnsafeBufferPointer { q in
             try output.withUnsafeMutableBufferPointer { o in
                 if let positions = queryPositions {
@@ -125,14 +126,14 @@ public final class Cache {
     }
 
     /// Dense keys, values and positions of one KV head, in stored order (append order, which
-    /// eviction preserves).
+    /// eviction preserves), as the cache's element type `T`.
     public func read<T: TensorElement>(layer: UInt32, kvHead: UInt32,
                                  as _: T.Type = T.self) throws -> HeadData<T> {
-        try requireElement(T.self)
+        try requireElement(T.self, "read")
         let capacity = try tokenCount(layer: layer, kvHead: kvHead)
         let d = Int(geometry.headDim)
-        var keys = [T](repeating: T.zero, count: capacity * d)
-        var values = [T](repeating: T.zero, count: capacity * d)
+        var keys = [T](repeating: T.zeroElement, count: capacity * d)
+        var values = [T](repeating: T.zeroElement, count: capacity * d)
         var positions = [Int32](repeating: 0, count: capacity)
         if capacity > 0 {
             var n = 0

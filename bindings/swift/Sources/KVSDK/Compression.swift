@@ -3,19 +3,12 @@ import CKVSDK
 /// Compression on a cache (header section "Compression: observe, compress, plan").
 extension Cache {
     /// Feeds `queries` (queries x nQHeads x headDim) of `layer` to the policy's importance
-    /// signal. queryPositions: nil (queries see every key) or one per query (causal).
+    /// signal. queryPositions: nil (queries see every key) or one per query (causal). `queries`
+    /// are of the cache's element type.
     public func observe<T: TensorElement>(layer: UInt32, queries: [T],
                                           queryPositions: [Int32]? = nil) throws {
-        try requireElement(T.self)
-        let perQuery = geometry.qElementsPerQuery
-        let nQueries: Int
-        if let qp = queryPositions {
-            nQueries = qp.count
-        } else if perQuery > 0 && queries.count % perQuery == 0 {
-            nQueries = queries.count / perQuery
-        } else {
-            throw invalidArgument("\(queries.count) query elements are not whole queries")
-        }
+        try requireElement(T.self, "queries")
+        let nQueries = try queryCount(geometry, queries.count, positions: queryPositions?.count)
         let status = queries.withUnsafeBytes { q in
             withOptionalBuffer(queryPositions) { p in
                 kvsdk_cache_observe(handle, layer, nQueries, q.baseAddress, p, q.count)

@@ -3,16 +3,7 @@ import CKVSDK
 public enum Dtype: Int32 { case f32 = 0, f16 = 1, bf16 = 2 }
 public enum RopeStyle: Int32 { case none = 0, interleaved = 1, half = 2 }
 
-/// Tensor element types: Float for `.f32`, UInt16 bits for `.f16` and `.bf16`.
-public protocol TensorElement: Numeric {
-    static func holds(_ dtype: Dtype) -> Bool
-}
-extension Float: TensorElement {
-    public static func holds(_ dtype: Dtype) -> Bool { dtype == .f32 }
-}
-extension UInt16: TensorElement {
-    public static func holds(_ dtype: Dtype) -> Bool { dtype == .f16 || dtype == .bf16 }
-}
+// Tensor element types of each dtype (Float, Float16 / Float16Bits, BFloat16): Elements.swift.
 
 /// A model's attention shape; defaults from kvsdk_geometry_init.
 public struct Geometry: Equatable {

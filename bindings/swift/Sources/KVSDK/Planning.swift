@@ -93,20 +93,12 @@ public final class Planner {
     deinit { kvsdk_planner_destroy(handle) }
 
     /// Scores one layer: keys at `positions`, window queries at `queryPositions` (nil: all).
+    /// Keys and queries are of the geometry's element type (see TensorElement).
     public func feedLayer<T: TensorElement>(layer: UInt32, keys: [T], positions: [Int32],
                                             queries: [T], queryPositions: [Int32]? = nil) throws {
-        guard T.holds(geometry.dtype) else {
-            throw invalidArgument("element type \(T.self) does not hold dtype \(geometry.dtype)")
-        }
-        let perQuery = geometry.qElementsPerQuery
-        let nQueries: Int
-        if let qp = queryPositions {
-            nQueries = qp.count
-        } else if perQuery > 0 && queries.count % perQuery == 0 {
-            nQueries = queries.count / perQuery
-        } else {
-            throw invalidArgument("\(queries.count) query elements are not whole queries")
-        }
+        try requireElementType(T.self, of: geometry.dtype, "keys")
+        try checkKVCount(geometry, "keys", keys.count, tokens: positions.count)
+        let nQueries = try queryCount(geometry, queries.count, positions: queryPositions?.count)
         let status = keys.withUnsafeBytes { k in
             queries.withUnsafeBytes { q in
                 withOptionalBuffer(queryPositions) { qp in

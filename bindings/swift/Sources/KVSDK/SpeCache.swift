@@ -12,10 +12,16 @@ extension Cache {
 
     /// Fetches, per KV head of `layer`, the fetchTokens rows that the speculative token's
     /// `query` (one query: nQHeads x headDim) attends most, for the next attend.
-    /// queryPosition: nil (sees every token) or the speculative token's position.
+    /// queryPosition: nil (sees every token) or the speculative token's position. `query` is
+    /// of the cache's element type.
     public func prefetch<T: TensorElement>(layer: UInt32, query: [T],
                                            queryPosition: Int32? = nil) throws {
-        try requireElement(T.self)
+        try requireElement(T.self, "queries")
+        let perQuery = geometry.qElementsPerQuery
+        guard query.count == perQuery else {
+            throw invalidArgument("queries: \(query.count) elements, expected one query of "
+                                  + "\(perQuery) (nQHeads x headDim)")
+        }
         let status = query.withUnsafeBytes { q in
             withOptionalBuffer(queryPosition.map { [$0] }) { p in
                 kvsdk_cache_prefetch(handle, layer, 1, q.baseAddress, p, q.count)

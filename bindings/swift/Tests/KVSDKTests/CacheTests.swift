@@ -81,8 +81,8 @@ final class CacheTests: XCTestCase {
         XCTAssertEqual(status { try cache.append(layer: 9, keys: self.kv(2..<3, scale: 1),
                                                  values: self.kv(2..<3, scale: 1),
                                                  positions: [2]) }, .outOfRange)
-        XCTAssertEqual(status { try cache.append(layer: 0, keys: [UInt16](repeating: 0, count: 16),
-                                                 values: [UInt16](repeating: 0, count: 16),
+        let halves = [Float16Bits](repeating: Float16Bits(bitPattern: 0), count: 16)
+        XCTAssertEqual(status { try cache.append(layer: 0, keys: halves, values: halves,
                                                  positions: [2]) }, .invalidArg)
         let threeElements = [Float](repeating: 0, count: 3)
         XCTAssertEqual(status { _ = try cache.attend(layer: 0, queries: threeElements) },
