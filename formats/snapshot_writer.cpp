@@ -100,7 +100,9 @@ kvsdk_save_options save_options_defaults() {
   kvsdk_save_options o{};
   o.struct_size = sizeof(o);
   o.zstd_level = kDefaultZstdLevel;
-  o.include_backing = 0;
+  // A saved conversation must continue exactly unless the caller asks for a smaller file:
+  // SpeCache's backing store is in by default (include_backing = 0 trades that for size).
+  o.include_backing = 1;
   o.max_frame_bytes = kDefaultFrameBytes;
   return o;
 }

@@ -734,8 +734,8 @@ KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache *cache, kvsdk_cache *pr
 /* A snapshot holds what a cache needs to continue bit-identically: geometry, policy and its
  * parameters, the allocation state, per-layer state (importance scores, observation windows) and
  * every tier's rows with their positions. Three exceptions: a specache cache saved without its
- * backing store (see kvsdk_save_options.include_backing), a smallkv cache saved before its head
- * matching was complete (see the SmallKV section), and state that never affects results
+ * backing store (include_backing = 0; the default includes it), a smallkv cache saved before its
+ * head matching was complete (see the SmallKV section), and state that never affects results
  * (SpeCache's hit-rate measurement). Format (see formats/kvsdk.fbs and formats/container.h): a
  * header (magic "KVSDKSNP", format major.minor), frames (each one FlatBuffer compressed as a zstd
  * frame with its content checksum, plus a 64-bit hash of the compressed bytes), a footer index, a
@@ -771,14 +771,16 @@ typedef struct kvsdk_save_options {
                                   layers a later journal delta rewrote, have their f16 backing).
                                   Other policies ignore it. kvsdk_cache_save_delta ignores it:
                                   a delta always writes the backing store of the specache layers
-                                  it rewrites. Default 0. */
+                                  it rewrites. Default 1, so that a default save resumes
+                                  exactly. */
   uint64_t max_frame_bytes;  /**< Largest uncompressed rows payload per frame: per-layer data is
                                   split into frames of at most this many bytes of rows (at least
                                   one row per frame), which keeps every FlatBuffer far below its
                                   2 GiB limit. 1..256 MiB; 0 means the default, 8 MiB. */
 } kvsdk_save_options;
 
-/** Fills `options` with defaults (zstd level 3, no backing store, 8 MiB frames).
+/** Fills `options` with defaults (zstd level 3, SpeCache's backing store included, 8 MiB
+ *  frames).
  *  Errors: KVSDK_E_INVALID_ARG if `options` is NULL. Thread-safe. */
 KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options *options);
 

@@ -90,10 +90,7 @@ void PolicyRunner::feed(int token, float* logits) {
 }
 
 ResumePoint PolicyRunner::save(const std::string& snapshot) const {
-  kvsdk_save_options o;
-  kvsdk_save_options_init(&o);
-  o.include_backing = specache_ ? 1 : 0;
-  llama::check(kvsdk_cache_save(session_->cache(), snapshot.c_str(), &o), "kvsdk_cache_save");
+  llama::check(kvsdk_cache_save(session_->cache(), snapshot.c_str(), nullptr), "kvsdk_cache_save");
   if (proxy_) proxy_->save(proxy_snapshot(snapshot));
   return ResumePoint{position(), specache_ ? spec_ : -1};
 }

@@ -43,9 +43,9 @@ class PolicyRunner {
   // Feeds one token and writes its next-token logits (vocab_size floats) to `logits`.
   void feed(int token, float* logits);
 
-  // Saves the conversation to `snapshot` (and the proxy's cache to proxy_snapshot(snapshot)).
-  // SpeCache's backing store is included: without it a resumed cache would rebuild its
-  // full-precision rows from the low-bit copy and continue differently.
+  // Saves the conversation to `snapshot` (and the proxy's cache to proxy_snapshot(snapshot)),
+  // with default options: they include SpeCache's backing store, without which a resumed cache
+  // would rebuild its full-precision rows from the low-bit copy and continue differently.
   ResumePoint save(const std::string& snapshot) const;
   static std::string proxy_snapshot(const std::string& snapshot) { return snapshot + ".proxy"; }
 
