@@ -2,8 +2,12 @@
 // are committed and every later kvsdk must still load them):
 //
 //   cmake --build --preset dev --target kvsdk-make-golden
-//   ./build/dev/tests/kvsdk-make-golden tests/golden tests/fuzz/corpus
+//   ./build/dev/tests/kvsdk-make-golden [--only=v1_0|v2_0] tests/golden [tests/fuzz/corpus]
 //
+// --only picks one format version's files (default: all). Regenerate only the version the
+// writer of the day still writes: today's writer saves caches without compressed tiers as format
+// 1.2, so its v1_0 files would no longer be format 1.0 (the committed ones were written by the 1.0
+// writer); the v2_0 files were written by the 2.0 writer (commit efa394b) with --only=v2_0.
 // The optional second directory receives tiny seed snapshots for the fuzzer
 // (tests/fuzz/load_fuzzer.cpp): small inputs let it reach deep code quickly.
 //
@@ -12,7 +16,17 @@
 //   v1_0_multiframe_f16.kvsnap  f16 host dtype, max_frame_bytes 64 (about one row per frame)
 //   v1_0_journal_bf16.kvsnap bf16 host dtype, base + an append delta + an eviction delta
 //   v1_0_torn_tail.kvsnap    the journal file with its last delta cut in half
+//
+// Files (format 2.0: caches with compressed tiers; the script is in golden_content.h):
+//   v2_0_kivi.kvsnap, v2_0_xkv_kivi2.kvsnap, v2_0_spindlekv.kvsnap, v2_0_minicache.kvsnap,
+//   v2_0_minicache_kivi4.kvsnap, v2_0_smallkv.kvsnap, v2_0_specache.kvsnap (include_backing 1),
+//   v2_0_specache_nobacking.kvsnap (include_backing 0): each a full save plus one journal delta.
+//   v2_0_expected.h          what each of them holds after load, measured here when writing
+//                            them (digests of kvsdk_cache_read and of fixed-query attention,
+//                            the policy, the frames, the continuation); golden_test.cpp checks it.
+#include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -129,17 +143,266 @@ void write_seeds(kvsdk_context* ctx, const std::string& dir) {
   write_structured_seed(j, dir + "/seed_structured.bin");
 }
 
-}  // namespace
+// ---------------------------------------------------------------------------------------------
+// Format 2.0: caches with compressed tiers.
+// ---------------------------------------------------------------------------------------------
 
-int main(int argc, char** argv) {
-  if (argc != 2 && argc != 3) {
-    std::fprintf(stderr, "usage: %s GOLDEN_DIR [FUZZ_SEED_DIR]\n", argv[0]);
-    return 2;
+void fail_if(bool bad, const std::string& what) {
+  if (bad) {
+    std::fprintf(stderr, "%s (%s)\n", what.c_str(), kvsdk_last_error());
+    std::exit(1);
   }
-  const std::string dir = argv[1];
+}
+
+// A fresh proxy (smallkv) that has run the proxy's share of steps [0, steps); NULL otherwise.
+kvsdk_cache* v2_proxy(const V2Case& cs, kvsdk_context* ctx, uint32_t steps) {
+  if (!cs.proxy) return nullptr;
+  const kvsdk_geometry pg = v2_proxy_geometry();
+  kvsdk_cache* p = nullptr;
+  check(kvsdk_cache_create(&p, ctx, &pg, nullptr), "proxy create");
+  for (uint32_t s = 0; s < steps; ++s) check(v2_proxy_step(p, s), "proxy step");
+  return p;
+}
+
+V2State measure(kvsdk_cache* c, kvsdk_cache* proxy) {
+  V2State st;
+  check(v2_measure(c, proxy, &st), "measure");
+  return st;
+}
+
+kvsdk_cache* load_bytes(kvsdk_context* ctx, const std::vector<unsigned char>& bytes,
+                        kvsdk_load_info* info) {
+  const kvsdk_geometry g = v2_geometry();
+  kvsdk_cache* c = nullptr;
+  info->struct_size = sizeof *info;
+  check(kvsdk_cache_load_from_buffer(&c, ctx, bytes.data(), bytes.size(), &g, info), "load");
+  return c;
+}
+
+// kV2ContinueSteps more steps on `c` (its proxy, for smallkv, has run the same steps): digest of
+// every step's attention outputs, then of every (layer, head)'s rows.
+uint64_t continuation(const V2Case& cs, kvsdk_cache* c, kvsdk_cache* proxy) {
+  std::vector<float> outputs;
+  const uint32_t from = kV2BaseSteps + kV2DeltaSteps;
+  for (uint32_t s = from; s < from + kV2ContinueSteps; ++s) {
+    check(v2_step(cs, c, proxy, s, &outputs), "continue");
+  }
+  uint64_t d = 0;
+  check(v2_continuation_digest(c, outputs, &d), "continuation digest");
+  return d;
+}
+
+// The frames of a written file, from its container records.
+std::vector<V2Frame> frames_of(const std::vector<unsigned char>& f, uint64_t* base_end) {
+  namespace fmt = kvsdk::format;
+  const uint64_t id = fmt::decode_file_header(f.data()).snapshot_id;
+  std::vector<V2Frame> frames;
+  *base_end = 0;
+  for (size_t pos = fmt::kFileHeaderBytes; pos + fmt::kFrameHeaderBytes <= f.size();) {
+    fmt::FrameHeader h;
+    if (!fmt::decode_frame_header(&f[pos], id, &h)) {
+      fail_if(*base_end != 0 || std::memcmp(&f[pos], fmt::kTrailerMagic, 8) != 0,
+              "unexpected record");
+      pos += fmt::kTrailerBytes;
+      *base_end = pos;
+      continue;
+    }
+    frames.push_back({pos, h.payload_bytes, h.kind});
+    pos += fmt::kFrameHeaderBytes + h.payload_bytes;
+  }
+  return frames;
+}
+
+std::string state_literal(const V2State& s) {
+  std::string out = "{{";
+  char buf[64];
+  for (uint32_t l = 0; l < kV2Layers; ++l) {
+    std::snprintf(buf, sizeof buf, "%s%" PRIu64, l ? ", " : "", s.appended[l]);
+    out += buf;
+  }
+  out += "},\n      {";
+  for (uint32_t l = 0; l < kV2Layers; ++l) {
+    out += l ? ", {" : "{";
+    for (uint32_t h = 0; h < kV2KvHeads; ++h) {
+      std::snprintf(buf, sizeof buf, "%s%" PRIu64, h ? ", " : "", s.tokens[l][h]);
+      out += buf;
+    }
+    out += "}";
+  }
+  out += "},\n      {";
+  for (uint32_t l = 0; l < kV2Layers; ++l) {
+    out += l ? ",\n       {" : "{";
+    for (uint32_t h = 0; h < kV2KvHeads; ++h) {
+      std::snprintf(buf, sizeof buf, "%s0x%016" PRIx64 "ull", h ? ", " : "", s.rows[l][h]);
+      out += buf;
+    }
+    out += "}";
+  }
+  out += "},\n      {";
+  for (uint32_t l = 0; l < kV2Layers; ++l) {
+    std::snprintf(buf, sizeof buf, "%s0x%016" PRIx64 "ull", l ? (l == 2 ? ",\n       " : ", ") : "",
+                  s.attention[l]);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, "},\n      0x%02x}", s.tier_mask);
+  return out + buf;
+}
+
+std::string policy_literal(const kvsdk_policy& p) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "{%d, %d, %d, %d, %d, %d, %d, %d, %d, %af, %af, %af, %d, %af, %af, %d, %d}",
+                p.method, p.quant_bits, p.quant_group, p.quant_residual, p.sink_tokens,
+                p.recent_tokens, p.obs_window, p.pool_kernel, p.pool_kind, double(p.heavy_ratio),
+                double(p.schedule_alpha), double(p.schedule_beta), p.boundary_layer,
+                double(p.merge_t), double(p.retain_ratio), p.fetch_tokens, p.match_tokens);
+  return buf;
+}
+
+// Writes one v2 file and returns its entry of v2_0_expected.h.
+std::string write_v2(const V2Case& cs, const std::string& dir) {
+  const std::string path = dir + "/" + cs.file;
+  const uint32_t delta_end = kV2BaseSteps + kV2DeltaSteps;
   kvsdk_context* ctx = nullptr;
   check(kvsdk_context_create(&ctx, nullptr), "context");
+  kvsdk_policy want_policy = v2_policy(cs);
+  kvsdk_policy parsed;
+  check(kvsdk_policy_parse(&parsed, cs.preset), cs.preset);
 
+  // The conversation: full save after the base steps, one delta after the delta steps.
+  kvsdk_cache* proxy = v2_proxy(cs, ctx, 0);
+  kvsdk_cache* c = nullptr;
+  check(v2_build(cs, ctx, proxy, kV2BaseSteps, &c), "build");
+  kvsdk_save_options o;
+  kvsdk_save_options_init(&o);
+  o.include_backing = cs.include_backing;
+  check(kvsdk_cache_save(c, path.c_str(), &o), "save");
+  for (uint32_t s = kV2BaseSteps; s < delta_end; ++s) check(v2_step(cs, c, proxy, s, nullptr), "step");
+  check(kvsdk_cache_save_delta(c, path.c_str(), &o), "delta");
+  V2State live{};
+  for (uint32_t l = 0; l < kV2Layers; ++l) {
+    for (uint32_t h = 0; h < kV2KvHeads; ++h) {
+      check(v2_rows_digest(c, l, h, &live.tokens[l][h], &live.rows[l][h]), "read");
+    }
+  }
+  const uint64_t uninterrupted = continuation(cs, c, proxy);
+  kvsdk_cache_destroy(c);
+  kvsdk_cache_destroy(proxy);
+
+  // What the file holds, measured by loading it: whole, and cut at the end of its base.
+  const std::vector<unsigned char> bytes = read_all(path);
+  uint64_t base_end = 0;
+  const std::vector<V2Frame> frames = frames_of(bytes, &base_end);
+  fail_if(base_end == 0 || base_end >= bytes.size(), "no journal after the base");
+  uint32_t journal_frames = 0;
+  for (const V2Frame& f : frames) journal_frames += f.kind == uint8_t(kvsdk::format::FrameKind::kJournal);
+
+  kvsdk_load_info info{};
+  c = load_bytes(ctx, bytes, &info);
+  fail_if(info.format_major != 2 || info.format_minor != 0, "not a format 2.0 file");
+  fail_if(info.journal_frames_applied != journal_frames || info.journal_frames_dropped != 0,
+          "journal not applied whole");
+  kvsdk_policy got;
+  kvsdk_policy_init(&got, KVSDK_METHOD_FULL);
+  check(kvsdk_cache_policy(c, &got), "policy");
+  fail_if(got.method != want_policy.method || got.quant_bits != want_policy.quant_bits ||
+              got.method != parsed.method || got.quant_bits != parsed.quant_bits,
+          std::string(cs.file) + ": loaded policy differs");
+  proxy = v2_proxy(cs, ctx, delta_end);
+  const V2State full = measure(c, proxy);
+  kvsdk_cache_destroy(c);
+  kvsdk_cache_destroy(proxy);
+  for (uint32_t l = 0; l < kV2Layers; ++l) {
+    for (uint32_t h = 0; h < kV2KvHeads; ++h) {
+      fail_if(full.rows[l][h] != live.rows[l][h] || full.tokens[l][h] != live.tokens[l][h],
+              std::string(cs.file) + ": loaded rows differ from the saved cache's");
+    }
+  }
+
+  const std::vector<unsigned char> base_bytes(bytes.begin(), bytes.begin() + long(base_end));
+  kvsdk_load_info base_info{};
+  c = load_bytes(ctx, base_bytes, &base_info);
+  fail_if(base_info.journal_frames_applied != 0 || base_info.journal_frames_dropped != 0,
+          "base has a journal");
+  proxy = v2_proxy(cs, ctx, kV2BaseSteps);
+  const V2State base = measure(c, proxy);
+  kvsdk_cache_destroy(c);
+  kvsdk_cache_destroy(proxy);
+
+  // The loaded file continues as the uninterrupted conversation did.
+  c = load_bytes(ctx, bytes, &info);
+  proxy = v2_proxy(cs, ctx, delta_end);
+  if (proxy) check(kvsdk_cache_set_proxy(c, proxy), "set proxy");
+  const uint64_t resumed = continuation(cs, c, proxy);
+  kvsdk_cache_destroy(c);
+  kvsdk_cache_destroy(proxy);
+  fail_if(resumed != uninterrupted,
+          std::string(cs.file) + ": the loaded cache continues differently from the saved one");
+
+  // Every compressed representation is really in the file.
+  const uint32_t want_tiers = [&] {
+    const std::string p = cs.preset;
+    if (p == "spindlekv") return 1u << KVSDK_TIER_CODEBOOK;
+    if (p.rfind("minicache", 0) == 0) {
+      return (1u << KVSDK_TIER_MERGED) | (p == "minicache" ? 0u : 1u << KVSDK_TIER_QUANTIZED);
+    }
+    if (p == "smallkv") return 1u << KVSDK_TIER_VALUE_ONLY;
+    return 1u << KVSDK_TIER_QUANTIZED;  // kivi, xkv+kivi2, specache
+  }();
+  fail_if((base.tier_mask & want_tiers) != want_tiers || (full.tier_mask & want_tiers) != want_tiers,
+          std::string(cs.file) + ": a compressed tier is missing");
+  kvsdk_context_destroy(ctx);
+
+  std::string e = "    {\"" + std::string(cs.file) + "\", \"" + cs.preset + "\", " +
+                  std::to_string(cs.include_backing) + ", " + std::to_string(cs.cache_budget) +
+                  ",\n     " + policy_literal(got) + ",\n     " +
+                  std::to_string(info.format_major) + ", " + std::to_string(info.format_minor) +
+                  ", " + std::to_string(info.journal_frames_applied) + ", " +
+                  std::to_string(bytes.size()) + ", " + std::to_string(base_end) + ",\n     {";
+  for (size_t i = 0; i < frames.size(); ++i) {
+    e += (i ? (i % 4 == 0 ? ",\n      " : ", ") : "") + std::string("{") +
+         std::to_string(frames[i].offset) + ", " + std::to_string(frames[i].payload_bytes) + ", " +
+         std::to_string(frames[i].kind) + "}";
+  }
+  char cont[32];
+  std::snprintf(cont, sizeof cont, "0x%016" PRIx64 "ull", uninterrupted);
+  e += "},\n     " + state_literal(base) + ",\n     " + state_literal(full) + ",\n     " + cont +
+       "},\n";
+  std::printf("%-32s %6zu bytes (base %" PRIu64 ", %u journal frames), tiers base 0x%02x "
+              "full 0x%02x, rows/head full:",
+              cs.file, bytes.size(), base_end, journal_frames, base.tier_mask, full.tier_mask);
+  for (uint32_t l = 0; l < kV2Layers; ++l) {
+    std::printf(" %" PRIu64 "/%" PRIu64, full.tokens[l][0], full.tokens[l][1]);
+  }
+  std::printf("\n");
+  return e;
+}
+
+void write_v2_files(const std::string& dir) {
+  size_t n = 0;
+  const V2Case* cases = v2_cases(&n);
+  std::string body;
+  for (size_t i = 0; i < n; ++i) body += write_v2(cases[i], dir);
+  const std::string header =
+      "// GENERATED by tests/golden/make_golden.cpp (kvsdk " + std::string(kvsdk_version_string()) +
+      ", snapshot format 2.0) together with the\n"
+      "// v2_0_*.kvsnap files: what each file holds after load, measured by loading it when it was\n"
+      "// written. Do not edit by hand; the files and this record change together or not at all.\n"
+      "// Fields: see V2Expected in golden_content.h.\n"
+      "#pragma once\n\n#include <vector>\n\n#include \"golden_content.h\"\n\n"
+      "namespace kvsdk_golden {\n\n"
+      "inline const std::vector<V2Expected>& v2_expected() {\n"
+      "  static const std::vector<V2Expected> expected = {\n" +
+      body + "  };\n  return expected;\n}\n\n}  // namespace kvsdk_golden\n";
+  FILE* out = std::fopen((dir + "/v2_0_expected.h").c_str(), "wb");
+  if (!out || std::fwrite(header.data(), 1, header.size(), out) != header.size()) std::exit(1);
+  std::fclose(out);
+}
+
+}  // namespace
+
+// Format 1.0 (written by the 1.0 writer; today's writer would write these caches as 1.2).
+void write_v1_files(kvsdk_context* ctx, const std::string& dir) {
   kvsdk_geometry g = golden_geometry(KVSDK_DTYPE_F32);
   kvsdk_cache* c = base_cache(ctx, g);
   check(kvsdk_cache_save(c, (dir + "/v1_0_exact_f32.kvsnap").c_str(), nullptr), "save");
@@ -185,8 +448,26 @@ int main(int argc, char** argv) {
   }
   bytes.resize(last + (bytes.size() - last) / 2);
   FILE* out = std::fopen((dir + "/v1_0_torn_tail.kvsnap").c_str(), "wb");
-  if (!out || std::fwrite(bytes.data(), 1, bytes.size(), out) != bytes.size()) return 1;
+  if (!out || std::fwrite(bytes.data(), 1, bytes.size(), out) != bytes.size()) std::exit(1);
   std::fclose(out);
+}
+
+int main(int argc, char** argv) {
+  std::string only;
+  if (argc > 1 && std::strncmp(argv[1], "--only=", 7) == 0) {
+    only = argv[1] + 7;
+    --argc;
+    ++argv;
+  }
+  if ((argc != 2 && argc != 3) || (!only.empty() && only != "v1_0" && only != "v2_0")) {
+    std::fprintf(stderr, "usage: %s [--only=v1_0|v2_0] GOLDEN_DIR [FUZZ_SEED_DIR]\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[1];
+  kvsdk_context* ctx = nullptr;
+  check(kvsdk_context_create(&ctx, nullptr), "context");
+  if (only.empty() || only == "v1_0") write_v1_files(ctx, dir);
+  if (only.empty() || only == "v2_0") write_v2_files(dir);
   if (argc == 3) write_seeds(ctx, argv[2]);
   kvsdk_context_destroy(ctx);
   std::printf("golden snapshots written to %s\n", dir.c_str());
