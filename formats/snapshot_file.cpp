@@ -1,6 +1,7 @@
 #include "snapshot_file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,7 +12,9 @@
 #include "container.h"
 #include "core/error.h"
 #include "frame_writer.h"
+#include "kvsdk_generated.h"
 #include "xxhash64.h"
+#include "zstd_frame.h"
 
 namespace kvsdk::format {
 
@@ -126,11 +129,73 @@ MappedFile::~MappedFile() {
   if (map_) ::munmap(map_, size_);
 }
 
+namespace {
+
+// Verifier limits for the journal frames past a cache's journal end (as the reader's).
+constexpr flatbuffers::uoffset_t kMaxDepth = 16;
+constexpr flatbuffers::uoffset_t kMaxTables = 1u << 20;
+
+// Decides whether the bytes of `path` from `base.journal_end` to `size` are a torn tail that a
+// delta may cut: returns an empty string if so, else why not. A load applies a delta only once
+// all its frames are sound and in order (snapshot_reader.cpp, read_journal); a crash while
+// appending leaves the frames of one unfinished delta, the last of them possibly torn. So the
+// tail may be cut when it holds the first frames, in order, of delta number next_sequence, none
+// of them its last frame, followed by the end of the file or by bytes that are no sound frame
+// (everything from there on is unreachable to a load). Anything else that verifies was written
+// on purpose: a complete delta (another writer continued this file) or frames a load would
+// not take for a crash artefact.
+std::string foreign_journal_tail(int fd, uint64_t size, const JournalBase& base,
+                                 const std::string& path) {
+  uint64_t pos = base.journal_end;
+  uint32_t part = 0, parts = 0;
+  std::vector<unsigned char> payload, raw;
+  ZstdDecompressor zstd;
+  while (pos < size) {
+    unsigned char fh[kFrameHeaderBytes];
+    FrameHeader h;
+    if (size - pos < kFrameHeaderBytes) return {};
+    if (!read_all(fd, pos, fh, sizeof fh)) io_fail("cannot read", path);
+    if (!decode_frame_header(fh, base.snapshot_id, &h)) return {};
+    if (size - pos - kFrameHeaderBytes < h.payload_bytes) return {};
+    payload.resize(h.payload_bytes);
+    if (!read_all(fd, pos + kFrameHeaderBytes, payload.data(), payload.size())) {
+      io_fail("cannot read", path);
+    }
+    if (xxh64(payload.data(), payload.size(), base.snapshot_id) != h.payload_hash) return {};
+    // A sound frame of this snapshot.
+    if (h.kind != uint8_t(FrameKind::kJournal)) return "a frame that is not a journal frame";
+    try {
+      zstd.decompress(payload.data(), payload.size(), h.raw_bytes, raw);
+    } catch (const Error&) {
+      return "a journal frame that does not decompress";
+    }
+    flatbuffers::Verifier v(raw.data(), raw.size(), kMaxDepth, kMaxTables);
+    if (!fb::VerifyFrameBuffer(v)) return "a journal frame that fails verification";
+    const fb::JournalDelta* d = fb::GetFrame(raw.data())->payload_as_JournalDelta();
+    if (!d) return "a journal frame without a delta";
+    if (d->sequence() != base.next_sequence || d->part() != part || d->parts() == 0 ||
+        d->part() >= d->parts() || (part > 0 && d->parts() != parts)) {
+      return "journal frames out of sequence";
+    }
+    if (d->part() + 1 == d->parts()) return "complete deltas";
+    parts = d->parts();
+    ++part;
+    pos += kFrameHeaderBytes + h.payload_bytes;
+  }
+  return {};
+}
+
+}  // namespace
+
 uint64_t append_journal(const std::string& path, const JournalBase& base,
                         const std::vector<std::vector<uint8_t>>& parts, int zstd_level) {
   Fd f;
   f.fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (f.fd < 0) io_fail("cannot open", path);
+  // One appender at a time: another process's append in progress looks like a torn tail.
+  if (::flock(f.fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    fail(KVSDK_E_STATE, "'", path, "' is being written by another save right now");
+  }
   struct stat st;
   if (::fstat(f.fd, &st) != 0) io_fail("cannot stat", path);
   const uint64_t size = uint64_t(st.st_size);
@@ -152,21 +217,18 @@ uint64_t append_journal(const std::string& path, const JournalBase& base,
          "(save it in full first)");
   }
   if (size > base.journal_end) {
-    // Bytes past our journal: a torn frame of an interrupted append is cut off; a sound frame
-    // means someone else journals into this file.
-    unsigned char fh[kFrameHeaderBytes];
-    FrameHeader h;
-    if (size - base.journal_end >= kFrameHeaderBytes &&
-        read_all(f.fd, base.journal_end, fh, sizeof fh) &&
-        decode_frame_header(fh, base.snapshot_id, &h) &&
-        size - base.journal_end - kFrameHeaderBytes >= h.payload_bytes) {
-      std::vector<unsigned char> payload(h.payload_bytes);
-      if (read_all(f.fd, base.journal_end + kFrameHeaderBytes, payload.data(), payload.size()) &&
-          xxh64(payload.data(), payload.size(), base.snapshot_id) == h.payload_hash) {
-        fail(KVSDK_E_STATE, "'", path, "' has journal frames this cache did not write");
-      }
+    // Bytes past our journal: what a crash while appending leaves (torn frames, the frames of
+    // an unfinished delta) is cut off; anything else means someone else journals into this file.
+    const std::string foreign = foreign_journal_tail(f.fd, size, base, path);
+    if (!foreign.empty()) {
+      fail(KVSDK_E_STATE, "'", path, "' has journal frames this cache did not write (", foreign,
+           " after its last delta)");
     }
-    if (::ftruncate(f.fd, off_t(base.journal_end)) != 0) io_fail("cannot cut the torn tail of", path);
+    // Durably cut before writing: sound frames of the old tail must not outlive the cut behind
+    // a torn new frame, where a load could take them for the rest of the new delta.
+    if (::ftruncate(f.fd, off_t(base.journal_end)) != 0 || ::fsync(f.fd) != 0) {
+      io_fail("cannot cut the torn tail of", path);
+    }
   }
   if (::lseek(f.fd, off_t(base.journal_end), SEEK_SET) < 0) io_fail("cannot seek in", path);
   FdSink sink(f.fd, path);

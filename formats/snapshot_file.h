@@ -35,8 +35,12 @@ class MappedFile {
 };
 
 // Appends already-built frames (FlatBuffers) of one journal delta to `path`, which must be the
-// file `base` describes: throws KVSDK_E_STATE otherwise, KVSDK_E_IO on I/O errors. A torn tail
-// left by an interrupted earlier append is cut off first. Returns the new journal end.
+// file `base` describes: throws KVSDK_E_STATE otherwise, KVSDK_E_IO on I/O errors. What an
+// interrupted earlier append left past base.journal_end (a torn frame, the sound frames of a
+// delta whose last frame is missing: what a load drops) is cut off first; sound frames a load
+// would not drop that way (a complete delta, frames out of sequence) mean another writer, and
+// KVSDK_E_STATE. Holds an exclusive flock on `path` meanwhile; KVSDK_E_STATE when another
+// append holds it. Returns the new journal end.
 uint64_t append_journal(const std::string& path, const JournalBase& base,
                         const std::vector<std::vector<uint8_t>>& parts, int zstd_level);
 

@@ -15,9 +15,9 @@
  *   - Handles are opaque; every `*_create` has a `*_destroy`, and `*_destroy(NULL)` is a no-op.
  *   - Every fallible call returns a `kvsdk_status`. On failure, outputs are left untouched and
  *     the object the call operated on is unchanged, except where a function states otherwise
- *     (kvsdk_cache_save_to_buffer's buffer; a smallkv cache's importance state in
- *     kvsdk_cache_attend and its evictions in kvsdk_cache_append). `kvsdk_last_error()` adds
- *     detail.
+ *     (kvsdk_cache_save_to_buffer's buffer; KVSDK_E_NO_MEMORY part-way through an append or a
+ *     prefetch of some compressed policies, see kvsdk_cache_append and kvsdk_cache_prefetch).
+ *     `kvsdk_last_error()` adds detail.
  *   - Option structs begin with `uint32_t struct_size` and are filled by their `*_init()`
  *     function; a struct from a newer header (larger `struct_size`) is accepted if the fields
  *     this library does not know are zero, a struct smaller than the first version is rejected.
@@ -333,8 +333,11 @@ KVSDK_API kvsdk_status kvsdk_cache_geometry(const kvsdk_cache *cache, kvsdk_geom
  *          budget and the policy cannot compress enough), KVSDK_E_STATE (smallkv must evict but
  *          has no proxy), KVSDK_E_IO (specache: its backing file cannot grow),
  *          KVSDK_E_NO_MEMORY.
- *  On any error the cache is unchanged, except that a smallkv cache keeps the evictions it made
- *  before failing with KVSDK_E_BUDGET. */
+ *  On any error the cache is unchanged: a smallkv cache that must evict first decides what it
+ *  evicts (head matching included) and evicts only once the append fits. One exception:
+ *  KVSDK_E_NO_MEMORY part-way through an append to a layer that kivi, specache, spindlekv (its
+ *  codebook layers) or minicache (its merged layers) holds may leave the tokens appended to the
+ *  KV heads already done; bytes and budget charge match what the cache then holds. */
 KVSDK_API kvsdk_status kvsdk_cache_append(kvsdk_cache *cache, uint32_t layer, size_t n_tokens,
                                           const void *k, const void *v, const int32_t *positions,
                                           size_t kv_bytes);
@@ -362,8 +365,9 @@ KVSDK_API kvsdk_status kvsdk_cache_append(kvsdk_cache *cache, uint32_t layer, si
  *  Errors: KVSDK_E_INVALID_ARG (NULL pointers, zero queries, size mismatch),
  *          KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_STATE (smallkv: marginal rows but no proxy, or
  *          the proxy has not attended this step), KVSDK_E_NO_MEMORY. On error `out` is
- *          untouched; a smallkv cache may keep the importance updates of the KV heads attended
- *          before the failure. */
+ *          untouched and nothing changed: a smallkv cache applies the importance updates of all
+ *          KV heads together once every head succeeded, and a proxy's link takes the step's
+ *          queries only when the proxy's attend succeeds. */
 KVSDK_API kvsdk_status kvsdk_cache_attend(kvsdk_cache *cache, uint32_t layer, size_t n_queries,
                                           const void *q, const int32_t *q_positions,
                                           size_t q_bytes, void *out, size_t out_bytes);
@@ -609,7 +613,8 @@ KVSDK_API kvsdk_status kvsdk_cache_set_backing_file(kvsdk_cache *cache, const ch
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/q, n_queries != 1, q_bytes mismatch),
  *          KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_UNSUPPORTED (policy other than 'specache'),
  *          KVSDK_E_BUDGET (the fetched rows would not fit), KVSDK_E_NO_MEMORY.
- *  On error the cache is unchanged.
+ *  On error the cache is unchanged, except that KVSDK_E_NO_MEMORY part-way through may leave
+ *  the KV heads already done with their new fetch (bytes and budget charge match).
  *  Threading: like every cache call, one thread at a time per cache. */
 KVSDK_API kvsdk_status kvsdk_cache_prefetch(kvsdk_cache *cache, uint32_t layer, size_t n_queries,
                                             const void *q, const int32_t *q_positions,
@@ -816,17 +821,27 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache *cache,
  *  records what changed since the last save, delta or load of that file by this cache: tokens
  *  appended since, and rows removed since (a delta stays exact whatever changed). Much cheaper
  *  than a full save for a long conversation that grew by a few tokens. The frames are written
- *  and fsync-ed; a crash while appending leaves a torn tail that kvsdk_cache_load ignores (it
- *  loads the state of the last complete delta and counts the torn frames in
- *  kvsdk_load_info.journal_frames_dropped); the next delta from this cache replaces that tail.
+ *  and fsync-ed, under an exclusive flock(2) on `path`.
+ *  Torn tails: a delta counts only once all its frames are in the file. A crash while appending
+ *  leaves a torn tail: a torn frame, and/or the complete frames of a delta whose later frames are
+ *  missing (an incomplete delta). kvsdk_cache_load ignores it: it loads the state of the last
+ *  complete delta and counts the tail's frames, complete ones included, in
+ *  kvsdk_load_info.journal_frames_dropped. A cache continues the journal from the end of the last
+ *  complete delta it wrote or loaded: its next delta first cuts everything after that end that is
+ *  a torn tail (synced before the new frames are written), then appends. So the next delta from
+ *  a cache loaded after the crash (or from any cache whose journal ends where the torn tail
+ *  begins) replaces the torn tail.
  *  A layer held in compressed tiers that changed goes into the delta whole (a specache layer with
  *  its backing store). Only `zstd_level` and `max_frame_bytes` of `options` (NULL for defaults)
  *  apply.
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options),
  *          KVSDK_E_STATE (this cache has no base to continue from: it was never saved or loaded;
- *          or `path` is not the file of its last full save/load, or that file's journal holds
- *          frames this cache did not write; nothing is written),
- *          KVSDK_E_IO (cannot open, read, write or sync; the file may then end in a torn frame,
+ *          or `path` is not the file of its last full save/load, or ends before this cache's
+ *          last delta; or that file's journal holds, after the end of this cache's journal,
+ *          frames no crash leaves behind: a complete delta (another cache continued the file),
+ *          or frames out of sequence; or another save_delta holds the lock on `path` right now;
+ *          nothing is written: kvsdk_cache_save in full starts over),
+ *          KVSDK_E_IO (cannot open, read, write or sync; the file may then end in a torn tail,
  *          which loads as above), KVSDK_E_NO_MEMORY. */
 KVSDK_API kvsdk_status kvsdk_cache_save_delta(kvsdk_cache *cache, const char *path,
                                               const kvsdk_save_options *options);

@@ -104,28 +104,34 @@ std::vector<TierRecord> Cache::tier_records(uint32_t layer) const {
   return repr_->save(layer);
 }
 
+namespace {
+
+// Drops a representation's planned eviction unless it was committed.
+struct PlannedEviction {
+  Representation* repr;
+  bool pending = true;
+  ~PlannedEviction() {
+    if (pending) repr->drop_eviction();
+  }
+  void commit() noexcept {
+    repr->commit_eviction();
+    pending = false;
+  }
+};
+
+}  // namespace
+
 void Cache::append_represented(uint32_t layer, size_t n_tokens, const void* k, const void* v,
                                const int32_t* positions) {
-  // Reserve an upper bound of the growth before anything changes, evicting first when the
-  // representation can; charge the exact change afterwards and return the rest.
-  const uint64_t bound = repr_->append_bound(layer, n_tokens);
-  if (bound > 0 && !reserve(bound)) {
-    const uint64_t target = target_bytes();
-    const uint64_t want = charged_ + bound - std::min(target, charged_ + bound);
-    const uint64_t freed = repr_->evict(want);
-    ctx_->release(freed);
-    charged_ -= freed;
-    bool reserved = reserve(bound);
-    if (!reserved && evicts() && target >= bound) {
-      compress_to(target - bound);  // SpindleKV: make room by evicting in the exact (deep) layers
-      reserved = reserve(bound);
-    }
-    if (!reserved) {
-      fail(KVSDK_E_BUDGET, "appending ", n_tokens, " tokens to layer ", layer, " may need ",
-           bound, " more bytes than the budget allows (policy '", policy_spec(policy_), "'",
-           freed || evicts() ? " after evicting" : " does not evict", ")");
-    }
-  }
+  // Everything that can fail comes before anything changes: the rows in f32, then an upper bound
+  // of the growth reserved from the budget. When it does not fit, an evicting representation
+  // (SmallKV) plans an eviction aside; it is committed only once the rest of the bound is
+  // reserved, so a refused append keeps every row. The exact change is charged afterwards and
+  // the rest returned.
+  const size_t elems = n_tokens * geometry_.kv_elems_per_token();
+  std::vector<float> kf(elems), vf(elems);
+  load_f32(geometry_.dtype, k, 0, elems, kf.data());
+  load_f32(geometry_.dtype, v, 0, elems, vf.data());
   // The change is measured over every covered layer: an append to one layer may change another
   // one's bytes (MiniCache merges a pair when its second layer arrives, releasing the rows of the
   // first that waited).
@@ -136,38 +142,67 @@ void Cache::append_represented(uint32_t layer, size_t n_tokens, const void* k, c
     }
     return b;
   };
+  const uint64_t bound = repr_->append_bound(layer, n_tokens);
+  uint64_t held = 0;  // bytes the context holds for this append beyond what the cache holds
+  if (bound > 0 && !reserve(bound)) {
+    const uint64_t target = target_bytes();
+    const uint64_t want = charged_ + bound - std::min(target, charged_ + bound);
+    PlannedEviction plan{repr_.get()};
+    const uint64_t freed = repr_->plan_eviction(want, layer, n_tokens);
+    // The evicted bytes stay charged to the context and go to the append.
+    bool reserved = freed >= bound || reserve(bound - freed);
+    uint64_t extra = reserved ? bound - std::min(bound, freed) : 0;
+    if (!reserved && evicts() && target >= bound) {
+      // SpindleKV (freed is 0): make room by evicting in the exact (deep) layers.
+      compress_to(target - bound);
+      reserved = reserve(bound);
+      extra = bound;
+    }
+    if (!reserved) {
+      fail(KVSDK_E_BUDGET, "appending ", n_tokens, " tokens to layer ", layer, " may need ",
+           bound, " more bytes than the budget allows (policy '", policy_spec(policy_), "'",
+           freed || evicts() ? ", even evicting what it can; nothing was evicted"
+                                   : " does not evict", ")");
+    }
+    uint64_t evicted = 0;
+    if (freed > 0) {
+      const uint64_t full = represented_bytes();
+      plan.commit();
+      evicted = full - represented_bytes();  // == freed
+      charged_ -= evicted;
+    }
+    held = evicted + extra;
+  } else {
+    held = bound;
+  }
   const uint64_t before = represented_bytes();
+  // Settles the charge: the exact change of the representation's bytes, the rest of `held`
+  // returned to the context.
+  const auto settle = [&](uint64_t after) {
+    if (after >= before) {
+      const uint64_t grown = after - before;
+      ctx_->release(held - std::min(held, grown));
+      charged_ += grown;
+    } else {  // a merge released rows
+      ctx_->release(held + (before - after));
+      charged_ -= before - after;
+    }
+  };
   try {
-    const size_t elems = n_tokens * geometry_.kv_elems_per_token();
-    std::vector<float> kf(elems), vf(elems);
-    load_f32(geometry_.dtype, k, 0, elems, kf.data());
-    load_f32(geometry_.dtype, v, 0, elems, vf.data());
     repr_->append(layer, n_tokens, kf.data(), vf.data(), positions);
   } catch (...) {
-    // Only allocation can fail here; what the representation holds is what is charged below.
-    const uint64_t now = represented_bytes();
-    if (now >= before) {
-      const uint64_t grown = now - before;
-      if (bound > grown) ctx_->release(bound - grown);
-      charged_ += grown;
-    } else {  // a merge released rows before the failure
-      ctx_->release(bound + (before - now));
-      charged_ -= before - now;
-    }
+    // Only allocation can fail here (never after an eviction: its plan reserved what the append
+    // needs); what the representation holds is what is charged.
+    settle(represented_bytes());
     throw;
   }
   const uint64_t after = represented_bytes();
-  if (after >= before) {
-    if (after - before > bound) {
-      fail(KVSDK_E_INTERNAL, "representation grew by ", after - before, " bytes, over its bound ",
-           bound);
-    }
-    ctx_->release(bound - (after - before));
-    charged_ += after - before;
-  } else {
-    ctx_->release(bound + (before - after));
-    charged_ -= before - after;
+  if (after > before && after - before > held) {
+    settle(after);
+    fail(KVSDK_E_INTERNAL, "representation grew by ", after - before, " bytes, over its bound ",
+         bound);
   }
+  settle(after);
   layers_[layer].appended_tokens += n_tokens;
 }
 
@@ -237,10 +272,26 @@ void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_
                                                                           geometry_.q_elems_per_token());
   std::vector<int32_t> row_pos(n_rows);
   std::vector<float> kbuf(kChunkTokens * dim), vbuf(kChunkTokens * dim);
+  // Every KV head's query rows for the attention tap, which sees them once all heads succeeded.
+  std::vector<float> tapped(attention_tap_ ? geometry_.n_kv_heads * n_rows * dim : 0);
   const bool represented = covered(layer);
+  // State that attention updates (SmallKV's importance state, SpeCache's hit rate) is staged per
+  // KV head and applied together at the end, so that a failure at any head changes nothing.
+  struct Transaction {
+    const Representation* repr = nullptr;
+    ~Transaction() {
+      if (repr) repr->abort_attend();
+    }
+  } tx;
+  if (represented) {
+    repr_->begin_attend();
+    tx.repr = repr_.get();
+  }
   for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
     pack_queries(g, n_queries, q, q_positions, q_rows.data(), row_pos.data());
-    if (attention_tap_) attention_tap_(layer, g, q_rows.data(), row_pos.data(), n_rows);
+    if (attention_tap_) {
+      std::copy(q_rows.begin(), q_rows.end(), tapped.begin() + long(g * n_rows * dim));
+    }
     if (represented) {
       repr_->attend(layer, g, q_rows.data(), row_pos.data(), n_rows, out_rows.data());
     } else {
@@ -264,6 +315,13 @@ void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_
                     result.data() + i * geometry_.q_elems_per_token() + h * dim);
       }
     }
+  }
+  if (attention_tap_) {
+    attention_tap_(layer, geometry_.n_kv_heads, tapped.data(), row_pos.data(), n_rows);
+  }
+  if (represented) {
+    tx.repr = nullptr;
+    repr_->commit_attend();
   }
   store_f32(geometry_.dtype, result.data(), result.size(), out, 0);
 }

@@ -100,10 +100,13 @@ class Cache {
   Representation* representation() { return repr_.get(); }
   // SpeCache: speculative queries of the next step for `layer` (host dtype, like attend).
   void prefetch(uint32_t layer, size_t n_queries, const void* q, const int32_t* q_positions);
-  // Called by attend() with each KV head's packed query rows before attention (SmallKV reads a
-  // proxy cache's queries this way). Empty = none.
-  using AttentionTap = std::function<void(uint32_t layer, uint32_t kv_head, const float* q_rows,
-                                          const int32_t* row_positions, size_t n_rows)>;
+  // Called by attend() once every KV head's attention succeeded, with the packed query rows of
+  // every KV head (q_rows [n_kv_heads][n_rows][head_dim]; row_positions [n_rows], the same for
+  // every head), before the outputs are written (SmallKV reads a proxy cache's queries this way).
+  // If it throws, attend() fails. Empty = none.
+  using AttentionTap = std::function<void(uint32_t layer, uint32_t n_kv_heads,
+                                          const float* q_rows, const int32_t* row_positions,
+                                          size_t n_rows)>;
   void set_attention_tap(AttentionTap tap) { attention_tap_ = std::move(tap); }
   bool has_attention_tap() const { return static_cast<bool>(attention_tap_); }
   uint64_t charged_bytes() const { return charged_; }

@@ -431,9 +431,16 @@ void Cache::append_compressing(uint32_t layer, size_t n_tokens, const void* k, c
 void Cache::compress_to(uint64_t target) {
   if (!evicts()) {
     if (repr_ && charged_ > target) {
-      const uint64_t freed = repr_->evict(charged_ - target);
-      ctx_->release(freed);
-      charged_ -= freed;
+      // An evicting representation (SmallKV) plans aside; the plan is committed only when it
+      // meets the target, so a refusal keeps every row.
+      const uint64_t freed = repr_->plan_eviction(charged_ - target, Representation::kNoAppend, 0);
+      if (charged_ - std::min(charged_, freed) <= target) {
+        repr_->commit_eviction();
+        ctx_->release(freed);
+        charged_ -= freed;
+      } else {
+        repr_->drop_eviction();
+      }
     }
     if (charged_ > target) {
       fail(KVSDK_E_BUDGET, "policy '", policy_spec(policy_), "' cannot evict further; the cache ",

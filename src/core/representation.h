@@ -12,13 +12,18 @@
 // reserves append_bound() — an upper bound of the bytes the append can add — and after it charges
 // exactly the change of layer_bytes(), returning the rest. So a representation never has to
 // predict data-dependent growth (codebook entries, retained tokens) exactly, and the budget is
-// never exceeded. A representation that can evict (SmallKV) frees bytes in evict().
+// never exceeded. A representation that can evict (SmallKV) plans an eviction without changing
+// anything (plan_eviction), and the Cache commits it (commit_eviction, no-throw) only once the
+// bytes of what follows are reserved, or drops it; so a refused call keeps every row.
 //
 // Failure contract: append() may throw only before it changes anything (validation) or on
 // allocation failure; read/save never change state; attend never changes rows or bytes, but
 // SmallKV updates its importance state there (matching statistics, head mapping, row scores) and
-// SpeCache its hit-rate measurement (mutable members). restore() validates everything and throws
-// kvsdk::Error KVSDK_E_CORRUPT for any inconsistency.
+// SpeCache its hit-rate measurement (mutable members): inside an attend transaction
+// (begin_attend .. commit_attend, which Cache::attend opens around the KV heads of one layer)
+// those updates are staged and applied together by commit_attend (no-throw) once every head
+// succeeded, or dropped by abort_attend, so a failed attend changes nothing. restore() validates
+// everything and throws kvsdk::Error KVSDK_E_CORRUPT for any inconsistency.
 #pragma once
 
 #include <cstddef>
@@ -71,6 +76,11 @@ class Representation {
   // causal masking (INT32_MAX sees everything). Writes out [n_rows][head_dim].
   virtual void attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                       const int32_t* row_positions, size_t n_rows, float* out) const = 0;
+  // Attend transaction (see the failure contract above). Outside one, attend() applies its state
+  // updates at once. Representations whose attend() changes nothing keep these no-ops.
+  virtual void begin_attend() const noexcept {}
+  virtual void commit_attend() const noexcept {}
+  virtual void abort_attend() const noexcept {}
 
   // Rows one KV head of a covered layer holds, and those rows as attention sees them
   // (dequantized / reconstructed), in stored order: k, v [n][head_dim], positions [n]. Null
@@ -79,9 +89,27 @@ class Representation {
   virtual void read(uint32_t layer, uint32_t kv_head, float* k, float* v,
                     int32_t* positions) const = 0;
 
-  // Evicting representations free at least `bytes` if they can (fewer if they cannot) and return
-  // how many they freed. Non-evicting ones return 0 (the default).
-  virtual uint64_t evict(uint64_t /*bytes*/) { return 0; }
+  // Evicting representations plan an eviction that frees at least `bytes` if they can (fewer if
+  // they cannot) and return how many bytes it frees, changing nothing: commit_eviction() applies
+  // the plan (no-throw), drop_eviction() discards it (a new plan discards the previous one). It
+  // may throw (KVSDK_E_STATE: SmallKV without its proxy; allocation), with nothing planned.
+  // `append_layer` / `append_tokens`: the append the eviction makes room for (kNoAppend: none);
+  // the plan reserves what that append needs, so that append() cannot fail after the commit.
+  // Non-evicting representations plan nothing and return 0 (the defaults).
+  static constexpr uint32_t kNoAppend = UINT32_MAX;
+  virtual uint64_t plan_eviction(uint64_t /*bytes*/, uint32_t /*append_layer*/,
+                                 size_t /*append_tokens*/) {
+    return 0;
+  }
+  virtual void commit_eviction() noexcept {}
+  virtual void drop_eviction() noexcept {}
+  // Plans and commits at once (tests, and callers with nothing to reserve); returns the bytes
+  // freed.
+  uint64_t evict(uint64_t bytes) {
+    const uint64_t freed = plan_eviction(bytes, kNoAppend, 0);
+    commit_eviction();
+    return freed;
+  }
 
   // SpeCache: speculative queries of the next step (same layout as attend's q_rows) pick the rows
   // the next attend() of this head uses in full precision. Others: KVSDK_E_UNSUPPORTED.

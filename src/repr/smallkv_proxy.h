@@ -27,16 +27,19 @@ class SmallKvProxyLink {
   explicit SmallKvProxyLink(uint32_t match_tokens) : match_tokens_(match_tokens) {}
 
   // Installs the tap on `proxy` (which must be a 'full' cache without a tap; checked by the
-  // caller) and resets the per-proxy state. `self` is the shared_ptr that owns this link.
+  // caller) and resets the per-proxy state. `self` is the shared_ptr that owns this link. On
+  // failure (allocation) the previous link is kept.
   static void attach(const std::shared_ptr<SmallKvProxyLink>& self, Cache& proxy);
   // Removes the tap from the proxy, if any.
-  void detach();
+  void detach() noexcept;
   Cache* proxy() const { return proxy_; }
   uint32_t proxy_heads() const;  // query heads of the proxy over all its layers
 
-  // The tap: records one proxy (layer, KV head)'s query rows of this step and adds Eq. 1 of the
-  // queries among the first match_tokens tokens.
-  void on_proxy_queries(uint32_t layer, uint32_t kv_head, const float* q_rows,
+  // The tap: records the query rows of this step of every KV head of one proxy layer (q_rows
+  // [n_kv_heads][n_rows][head_dim], row_positions [n_rows], the same for every head) and adds
+  // Eq. 1 of the queries among the first match_tokens tokens. Computes everything before it
+  // changes anything: on failure (allocation) the link is unchanged.
+  void on_proxy_queries(uint32_t layer, uint32_t n_kv_heads, const float* q_rows,
                         const int32_t* row_positions, size_t n_rows);
 
   // Proxy head `head`'s Eq. 1 scores at `positions` (the large cache's matching tokens), written
@@ -45,7 +48,7 @@ class SmallKvProxyLink {
   // The largest query position counted in the matching statistics (-1: none yet).
   int64_t matched_through() const { return matched_through_; }
   // Frees the matching statistics (every large head is matched).
-  void drop_match_stats();
+  void drop_match_stats() noexcept;
 
   // The attention probabilities of proxy head `head` at this step for the query rows at
   // `row_positions` [n_rows] over the proxy's full cache, gathered at `wanted` [n_wanted]

@@ -113,7 +113,7 @@ bool SmallKvRepresentation::all_matched() const {
   return true;
 }
 
-void SmallKvRepresentation::drop_finished_stats() {
+void SmallKvRepresentation::drop_finished_stats() noexcept {
   for (Layer& l : layers_) {
     const bool done =
         std::all_of(l.heads.begin(), l.heads.end(), [](const Head& h) { return h.matched; });
@@ -159,16 +159,21 @@ void SmallKvRepresentation::append(uint32_t layer, size_t n, const float* k, con
 
 void SmallKvRepresentation::accumulate_match_stats(uint32_t layer, uint32_t kv_head,
                                                    const float* q_rows,
-                                                   const int32_t* row_positions,
-                                                   size_t n_rows) const {
-  Layer& L = layers_[layer];
-  Head& H = L.heads[kv_head];
+                                                   const int32_t* row_positions, size_t n_rows,
+                                                   AttendUpdate& u) const {
+  const Layer& L = layers_[layer];
+  const Head& H = L.heads[kv_head];
   if (L.match_stats.empty()) return;
   const uint32_t dim = geometry_.head_dim, group = geometry_.group_size();
   const size_t nf = H.full_pos.size(), m = std::min<size_t>(nf, match_tokens_);
   if (m == 0) return;
   const int32_t limit =
       nf >= match_tokens_ ? H.full_pos[match_tokens_ - 1] : std::numeric_limits<int32_t>::max();
+  // The group's statistics, updated on a copy.
+  const size_t slice = size_t(group) * match_tokens_;
+  const float* src = L.match_stats.data() + size_t(kv_head) * slice;
+  u.stats.assign(src, src + slice);
+  u.has_stats = true;
   std::vector<float> k(m * dim), q, acc(m);
   load_f32(KVSDK_DTYPE_F16, H.full_k.data(), 0, m * dim, k.data());
   std::vector<int32_t> qpos;
@@ -185,61 +190,120 @@ void SmallKvRepresentation::accumulate_match_stats(uint32_t layer, uint32_t kv_h
     cpu::smallkv_accumulated_attention(q.data(), qpos.data(), qpos.size(), k.data(),
                                        H.full_pos.data(), m, dim, geometry_.attn_scale,
                                        acc.data());
-    float* dst = L.match_stats.data() + (size_t(kv_head) * group + j) * match_tokens_;
+    float* dst = u.stats.data() + size_t(j) * match_tokens_;
     for (size_t t = 0; t < m; ++t) dst[t] += acc[t];
   }
   if (nf >= match_tokens_) {
     for (size_t r = 0; r < n_rows; ++r) {
-      if (row_positions[r] >= limit) H.stats_done = true;
+      if (row_positions[r] >= limit) u.stats_done = true;
     }
   }
 }
 
-void SmallKvRepresentation::match_head(uint32_t layer, uint32_t kv_head) const {
-  Layer& L = layers_[layer];
-  Head& H = L.heads[kv_head];
+SmallKvRepresentation::Match SmallKvRepresentation::compute_match(uint32_t layer,
+                                                                  uint32_t kv_head,
+                                                                  const float* stats) const {
+  const Head& H = layers_[layer].heads[kv_head];
   const uint32_t group = geometry_.group_size();
+  Match m;
   // Matching tokens: the first rows (no row was evicted before the head is matched).
   const size_t n = std::min<size_t>(H.full_pos.size(), match_tokens_);
   const uint32_t n_proxy = link_->proxy_heads();
-  std::vector<float> large(size_t(group) * n, 0.0f), proxy(size_t(n_proxy) * n);
-  if (!L.match_stats.empty()) {
+  std::vector<float> large(size_t(group) * n, 0.0f);
+  m.proxy.assign(size_t(n_proxy) * n, 0.0f);
+  m.n = n;
+  if (stats) {
     for (uint32_t j = 0; j < group; ++j) {
-      std::copy_n(L.match_stats.data() + (size_t(kv_head) * group + j) * match_tokens_, n,
-                  large.data() + size_t(j) * n);
+      std::copy_n(stats + size_t(j) * match_tokens_, n, large.data() + size_t(j) * n);
     }
   }
   for (uint32_t p = 0; p < n_proxy; ++p) {
-    link_->match_scores(p, H.full_pos.data(), n, proxy.data() + size_t(p) * n);
+    link_->match_scores(p, H.full_pos.data(), n, m.proxy.data() + size_t(p) * n);
   }
   // Eqs. 2-3: Jaccard of the top 10% tokens (at least one), argmax over every proxy head.
   const size_t top = std::max<size_t>(1, (n + 9) / 10);
-  const std::vector<uint32_t> f =
-      cpu::smallkv_match_heads(large.data(), group, proxy.data(), n_proxy, n, top);
-  for (uint32_t j = 0; j < group; ++j) {
-    L.mapping[size_t(kv_head) * group + j] = f[j];
-    // The proxy's accumulated attention so far starts the rows' scores.
-    for (size_t t = 0; t < n; ++t) H.full_score[t] += proxy[size_t(f[j]) * n + t];
+  m.map = cpu::smallkv_match_heads(large.data(), group, m.proxy.data(), n_proxy, n, top);
+  return m;
+}
+
+void SmallKvRepresentation::add_match_scores(const Match& m, float* full_score) const {
+  for (uint32_t j = 0; j < geometry_.group_size(); ++j) {
+    for (size_t t = 0; t < m.n; ++t) full_score[t] += m.proxy[size_t(m.map[j]) * m.n + t];
   }
-  H.scores_from = link_->matched_through();
-  H.matched = true;
-  H.stats_done = true;
+}
+
+void SmallKvRepresentation::apply(AttendUpdate& u) const noexcept {
+  Layer& L = layers_[u.layer];
+  Head& H = L.heads[u.kv_head];
+  const uint32_t group = geometry_.group_size();
+  if (u.has_stats) {
+    std::copy(u.stats.begin(), u.stats.end(),
+              L.match_stats.begin() + long(size_t(u.kv_head) * group * match_tokens_));
+  }
+  H.stats_done = u.stats_done;
+  if (u.matched_now) {
+    std::copy(u.map.begin(), u.map.end(), L.mapping.begin() + long(size_t(u.kv_head) * group));
+    H.scores_from = u.scores_from;
+    H.matched = true;
+    H.stats_done = true;
+  }
+  if (u.has_scores) {
+    H.full_score.swap(u.full_score);
+    H.marg_score.swap(u.marg_score);
+  }
+  if (u.matched_now && all_matched()) link_->drop_match_stats();
+}
+
+void SmallKvRepresentation::begin_attend() const noexcept {
+  staged_.clear();
+  staging_ = true;
+}
+
+void SmallKvRepresentation::commit_attend() const noexcept {
+  for (AttendUpdate& u : staged_) apply(u);
+  staged_.clear();
+  staging_ = false;
+}
+
+void SmallKvRepresentation::abort_attend() const noexcept {
+  staged_.clear();
+  staging_ = false;
 }
 
 void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                                    const int32_t* row_positions, size_t n_rows,
                                    float* out) const {
-  Head& H = layers_[layer].heads[kv_head];
+  // Everything is computed into `u` first; the state changes only in apply(), which cannot fail
+  // (at once, or in commit_attend() inside a transaction).
+  const Layer& L = layers_[layer];
+  const Head& H = L.heads[kv_head];
   const uint32_t dim = geometry_.head_dim, group = geometry_.group_size();
+  AttendUpdate u;
+  u.layer = layer;
+  u.kv_head = kv_head;
+  u.stats_done = H.stats_done;
   if (!H.matched && !H.stats_done) {
-    accumulate_match_stats(layer, kv_head, q_rows, row_positions, n_rows);
+    accumulate_match_stats(layer, kv_head, q_rows, row_positions, n_rows, u);
   }
-  if (!H.matched && H.stats_done && link_->proxy()) {
-    match_head(layer, kv_head);
-    if (all_matched()) link_->drop_match_stats();
+  const uint32_t* map = L.mapping.data() + size_t(kv_head) * group;
+  int64_t scores_from = H.scores_from;
+  if (!H.matched && u.stats_done && link_->proxy()) {
+    const float* stats = u.has_stats ? u.stats.data()
+                         : L.match_stats.empty()
+                             ? nullptr
+                             : L.match_stats.data() + size_t(kv_head) * group * match_tokens_;
+    const Match m = compute_match(layer, kv_head, stats);
+    u.matched_now = true;
+    u.map = m.map;
+    u.scores_from = scores_from = link_->matched_through();
+    u.full_score = H.full_score;
+    add_match_scores(m, u.full_score.data());
+    u.marg_score = H.marg_score;
+    u.has_scores = true;
+    map = u.map.data();
   }
   const size_t nf = H.full_pos.size(), nm = H.marg_pos.size(), n = nf + nm;
-  const bool proxied = H.matched && link_->proxy() != nullptr;
+  const bool proxied = (H.matched || u.matched_now) && link_->proxy() != nullptr;
   if (nm > 0 && !proxied) {
     fail(KVSDK_E_STATE, "layer ", layer, " KV head ", kv_head, " holds ", nm,
          " marginal (value-only) tokens whose attention weights come from the proxy: attach it "
@@ -250,7 +314,6 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
   if (proxied) {
     std::vector<int32_t> wanted(H.full_pos);
     wanted.insert(wanted.end(), H.marg_pos.begin(), H.marg_pos.end());
-    const uint32_t* map = layers_[layer].mapping.data() + size_t(kv_head) * group;
     std::vector<int32_t> rpos;
     std::vector<size_t> rows;
     std::vector<float> part;
@@ -286,12 +349,22 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
                       wm.data(), out);
   // Saliency-shift compensation: rows accumulate the proxy's attention of every later step.
   if (proxied) {
-    for (size_t r = 0; r < n_rows; ++r) {
-      if (row_positions[r] <= H.scores_from) continue;
-      const float* wr = w.data() + r * n;
-      for (size_t t = 0; t < nf; ++t) H.full_score[t] += wr[t];
-      for (size_t t = 0; t < nm; ++t) H.marg_score[t] += wr[nf + t];
+    if (!u.has_scores) {
+      u.full_score = H.full_score;
+      u.marg_score = H.marg_score;
+      u.has_scores = true;
     }
+    for (size_t r = 0; r < n_rows; ++r) {
+      if (row_positions[r] <= scores_from) continue;
+      const float* wr = w.data() + r * n;
+      for (size_t t = 0; t < nf; ++t) u.full_score[t] += wr[t];
+      for (size_t t = 0; t < nm; ++t) u.marg_score[t] += wr[nf + t];
+    }
+  }
+  if (staging_) {
+    staged_.push_back(std::move(u));
+  } else {
+    apply(u);
   }
 }
 
@@ -348,7 +421,8 @@ uint64_t SmallKvRepresentation::bytes_under_cap(const Head& h, uint64_t cap) con
   return (crit + rec) * fb + marg * mb;
 }
 
-void SmallKvRepresentation::shrink_to_cap(Head& h, uint64_t cap) {
+SmallKvRepresentation::Head SmallKvRepresentation::shrunk_to_cap(
+    const Head& h, const std::vector<float>& full_score, uint64_t cap, size_t extra) const {
   const uint64_t fb = full_row_bytes(), mb = marginal_row_bytes();
   const size_t dim = geometry_.head_dim;
   const std::vector<MergedRow> rows = merged_rows(h.full_pos, h.marg_pos);
@@ -360,7 +434,7 @@ void SmallKvRepresentation::shrink_to_cap(Head& h, uint64_t cap) {
   std::vector<float> scores(n);
   std::vector<uint8_t> has_key(n);
   for (size_t i = 0; i < n; ++i) {
-    scores[i] = rows[i].full ? h.full_score[rows[i].index] : h.marg_score[rows[i].index];
+    scores[i] = rows[i].full ? full_score[rows[i].index] : h.marg_score[rows[i].index];
     has_key[i] = rows[i].full ? 1 : 0;
   }
   const cpu::SmallKvSelection sel = cpu::smallkv_select(scores.data(), has_key.data(), n, s);
@@ -368,10 +442,19 @@ void SmallKvRepresentation::shrink_to_cap(Head& h, uint64_t cap) {
   out.stats_done = h.stats_done;
   out.matched = h.matched;
   out.scores_from = h.scores_from;
+  const size_t nf = sel.full.size(), nm = sel.marginal.size();
+  // Capacity for `extra` more full rows, so that the append that follows needs no allocation.
+  out.full_pos.reserve(nf + extra);
+  out.full_score.reserve(nf + extra);
+  out.full_k.reserve((nf + extra) * dim);
+  out.full_v.reserve((nf + extra) * dim);
+  out.marg_pos.reserve(nm);
+  out.marg_score.reserve(nm);
+  out.marg_v.reserve(nm * dim);
   for (uint32_t i : sel.full) {
     const MergedRow& r = rows[i];
     out.full_pos.push_back(r.position);
-    out.full_score.push_back(h.full_score[r.index]);
+    out.full_score.push_back(full_score[r.index]);
     out.full_k.insert(out.full_k.end(), h.full_k.begin() + long(r.index * dim),
                       h.full_k.begin() + long((r.index + 1) * dim));
     out.full_v.insert(out.full_v.end(), h.full_v.begin() + long(r.index * dim),
@@ -381,60 +464,147 @@ void SmallKvRepresentation::shrink_to_cap(Head& h, uint64_t cap) {
     const MergedRow& r = rows[i];
     const std::vector<uint16_t>& src = r.full ? h.full_v : h.marg_v;
     out.marg_pos.push_back(r.position);
-    out.marg_score.push_back(r.full ? h.full_score[r.index] : h.marg_score[r.index]);
+    out.marg_score.push_back(r.full ? full_score[r.index] : h.marg_score[r.index]);
     out.marg_v.insert(out.marg_v.end(), src.begin() + long(r.index * dim),
                       src.begin() + long((r.index + 1) * dim));
   }
-  h = std::move(out);
+  return out;
 }
 
-uint64_t SmallKvRepresentation::evict(uint64_t bytes) {
+uint64_t SmallKvRepresentation::plan_eviction(uint64_t bytes, uint32_t append_layer,
+                                              size_t append_tokens) {
+  drop_eviction();
   if (!link_->proxy()) {
     fail(KVSDK_E_STATE, "policy 'smallkv' selects the tokens to keep with its proxy's attention: "
          "attach the proxy cache with kvsdk_cache_set_proxy before the cache exceeds its budget");
   }
+  // Everything is built aside: the heads matched now (mapping and scores) and the heads shrunk;
+  // commit_eviction() swaps them in.
+  EvictionPlan plan;
+  const uint32_t group = geometry_.group_size();
+  const size_t dim = geometry_.head_dim;
   const uint64_t before = total_bytes();
   // The budget cannot wait for match_tokens tokens: match every head with what it has seen.
+  const int64_t through = link_->matched_through();
+  std::vector<std::vector<int>> matched_at(geometry_.n_layers,
+                                           std::vector<int>(geometry_.n_kv_heads, -1));
   for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+    const Layer& L = layers_[l];
     for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
-      if (!layers_[l].heads[g].matched) match_head(l, g);
+      const Head& H = L.heads[g];
+      if (H.matched) continue;
+      const float* stats =
+          L.match_stats.empty() ? nullptr
+                                : L.match_stats.data() + size_t(g) * group * match_tokens_;
+      const Match m = compute_match(l, g, stats);
+      MatchedHead mh;
+      mh.layer = l;
+      mh.kv_head = g;
+      mh.map = m.map;
+      mh.full_score.reserve(H.full_score.size() + (l == append_layer ? append_tokens : 0));
+      mh.full_score.assign(H.full_score.begin(), H.full_score.end());
+      add_match_scores(m, mh.full_score.data());
+      mh.scores_from = through;
+      matched_at[l][g] = int(plan.matched.size());
+      plan.matched.push_back(std::move(mh));
     }
   }
-  drop_finished_stats();
-  const uint64_t now = total_bytes();
-  if (before - now >= bytes) return before - now;
-  const uint64_t target = bytes >= before ? 0 : before - bytes;
-  uint64_t fixed = 0, hi = 0;
+  // Once every head is matched, every layer's matching statistics are freed.
+  uint64_t fixed = 0, rows = 0, hi = 0;
   for (const Layer& l : layers_) {
-    fixed += fixed_bytes(l);
-    for (const Head& h : l.heads) hi = std::max(hi, head_bytes(h));
-  }
-  const uint64_t rows_target = target > fixed ? target - fixed : 0;
-  auto total_under = [&](uint64_t cap) {
-    uint64_t t = 0;
-    for (const Layer& l : layers_) {
-      for (const Head& h : l.heads) t += bytes_under_cap(h, cap);
-    }
-    return t;
-  };
-  // The largest per-head cap that meets the target. Every head fits rows_target / heads, so the
-  // search starts feasible and stays feasible.
-  uint64_t lo = rows_target / (uint64_t(geometry_.n_layers) * geometry_.n_kv_heads);
-  lo = std::min(lo, hi);
-  while (lo < hi) {
-    const uint64_t mid = lo + (hi - lo + 1) / 2;
-    if (total_under(mid) <= rows_target) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
+    fixed += l.started ? l.mapping.size() * 4 : 0;
+    for (const Head& h : l.heads) {
+      rows += head_bytes(h);
+      hi = std::max(hi, head_bytes(h));
     }
   }
-  for (Layer& l : layers_) {
-    for (Head& h : l.heads) {
-      if (head_bytes(h) > lo) shrink_to_cap(h, lo);
+  uint64_t after = fixed + rows;
+  if (before - after < bytes) {
+    const uint64_t target = bytes >= before ? 0 : before - bytes;
+    const uint64_t rows_target = target > fixed ? target - fixed : 0;
+    auto total_under = [&](uint64_t cap) {
+      uint64_t t = 0;
+      for (const Layer& l : layers_) {
+        for (const Head& h : l.heads) t += bytes_under_cap(h, cap);
+      }
+      return t;
+    };
+    // The largest per-head cap that meets the target. Every head fits rows_target / heads, so the
+    // search starts feasible and stays feasible.
+    uint64_t lo = rows_target / (uint64_t(geometry_.n_layers) * geometry_.n_kv_heads);
+    lo = std::min(lo, hi);
+    while (lo < hi) {
+      const uint64_t mid = lo + (hi - lo + 1) / 2;
+      if (total_under(mid) <= rows_target) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+      for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
+        const Head& h = layers_[l].heads[g];
+        if (head_bytes(h) <= lo) continue;
+        const int mi = matched_at[l][g];
+        ShrunkHead sh;
+        sh.layer = l;
+        sh.kv_head = g;
+        sh.head = shrunk_to_cap(h, mi >= 0 ? plan.matched[size_t(mi)].full_score : h.full_score,
+                                lo, l == append_layer ? append_tokens : 0);
+        if (mi >= 0) {
+          sh.head.matched = true;
+          sh.head.stats_done = true;
+          sh.head.scores_from = through;
+        }
+        after -= head_bytes(h) - head_bytes(sh.head);
+        plan.shrunk.push_back(std::move(sh));
+      }
     }
   }
-  return before - total_bytes();
+  // The append that follows grows the heads of its layer that keep their vectors: give them the
+  // capacity now (only capacity changes), so that it cannot fail after the commit.
+  if (append_layer < geometry_.n_layers) {
+    Layer& L = layers_[append_layer];
+    for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
+      const bool shrunk =
+          std::any_of(plan.shrunk.begin(), plan.shrunk.end(), [&](const ShrunkHead& sh) {
+            return sh.layer == append_layer && sh.kv_head == g;
+          });
+      if (shrunk) continue;
+      Head& h = L.heads[g];
+      const size_t n = h.full_pos.size() + append_tokens;
+      h.full_pos.reserve(n);
+      h.full_k.reserve(n * dim);
+      h.full_v.reserve(n * dim);
+      h.full_score.reserve(n);
+    }
+  }
+  plan.active = true;
+  plan_ = std::move(plan);
+  return before - after;
+}
+
+void SmallKvRepresentation::commit_eviction() noexcept {
+  if (!plan_.active) return;
+  const uint32_t group = geometry_.group_size();
+  for (MatchedHead& mh : plan_.matched) {
+    Layer& L = layers_[mh.layer];
+    Head& H = L.heads[mh.kv_head];
+    std::copy(mh.map.begin(), mh.map.end(), L.mapping.begin() + long(size_t(mh.kv_head) * group));
+    H.full_score.swap(mh.full_score);
+    H.scores_from = mh.scores_from;
+    H.matched = true;
+    H.stats_done = true;
+  }
+  for (ShrunkHead& sh : plan_.shrunk) layers_[sh.layer].heads[sh.kv_head] = std::move(sh.head);
+  drop_finished_stats();
+  drop_eviction();
+}
+
+void SmallKvRepresentation::drop_eviction() noexcept {
+  plan_.matched.clear();
+  plan_.shrunk.clear();
+  plan_.active = false;
 }
 
 std::vector<TierRecord> SmallKvRepresentation::save(uint32_t layer) const {

@@ -22,6 +22,9 @@
 //    with the matched proxy head's probabilities of the same step.
 //  - Without a proxy: appends within the budget and attention over full rows work; eviction and
 //    attention over marginal rows fail with KVSDK_E_STATE. The link is not saved.
+//  - Failures change nothing: an eviction (matching included) is planned aside and committed by
+//    the Cache only once the call's bytes are reserved; attend() inside an attend transaction
+//    stages its importance updates per KV head and commit_attend() applies them together.
 #pragma once
 
 #include <memory>
@@ -51,14 +54,21 @@ class SmallKvRepresentation final : public Representation {
   void append(uint32_t layer, size_t n_tokens, const float* k, const float* v,
               const int32_t* positions) override;
   // Also updates the importance state (matching statistics, mapping, row scores); bytes do not
-  // change.
+  // change. Inside an attend transaction the updates wait for commit_attend().
   void attend(uint32_t layer, uint32_t kv_head, const float* q_rows, const int32_t* row_positions,
               size_t n_rows, float* out) const override;
+  void begin_attend() const noexcept override;
+  void commit_attend() const noexcept override;
+  void abort_attend() const noexcept override;
   size_t head_tokens(uint32_t layer, uint32_t kv_head) const override;
   // Rows in position order; marginal rows have zero keys (their weights come from the proxy).
   void read(uint32_t layer, uint32_t kv_head, float* k, float* v,
             int32_t* positions) const override;
-  uint64_t evict(uint64_t bytes) override;
+  // Matches every head not matched yet (the budget cannot wait for match_tokens tokens), then
+  // water-fills one byte cap per KV head; throws KVSDK_E_STATE without a proxy.
+  uint64_t plan_eviction(uint64_t bytes, uint32_t append_layer, size_t append_tokens) override;
+  void commit_eviction() noexcept override;
+  void drop_eviction() noexcept override;
   std::vector<TierRecord> save(uint32_t layer) const override;
   void restore(uint32_t layer, const std::vector<TierRecord>& records) override;
 
@@ -91,24 +101,74 @@ class SmallKvRepresentation final : public Representation {
     std::vector<float> match_stats;  // [n_q_heads][match_tokens] Eq. 1; freed once all matched
   };
 
+  // Head matching of one KV head (Eqs. 2-3), computed without changing anything: the proxy head
+  // of each query head of its group, and the proxy's Eq. 1 over the head's first `n` rows.
+  struct Match {
+    std::vector<uint32_t> map;  // [group]
+    std::vector<float> proxy;   // [proxy heads][n]
+    size_t n = 0;
+  };
+  // Importance updates of one attend() of one KV head, applied by apply().
+  struct AttendUpdate {
+    uint32_t layer = 0, kv_head = 0;
+    std::vector<float> stats;  // the group's new matching statistics [group][match_tokens]
+    bool has_stats = false;
+    bool stats_done = false;   // the head's new stats_done
+    bool matched_now = false;  // matched in this attend: map and scores_from below
+    std::vector<uint32_t> map;
+    int64_t scores_from = 0;
+    std::vector<float> full_score, marg_score;  // the new row scores
+    bool has_scores = false;
+  };
+  // A planned eviction: heads matched by it (mapping, scores with the proxy's statistics) and the
+  // new contents of the heads it shrinks (their flags and scores already those after matching).
+  struct MatchedHead {
+    uint32_t layer = 0, kv_head = 0;
+    std::vector<uint32_t> map;
+    std::vector<float> full_score;
+    int64_t scores_from = 0;
+  };
+  struct ShrunkHead {
+    uint32_t layer = 0, kv_head = 0;
+    Head head;
+  };
+  struct EvictionPlan {
+    bool active = false;
+    std::vector<MatchedHead> matched;
+    std::vector<ShrunkHead> shrunk;
+  };
+
   uint64_t full_row_bytes() const;      // K + V + position + score
   uint64_t marginal_row_bytes() const;  // V + position + score
   uint64_t head_bytes(const Head& h) const;
   uint64_t fixed_bytes(const Layer& l) const;  // mapping + matching statistics
   uint64_t total_bytes() const;
+  // Eq. 1 of the large model's queries over the first match_tokens tokens of one KV head, added
+  // to a copy of its group's statistics in `u` (u.stats_done set when complete).
   void accumulate_match_stats(uint32_t layer, uint32_t kv_head, const float* q_rows,
-                              const int32_t* row_positions, size_t n_rows) const;
-  void match_head(uint32_t layer, uint32_t kv_head) const;  // Eqs. 2-3, then the score backlog
+                              const int32_t* row_positions, size_t n_rows,
+                              AttendUpdate& u) const;
+  // `stats`: the group's matching statistics [group][match_tokens], or null (none kept).
+  Match compute_match(uint32_t layer, uint32_t kv_head, const float* stats) const;
+  // The proxy's accumulated attention so far starts the rows' scores (added to full_score).
+  void add_match_scores(const Match& m, float* full_score) const;
+  void apply(AttendUpdate& u) const noexcept;
   bool all_matched() const;
-  void drop_finished_stats();
-  // Bytes a head keeps under a cap of `cap` bytes (without changing it), and the change itself.
+  void drop_finished_stats() noexcept;
+  // Bytes a head keeps under a cap of `cap` bytes (without changing it), and the head it becomes:
+  // `full_score` its row scores (after matching), `extra` rows of capacity for a later append.
   uint64_t bytes_under_cap(const Head& h, uint64_t cap) const;
-  void shrink_to_cap(Head& h, uint64_t cap);
+  Head shrunk_to_cap(const Head& h, const std::vector<float>& full_score, uint64_t cap,
+                     size_t extra) const;
 
   uint32_t match_tokens_;
   // Attention is where SmallKV observes both models, so matching and scores change in attend().
   mutable std::vector<Layer> layers_;
   std::shared_ptr<SmallKvProxyLink> link_;
+  // Attend transaction: updates staged per KV head until commit_attend().
+  mutable bool staging_ = false;
+  mutable std::vector<AttendUpdate> staged_;
+  EvictionPlan plan_;  // the planned eviction (active until committed or dropped)
 };
 
 }  // namespace kvsdk

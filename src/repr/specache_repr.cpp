@@ -91,12 +91,41 @@ void SpeCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const floa
     // fetched, per query, averaged into the running hit rate (SpeCache (docs/papers.md) §4
     // reports this share).
     const size_t group = geometry_.group_size(), dim = geometry_.head_dim;
+    std::vector<double> hits;
     for (size_t r = 0; r + group <= n_rows; r += group) {
-      hit_sum_ += h.hit_rate(q_rows + r * dim, group, row_positions[r], geometry_.attn_scale);
+      hits.push_back(h.hit_rate(q_rows + r * dim, group, row_positions[r], geometry_.attn_scale));
+    }
+    if (staging_) {
+      staged_hits_.insert(staged_hits_.end(), hits.begin(), hits.end());
+      staged_heads_.emplace_back(layer, kv_head);
+      return;
+    }
+    for (double x : hits) {
+      hit_sum_ += x;
       ++hit_count_;
     }
     pending_[layer][kv_head] = 0;
   }
+}
+
+void SpeCacheRepresentation::begin_attend() const noexcept {
+  abort_attend();
+  staging_ = true;
+}
+
+void SpeCacheRepresentation::commit_attend() const noexcept {
+  for (double x : staged_hits_) {
+    hit_sum_ += x;
+    ++hit_count_;
+  }
+  for (const auto& [layer, kv_head] : staged_heads_) pending_[layer][kv_head] = 0;
+  abort_attend();
+}
+
+void SpeCacheRepresentation::abort_attend() const noexcept {
+  staged_hits_.clear();
+  staged_heads_.clear();
+  staging_ = false;
 }
 
 size_t SpeCacheRepresentation::head_tokens(uint32_t layer, uint32_t kv_head) const {

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/representation.h"
@@ -27,9 +28,13 @@ class SpeCacheRepresentation final : public Representation {
   uint64_t append_bound(uint32_t layer, size_t n_tokens) const override;
   void append(uint32_t layer, size_t n_tokens, const float* k, const float* v,
               const int32_t* positions) override;
-  // Also measures the fetch hit rate on the first attend() of a head after its prefetch().
+  // Also measures the fetch hit rate on the first attend() of a head after its prefetch()
+  // (inside an attend transaction, applied by commit_attend()).
   void attend(uint32_t layer, uint32_t kv_head, const float* q_rows, const int32_t* row_positions,
               size_t n_rows, float* out) const override;
+  void begin_attend() const noexcept override;
+  void commit_attend() const noexcept override;
+  void abort_attend() const noexcept override;
   size_t head_tokens(uint32_t layer, uint32_t kv_head) const override;
   // Rows as attention sees them: dequantized low-bit rows, fetched rows in full precision.
   void read(uint32_t layer, uint32_t kv_head, float* k, float* v,
@@ -60,6 +65,11 @@ class SpeCacheRepresentation final : public Representation {
   mutable std::vector<std::vector<char>> pending_;
   mutable double hit_sum_ = 0;
   mutable uint64_t hit_count_ = 0;
+  // Attend transaction: measurements (in order) and the heads they were taken on, applied by
+  // commit_attend().
+  mutable bool staging_ = false;
+  mutable std::vector<double> staged_hits_;
+  mutable std::vector<std::pair<uint32_t, uint32_t>> staged_heads_;
 };
 
 }  // namespace kvsdk

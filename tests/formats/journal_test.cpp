@@ -1,6 +1,9 @@
-// Journal deltas: appends and evictions since the last save are recorded exactly; a torn tail is
-// dropped and counted; a delta only continues the file of the cache's own last save/load.
+// Journal deltas: appends and evictions since the last save are recorded exactly; a torn tail (a
+// torn frame, or the frames of a delta whose last frame is missing) is dropped and counted, and
+// the next delta replaces it; a delta only continues the file of the cache's own last save/load.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -198,6 +201,163 @@ TEST_F(Journal, TornDeltaLoadsThePreviousStateAndAFullSaveRecovers) {
   b = load_file(ctx.get(), path, &info);
   ASSERT_TRUE(b);
   EXPECT_TRUE(dump(a.get()) == dump(b.get()));
+}
+
+// Offsets where the journal frames from `from` on begin, and the file's end.
+std::vector<uint64_t> frame_starts(const std::vector<unsigned char>& bytes, uint64_t from) {
+  std::vector<uint64_t> starts;
+  for (uint64_t f = from; f + 32 <= bytes.size();) {
+    starts.push_back(f);
+    uint32_t payload;
+    std::memcpy(&payload, &bytes[f + 8], 4);
+    f += 32 + payload;
+  }
+  return starts;
+}
+
+// Grows the fixture's cache to 430 tokens and saves it in full: a base large enough that the
+// deltas of the tests below stay a small journal behind it.
+void grow_base(kvsdk_cache* a, const kvsdk_geometry& g, const std::string& path) {
+  fill(a, g, 400, 30, 50);
+  ASSERT_EQ(kvsdk_cache_save(a, path.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+}
+
+TEST_F(Journal, CrashInsideAMultiFrameDeltaDoesNotBlockLaterDeltas) {
+  // A crash after some but not all frames of a delta: a load drops that delta's complete frames
+  // (they belong to an incomplete delta), and the loaded cache's next delta replaces them
+  // instead of mistaking them for another writer's.
+  grow_base(a.get(), g, path);
+  fill(a.get(), g, 5, 430, 2);
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK);
+  const auto after_first = dump(a.get());
+  const uint64_t first_end = file_size(path);
+  fill(a.get(), g, 6, 435, 3);
+  kvsdk_save_options o;
+  kvsdk_save_options_init(&o);
+  o.max_frame_bytes = 200;  // ~3 rows per frame: the delta spans many frames
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), &o), KVSDK_OK);
+  const auto full = read_file(path);
+  const std::vector<uint64_t> starts = frame_starts(full, first_end);
+  ASSERT_GE(starts.size(), 4u);
+  struct Cut {
+    uint64_t at;
+    uint32_t dropped;  // complete frames before the cut, plus the torn one if any
+  };
+  const std::vector<Cut> cuts = {
+      {starts[1], 1},                                  // first frame complete, the rest missing
+      {starts[2], 2},                                  // two complete frames
+      {starts.back(), uint32_t(starts.size() - 1)},    // all but the last frame
+      {starts[1] + (starts[2] - starts[1]) / 2, 2},    // a complete frame, then a torn one
+      {starts[2] + 5, 3},                              // torn inside the next frame's header
+      {first_end + 40, 1},                             // torn inside the first frame
+  };
+  for (const Cut& cut : cuts) {
+    SCOPED_TRACE("cut at " + std::to_string(cut.at));
+    write_file(path, std::vector<unsigned char>(full.begin(), full.begin() + long(cut.at)));
+    kvsdk_load_info info{};
+    kvsdk_status st;
+    auto b = load_file(ctx.get(), path, &info, &st);
+    ASSERT_EQ(st, KVSDK_OK) << kvsdk_last_error();
+    EXPECT_EQ(info.journal_frames_applied, 1u);
+    EXPECT_EQ(info.journal_frames_dropped, cut.dropped);
+    ASSERT_TRUE(dump(b.get()) == after_first);
+    // The writer of the lost frames no longer has its base in the file: refused, untouched.
+    EXPECT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_E_STATE);
+    // A second cache loaded from the same torn file, to check the other-writer refusal below.
+    auto other = load_file(ctx.get(), path);
+    ASSERT_TRUE(other);
+    // The loaded cache continues: its (multi-frame) delta replaces the unfinished one.
+    fill(b.get(), g, 7, 435, 9);
+    ASSERT_EQ(kvsdk_cache_save_delta(b.get(), path.c_str(), &o), KVSDK_OK) << kvsdk_last_error();
+    const auto written = read_file(path);
+    const uint32_t new_frames = uint32_t(frame_starts(written, first_end).size());
+    EXPECT_GT(new_frames, 1u);
+    auto c = load_file(ctx.get(), path, &info, &st);
+    ASSERT_EQ(st, KVSDK_OK) << kvsdk_last_error();
+    EXPECT_EQ(info.journal_frames_applied, 1u + new_frames);
+    EXPECT_EQ(info.journal_frames_dropped, 0u);
+    EXPECT_TRUE(dump(b.get()) == dump(c.get()));
+    // And again, single-frame, on top.
+    fill(b.get(), g, 1, 442, 10);
+    ASSERT_EQ(kvsdk_cache_save_delta(b.get(), path.c_str(), nullptr), KVSDK_OK)
+        << kvsdk_last_error();
+    c = load_file(ctx.get(), path, &info, &st);
+    ASSERT_EQ(st, KVSDK_OK) << kvsdk_last_error();
+    EXPECT_EQ(info.journal_frames_applied, 2u + new_frames);
+    EXPECT_EQ(info.journal_frames_dropped, 0u);
+    EXPECT_TRUE(dump(b.get()) == dump(c.get()));
+    // The other cache loaded the same state, but the journal now holds complete deltas it did
+    // not write: refused, nothing written.
+    const auto before = read_file(path);
+    fill(other.get(), g, 1, 435, 11);
+    EXPECT_EQ(kvsdk_cache_save_delta(other.get(), path.c_str(), nullptr), KVSDK_E_STATE);
+    EXPECT_EQ(read_file(path), before);
+  }
+}
+
+TEST_F(Journal, AnotherWritersDeltaIsNeverCutEvenWhenATornOneFollows) {
+  grow_base(a.get(), g, path);
+  const auto base = read_file(path);
+  auto b = load_file(ctx.get(), path);
+  ASSERT_TRUE(b);
+  kvsdk_save_options o;
+  kvsdk_save_options_init(&o);
+  o.max_frame_bytes = 200;
+  // `a` writes a complete multi-frame delta, then crashes inside the next one.
+  fill(a.get(), g, 6, 430, 3);
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), &o), KVSDK_OK);
+  const uint64_t first_end = file_size(path);
+  fill(a.get(), g, 6, 436, 4);
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), &o), KVSDK_OK);
+  auto bytes = read_file(path);
+  const auto starts = frame_starts(bytes, first_end);
+  ASSERT_GE(starts.size(), 2u);
+  bytes.resize(starts[1]);
+  write_file(path, bytes);
+  // `b` still has the base only: the complete delta after it is another writer's.
+  fill(b.get(), g, 1, 430, 5);
+  EXPECT_EQ(kvsdk_cache_save_delta(b.get(), path.c_str(), &o), KVSDK_E_STATE);
+  EXPECT_EQ(read_file(path), bytes);
+  // Sound frames out of sequence (here the second delta's first frame right after the base) are
+  // no crash artefact either.
+  std::vector<unsigned char> skipped(base.begin(), base.end());
+  skipped.insert(skipped.end(), bytes.begin() + long(first_end), bytes.end());
+  write_file(path, skipped);
+  EXPECT_EQ(kvsdk_cache_save_delta(b.get(), path.c_str(), &o), KVSDK_E_STATE);
+  EXPECT_EQ(read_file(path), skipped);
+  // A cache loaded from the torn file applied the complete delta: it cuts the incomplete one.
+  write_file(path, bytes);
+  kvsdk_load_info info{};
+  auto d = load_file(ctx.get(), path, &info);
+  ASSERT_TRUE(d) << kvsdk_last_error();
+  EXPECT_EQ(info.journal_frames_dropped, 1u);
+  fill(d.get(), g, 2, 436, 6);
+  ASSERT_EQ(kvsdk_cache_save_delta(d.get(), path.c_str(), &o), KVSDK_OK) << kvsdk_last_error();
+  auto c = load_file(ctx.get(), path, &info);
+  ASSERT_TRUE(c) << kvsdk_last_error();
+  EXPECT_EQ(info.journal_frames_dropped, 0u);
+  EXPECT_TRUE(dump(d.get()) == dump(c.get()));
+  // `b` is still refused.
+  EXPECT_EQ(kvsdk_cache_save_delta(b.get(), path.c_str(), &o), KVSDK_E_STATE);
+}
+
+TEST_F(Journal, AnAppendInProgressElsewhereIsNotCut) {
+  // Another append holds the file's lock while it writes: its frames so far look like an
+  // unfinished delta, but they are not a crash's, so this delta waits its turn (refused).
+  auto b = load_file(ctx.get(), path);
+  ASSERT_TRUE(b);
+  fill(b.get(), g, 2, 30, 7);
+  const auto before = read_file(path);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(flock(fd, LOCK_EX), 0);
+  EXPECT_EQ(kvsdk_cache_save_delta(b.get(), path.c_str(), nullptr), KVSDK_E_STATE);
+  EXPECT_EQ(read_file(path), before);
+  close(fd);
+  ASSERT_EQ(kvsdk_cache_save_delta(b.get(), path.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  auto c = load_file(ctx.get(), path);
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(dump(b.get()) == dump(c.get()));
 }
 
 TEST_F(Journal, GarbageAfterTheJournalIsATornTail) {
