@@ -1,13 +1,17 @@
 #include "snapshot_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <random>
 
 #include "container.h"
 #include "core/error.h"
@@ -70,6 +74,11 @@ std::string directory_of(const std::string& path) {
   return path.substr(0, slash);
 }
 
+std::string file_name_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
 // Closes a descriptor on every path out of a scope.
 struct Fd {
   int fd = -1;
@@ -78,28 +87,159 @@ struct Fd {
   }
 };
 
-}  // namespace
+// Temporary files of a save to `path` are named `path` + ".tmp-" + six characters of
+// [A-Za-z0-9], as mkstemp names them. The writer holds an exclusive flock on its temporary file
+// from its creation until it is renamed over `path` (or removed), so a temporary file nobody
+// holds a lock on is an orphan of a writer that died.
+constexpr char kTempInfix[] = ".tmp-";
+constexpr size_t kTempInfixLength = sizeof kTempInfix - 1;
+constexpr size_t kTempSuffixLength = 6;
 
-void save_file_atomically(const std::string& path, const std::function<void(Sink&)>& write) {
-  KVSDK_REQUIRE(!path.empty(), "path is empty");
-  std::string tmp = path + ".tmp-XXXXXX";
+bool is_temp_name_of(const std::string& name, const std::string& target) {
+  if (name.size() != target.size() + kTempInfixLength + kTempSuffixLength ||
+      name.compare(0, target.size(), target) != 0 ||
+      name.compare(target.size(), kTempInfixLength, kTempInfix) != 0) {
+    return false;
+  }
+  for (size_t i = target.size() + kTempInfixLength; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+    if (!alnum) return false;
+  }
+  return true;
+}
+
+std::string random_temp_suffix() {
+  static const char kChars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  // Unpredictability is not needed (a taken name is retried), only distinct names per process.
+  thread_local std::mt19937_64 rng{
+      uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+      (uint64_t(::getpid()) << 40) ^ uint64_t(reinterpret_cast<uintptr_t>(&rng))};
+  std::string s(kTempSuffixLength, 'x');
+  for (char& c : s) c = kChars[rng() % (sizeof kChars - 1)];
+  return s;
+}
+
+// Removes the temporary files that earlier saves to `path` left behind when their process died
+// (SIGKILL, power loss) between creating and renaming them: regular files of this user, named as
+// above, that no process holds a lock on. A save in progress holds its lock, so its file stays.
+// Best effort: errors leave a file where it is.
+void remove_orphaned_temp_files(const std::string& path) {
+  const std::string dir = directory_of(path);
+  const std::string target = file_name_of(path);
+  if (target.empty()) return;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  std::vector<std::string> candidates;
+  while (const dirent* e = ::readdir(d)) {
+    if (is_temp_name_of(e->d_name, target)) candidates.emplace_back(e->d_name);
+  }
+  const int dfd = ::dirfd(d);
+  for (const std::string& name : candidates) {
+    Fd f;
+    f.fd = ::openat(dfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (f.fd < 0) continue;
+    struct stat st;
+    if (::fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    // Held: a save is writing it right now. Any other failure (no lock support): keep it too.
+    if (::flock(f.fd, LOCK_EX | LOCK_NB) != 0) continue;
+    // Remove it only if the name still refers to the file we locked.
+    struct stat now;
+    if (::fstatat(dfd, name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == st.st_dev &&
+        now.st_ino == st.st_ino) {
+      ::unlinkat(dfd, name.c_str(), 0);
+    }
+  }
+  ::closedir(d);
+}
+
+std::atomic<bool> g_unnamed_temp_files{true};
+
+// Writes, syncs and renames over `path` a file opened with O_TMPFILE in `dir`: it has no name
+// while it is written, so a writer killed meanwhile leaves nothing behind. It gets a temporary
+// name (locked, see above) only for the instant between linking and renaming. Returns false,
+// having removed whatever it made, where the system cannot link such a file; throws on errors
+// that the named path would meet as well.
+bool write_through_unnamed_file(const std::string& path, const std::string& dir,
+                                const std::function<void(Sink&)>& write) {
+#ifdef O_TMPFILE
+  if (!g_unnamed_temp_files.load(std::memory_order_relaxed)) return false;
+  // Linking needs /proc/self/fd (AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH).
+  if (::access("/proc/self/fd", X_OK) != 0) return false;
   Fd f;
-  f.fd = ::mkstemp(tmp.data());
-  if (f.fd < 0) io_fail("cannot create a temporary file next to", path);
+  f.fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (f.fd < 0) return false;  // not supported by the kernel or this file system
+  ::flock(f.fd, LOCK_EX);      // nobody else can reach the file yet: never blocks
+  const std::string tmp_desc = path + kTempInfix + "(unnamed)";
+  FdSink sink(f.fd, tmp_desc);
+  write(sink);
+  if (::fsync(f.fd) != 0) io_fail("cannot sync", tmp_desc);
+  const std::string proc = "/proc/self/fd/" + std::to_string(f.fd);
+  std::string tmp;
+  for (int attempt = 0;; ++attempt) {
+    tmp = path + kTempInfix + random_temp_suffix();
+    if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, tmp.c_str(), AT_SYMLINK_FOLLOW) == 0) break;
+    if (errno == EEXIST && attempt < 100) continue;
+    return false;  // e.g. a sandbox that hides /proc: the caller writes a named file instead
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    errno = e;
+    io_fail("cannot rename the snapshot to", path);
+  }
+  return true;  // closing `f` releases the lock
+#else
+  (void)path, (void)dir, (void)write;
+  return false;
+#endif
+}
+
+// The portable path: a named temporary file (mkstemp), locked while it exists under that name.
+void write_through_named_file(const std::string& path, const std::function<void(Sink&)>& write) {
+  Fd f;
+  std::string tmp;
+  for (int attempt = 0;; ++attempt) {
+    tmp = path + kTempInfix + std::string(kTempSuffixLength, 'X');
+    f.fd = ::mkstemp(tmp.data());
+    if (f.fd < 0) io_fail("cannot create a temporary file next to", path);
+    ::fcntl(f.fd, F_SETFD, FD_CLOEXEC);
+    // Between mkstemp and flock another save's cleanup may take the file for an orphan and
+    // remove it (blocking here until it is done): then start over with a fresh file.
+    ::flock(f.fd, LOCK_EX);
+    struct stat mine, named;
+    if (::fstat(f.fd, &mine) == 0 && ::stat(tmp.c_str(), &named) == 0 &&
+        mine.st_dev == named.st_dev && mine.st_ino == named.st_ino) {
+      break;
+    }
+    ::close(f.fd);
+    f.fd = -1;
+    if (attempt == 100) fail(KVSDK_E_IO, "cannot keep a temporary file next to '", path, "'");
+  }
   try {
     FdSink sink(f.fd, tmp);
     write(sink);
     if (::fsync(f.fd) != 0) io_fail("cannot sync", tmp);
-    const int fd = f.fd;
-    f.fd = -1;
-    if (::close(fd) != 0) io_fail("cannot close", tmp);
     if (::rename(tmp.c_str(), path.c_str()) != 0) io_fail("cannot rename the snapshot to", path);
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
   }
-  // The rename is durable only once the directory entry is on disk.
+  // Closing `f` releases the lock, once the temporary name is gone.
+}
+
+}  // namespace
+
+void set_unnamed_temp_files(bool allowed) {
+  g_unnamed_temp_files.store(allowed, std::memory_order_relaxed);
+}
+
+void save_file_atomically(const std::string& path, const std::function<void(Sink&)>& write) {
+  KVSDK_REQUIRE(!path.empty(), "path is empty");
   const std::string dir = directory_of(path);
+  remove_orphaned_temp_files(path);
+  if (!write_through_unnamed_file(path, dir, write)) write_through_named_file(path, write);
+  // The rename is durable only once the directory entry is on disk.
   Fd d;
   d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (d.fd < 0 || ::fsync(d.fd) != 0) io_fail("cannot sync directory", dir);

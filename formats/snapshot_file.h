@@ -15,7 +15,19 @@ namespace kvsdk::format {
 // Writes `path` atomically: `write` fills a temporary file in the same directory, which is then
 // fsync-ed and renamed over `path`, and the directory is fsync-ed. On any failure the temporary
 // file is removed and `path` is untouched. Throws KVSDK_E_IO.
+//
+// The temporary file is unnamed where the system allows (Linux O_TMPFILE, linked via
+// /proc/self/fd): a process killed while writing it leaves nothing behind. It is named
+// `path`.tmp-XXXXXX only for the instant between linking and renaming, or, elsewhere, for the
+// whole write (mkstemp). Its writer holds an exclusive flock on it while it has that name, and
+// each save first removes the `path`.tmp-XXXXXX files of this user that nobody holds a lock on
+// (orphans of killed writers); a save in progress in another process keeps its file. `write`
+// runs once, or a second time (into a named file) if an unnamed file cannot be linked.
 void save_file_atomically(const std::string& path, const std::function<void(Sink&)>& write);
+
+// Tests: false makes save_file_atomically use the named temporary file, as on systems without
+// O_TMPFILE. Process-wide; true by default.
+void set_unnamed_temp_files(bool allowed);
 
 // A whole file mapped read-only (or read into memory where mapping is not possible).
 class MappedFile {

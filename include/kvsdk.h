@@ -798,6 +798,16 @@ KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options *options);
  *  8 bytes of host memory per exact-tier row (token and KV head) and per layer held in
  *  compressed tiers, outside the budget. The file is created with mode 0600 (a conversation is
  *  private data).
+ *  Temporary files: on Linux, where the file system supports O_TMPFILE, the temporary file is
+ *  unnamed while it is written, so a process killed meanwhile leaves nothing behind; it gets the
+ *  name `path`.tmp-XXXXXX (six letters or digits) only for the instant between linking it into
+ *  the directory (via /proc/self/fd) and renaming it over `path`. Elsewhere it has that name for
+ *  the whole write. The writer holds an exclusive flock(2) on it while it has that name. A process
+ *  killed inside that window (or power loss) can leave such a file; every save first removes the
+ *  `path`.tmp-XXXXXX regular files of the calling user in that directory that no process holds a
+ *  lock on, so such an orphan lasts at most until the next save to the same `path`. The file of
+ *  a save in progress in another process is locked and kept. (kvsdk versions before this one
+ *  wrote without that lock; do not run them against the same `path` concurrently.)
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options), KVSDK_E_IO (cannot create,
  *          write, sync or rename; the previous file at `path` is intact and no temporary file is
  *          left behind), KVSDK_E_NO_MEMORY.
