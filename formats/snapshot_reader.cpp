@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 
 #include "container.h"
 #include "core/error.h"
@@ -100,6 +101,29 @@ class Reader {
 
 [[noreturn]] void corrupt_at(uint64_t offset, const std::string& why) {
   fail(KVSDK_E_CORRUPT, "snapshot corrupt at byte ", offset, ": ", why);
+}
+
+// Validates the compressed-store records of layer `l` that a journal delta is about to replace,
+// as a load validates the records it keeps: restored into a scratch store (a fresh
+// representation, or a scratch layer for a KIVI overlay) that is dropped at once. They never
+// reach Cache::restore, but a file that holds an invalid record is corrupt all the same, whether
+// or not a later delta replaces it (and `kvsdk verify` must say so). Each record set is
+// replaced, and so checked here, at most once; the final ones are checked by Cache::restore.
+// The check is the one of the layer alone: row counts (which the metadata declares only for the
+// final state) and consistency across layers (MiniCache's pairs) concern the final stores.
+void validate_replaced_records(const Snapshot& s, uint32_t l, uint64_t sequence) {
+  if (l >= s.geometry.n_layers || !s.covered[l]) return;  // apply_delta / check_tier_record
+  try {
+    if (quant_overlay(s.policy)) {
+      LayerState scratch;
+      quant_overlay_restore(scratch, l, s.geometry, s.policy, s.tiers[l]);
+    } else {
+      make_representation(s.geometry, s.policy)->restore(l, s.tiers[l]);
+    }
+  } catch (const Error& e) {
+    fail(KVSDK_E_CORRUPT, "snapshot layer ", l, ": the records that journal delta ", sequence,
+         " replaces are invalid: ", e.what());
+  }
 }
 
 void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
@@ -321,6 +345,16 @@ void read_journal(Reader& rd, Snapshot& s) {
       parts.clear();
       for (RawFrame& p : pending) {
         parts.push_back(fb::GetFrame(p.flatbuffer.data())->payload_as_JournalDelta());
+      }
+      // The layers whose records this delta replaces: validate the records they hold now
+      // first, which nothing else would (see validate_replaced_records).
+      std::vector<uint32_t> replaced;
+      if (parts.back()->tier_layers()) {
+        replaced.assign(parts.back()->tier_layers()->begin(), parts.back()->tier_layers()->end());
+      }
+      for (uint32_t l : replaced) {
+        if (l >= s.geometry.n_layers) continue;  // apply_delta refuses the list
+        validate_replaced_records(s, l, s.next_sequence);
       }
       apply_delta(s.geometry, parts, s.layers, s.tiers);
       for (const auto& layer_records : s.tiers) {
