@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/positions.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"
 #include "tier_state.h"
@@ -254,9 +255,8 @@ void apply_delta(const Geometry& g, const std::vector<const fb::JournalDelta*>& 
       if (r->keys()->size() != n * dim || r->values()->size() != n * dim) {
         fail(KVSDK_E_CORRUPT, "journal: row arrays of mismatched sizes");
       }
-      for (int32_t p : *r->positions()) {
-        if (p < 0) fail(KVSDK_E_CORRUPT, "journal: negative position");
-      }
+      check_positions(r->positions()->data(), n, "journal: new rows' positions",
+                      KVSDK_E_CORRUPT);
       w.rows.push_back(r);
     }
   }

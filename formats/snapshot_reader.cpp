@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/exact_store.h"
 #include "core/policy.h"
+#include "core/positions.h"
 #include "core/quant_overlay.h"
 #include "core/representation.h"
 #include "journal.h"
@@ -101,6 +102,38 @@ class Reader {
 
 [[noreturn]] void corrupt_at(uint64_t offset, const std::string& why) {
   fail(KVSDK_E_CORRUPT, "snapshot corrupt at byte ", offset, ": ", why);
+}
+
+// Every position a snapshot holds lies in 0 .. KVSDK_MAX_POSITION (kvsdk.h), wherever it is.
+void check_file_positions(const int32_t* p, size_t n, const std::string& where) {
+  check_positions(p, n, where.c_str(), KVSDK_E_CORRUPT);
+}
+
+// The position fields of a compressed-store record: those whose name ends in "positions"
+// (core/tier_record.h).
+void check_record_positions(const TierRecord& r) {
+  static const std::string kSuffix = "positions";
+  for (const TierField& f : r.fields) {
+    const std::string& n = f.name;
+    if (n.size() >= kSuffix.size() &&
+        n.compare(n.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0) {
+      check_file_positions(f.i32.data(), f.i32.size(),
+                           "snapshot tier record '" + r.kind + "' (layer " +
+                               std::to_string(r.layer) + ", KV head " + std::to_string(r.kv_head) +
+                               ") field '" + n + "'");
+    }
+  }
+}
+
+// Observation-window queries: query positions (INT32_MAX for a query observed without one).
+void check_window_positions(const std::vector<LayerState>& layers) {
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const std::vector<int32_t>& p = layers[l].window_pos;
+    check_query_positions(p.data(), p.size(),
+                          ("snapshot observation window of layer " + std::to_string(l) +
+                           ": positions").c_str(),
+                          KVSDK_E_CORRUPT);
+  }
 }
 
 // Validates the compressed-store records of layer `l` that a journal delta is about to replace,
@@ -235,6 +268,7 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
          opt.available_bytes, " budget bytes free");
   }
   read_policy_state(m.policy_state(), g, s.policy, declared, s.layers, s.runtime);
+  check_window_positions(s.layers);
 }
 
 // Checks a tier record's place: inside the geometry, in a layer the policy holds compressed.
@@ -260,6 +294,7 @@ void read_tier_chunk(const fb::TierChunk& c, const Geometry& g, Snapshot& s,
     for (const fb::TierState* t : *c.tiers()) {
       TierRecord r = read_tier_state(*t);
       check_tier_record(r, g, s);
+      check_record_positions(r);
       s.tiers[r.layer].push_back(std::move(r));
     }
   }
@@ -287,9 +322,9 @@ void read_tier_chunk(const fb::TierChunk& c, const Geometry& g, Snapshot& s,
       fail(KVSDK_E_CORRUPT, "layer ", l, " head ", h, " has more rows than its metadata declares");
     }
     const int32_t* pos = r->positions()->data();
-    if (std::any_of(pos, pos + n, [](int32_t p) { return p < 0; })) {
-      fail(KVSDK_E_CORRUPT, "negative position in layer ", l, " head ", h);
-    }
+    check_file_positions(pos, n, "snapshot rows of layer " + std::to_string(l) + " head " +
+                                     std::to_string(h) + " from row " +
+                                     std::to_string(hr->row_begin()) + ": positions");
     // Reserve the declared size once it is plausible for this file (never trust a count alone).
     if (e.size() == 0 && declared[l][h] * ExactStore::bytes_per_token(g.head_dim) <= reserve_limit) {
       e.positions.reserve(declared[l][h]);
@@ -360,6 +395,9 @@ void read_journal(Reader& rd, Snapshot& s) {
       for (const auto& layer_records : s.tiers) {
         for (const TierRecord& r : layer_records) check_tier_record(r, s.geometry, s);
       }
+      for (uint32_t l : replaced) {
+        for (const TierRecord& r : s.tiers[l]) check_record_positions(r);
+      }
       std::vector<std::vector<uint64_t>> rows(s.geometry.n_layers);
       for (uint32_t l = 0; l < s.geometry.n_layers; ++l) {
         for (uint32_t h = 0; h < s.geometry.n_kv_heads; ++h) {
@@ -377,6 +415,7 @@ void read_journal(Reader& rd, Snapshot& s) {
       }
       read_policy_state(parts.back()->policy_state(), s.geometry, s.policy, rows, s.layers,
                         s.runtime);
+      check_window_positions(s.layers);
       for (const RawFrame& p : pending) {
         s.journal_frames.push_back({p.offset, p.header.payload_bytes, p.header.kind});
       }

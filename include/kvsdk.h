@@ -322,17 +322,35 @@ KVSDK_API void kvsdk_cache_destroy(kvsdk_cache *cache);
  *  kvsdk_geometry_init). Errors: KVSDK_E_INVALID_ARG. */
 KVSDK_API kvsdk_status kvsdk_cache_geometry(const kvsdk_cache *cache, kvsdk_geometry *out);
 
+/** The largest token position: INT32_MAX - 1. Every position passed to kvsdk (keys to append,
+ *  queries to attend, observe or prefetch, a planner's keys and queries) lies in
+ *  0 .. KVSDK_MAX_POSITION, except that a query position may also be INT32_MAX: a query without
+ *  a position, which sees every key (q_positions NULL means that for every query, and an
+ *  observation window saves such queries so). Anything else is refused with
+ *  KVSDK_E_INVALID_ARG, naming the offending index and value, before the call changes anything;
+ *  a snapshot holding such a position is KVSDK_E_CORRUPT. A key's position + 1 always fits an
+ *  int32. */
+#define KVSDK_MAX_POSITION 2147483646
+
 /** Appends the keys and values of `n_tokens` tokens to one layer.
  *  `k` and `v`: n_tokens x n_kv_heads x head_dim elements of the geometry's dtype (token-major,
  *  keys already rotated by RoPE), each buffer `kv_bytes` bytes long (checked).
- *  `positions`: n_tokens absolute positions >= 0 (used for causal masking and kept with every
- *  token through eviction).
- *  Errors: KVSDK_E_INVALID_ARG (NULL pointers, n_tokens == 0, kv_bytes mismatch, negative
- *          position; minicache: positions that differ from the partner layer's for the same
- *          tokens), KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_BUDGET (the result does not fit the
- *          budget and the policy cannot compress enough), KVSDK_E_STATE (smallkv must evict but
- *          has no proxy), KVSDK_E_IO (specache: its backing file cannot grow),
- *          KVSDK_E_NO_MEMORY.
+ *  `positions`: n_tokens absolute positions, each in 0 .. KVSDK_MAX_POSITION, kept with every
+ *  token through eviction and snapshots. They need not increase, within a call or from one call
+ *  to the next, and may repeat (e.g. a token appended again after a rollback): a layer keeps its
+ *  tokens in append order, which eviction preserves, and uses positions only for causal masking
+ *  (a query sees the tokens at positions <= its own), for RoPE (spindlekv removes the rotation at
+ *  the token's position and re-applies it), and as the token's identity where a policy pairs
+ *  tokens: minicache's partner layers must hold the same positions; smallkv finds the proxy's
+ *  token by position (the proxy holds the same positions), takes the first match_tokens tokens
+ *  appended as its matching tokens and the tokens at the highest positions as the recent ones.
+ *  Nothing else depends on their order.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL pointers, n_tokens == 0, kv_bytes mismatch, a position
+ *          outside 0 .. KVSDK_MAX_POSITION; minicache: positions that differ from the partner
+ *          layer's for the same tokens), KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_BUDGET (the
+ *          result does not fit the budget and the policy cannot compress enough),
+ *          KVSDK_E_STATE (smallkv must evict but has no proxy), KVSDK_E_IO (specache: its
+ *          backing file cannot grow), KVSDK_E_NO_MEMORY.
  *  On any error the cache is unchanged: a smallkv cache that must evict first decides what it
  *  evicts (head matching included) and evicts only once the append fits. One exception:
  *  KVSDK_E_NO_MEMORY part-way through an append to a layer that kivi, specache, spindlekv (its
@@ -344,8 +362,9 @@ KVSDK_API kvsdk_status kvsdk_cache_append(kvsdk_cache *cache, uint32_t layer, si
 
 /** Computes softmax attention of `n_queries` queries of one layer over the cached tokens.
  *  `q`: n_queries x n_q_heads x head_dim elements of the geometry's dtype, `q_bytes` long.
- *  `q_positions`: NULL (every query sees every cached token) or n_queries positions; a query
- *  then sees only cached tokens whose position is <= its own (causal prefill).
+ *  `q_positions`: NULL (every query sees every cached token) or n_queries positions, each in
+ *  0 .. KVSDK_MAX_POSITION or INT32_MAX (sees every token); a query then sees only cached tokens
+ *  whose position is <= its own (causal prefill).
  *  `out`: n_queries x n_q_heads x head_dim elements of the geometry's dtype, `out_bytes` long.
  *  Query head h reads KV head h / (n_q_heads / n_kv_heads). Scores and the softmax accumulate in
  *  f32. A query that sees no token gets a zero output.
@@ -362,7 +381,8 @@ KVSDK_API kvsdk_status kvsdk_cache_append(kvsdk_cache *cache, uint32_t layer, si
  *     outputs and is not saved.
  *  Every other policy changes nothing (h2o accumulates its scores in kvsdk_cache_observe, not
  *  here).
- *  Errors: KVSDK_E_INVALID_ARG (NULL pointers, zero queries, size mismatch),
+ *  Errors: KVSDK_E_INVALID_ARG (NULL pointers, zero queries, size mismatch, a query position
+ *          outside 0 .. KVSDK_MAX_POSITION and not INT32_MAX),
  *          KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_STATE (smallkv: marginal rows but no proxy, or
  *          the proxy has not attended this step), KVSDK_E_NO_MEMORY. On error `out` is
  *          untouched and nothing changed: a smallkv cache applies the importance updates of all
@@ -429,14 +449,16 @@ KVSDK_API kvsdk_status kvsdk_cache_read(const kvsdk_cache *cache, uint32_t layer
 /** Feeds the queries of `n_queries` tokens of one layer to the policy's importance signal:
  *  the observation window of a prompt (e.g. its last obs_window queries) or a decode step's
  *  queries. `q`: n_queries x n_q_heads x head_dim elements of the geometry's dtype, `q_bytes`
- *  long; `q_positions`: NULL (queries see every key) or n_queries positions (causal).
+ *  long; `q_positions`: NULL (queries see every key) or n_queries positions, each in
+ *  0 .. KVSDK_MAX_POSITION or INT32_MAX (sees every key) (causal).
  *  h2o adds the queries' attention over the currently held rows to their scores; window methods
  *  (snapkv, pyramidkv, xkv, and spindlekv's evicting layers) keep the newest obs_window observed
  *  queries, at most as many as fit in an eighth of the budget spread over all layers (at least
  *  one); a window that grows may evict tokens to make room for its bytes. Every other policy
  *  (full, streaming_llm, kivi, minicache, smallkv, specache) and spindlekv's codebook layers
  *  check the arguments and ignore the queries.
- *  Errors: KVSDK_E_INVALID_ARG (NULL cache/q, zero queries, size mismatch),
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache/q, zero queries, size mismatch, a query position
+ *          outside 0 .. KVSDK_MAX_POSITION and not INT32_MAX, for every policy),
  *          KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_BUDGET (the window cannot fit),
  *          KVSDK_E_NO_MEMORY. On error the cache is unchanged. */
 KVSDK_API kvsdk_status kvsdk_cache_observe(kvsdk_cache *cache, uint32_t layer, size_t n_queries,
@@ -559,8 +581,10 @@ KVSDK_API kvsdk_status kvsdk_planner_create(kvsdk_planner **out, const kvsdk_geo
 KVSDK_API void kvsdk_planner_destroy(kvsdk_planner *planner);
 /** Scores one layer: `k` (n_tokens x n_kv_heads x head_dim, `k_bytes` long) at `positions`, and
  *  `q` (n_queries x n_q_heads x head_dim, `q_bytes` long) at `q_positions` (NULL: see all).
+ *  Every position in 0 .. KVSDK_MAX_POSITION (a query's may also be INT32_MAX: sees all).
  *  Feeding a layer again replaces its vector. Errors: KVSDK_E_INVALID_ARG (NULL, zero counts,
- *  size mismatch, negative position), KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_NO_MEMORY. */
+ *  size mismatch, a position outside 0 .. KVSDK_MAX_POSITION), KVSDK_E_OUT_OF_RANGE (layer),
+ *  KVSDK_E_NO_MEMORY. */
 KVSDK_API kvsdk_status kvsdk_planner_feed_layer(kvsdk_planner *planner, uint32_t layer,
                                                 size_t n_tokens, const void *k,
                                                 const int32_t *positions, size_t k_bytes,
@@ -604,13 +628,14 @@ KVSDK_API kvsdk_status kvsdk_cache_set_backing_file(kvsdk_cache *cache, const ch
 
 /** Speculative prefetch for one layer: `q` holds the speculative token's queries (one query:
  *  n_queries must be 1; n_q_heads x head_dim elements of the geometry's dtype, `q_bytes` long),
- *  `q_positions` NULL or its position (causal). For each KV head the fetch_tokens rows with the
- *  most group-averaged attention over the low-bit keys are copied from the backing store into the
- *  budget, replacing the previous fetch of that layer; every kvsdk_cache_attend of the layer
- *  uses them in full precision instead of their low-bit rows until the next prefetch replaces
- *  them (kvsdk_cache_read shows them too). The fetched rows' bytes are reserved from the budget
- *  before fetching.
- *  Errors: KVSDK_E_INVALID_ARG (NULL cache/q, n_queries != 1, q_bytes mismatch),
+ *  `q_positions` NULL or its position (0 .. KVSDK_MAX_POSITION or INT32_MAX; causal). For each
+ *  KV head the fetch_tokens rows with the most group-averaged attention over the low-bit keys are
+ *  copied from the backing store into the budget, replacing the previous fetch of that layer;
+ *  every kvsdk_cache_attend of the layer uses them in full precision instead of their low-bit
+ *  rows until the next prefetch replaces them (kvsdk_cache_read shows them too). The fetched
+ *  rows' bytes are reserved from the budget before fetching.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache/q, n_queries != 1, q_bytes mismatch, a position
+ *          outside 0 .. KVSDK_MAX_POSITION and not INT32_MAX),
  *          KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_UNSUPPORTED (policy other than 'specache'),
  *          KVSDK_E_BUDGET (the fetched rows would not fit), KVSDK_E_NO_MEMORY.
  *  On error the cache is unchanged, except that KVSDK_E_NO_MEMORY part-way through may leave

@@ -37,7 +37,9 @@ void Rope::apply_rows(float* x, const int32_t* positions, size_t n) const {
   }
   size_t since_anchor = kAnchor;
   for (size_t t = 0; t < n; ++t) {
-    const bool consecutive = t > 0 && positions[t] == positions[t - 1] + 1;
+    // In 64 bits: positions[t - 1] + 1 overflows int32 at INT32_MAX (beyond the API's
+    // KVSDK_MAX_POSITION, but a kernel does not rely on its callers' checks).
+    const bool consecutive = t > 0 && int64_t(positions[t]) == int64_t(positions[t - 1]) + 1;
     if (!consecutive || since_anchor >= kAnchor) {
       for (size_t i = 0; i < half; ++i) {
         const double angle = double(positions[t]) * freq_[i];

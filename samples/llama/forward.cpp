@@ -18,6 +18,11 @@ void embed_tokens(const Model& model, const int* tokens, size_t n, int position,
       throw Error("token id " + std::to_string(tokens[t]) + " out of range");
     }
   }
+  // position + t stays an int32 and within kvsdk's positions (kvsdk.h, KVSDK_MAX_POSITION).
+  if (position < 0 || (n > 0 && n - 1 > size_t(KVSDK_MAX_POSITION - position))) {
+    throw Error("positions " + std::to_string(position) + " .. " + std::to_string(position) +
+                " + " + std::to_string(n) + " - 1 leave 0 .. KVSDK_MAX_POSITION");
+  }
   for (size_t t = 0; t < n; ++t) {
     std::copy_n(model.weights().token_embedding + size_t(tokens[t]) * D, D, x + t * D);
     pos[t] = position + int32_t(t);

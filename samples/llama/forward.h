@@ -15,7 +15,8 @@
 namespace llama {
 
 // Writes the embeddings x [n][dim] of `tokens` and their positions position .. position+n-1.
-// Throws Error for a token id outside the vocabulary (before writing anything).
+// Throws Error for a token id outside the vocabulary or positions outside
+// 0 .. KVSDK_MAX_POSITION (before writing anything).
 void embed_tokens(const Model& model, const int* tokens, size_t n, int position, float* x,
                   int32_t* pos);
 

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/geometry.h"
 #include "core/policy.h"
+#include "core/positions.h"
 #include "kvsdk.h"
 
 using namespace kvsdk;
@@ -103,6 +104,7 @@ KVSDK_API kvsdk_status kvsdk_cache_attend(kvsdk_cache* cache, uint32_t layer, si
                   " queries x ", g.n_q_heads, " heads x ", g.head_dim, " x ", dtype_size(g.dtype),
                   " bytes = ", expected);
     KVSDK_REQUIRE(out_bytes == expected, "out_bytes is ", out_bytes, ", expected ", expected);
+    if (q_positions) check_query_positions(q_positions, n_queries, "q_positions");
     c.attend(layer, n_queries, q, q_positions, out);
   });
 }

@@ -7,6 +7,7 @@
 #include "core/cache.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/positions.h"
 #include "kvsdk.h"
 #include "policy/allocation.h"
 
@@ -58,6 +59,7 @@ KVSDK_API kvsdk_status kvsdk_cache_observe(kvsdk_cache* cache, uint32_t layer, s
     KVSDK_REQUIRE(n_queries <= std::numeric_limits<size_t>::max() / row && q_bytes == n_queries * row,
                   "q_bytes is ", q_bytes, " but ", n_queries, " queries x ", g.n_q_heads,
                   " heads x ", g.head_dim, " x ", dtype_size(g.dtype), " bytes = ", n_queries * row);
+    if (q_positions) check_query_positions(q_positions, n_queries, "q_positions");
     c.observe(layer, n_queries, q, q_positions);
   });
 }

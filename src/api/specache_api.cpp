@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/policy.h"
+#include "core/positions.h"
 #include "core/representation.h"
 #include "kvsdk.h"
 
@@ -55,8 +56,7 @@ KVSDK_API kvsdk_status kvsdk_cache_prefetch(kvsdk_cache* cache, uint32_t layer, 
     const size_t expected = g.q_elems_per_token() * dtype_size(g.dtype);
     KVSDK_REQUIRE(q_bytes == expected, "q_bytes is ", q_bytes, " but 1 query x ", g.n_q_heads,
                   " heads x ", g.head_dim, " x ", dtype_size(g.dtype), " bytes = ", expected);
-    KVSDK_REQUIRE(q_positions == nullptr || q_positions[0] >= 0, "q_positions[0] is ",
-                  q_positions ? q_positions[0] : 0, " (must be >= 0)");
+    if (q_positions) check_query_positions(q_positions, 1, "q_positions");
     c.prefetch(layer, n_queries, q, q_positions);
   });
 }

@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/policy.h"
+#include "core/positions.h"
 #include "core/quant_overlay.h"
 #include "core/representation.h"
 #include "kivi_attention.h"
@@ -42,9 +43,7 @@ void Cache::check_layer(uint32_t layer) const {
 void Cache::append(uint32_t layer, size_t n_tokens, const void* k, const void* v,
                    const int32_t* positions) {
   check_layer(layer);
-  for (size_t t = 0; t < n_tokens; ++t) {
-    KVSDK_REQUIRE(positions[t] >= 0, "positions[", t, "] is ", positions[t], " (must be >= 0)");
-  }
+  check_positions(positions, n_tokens, "positions");  // before anything changes
   if (covered(layer)) {
     append_represented(layer, n_tokens, k, v, positions);
     return;

@@ -13,6 +13,9 @@
 
 namespace kvsdk {
 
+// A field whose name ends in "positions" ("positions", "lowbit.positions", "full_positions",
+// ...) holds token positions (i32); the snapshot reader checks every one of them against
+// KVSDK_MAX_POSITION, in every record it reads.
 struct TierField {
   std::string name;
   std::vector<uint8_t> u8;

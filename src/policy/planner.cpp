@@ -6,6 +6,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/positions.h"
 #include "policy/allocation.h"
 #include "policy/importance.h"
 
@@ -27,9 +28,8 @@ void Planner::feed_layer(uint32_t layer, size_t n_tokens, const void* k, const i
     fail(KVSDK_E_OUT_OF_RANGE, "layer ", layer, " is out of range (the geometry has ", g_.n_layers,
          " layers)");
   }
-  for (size_t t = 0; t < n_tokens; ++t) {
-    KVSDK_REQUIRE(positions[t] >= 0, "positions[", t, "] is negative");
-  }
+  check_positions(positions, n_tokens, "positions");
+  if (q_positions) check_query_positions(q_positions, n_queries, "q_positions");
   std::vector<float> qf(n_queries * g_.q_elems_per_token());
   load_f32(g_.dtype, q, 0, qf.size(), qf.data());
   std::vector<int32_t> qp(n_queries, std::numeric_limits<int32_t>::max());

@@ -1,12 +1,14 @@
 // A load (and `kvsdk verify`, which loads) validates every record it reads, whether or not the
 // record survives to the loaded cache: compressed-store records of the base that a journal delta
 // replaces, and journal records that a later delta replaces, used to be skipped, so a file with
-// an invalid record was "sound" as long as a delta replaced it. The files are "mutated snapshots
-// with valid checksums" (snapshot_mutation.h).
+// an invalid record was "sound" as long as a delta replaced it. And every position a snapshot
+// holds lies in 0..KVSDK_MAX_POSITION, in exact rows, compressed-store records and observation
+// windows alike. The files are "mutated snapshots with valid checksums" (snapshot_mutation.h).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cctype>
+#include <climits>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -275,6 +277,156 @@ TEST(ReplacedRecordsAsFound, SpindleKvCodebookIndexBehindARealDelta) {
   ASSERT_EQ(changed, 1u);
   expect_corrupt(rewrite_snapshot(bad, base_only()), dir, "spindle_base_only");
   expect_corrupt(bad, dir, "spindle_with_delta");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Positions outside 0..KVSDK_MAX_POSITION.
+
+// A snapshot of `spec` with 30 tokens in every layer (an observed window for window methods),
+// then one delta appending 3 tokens to every layer; positions 0...
+std::vector<unsigned char> small_journaled(const std::string& spec, TempDir& dir) {
+  auto ctx = make_context();
+  const kvsdk_geometry g = geometry();
+  const kvsdk_policy p = preset(spec);
+  auto c = make_cache(ctx.get(), g, &p);
+  EXPECT_TRUE(c) << kvsdk_last_error();
+  if (!c) return {};
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    append(c.get(), g, l, 30, 0, 1);
+    const auto q = random_floats(2 * g.n_q_heads * g.head_dim, 9 + l);
+    const auto qp = iota_positions(2, 28);
+    EXPECT_EQ(kvsdk_cache_observe(c.get(), l, 2, q.data(), qp.data(), q.size() * 4), KVSDK_OK)
+        << kvsdk_last_error();
+  }
+  const std::string path = dir.file(spec + "-positions.kvsnap");
+  EXPECT_EQ(kvsdk_cache_save(c.get(), path.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  for (uint32_t l = 0; l < g.n_layers; ++l) append(c.get(), g, l, 3, 30, 2);
+  EXPECT_EQ(kvsdk_cache_save_delta(c.get(), path.c_str(), nullptr), KVSDK_OK)
+      << kvsdk_last_error();
+  return read_file(path);
+}
+
+// Where a position is changed: base exact rows, delta exact rows, the observation window (in
+// place, in the file with its delta), a base record (base alone: the delta would replace it), a
+// record of a hand-built delta that replaces layer 0 (after the real delta).
+enum class Where { kBaseRows, kDeltaRows, kWindow, kRecord, kDeltaRecord };
+
+struct PositionCase {
+  const char* preset;
+  Where where;
+  const char* field;  // records: the i32 field of layer 0, KV head 1
+  int32_t value;
+};
+
+std::string describe(const PositionCase& pc) {
+  static const char* const names[] = {"base rows", "delta rows", "the observation window",
+                                      "a base record", "a delta record"};
+  return std::string(pc.preset) + ": position " + std::to_string(pc.value) + " in " +
+         names[int(pc.where)] + " " + pc.field;
+}
+
+// Sets element 1 of the place in a frame, for the in-place cases; how many places it changed.
+size_t set_position_in_place(const PositionCase& pc, MutableFrame& f) {
+  const fb::Frame* root = f.root();
+  if (pc.where == Where::kBaseRows) {
+    const fb::TierChunk* c = f.journal ? nullptr : root->payload_as_TierChunk();
+    if (!c || !c->heads()) return 0;
+    for (const fb::HeadRows* hr : *c->heads()) {
+      if (hr->layer() == 0 && hr->kv_head() == 1 && hr->row_begin() == 0) {
+        mutable_data(hr->exact()->positions())[1] = pc.value;
+        return 1;
+      }
+    }
+  } else if (pc.where == Where::kDeltaRows) {
+    const fb::JournalDelta* d = f.journal ? root->payload_as_JournalDelta() : nullptr;
+    if (!d || !d->heads()) return 0;
+    for (const fb::HeadDelta* hd : *d->heads()) {
+      if (hd->layer() == 0 && hd->kv_head() == 1) {
+        mutable_data(hd->new_rows()->positions())[1] = pc.value;
+        return 1;
+      }
+    }
+  } else if (pc.where == Where::kWindow) {
+    const fb::Metadata* m = f.journal ? nullptr : root->payload_as_Metadata();
+    if (!m || !m->policy_state()) return 0;
+    const fb::LayerPolicyState* ls = m->policy_state()->layers()->Get(0);
+    if (!ls->window_positions()) return 0;
+    mutable_data(ls->window_positions())[1] = pc.value;
+    return 1;
+  }
+  return 0;
+}
+
+bool set_record_position(const PositionCase& pc, kvsdk::TierRecord& r) {
+  if (r.layer != 0 || r.kv_head != 1 || !r.has(pc.field)) return false;
+  for (kvsdk::TierField& f : r.fields) {
+    if (f.name == pc.field) f.i32.at(1) = pc.value;
+  }
+  return true;
+}
+
+// The file of small_journaled() with one position set to pc.value.
+std::vector<unsigned char> with_position(const std::vector<unsigned char>& file,
+                                         const PositionCase& pc) {
+  size_t found = 0;
+  std::vector<unsigned char> out;
+  if (pc.where == Where::kRecord) {
+    out = rewrite_snapshot(file, [&](MutableFrame& f) {
+      found += change_records(f, [&](kvsdk::TierRecord& r) { return set_record_position(pc, r); });
+      return !f.journal;
+    });
+  } else if (pc.where == Where::kDeltaRecord) {
+    BaseLayer layer = base_layer(file, 0);
+    for (kvsdk::TierRecord& r : layer.records) found += set_record_position(pc, r);
+    out = rewrite_snapshot(file, keep_all(),
+                           {whole_layer_delta(2, 0, layer.records, layer.appended)});
+  } else {
+    out = rewrite_snapshot(file, [&](MutableFrame& f) {
+      found += set_position_in_place(pc, f);
+      return true;
+    });
+  }
+  EXPECT_EQ(found, 1u) << describe(pc) << ": the place was not found";
+  return out;
+}
+
+const PositionCase kPositionCases[] = {
+    {"full", Where::kBaseRows, "", INT32_MAX},
+    {"full", Where::kBaseRows, "", -1},
+    {"full", Where::kDeltaRows, "", INT32_MAX},
+    {"full", Where::kDeltaRows, "", INT32_MIN},
+    {"snapkv", Where::kWindow, "", -7},
+    {"spindlekv", Where::kRecord, "positions", INT32_MAX},
+    {"spindlekv", Where::kDeltaRecord, "positions", INT32_MAX},
+    {"kivi", Where::kRecord, "positions", -1},
+    {"kivi", Where::kRecord, "positions", INT32_MAX},
+    {"kivi", Where::kDeltaRecord, "positions", INT32_MAX},
+    {"snapkv+kivi2", Where::kRecord, "positions", INT32_MAX},
+    {"specache", Where::kRecord, "lowbit.positions", INT32_MAX},
+    {"smallkv", Where::kRecord, "full_positions", INT32_MAX},
+};
+
+TEST(SnapshotPositions, PositionsOutsideTheContractAreCorrupt) {
+  TempDir dir;
+  for (const PositionCase& pc : kPositionCases) {
+    SCOPED_TRACE(describe(pc));
+    const std::vector<unsigned char> file = small_journaled(pc.preset, dir);
+    ASSERT_FALSE(file.empty());
+    ASSERT_EQ(load_bytes(file), KVSDK_OK) << kvsdk_last_error();
+    expect_corrupt(with_position(file, pc), dir, std::string(pc.preset) + "_position");
+  }
+}
+
+TEST(SnapshotPositions, TheTopOfTheRangeIsAValidPosition) {
+  TempDir dir;
+  // The same places at KVSDK_MAX_POSITION load (the check is not off by one).
+  for (PositionCase pc : kPositionCases) {
+    pc.value = KVSDK_MAX_POSITION;
+    SCOPED_TRACE(describe(pc));
+    const std::vector<unsigned char> file = small_journaled(pc.preset, dir);
+    ASSERT_FALSE(file.empty());
+    EXPECT_EQ(load_bytes(with_position(file, pc)), KVSDK_OK) << kvsdk_last_error();
+  }
 }
 
 }  // namespace

@@ -45,6 +45,9 @@ class kvsdk_policy(Structure):
                 ("boundary_layer", c_int32), ("merge_t", c_float), ("retain_ratio", c_float),
                 ("fetch_tokens", c_int32), ("match_tokens", c_int32)]
 
+# ----- Cache ---------------------------------------------------------------------------------
+KVSDK_MAX_POSITION = 2147483646  # every position lies in 0 .. KVSDK_MAX_POSITION
+
 # ----- Compression ---------------------------------------------------------------------------
 KVSDK_ALLOC_TOTAL_TOKENS = 0
 KVSDK_ALLOC_TARGET_RETENTION = 1

@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <complex>
+#include <cstdint>
+#include <vector>
 
 #include "reference_attention.h"
 #include "rope.h"
@@ -76,6 +78,30 @@ TEST(Rope, ApplyRowsMatchesPerRowApply) {
       std::vector<float> want(&x[t * dim], &x[(t + 1) * dim]);
       rope.apply(want.data(), pos[t]);
       for (size_t d = 0; d < dim; ++d) EXPECT_NEAR(y[t * dim + d], want[d], 2e-6f) << t << "," << d;
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Positions at the ends of int32 (beyond the API's 0..KVSDK_MAX_POSITION, which the kernels do
+// not rely on): finding runs of consecutive positions must not overflow (UBSan under the asan
+// preset), and the rows match per-row apply.
+TEST(Rope, ApplyRowsAtTheEndsOfInt32) {
+  const size_t dim = 64;
+  const std::vector<int32_t> pos = {INT32_MAX - 2, INT32_MAX - 1, INT32_MAX, INT32_MAX,
+                                    INT32_MIN,     INT32_MIN + 1, -1,        0};
+  const size_t n = pos.size();
+  for (kvsdk_rope_style style : {KVSDK_ROPE_INTERLEAVED, KVSDK_ROPE_HALF}) {
+    const kvsdk::cpu::Rope rope(dim, 10000.0f, style);
+    std::vector<float> x = normal_rows(n * dim, 21), y = x;
+    rope.apply_rows(y.data(), pos.data(), n);
+    for (size_t t = 0; t < n; ++t) {
+      std::vector<float> want(&x[t * dim], &x[(t + 1) * dim]);
+      rope.apply(want.data(), pos[t]);
+      for (size_t d = 0; d < dim; ++d) EXPECT_NEAR(y[t * dim + d], want[d], 1e-5f) << t << "," << d;
     }
   }
 }

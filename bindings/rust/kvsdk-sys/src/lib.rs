@@ -135,6 +135,9 @@ pub struct kvsdk_cache {
     _private: [u8; 0],
 }
 
+/// The largest token position (INT32_MAX - 1): every position lies in 0..=KVSDK_MAX_POSITION.
+pub const KVSDK_MAX_POSITION: i32 = 2147483646;
+
 // ----- Compression: observe, compress, plan (declared in compression.rs) -------------------
 
 mod compression;
