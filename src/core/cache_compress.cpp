@@ -421,7 +421,7 @@ void Cache::append_compressing(uint32_t layer, size_t n_tokens, const void* k, c
     } else {
       caps = plan_caps(capacity, &in, scores, scored);  // re-plan every layer
       fit_caps(caps, &in, scores, scored, target);
-      last_caps_ = caps;
+      last_caps_.swap(caps);  // no allocation once the cache changed
       return;
     }
   }
@@ -458,7 +458,7 @@ void Cache::compress_to(uint64_t target) {
   std::vector<bool> scored(n_layers, false);
   std::vector<uint64_t> caps = plan_caps(capacity_for(target - fixed), nullptr, scores, scored);
   fit_caps(caps, nullptr, scores, scored, target);
-  last_caps_ = caps;
+  last_caps_.swap(caps);  // no allocation once the cache changed
 }
 
 void Cache::compress() {
@@ -497,13 +497,13 @@ void Cache::set_allocation(const std::vector<uint64_t>& tokens) {
            "allocation; an allocation needs an eviction preset");
     }
   }
-  const std::vector<uint64_t> old = fixed_alloc_;
-  fixed_alloc_ = tokens;
+  std::vector<uint64_t> next = tokens;  // (allocated before anything changes; swaps never fail)
+  fixed_alloc_.swap(next);
   if (tokens.empty()) return;
   try {
     compress_to(target_bytes());
   } catch (...) {
-    fixed_alloc_ = old;
+    fixed_alloc_.swap(next);
     throw;
   }
 }
@@ -517,12 +517,12 @@ void Cache::set_profile_shares(const std::vector<double>& shares) {
            "' has no per-layer allocation; a profile needs an eviction preset");
     }
   }
-  const std::vector<double> old = profile_shares_;
-  profile_shares_ = shares;
+  std::vector<double> next = shares;  // (allocated before anything changes; swaps never fail)
+  profile_shares_.swap(next);
   try {
     if (!shares.empty() && target_bytes() != kUnlimited) compress_to(target_bytes());
   } catch (...) {
-    profile_shares_ = old;
+    profile_shares_.swap(next);
     throw;
   }
 }

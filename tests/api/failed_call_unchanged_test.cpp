@@ -589,12 +589,13 @@ kvsdk_status expect_atomic_under_allocation_failures(Host& h, const std::string&
     const kvsdk_status st = call();
     g_fail_countdown = -1;
     if (!g_failed || st == KVSDK_OK) return st;  // ran through (or absorbed the failure)
+    const std::string error = kvsdk_last_error();
     const Observed after = h.snap();
     if (!same(before, after)) {
       expect_same(before, after,
                   std::string(h.preset.spec) + ": " + what + " with allocation " +
-                      std::to_string(n) + " failing: " + kvsdk_status_str(st) + " (" +
-                      kvsdk_last_error() + ")");
+                      std::to_string(n) + " failing: " + kvsdk_status_str(st) + " (" + error +
+                      ")");
       return st;
     }
   }
@@ -669,6 +670,45 @@ TEST_P(AllocationFailure, AppendChangesNothing) {
   }
 }
 
+// The first appends past the budget (the first eviction, the first allocation plan), each under
+// every allocation failure. The eviction presets without overlay and one with (the overlays share
+// the orchestration; each costs many allocations per append).
+TEST(AllocationFailureFirstEviction, AppendsChangeNothing) {
+  for (const Preset& p : kPresets) {
+    if (!p.evicts || is(p, "spindlekv")) continue;  // spindlekv: its codebook layers (see above)
+    if (p.overlay && std::string(p.spec) != "xkv+kivi2") continue;
+    SCOPED_TRACE(p.spec);
+    Host h(p);
+    ASSERT_TRUE(h.cache);
+    // Until three steps after the first eviction (KIVI overlays hold more tokens first).
+    int after_eviction = 0;
+    for (int s = 0; s < 80 && after_eviction < 3 && !::testing::Test::HasFailure(); ++s) {
+      std::vector<int32_t> pos(2);
+      std::iota(pos.begin(), pos.end(), h.next);
+      // Failures are injected from two steps before the budget on (f16 rows: an upper bound).
+      const uint64_t budget =
+          kBudgetTokens * kLayers * exact_bytes_per_token(make_geometry(kLayers, kQ, kKv, kDim));
+      const bool near = h.snap().stats.bytes + 2 * 2 * budget / kBudgetTokens >= budget;
+      for (uint32_t l = 0; l < kLayers; ++l) {
+        std::vector<float> k, v, q;
+        h.layer_rows(l, pos.size(), k, v, q);
+        const auto append = [&] {
+          return kvsdk_cache_append(h.cache.get(), l, pos.size(), k.data(), v.data(), pos.data(),
+                                    k.size() * 4);
+        };
+        EXPECT_EQ(near ? expect_atomic_under_allocation_failures(h, "append", append) : append(),
+                  KVSDK_OK);
+        EXPECT_EQ(kvsdk_cache_observe(h.cache.get(), l, pos.size(), q.data(), pos.data(),
+                                      q.size() * 4),
+                  KVSDK_OK);
+      }
+      h.next += 2;
+      if (h.snap().stats.tokens < uint64_t(h.next) * kLayers * kKv) ++after_eviction;
+    }
+    EXPECT_EQ(after_eviction, 3) << "no eviction";
+  }
+}
+
 TEST_P(AllocationFailure, AttendChangesNothing) {
   each_layer("attend", true, [&](uint32_t l, auto&, auto&, auto& q) {
     return kvsdk_cache_attend(h_->cache.get(), l, pos_.size(), q.data(), pos_.data(),
@@ -695,6 +735,17 @@ TEST_P(AllocationFailure, CompressAndSetBudgetChangeNothing) {
   EXPECT_EQ(expect_atomic_under_allocation_failures(
                 *h_, "set_budget(3/4 of the bytes)",
                 [&] { return kvsdk_cache_set_budget(h_->cache.get(), st.bytes / 4 * 3); }),
+            KVSDK_OK)
+      << kvsdk_last_error();
+  if (!p.evicts) return;
+  // A fixed allocation of half the rows of each evicting layer (spindlekv: codebook layers 0).
+  std::vector<uint64_t> a = h_->allocation();
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    a[l] = is(p, "spindlekv") && l < kLayers / 2 ? 0 : a[l] / 2;
+  }
+  EXPECT_EQ(expect_atomic_under_allocation_failures(
+                *h_, "set_allocation(half)",
+                [&] { return kvsdk_cache_set_allocation(h_->cache.get(), a.data(), kLayers); }),
             KVSDK_OK)
       << kvsdk_last_error();
 }
