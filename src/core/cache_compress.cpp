@@ -38,7 +38,8 @@ constexpr uint64_t kUnlimited = std::numeric_limits<uint64_t>::max();
 
 bool Cache::evicts() const {
   // The exact-tier eviction presets of src/policy. Representations that evict do it themselves
-  // (Representation::evict). SpindleKV evicts here too, in the layers its codebooks do not cover.
+  // (Representation::plan_eviction). SpindleKV evicts here too, in the layers its codebooks do not
+  // cover.
   const int32_t m = policy_.method;
   return m == KVSDK_METHOD_STREAMING_LLM || m == KVSDK_METHOD_H2O || m == KVSDK_METHOD_SNAPKV ||
          m == KVSDK_METHOD_PYRAMIDKV || m == KVSDK_METHOD_XKV || m == KVSDK_METHOD_SPINDLEKV;
