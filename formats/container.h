@@ -23,7 +23,9 @@ namespace kvsdk::format {
 
 // The newest format this library reads and writes. Files without compressed-tier states are
 // still written as 1.kFormatMinorV1 so that kvsdk versions reading only major 1 keep loading them.
-constexpr uint16_t kFormatMajor = 2;  // 2: compressed-tier states (TierChunk.tiers)
+// 2: compressed-tier states (TierChunk.tiers); 3: journal deltas may describe them field by field
+// (JournalDelta.tier_deltas), which a major-2 reader would misapply, so it must refuse such files.
+constexpr uint16_t kFormatMajor = 3;
 constexpr uint16_t kFormatMinor = 0;
 constexpr uint16_t kFormatMajorV1 = 1;
 constexpr uint16_t kFormatMinorV1 = 2;  // 1: eviction policy state; 2: policy fields 12..16
@@ -39,6 +41,8 @@ constexpr char kFrameMagic[4] = {'K', 'V', 'F', 'R'};
 constexpr uint64_t kMaxFrameBytesOption = 256ull << 20;             // max_frame_bytes limit
 constexpr uint64_t kMaxRawFrameBytes = kMaxFrameBytesOption + (4ull << 20);  // + FlatBuffer overhead
 constexpr uint64_t kDefaultFrameBytes = 8ull << 20;
+// kvsdk_save_options.max_journal_percent: limit (0, the default, never compacts).
+constexpr uint32_t kMaxJournalPercent = 100000;
 
 enum class FrameKind : uint8_t { kMetadata = 1, kTierChunk = 2, kIndex = 3, kJournal = 4 };
 const char* frame_kind_name(uint8_t kind);

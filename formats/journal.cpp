@@ -99,9 +99,14 @@ uint64_t row_fingerprint(int32_t position, const uint16_t* k, const uint16_t* v,
   return xxh64(v, head_dim * 2, xxh64(k, head_dim * 2, seed));
 }
 
-std::vector<std::vector<uint64_t>> fingerprint_rows(const Cache& cache) {
+namespace {
+
+// fingerprint(), also handing back each layer's records (built once: the delta writes them).
+Fingerprints fingerprint_with(const Cache& cache, std::vector<std::vector<TierRecord>>* records) {
   const Geometry& g = cache.geometry();
-  std::vector<std::vector<uint64_t>> out(size_t(g.n_layers) * g.n_kv_heads);
+  Fingerprints fp;
+  std::vector<std::vector<uint64_t>>& out = fp.rows;
+  out.resize(size_t(g.n_layers) * g.n_kv_heads);
   for (uint32_t l = 0; l < g.n_layers; ++l) {
     for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
       const ExactStore& e = cache.layer(l).heads[h];
@@ -113,29 +118,39 @@ std::vector<std::vector<uint64_t>> fingerprint_rows(const Cache& cache) {
       }
     }
   }
+  fp.tiers.resize(g.n_layers);
+  if (records) records->assign(g.n_layers, {});
   for (uint32_t l = 0; l < g.n_layers; ++l) {
-    const std::vector<TierRecord> records = cache.tier_records(l);
-    out.push_back(records.empty() ? std::vector<uint64_t>{}
-                                  : std::vector<uint64_t>{tier_records_hash(records)});
+    std::vector<TierRecord> r = cache.tier_records(l);
+    out.push_back(r.empty() ? std::vector<uint64_t>{} : std::vector<uint64_t>{tier_records_hash(r)});
+    fp.tiers[l] = sign_layer(r);
+    if (records) (*records)[l] = std::move(r);
   }
-  return out;
+  fp.windows = window_fingerprints(cache);
+  return fp;
 }
+
+}  // namespace
+
+Fingerprints fingerprint(const Cache& cache) { return fingerprint_with(cache, nullptr); }
 
 DeltaFrames build_delta(const Cache& cache, const JournalBase& base, uint64_t max_frame_bytes) {
   const Geometry& g = cache.geometry();
   DeltaFrames d;
-  d.rows = fingerprint_rows(cache);
-  if (base.rows.size() != d.rows.size()) fail(KVSDK_E_INTERNAL, "journal base of another shape");
+  std::vector<std::vector<TierRecord>> records;
+  d.now = fingerprint_with(cache, &records);
+  const std::vector<std::vector<uint64_t>>& now_rows = d.now.rows;
+  if (base.rows.size() != now_rows.size()) fail(KVSDK_E_INTERNAL, "journal base of another shape");
   std::vector<HeadPlan> plans;
   const size_t n_heads_total = size_t(g.n_layers) * g.n_kv_heads;
   std::vector<uint32_t> tier_layers;
   for (uint32_t l = 0; l < g.n_layers; ++l) {
-    if (base.rows[n_heads_total + l] != d.rows[n_heads_total + l]) tier_layers.push_back(l);
+    if (base.rows[n_heads_total + l] != now_rows[n_heads_total + l]) tier_layers.push_back(l);
   }
   for (uint32_t l = 0; l < g.n_layers; ++l) {
     for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
       const size_t idx = size_t(l) * g.n_kv_heads + h;
-      HeadPlan p = plan_head(l, h, base.rows[idx], d.rows[idx]);
+      HeadPlan p = plan_head(l, h, base.rows[idx], now_rows[idx]);
       if (!unchanged(p, base.rows[idx].size())) plans.push_back(std::move(p));
     }
   }
@@ -197,22 +212,32 @@ DeltaFrames build_delta(const Cache& cache, const JournalBase& base, uint64_t ma
     const bool last = part + 1 == parts.size();
     // The policy state (H2O scores change on every observe, windows roll) goes whole into the
     // last part: small next to the rows (4 bytes per row and KV head at most).
-    const auto policy_state = last ? build_policy_state(fbb, cache)
-                                   : flatbuffers::Offset<fb::PolicyState>(0);
-    // Changed compressed layers go whole into the last part too.
+    const auto policy_state =
+        last ? build_policy_state(fbb, cache, base.format_major >= 3 ? &base.windows : nullptr)
+             : flatbuffers::Offset<fb::PolicyState>(0);
+    // Changed compressed layers go into the last part too: field by field against their records
+    // at the base (format major 3), or whole (older files, or a layer whose records changed
+    // shape).
     flatbuffers::Offset<flatbuffers::Vector<uint32_t>> tier_layer_vec = 0;
     flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::TierState>>> tier_vec = 0;
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::TierRecordDelta>>> delta_vec = 0;
     if (last && !tier_layers.empty()) {
       std::vector<flatbuffers::Offset<fb::TierState>> states;
+      std::vector<flatbuffers::Offset<fb::TierRecordDelta>> deltas;
       for (uint32_t l : tier_layers) {
-        for (const TierRecord& r : cache.tier_records(l)) states.push_back(build_tier_state(fbb, r));
+        if (base.format_major >= 3 && l < base.tiers.size() && can_delta(base.tiers[l], records[l])) {
+          for (const auto& rd : build_layer_delta(fbb, base.tiers[l], records[l])) deltas.push_back(rd);
+          continue;
+        }
+        for (const TierRecord& r : records[l]) states.push_back(build_tier_state(fbb, r));
       }
       tier_layer_vec = fbb.CreateVector(tier_layers);
-      tier_vec = fbb.CreateVector(states);
+      if (!states.empty()) tier_vec = fbb.CreateVector(states);
+      if (!deltas.empty()) delta_vec = fbb.CreateVector(deltas);
     }
     const auto delta = fb::CreateJournalDelta(
         fbb, base.next_sequence, uint32_t(part), uint32_t(parts.size()), fbb.CreateVector(heads),
-        last ? fbb.CreateVector(appended) : 0, policy_state, tier_layer_vec, tier_vec);
+        last ? fbb.CreateVector(appended) : 0, policy_state, tier_layer_vec, tier_vec, delta_vec);
     fbb.Finish(fb::CreateFrame(fbb, fb::Payload::JournalDelta, delta.Union()),
                fb::FrameIdentifier());
     d.parts.emplace_back(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
@@ -221,7 +246,8 @@ DeltaFrames build_delta(const Cache& cache, const JournalBase& base, uint64_t ma
 }
 
 void apply_delta(const Geometry& g, const std::vector<const fb::JournalDelta*>& parts,
-                 std::vector<LayerState>& layers, std::vector<std::vector<TierRecord>>& tiers) {
+                 uint16_t format_major, std::vector<LayerState>& layers,
+                 std::vector<std::vector<TierRecord>>& tiers) {
   const size_t dim = g.head_dim;
   struct HeadWork {
     const flatbuffers::Vector<const fb::Segment*>* segments = nullptr;
@@ -325,6 +351,33 @@ void apply_delta(const Geometry& g, const std::vector<const fb::JournalDelta*>& 
       }
     }
     if (tiers.size() != g.n_layers) tiers.resize(g.n_layers);
+    if (last->tier_deltas()) {
+      if (format_major < 3) {
+        fail(KVSDK_E_CORRUPT, "journal: field deltas of compressed stores in a format ",
+             format_major, " file");
+      }
+      // A layer's records come whole or as deltas of all its records before, in order.
+      std::vector<size_t> next(g.n_layers, 0);
+      for (const fb::TierRecordDelta* d : *last->tier_deltas()) {
+        const uint32_t l = d->layer();
+        if (l >= g.n_layers || !listed[l] || (next[l] == 0 && !replaced[l].empty())) {
+          fail(KVSDK_E_CORRUPT, "journal: tier record delta for a layer the delta does not "
+               "replace, or replaces whole");
+        }
+        if (next[l] >= tiers[l].size()) {
+          fail(KVSDK_E_CORRUPT, "journal: more tier record deltas for layer ", l,
+               " than it had records");
+        }
+        replaced[l].push_back(apply_record_delta(*d, tiers[l][next[l]]));
+        ++next[l];
+      }
+      for (uint32_t l = 0; l < g.n_layers; ++l) {
+        if (next[l] != 0 && next[l] != tiers[l].size()) {
+          fail(KVSDK_E_CORRUPT, "journal: layer ", l, " has ", next[l], " tier record deltas for ",
+               tiers[l].size(), " records");
+        }
+      }
+    }
     for (uint32_t l = 0; l < g.n_layers; ++l) {
       if (listed[l]) tiers[l] = std::move(replaced[l]);
     }

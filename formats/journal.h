@@ -19,6 +19,7 @@
 
 #include "core/cache.h"
 #include "core/geometry.h"
+#include "tier_delta.h"
 
 namespace kvsdk::fb {
 struct JournalDelta;
@@ -36,18 +37,31 @@ struct JournalBase {
   // followed by n_layers entries [n_layers * n_kv_heads + layer] holding one hash of that layer's
   // compressed-store records (empty for exact layers).
   std::vector<std::vector<uint64_t>> rows;
+  // Per layer, the signature of its compressed-store records (tier_delta.h; empty for exact
+  // layers), and the file's format major: from 3 on, deltas describe changed records field by
+  // field instead of whole.
+  std::vector<LayerSignature> tiers;
+  // Per layer, one fingerprint per observation-window query (policy_state.h).
+  std::vector<std::vector<uint64_t>> windows;
+  uint16_t format_major = 1;
 };
 
 uint64_t row_fingerprint(int32_t position, const uint16_t* k, const uint16_t* v, size_t head_dim);
 
-// Fingerprints of every exact row and every layer's compressed stores of the cache now.
-std::vector<std::vector<uint64_t>> fingerprint_rows(const Cache& cache);
+// What a journal base remembers of a cache: fingerprints of every exact row and every layer's
+// compressed stores (`rows`, as JournalBase::rows), and the signatures of those stores.
+struct Fingerprints {
+  std::vector<std::vector<uint64_t>> rows;
+  std::vector<LayerSignature> tiers;
+  std::vector<std::vector<uint64_t>> windows;
+};
+Fingerprints fingerprint(const Cache& cache);
 
 // A delta ready to append: finished FlatBuffers (root Frame holding a JournalDelta), one per
 // frame, and the fingerprints that become the base once the frames are safely written.
 struct DeltaFrames {
   std::vector<std::vector<uint8_t>> parts;
-  std::vector<std::vector<uint64_t>> rows;
+  Fingerprints now;
 };
 
 // Builds delta number base.next_sequence; new rows are split so that no part holds more than
@@ -57,9 +71,11 @@ DeltaFrames build_delta(const Cache& cache, const JournalBase& base, uint64_t ma
 // Applies the verified parts of one complete delta (in part order) to `layers` (n_layers of
 // geometry). Throws KVSDK_E_CORRUPT, leaving `layers` unspecified, when the delta does not fit
 // them. The caller then discards `layers`.
-// `tiers` (per layer) receives the replaced compressed-store records; the caller checks their
-// layers and heads against the policy.
+// `tiers` (per layer) holds the compressed-store records before the delta and receives them
+// after it (replaced whole, or rebuilt from field deltas, which only a file of `format_major` 3
+// or later may hold); the caller checks their layers and heads against the policy.
 void apply_delta(const Geometry& geometry, const std::vector<const fb::JournalDelta*>& parts,
-                 std::vector<LayerState>& layers, std::vector<std::vector<TierRecord>>& tiers);
+                 uint16_t format_major, std::vector<LayerState>& layers,
+                 std::vector<std::vector<TierRecord>>& tiers);
 
 }  // namespace kvsdk::format

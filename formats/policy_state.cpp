@@ -1,9 +1,11 @@
 #include "policy_state.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
 #include "core/policy.h"
+#include "xxhash64.h"
 
 namespace kvsdk::format {
 
@@ -18,11 +20,38 @@ std::vector<T> per_layer(const flatbuffers::Vector<T>* v, uint32_t n_layers, con
   return std::vector<T>(v->begin(), v->end());
 }
 
+// The longest run of queries that ends the window `before` and begins `now`: a window slides,
+// dropping its oldest queries and appending new ones.
+size_t reused_queries(const std::vector<uint64_t>& before, const std::vector<uint64_t>& now) {
+  for (size_t r = std::min(before.size(), now.size()); r > 0; --r) {
+    if (std::equal(now.begin(), now.begin() + long(r), before.end() - long(r))) return r;
+  }
+  return 0;
+}
+
 }  // namespace
 
-flatbuffers::Offset<fb::PolicyState> build_policy_state(flatbuffers::FlatBufferBuilder& fbb,
-                                                        const Cache& cache) {
+std::vector<std::vector<uint64_t>> window_fingerprints(const Cache& cache) {
   const Geometry& g = cache.geometry();
+  const size_t qe = g.q_elems_per_token();
+  std::vector<std::vector<uint64_t>> out(g.n_layers);
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    const LayerState& L = cache.layer(l);
+    for (size_t i = 0; i < L.window_pos.size(); ++i) {
+      const uint64_t seed = xxh64(&L.window_pos[i], sizeof(int32_t), 0x6b7677696e646f77ull);
+      out[l].push_back(xxh64(L.window_q.data() + i * qe, qe * sizeof(float), seed));
+    }
+  }
+  return out;
+}
+
+flatbuffers::Offset<fb::PolicyState> build_policy_state(
+    flatbuffers::FlatBufferBuilder& fbb, const Cache& cache,
+    const std::vector<std::vector<uint64_t>>* before) {
+  const Geometry& g = cache.geometry();
+  const size_t qe = g.q_elems_per_token();
+  const std::vector<std::vector<uint64_t>> now =
+      before ? window_fingerprints(cache) : std::vector<std::vector<uint64_t>>{};
   std::vector<flatbuffers::Offset<fb::LayerPolicyState>> layers;
   for (uint32_t l = 0; l < g.n_layers; ++l) {
     const LayerState& L = cache.layer(l);
@@ -36,11 +65,13 @@ flatbuffers::Offset<fb::PolicyState> build_policy_state(flatbuffers::FlatBufferB
     }
     flatbuffers::Offset<flatbuffers::Vector<float>> wq = 0;
     flatbuffers::Offset<flatbuffers::Vector<int32_t>> wp = 0;
+    size_t reused = 0;
     if (!L.window_pos.empty()) {
-      wq = fbb.CreateVector(L.window_q);
-      wp = fbb.CreateVector(L.window_pos);
+      if (before && l < before->size()) reused = reused_queries((*before)[l], now[l]);
+      wq = fbb.CreateVector(L.window_q.data() + reused * qe, (L.window_pos.size() - reused) * qe);
+      wp = fbb.CreateVector(L.window_pos.data() + reused, L.window_pos.size() - reused);
     }
-    layers.push_back(fb::CreateLayerPolicyState(fbb, scores, wq, wp));
+    layers.push_back(fb::CreateLayerPolicyState(fbb, scores, wq, wp, uint32_t(reused)));
   }
   const PolicyRuntime rt = cache.policy_runtime();
   auto opt_u64 = [&](const std::vector<uint64_t>& v) {
@@ -87,16 +118,25 @@ void read_policy_state(const fb::PolicyState* st, const Geometry& g, const kvsdk
           scores[l].push_back(std::move(v));
         }
       }
-      if (ls->window_queries() || ls->window_positions()) {
+      if (ls->window_queries() || ls->window_positions() || ls->window_reused()) {
         if (!method_uses_window(p.method) || !ls->window_queries() || !ls->window_positions()) {
           bad("observation window for a policy without one");
         }
-        const size_t n = ls->window_positions()->size();
-        if (n == 0 || n > size_t(p.obs_window) || ls->window_queries()->size() != n * qe) {
+        const size_t fresh = ls->window_positions()->size();
+        const size_t reused = ls->window_reused();
+        const LayerState& prev = layers[l];
+        if (reused > prev.window_pos.size() || prev.window_q.size() != prev.window_pos.size() * qe) {
+          bad("observation window reuses more queries than it had");
+        }
+        const size_t n = reused + fresh;
+        if (n == 0 || n > size_t(p.obs_window) || ls->window_queries()->size() != fresh * qe) {
           bad("observation window size");
         }
-        wq[l].assign(ls->window_queries()->begin(), ls->window_queries()->end());
-        wp[l].assign(ls->window_positions()->begin(), ls->window_positions()->end());
+        const size_t from = prev.window_pos.size() - reused;
+        wq[l].assign(prev.window_q.begin() + long(from * qe), prev.window_q.end());
+        wp[l].assign(prev.window_pos.begin() + long(from), prev.window_pos.end());
+        wq[l].insert(wq[l].end(), ls->window_queries()->begin(), ls->window_queries()->end());
+        wp[l].insert(wp[l].end(), ls->window_positions()->begin(), ls->window_positions()->end());
         for (float x : wq[l]) {
           if (!std::isfinite(x)) bad("non-finite window query");
         }

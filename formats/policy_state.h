@@ -13,12 +13,20 @@
 
 namespace kvsdk::format {
 
-flatbuffers::Offset<fb::PolicyState> build_policy_state(flatbuffers::FlatBufferBuilder& fbb,
-                                                        const Cache& cache);
+// With `before` (a journal delta of format major 3: window_fingerprints() of the state the delta
+// continues), each observation window is written as the queries it shares with the window
+// before it (window_reused) plus its new queries, instead of whole.
+flatbuffers::Offset<fb::PolicyState> build_policy_state(
+    flatbuffers::FlatBufferBuilder& fbb, const Cache& cache,
+    const std::vector<std::vector<uint64_t>>* before = nullptr);
+
+// One fingerprint per observation-window query (position and values), per layer.
+std::vector<std::vector<uint64_t>> window_fingerprints(const Cache& cache);
 
 // Validates `state` (nullable: no state saved) against the geometry, the policy and the row
 // count of every head (`rows[l][h]`), then fills the per-layer policy state of `layers` and
-// `runtime`. Throws KVSDK_E_CORRUPT on anything inconsistent.
+// `runtime`; a window that reuses queries (window_reused) continues the window `layers` holds.
+// Throws KVSDK_E_CORRUPT on anything inconsistent.
 void read_policy_state(const fb::PolicyState* state, const Geometry& g, const kvsdk_policy& p,
                        const std::vector<std::vector<uint64_t>>& rows,
                        std::vector<LayerState>& layers, PolicyRuntime& runtime);

@@ -391,7 +391,7 @@ void read_journal(Reader& rd, Snapshot& s) {
         if (l >= s.geometry.n_layers) continue;  // apply_delta refuses the list
         validate_replaced_records(s, l, s.next_sequence);
       }
-      apply_delta(s.geometry, parts, s.layers, s.tiers);
+      apply_delta(s.geometry, parts, s.format_major, s.layers, s.tiers);
       for (const auto& layer_records : s.tiers) {
         for (const TierRecord& r : layer_records) check_tier_record(r, s.geometry, s);
       }

@@ -104,6 +104,7 @@ kvsdk_save_options save_options_defaults() {
   // SpeCache's backing store is in by default (include_backing = 0 trades that for size).
   o.include_backing = 1;
   o.max_frame_bytes = kDefaultFrameBytes;
+  o.max_journal_percent = 0;
   return o;
 }
 
@@ -118,11 +119,18 @@ SaveParams save_params_from_c(const kvsdk_save_options* options) {
                 " (must be 0 or 1)");
   KVSDK_REQUIRE(o.max_frame_bytes <= kMaxFrameBytesOption, "options.max_frame_bytes is ",
                 o.max_frame_bytes, " (at most ", kMaxFrameBytesOption, ")");
+  KVSDK_REQUIRE(o.max_journal_percent <= kMaxJournalPercent, "options.max_journal_percent is ",
+                o.max_journal_percent, " (at most ", kMaxJournalPercent, ")");
   SaveParams p;
   p.zstd_level = o.zstd_level == 0 ? kDefaultZstdLevel : o.zstd_level;
   p.include_backing = o.include_backing != 0;
   p.max_frame_bytes = o.max_frame_bytes == 0 ? kDefaultFrameBytes : o.max_frame_bytes;
+  p.max_journal_percent = o.max_journal_percent;
   return p;
+}
+
+uint16_t format_major_for(const Cache& cache, bool any_tier) {
+  return any_tier || method_uses_window(cache.policy().method) ? kFormatMajor : kFormatMajorV1;
 }
 
 uint64_t snapshot_id_of(const Cache& cache, const std::vector<std::vector<uint64_t>>& rows) {
@@ -172,9 +180,8 @@ uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t s
     }
     any_tier = any_tier || !tiers[l].empty();
   }
-  // Files without compressed tiers stay readable by major-1 readers.
-  const uint16_t major = any_tier ? kFormatMajor : kFormatMajorV1;
-  const uint16_t minor = any_tier ? kFormatMinor : kFormatMinorV1;
+  const uint16_t major = format_major_for(cache, any_tier);
+  const uint16_t minor = major == kFormatMajor ? kFormatMinor : kFormatMinorV1;
   FrameWriter out(sink, snapshot_id, params.zstd_level);
   out.write_file_header(major, minor);
 

@@ -13,6 +13,7 @@ struct SaveParams {
   int zstd_level = 3;
   bool include_backing = false;
   uint64_t max_frame_bytes = 8ull << 20;
+  uint32_t max_journal_percent = 0;  // save_delta compacts past this share of the base; 0: never
 };
 
 // Validates a caller's kvsdk_save_options (NULL = defaults); throws KVSDK_E_INVALID_ARG.
@@ -28,6 +29,11 @@ uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t s
 // fingerprint_rows). Deterministic, so that equal caches give byte-identical snapshots (bindings
 // in different languages are compared byte for byte), while a journal delta still only continues
 // a file whose base holds exactly the state it was computed from.
+// The format major a full save writes: 3 for caches whose later deltas may use format-3
+// encodings (compressed stores field by field, sliding observation windows), so that older
+// readers refuse them; 1 otherwise, which readers that know only major 1 keep loading.
+uint16_t format_major_for(const Cache& cache, bool any_tier);
+
 uint64_t snapshot_id_of(const Cache& cache, const std::vector<std::vector<uint64_t>>& rows);
 
 }  // namespace kvsdk::format

@@ -781,9 +781,13 @@ KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache *cache, kvsdk_cache *pr
  *  every minor version of its major versions (unknown additions are ignored) and rejects a newer
  *  major version with KVSDK_E_VERSION. Snapshots of caches with layers in compressed tiers (kivi,
  *  '+kiviN' overlays, spindlekv's codebook layers, minicache's merged layers, smallkv, specache)
- *  are written as format 2.0; caches that hold only exact rows are written as format 1.2, so
- *  readers that know only major 1 keep loading them. */
-#define KVSDK_SNAPSHOT_FORMAT_MAJOR 2
+ *  or with observation windows (snapkv, pyramidkv, xkv) are written as format 3.0, whose journal
+ *  deltas describe compressed stores field by field and windows by the queries they kept (a
+ *  format-2 reader would misapply them, so it refuses the file); other caches hold only exact
+ *  rows and are written as format 1.2, so readers that know only major 1 keep loading them.
+ *  Files of formats 1.x and 2.0 written by earlier versions load, and their journals continue
+ *  in their own format. */
+#define KVSDK_SNAPSHOT_FORMAT_MAJOR 3
 #define KVSDK_SNAPSHOT_FORMAT_MINOR 0
 
 typedef struct kvsdk_save_options {
@@ -807,10 +811,18 @@ typedef struct kvsdk_save_options {
                                   split into frames of at most this many bytes of rows (at least
                                   one row per frame), which keeps every FlatBuffer far below its
                                   2 GiB limit. 1..256 MiB; 0 means the default, 8 MiB. */
+  uint32_t max_journal_percent; /**< kvsdk_cache_save_delta: once the journal behind the file's
+                                  base snapshot exceeds this share of the base (in percent), the
+                                  delta is followed by a full atomic save of the cache to the file
+                                  (as kvsdk_cache_save with these options), which becomes the base
+                                  of later deltas, so that a conversation saved turn by turn keeps
+                                  its file near one snapshot's size (e.g. 50: the file stays
+                                  within 1.5 snapshots). 0..100000; 0, the default, never folds
+                                  the journal. */
 } kvsdk_save_options;
 
 /** Fills `options` with defaults (zstd level 3, SpeCache's backing store included, 8 MiB
- *  frames).
+ *  frames, no journal compaction).
  *  Errors: KVSDK_E_INVALID_ARG if `options` is NULL. Thread-safe. */
 KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options *options);
 
@@ -866,9 +878,14 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache *cache,
  *  a torn tail (synced before the new frames are written), then appends. So the next delta from
  *  a cache loaded after the crash (or from any cache whose journal ends where the torn tail
  *  begins) replaces the torn tail.
- *  A layer held in compressed tiers that changed goes into the delta whole (a specache layer with
- *  its backing store). Only `zstd_level` and `max_frame_bytes` of `options` (NULL for defaults)
- *  apply.
+ *  Compressed tiers that changed go into the delta field by field (format 3): what was appended
+ *  to a store, and the parts of a store that moved (a residual window sliding by whole rows), so
+ *  a delta stays small after a few tokens for every preset; a field rewritten in place (KIVI
+ *  blocks that lost rows to eviction, H2O's scores) goes whole. A file of an older format gets
+ *  whole layers. When the journal outgrows a nonzero `max_journal_percent` of the base snapshot,
+ *  the delta is followed by a full save to `path` (see kvsdk_save_options; same atomicity as
+ *  kvsdk_cache_save). `include_backing` applies only to that full save; `options` may be NULL for
+ *  defaults.
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options),
  *          KVSDK_E_STATE (this cache has no base to continue from: it was never saved or loaded;
  *          or `path` is not the file of its last full save/load, or ends before this cache's

@@ -3,7 +3,8 @@
 // ("ROMEO:\n<line>\n\nJULIET:\n"); the model answers until it ends its speech (a blank line)
 // or reaches --reply-tokens. After every turn the cache is saved to the session
 // file: the first turn writes a full snapshot, later turns append a journal delta (only what
-// changed), so a crash loses at most the current turn. `--resume FILE` picks the conversation up
+// changed; once the journal outgrows --journal-percent of the snapshot, the library folds it into
+// a fresh full save), so a crash loses at most the current turn. `--resume FILE` picks the conversation up
 // again, in this or any later process, and goes on numbering its turns. Works interactively or
 // with piped input.
 //
@@ -45,6 +46,7 @@ struct Options {
   std::string user = "ROMEO";
   std::string bot = "JULIET";
   int reply_tokens = 200;
+  uint32_t journal_percent = 50;  // kvsdk_save_options.max_journal_percent (0: never fold)
   float temperature = 0.8f;
   uint64_t seed = 1;
   std::string shared_dir = KVSDK_SHARED_DIR;
@@ -61,6 +63,8 @@ void usage(std::FILE* f) {
                "  --resume FILE         continue the conversation saved in FILE (and keep saving there)\n"
                "  --user NAME --bot NAME  speaker names framing each turn (default ROMEO, JULIET)\n"
                "  --reply-tokens N      longest reply (default 200)\n"
+               "  --journal-percent P   fold the journal into a full save past P%% of the snapshot\n"
+               "                        (kvsdk_save_options.max_journal_percent; default 50, 0 never)\n"
                "  --temperature T       0 = greedy (default 0.8)\n"
                "  --seed N              sampling seed (default 1)\n");
 }
@@ -205,6 +209,7 @@ int run(const Options& o) {
     // Autosave: a full snapshot once, then one journal delta per turn.
     kvsdk_save_options save;
     kvsdk_save_options_init(&save);
+    save.max_journal_percent = o.journal_percent;
     const kvsdk_status st = saved_once ? kvsdk_cache_save_delta(session->cache(), o.session_file.c_str(), &save)
                                        : kvsdk_cache_save(session->cache(), o.session_file.c_str(), &save);
     llama::check(st, saved_once ? "kvsdk_cache_save_delta" : "kvsdk_cache_save");
@@ -243,6 +248,7 @@ int main(int argc, char** argv) {
       else if (a == "--user") o.user = v;
       else if (a == "--bot") o.bot = v;
       else if (a == "--reply-tokens") o.reply_tokens = std::atoi(v.c_str());
+      else if (a == "--journal-percent") o.journal_percent = uint32_t(std::strtoul(v.c_str(), nullptr, 10));
       else if (a == "--temperature") o.temperature = float(std::atof(v.c_str()));
       else if (a == "--seed") o.seed = std::strtoull(v.c_str(), nullptr, 10);
       else {

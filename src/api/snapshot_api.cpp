@@ -22,15 +22,18 @@ kvsdk_cache& handle(kvsdk_cache* cache) {
   return *cache;
 }
 
-std::shared_ptr<JournalBase> make_base(std::vector<std::vector<uint64_t>> rows, uint64_t id,
-                                       uint64_t base_end, uint64_t journal_end,
-                                       uint64_t next_sequence) {
+std::shared_ptr<JournalBase> make_base(Fingerprints fp, uint64_t id, uint64_t base_end,
+                                       uint64_t journal_end, uint64_t next_sequence,
+                                       uint16_t format_major) {
   auto b = std::make_shared<JournalBase>();
   b->snapshot_id = id;
   b->base_end = base_end;
   b->journal_end = journal_end;
   b->next_sequence = next_sequence;
-  b->rows = std::move(rows);
+  b->rows = std::move(fp.rows);
+  b->tiers = std::move(fp.tiers);
+  b->windows = std::move(fp.windows);
+  b->format_major = format_major;
   return b;
 }
 
@@ -66,8 +69,14 @@ void load(kvsdk_cache** out, kvsdk_context* ctx, const unsigned char* data, size
     }
   }
   h->impl->restore_policy_runtime(std::move(s.runtime));
-  h->journal = make_base(fingerprint_rows(*h->impl), s.snapshot_id, s.base_end, s.journal_end,
-                         s.next_sequence);
+  // Deltas continue the records as the file holds them (a file saved without SpeCache's backing
+  // store has none, although the restored cache rebuilt it).
+  Fingerprints fp = fingerprint(*h->impl);
+  for (uint32_t l = 0; l < s.geometry.n_layers && l < s.tiers.size(); ++l) {
+    fp.tiers[l] = sign_layer(s.tiers[l]);
+  }
+  h->journal = make_base(std::move(fp), s.snapshot_id, s.base_end, s.journal_end,
+                         s.next_sequence, s.format_major);
   if (info) {
     info->format_major = s.format_major;
     info->format_minor = s.format_minor;
@@ -75,6 +84,25 @@ void load(kvsdk_cache** out, kvsdk_context* ctx, const unsigned char* data, size
     info->journal_frames_dropped = s.journal_frames_dropped;
   }
   *out = h.release();
+}
+
+// A full atomic save to `path`, which becomes the base of the cache's later deltas.
+void save_full(kvsdk_cache& c, const char* path, const SaveParams& params) {
+  // Fingerprint first: once the file is renamed nothing may fail.
+  Fingerprints fp = fingerprint(*c.impl);
+  const uint64_t id = snapshot_id_of(*c.impl, fp.rows);
+  // The journal continues the records as the file holds them: without the backing store
+  // fields when the save leaves them out (a later delta then writes them whole).
+  bool any_tier = false;
+  for (LayerSignature& layer : fp.tiers) {
+    any_tier = any_tier || !layer.empty();
+    if (!params.include_backing) drop_backing_fields(layer);
+  }
+  auto base = make_base(std::move(fp), id, 0, 0, 1, format_major_for(*c.impl, any_tier));
+  save_file_atomically(path, [&](Sink& sink) {
+    base->base_end = base->journal_end = write_snapshot(*c.impl, params, id, sink);
+  });
+  c.journal = std::move(base);
 }
 
 }  // namespace
@@ -93,15 +121,7 @@ KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache* cache, const char* path,
   return guard("kvsdk_cache_save", [&] {
     kvsdk_cache& c = handle(cache);
     KVSDK_REQUIRE(path != nullptr, "path is NULL");
-    const SaveParams params = save_params_from_c(options);
-    // Fingerprint first: once the file is renamed nothing may fail.
-    auto rows = fingerprint_rows(*c.impl);
-    const uint64_t id = snapshot_id_of(*c.impl, rows);
-    auto base = make_base(std::move(rows), id, 0, 0, 1);
-    save_file_atomically(path, [&](Sink& sink) {
-      base->base_end = base->journal_end = write_snapshot(*c.impl, params, id, sink);
-    });
-    c.journal = std::move(base);
+    save_full(c, path, save_params_from_c(options));
   });
 }
 
@@ -112,7 +132,7 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache* cache,
     const kvsdk_cache& c = handle(cache);
     KVSDK_REQUIRE(out_size != nullptr, "out_size is NULL");
     const SaveParams params = save_params_from_c(options);
-    const uint64_t id = snapshot_id_of(*c.impl, fingerprint_rows(*c.impl));
+    const uint64_t id = snapshot_id_of(*c.impl, fingerprint(*c.impl).rows);
     if (buf == nullptr) {
       CountingSink sink;
       *out_size = size_t(write_snapshot(*c.impl, params, id, sink));
@@ -138,7 +158,15 @@ KVSDK_API kvsdk_status kvsdk_cache_save_delta(kvsdk_cache* cache, const char* pa
     const uint64_t end = append_journal(path, *c.journal, d.parts, params.zstd_level);
     c.journal->journal_end = end;
     c.journal->next_sequence += 1;
-    c.journal->rows = std::move(d.rows);
+    c.journal->rows = std::move(d.now.rows);
+    c.journal->tiers = std::move(d.now.tiers);
+    c.journal->windows = std::move(d.now.windows);
+    // Compaction: a journal past its share of the base is folded into a fresh full save.
+    const JournalBase& b = *c.journal;
+    if (params.max_journal_percent != 0 &&
+        (b.journal_end - b.base_end) * 100 > uint64_t(params.max_journal_percent) * b.base_end) {
+      save_full(c, path, params);
+    }
   });
 }
 

@@ -69,12 +69,13 @@ class kvsdk_layer_stats(Structure):
                 ("bytes_by_tier", c_uint64 * KVSDK_TIER_SLOTS)]
 
 # ----- Snapshots -----------------------------------------------------------------------------
-KVSDK_SNAPSHOT_FORMAT_MAJOR = 2
+KVSDK_SNAPSHOT_FORMAT_MAJOR = 3
 KVSDK_SNAPSHOT_FORMAT_MINOR = 0
 
 class kvsdk_save_options(Structure):
     _fields_ = [("struct_size", c_uint32), ("zstd_level", c_int32),
-                ("include_backing", c_uint32), ("max_frame_bytes", c_uint64)]
+                ("include_backing", c_uint32), ("max_frame_bytes", c_uint64),
+                ("max_journal_percent", c_uint32)]
 
 class kvsdk_load_info(Structure):
     _fields_ = [("struct_size", c_uint32), ("format_major", c_uint32),

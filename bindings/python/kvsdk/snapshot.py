@@ -18,6 +18,7 @@ class SaveOptions:
     zstd_level: int = None
     include_backing: int = None
     max_frame_bytes: int = None
+    max_journal_percent: int = None
 
     def __post_init__(self):
         defaults = _initialised(_capi.kvsdk_save_options, lib.kvsdk_save_options_init)

@@ -11,7 +11,9 @@ if [ -n "${KVSDK_RUN:-}" ]; then
   chmod +x "$work/chat"
   chat="$work/chat"
 fi
-args=(--model shakespeare-small --temperature 0 --reply-tokens 40)
+# Every turn stays a journal delta here (0: the journal is never folded into a full save), which
+# the checks below rely on.
+args=(--model shakespeare-small --temperature 0 --reply-tokens 40 --journal-percent 0)
 printf 'Good morrow, cousin.\nWhat news?\nThen farewell.\n' |
   "$chat" "${args[@]}" --session "$work/one.kvsnap" >"$work/one.txt" 2>"$work/one.err"
 printf 'Good morrow, cousin.\nWhat news?\n' |

@@ -2,7 +2,7 @@
 use crate::{kvsdk_cache, kvsdk_context, kvsdk_geometry, kvsdk_policy, kvsdk_status};
 use core::ffi::{c_char, c_void};
 
-pub const KVSDK_SNAPSHOT_FORMAT_MAJOR: u32 = 2;
+pub const KVSDK_SNAPSHOT_FORMAT_MAJOR: u32 = 3;
 pub const KVSDK_SNAPSHOT_FORMAT_MINOR: u32 = 0;
 
 #[repr(C)]
@@ -12,6 +12,7 @@ pub struct kvsdk_save_options {
     pub zstd_level: i32,
     pub include_backing: u32,
     pub max_frame_bytes: u64,
+    pub max_journal_percent: u32,
 }
 
 #[repr(C)]

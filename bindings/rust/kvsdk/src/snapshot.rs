@@ -25,6 +25,9 @@ pub struct SaveOptions {
     pub include_backing: bool,
     /// Largest uncompressed rows payload per frame; 0 = the default.
     pub max_frame_bytes: u64,
+    /// save_delta: journal share of the base snapshot (percent) past which the file is rewritten
+    /// as one full snapshot; 0 = the default (50).
+    pub max_journal_percent: u32,
 }
 
 impl Default for SaveOptions {
@@ -36,6 +39,7 @@ impl Default for SaveOptions {
             zstd_level: raw.zstd_level,
             include_backing: raw.include_backing != 0,
             max_frame_bytes: raw.max_frame_bytes,
+            max_journal_percent: raw.max_journal_percent,
         }
     }
 }
@@ -47,6 +51,7 @@ impl SaveOptions {
             zstd_level: self.zstd_level,
             include_backing: self.include_backing as u32,
             max_frame_bytes: self.max_frame_bytes,
+            max_journal_percent: self.max_journal_percent,
         }
     }
 }

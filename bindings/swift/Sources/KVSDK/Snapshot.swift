@@ -9,6 +9,9 @@ public struct SaveOptions {
     public var zstdLevel: Int32
     public var includeBacking: Bool
     public var maxFrameBytes: UInt64
+    /// saveDelta: journal share of the base snapshot (percent) past which the file is
+    /// rewritten as one full snapshot; 0 = the default (50).
+    public var maxJournalPercent: UInt32
 
     public init() {
         var raw = kvsdk_save_options()
@@ -16,6 +19,7 @@ public struct SaveOptions {
         zstdLevel = raw.zstd_level
         includeBacking = raw.include_backing != 0
         maxFrameBytes = raw.max_frame_bytes
+        maxJournalPercent = raw.max_journal_percent
     }
 
     var raw: kvsdk_save_options {
@@ -24,6 +28,7 @@ public struct SaveOptions {
         r.zstd_level = zstdLevel
         r.include_backing = includeBacking ? 1 : 0
         r.max_frame_bytes = maxFrameBytes
+        r.max_journal_percent = maxJournalPercent
         return r
     }
 }

@@ -1,0 +1,117 @@
+// Journal deltas stay small for every preset (format major 3: compressed stores field by field,
+// sliding observation windows): one token appended to every layer of a 320-token cache costs at
+// most 2% of the preset's full snapshot (3.5% for the presets that bound() names), a
+// conversation saved as 20 deltas stays within 1.5x a fresh full save (compaction,
+// max_journal_percent), and both load back to the same cache.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kvsdk.h"
+#include "snapshot_test_util.h"
+#include "test_util.h"
+
+using namespace kvsdk_test;
+
+namespace {
+
+// Every preset family with its library defaults (KIVI: G = 32, R = 128), budget unlimited.
+const char* const kPresets[] = {"full",      "streaming_llm", "h2o",          "snapkv",
+                                "pyramidkv", "xkv",           "kivi",         "kivi+kivi4",
+                                "xkv+kivi2", "snapkv+kivi2",  "h2o+kivi4",    "spindlekv",
+                                "minicache", "minicache+kivi4", "smallkv",    "specache",
+                                "specache+kivi1"};
+
+kvsdk_geometry geometry() { return make_geometry(4, 8, 2, 64); }
+
+// Appends `n` tokens to every layer and observes one query per layer (window methods keep it).
+void step(kvsdk_cache* c, const kvsdk_geometry& g, size_t n, int32_t pos0, uint32_t seed) {
+  fill(c, g, n, pos0, seed);
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    const size_t elems = size_t(g.n_q_heads) * g.head_dim;
+    auto q = random_floats(elems, seed * 7 + l);
+    const int32_t qp = pos0 + int32_t(n) - 1;
+    ASSERT_EQ(kvsdk_cache_observe(c, l, 1, q.data(), &qp, elems * 4), KVSDK_OK) << kvsdk_last_error();
+  }
+}
+
+uint64_t file_size(const std::string& path) { return read_file(path).size(); }
+
+class DeltaSize : public ::testing::TestWithParam<const char*> {
+ protected:
+  CachePtr filled(kvsdk_context* ctx, size_t tokens) {
+    kvsdk_policy p;
+    EXPECT_EQ(kvsdk_policy_parse(&p, GetParam()), KVSDK_OK);
+    auto c = make_cache(ctx, g_, &p);
+    EXPECT_TRUE(c) << kvsdk_last_error();
+    for (size_t t = 0; c && t < tokens; t += 16) step(c.get(), g_, 16, int32_t(t), uint32_t(1 + t));
+    return c;
+  }
+  void expect_loads_as(kvsdk_context* ctx, const std::string& path, kvsdk_cache* want) {
+    kvsdk_cache* raw = nullptr;
+    ASSERT_EQ(kvsdk_cache_load(&raw, ctx, path.c_str(), &g_, nullptr), KVSDK_OK) << kvsdk_last_error();
+    CachePtr got(raw);
+    EXPECT_TRUE(dump(got.get()) == dump(want));
+    EXPECT_EQ(save_buffer(got.get()), save_buffer(want));  // every state, not only the rows
+  }
+  kvsdk_geometry g_ = geometry();
+};
+
+// The share one token may cost. Every preset stays within 2%, except where per-step policy state
+// is rewritten whole next to a small quantized snapshot: an eviction preset's observation window
+// gains one f32 query per layer (n_q_heads x head_dim x 4 bytes: four times a GQA-4 K/V row in
+// f16) and H2O's score of every kept row changes at every step. Storing that state more compactly
+// is still to do; these bounds pin what it costs today.
+double bound(const std::string& preset) {
+  if (preset == "xkv+kivi2" || preset == "snapkv+kivi2" || preset == "h2o+kivi4") return 0.035;
+  return 0.02;
+}
+
+TEST_P(DeltaSize, OneTokenCostsAtMostTwoPercentOfAFullSnapshot) {
+  TempDir dir;
+  auto ctx = make_context();
+  auto a = filled(ctx.get(), 320);
+  ASSERT_TRUE(a);
+  const std::string path = dir.file("d.kvsnap");
+  ASSERT_EQ(kvsdk_cache_save(a.get(), path.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  const uint64_t full = file_size(path);
+  step(a.get(), g_, 1, 320, 99);
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  const uint64_t delta = file_size(path) - full;
+  EXPECT_LE(double(delta), bound(GetParam()) * double(full)) << GetParam() << ": delta " << delta
+                                                << " bytes, full snapshot " << full;
+  expect_loads_as(ctx.get(), path, a.get());
+}
+
+TEST_P(DeltaSize, TwentyDeltasStayWithinOneAndAHalfFullSaves) {
+  TempDir dir;
+  auto ctx = make_context();
+  auto a = filled(ctx.get(), 64);
+  ASSERT_TRUE(a);
+  const std::string path = dir.file("c.kvsnap");
+  ASSERT_EQ(kvsdk_cache_save(a.get(), path.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  kvsdk_save_options fold;  // as kvsdk-chat saves: the journal is folded past half the base
+  kvsdk_save_options_init(&fold);
+  fold.max_journal_percent = 50;
+  for (int turn = 0; turn < 20; ++turn) {  // a chat turn: a few dozen tokens each
+    step(a.get(), g_, 24, int32_t(64 + 24 * turn), uint32_t(500 + turn));
+    ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), &fold), KVSDK_OK) << kvsdk_last_error();
+  }
+  const uint64_t journaled = file_size(path);
+  const uint64_t fresh = save_buffer(a.get()).size();
+  EXPECT_LE(double(journaled), 1.5 * double(fresh)) << GetParam() << ": file " << journaled
+                                                    << " bytes, fresh full save " << fresh;
+  expect_loads_as(ctx.get(), path, a.get());
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, DeltaSize, ::testing::ValuesIn(kPresets),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           std::string s = i.param;
+                           for (char& ch : s) {
+                             if (ch == '+') ch = '_';
+                           }
+                           return s;
+                         });
+
+}  // namespace
