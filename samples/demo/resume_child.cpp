@@ -10,23 +10,13 @@
 #include <fstream>
 #include <memory>
 
+#include "context_handle.h"
 #include "error.h"
 #include "sampler.h"
 
 namespace demo {
 
 namespace {
-
-struct ContextHandle {
-  kvsdk_context* ctx = nullptr;
-  explicit ContextHandle(uint64_t budget) {
-    kvsdk_context_options o;
-    kvsdk_context_options_init(&o);
-    o.budget_bytes = budget;
-    llama::check(kvsdk_context_create(&ctx, &o), "kvsdk_context_create");
-  }
-  ~ContextHandle() { kvsdk_context_destroy(ctx); }
-};
 
 long to_long(const std::string& flag, const char* v) {
   char* end = nullptr;
@@ -63,7 +53,7 @@ int run_child(const ChildArgs& a) {
   const llama::Model model = llama::Model::load(a.model_path);
   std::unique_ptr<llama::Model> proxy;
   if (!a.proxy_model_path.empty()) proxy = std::make_unique<llama::Model>(llama::Model::load(a.proxy_model_path));
-  ContextHandle ctx(a.budget);
+  llama::ContextHandle ctx(a.budget);
   PolicyRunner runner(model, proxy.get(), ctx.ctx, a.snapshot, a.at);
   llama::Sampler sampler(a.temperature, a.rng_state);
   std::vector<float> logits(size_t(model.config().vocab_size));

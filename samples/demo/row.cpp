@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "context_handle.h"
 #include "error.h"
 #include "generate.h"
 #include "policy_runner.h"
@@ -14,17 +15,6 @@
 namespace demo {
 
 namespace {
-
-struct ContextHandle {
-  kvsdk_context* ctx = nullptr;
-  explicit ContextHandle(uint64_t budget) {
-    kvsdk_context_options o;
-    kvsdk_context_options_init(&o);
-    o.budget_bytes = budget;
-    llama::check(kvsdk_context_create(&ctx, &o), "kvsdk_context_create");
-  }
-  ~ContextHandle() { kvsdk_context_destroy(ctx); }
-};
 
 uint64_t file_size(const std::string& path) {
   struct stat st;
@@ -81,7 +71,7 @@ RowSpec parse_row_spec(const std::string& item, const std::string& default_budge
 }
 
 void run_reference(Setup* s) {
-  ContextHandle ctx(s->full_bytes);  // the full row's budget, so that its snapshot is this one
+  llama::ContextHandle ctx(s->full_bytes);  // the full row's budget, so that its snapshot is this one
   const kvsdk_policy full = policy_of(*s, "full");
   PolicyRunner r(*s->model, nullptr, ctx.ctx, full);
   std::vector<float> logits(vocab(*s));
@@ -116,7 +106,7 @@ Row run_row(const Setup& s, const RowSpec& spec) {
     // 1. The uninterrupted run: the policy's own text, its peak bytes and its decode speed.
     double seconds = 0;
     {
-      ContextHandle ctx(row.budget_bytes);
+      llama::ContextHandle ctx(row.budget_bytes);
       PolicyRunner r(*s.model, s.proxy, ctx.ctx, policy);
       row.generated = generate(s, r, nullptr, nullptr, &row.peak_bytes, &seconds);
       row.proxy_bytes = r.proxy_bytes();
@@ -128,7 +118,7 @@ Row run_row(const Setup& s, const RowSpec& spec) {
     ChildArgs child;
     std::vector<int> resumed;
     {
-      ContextHandle ctx(row.budget_bytes);
+      llama::ContextHandle ctx(row.budget_bytes);
       PolicyRunner r(*s.model, s.proxy, ctx.ctx, policy);
       resumed = generate(s, r, &s.snapshot, &child, nullptr, nullptr);
       const kvsdk_cache_stats st = r.stats();
@@ -154,7 +144,7 @@ Row run_row(const Setup& s, const RowSpec& spec) {
 
     // 3. Teacher-forced on the full cache's tokens: does the policy predict what full predicts?
     {
-      ContextHandle ctx(row.budget_bytes);
+      llama::ContextHandle ctx(row.budget_bytes);
       PolicyRunner r(*s.model, s.proxy, ctx.ctx, policy);
       std::vector<float> logits(vocab(s));
       r.prefill(s.prompt, logits.data());

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <memory>
 
+#include "context_handle.h"
 #include "error.h"
 #include "proxy_runner.h"
 #include "sampler.h"
@@ -13,17 +14,6 @@
 namespace eval {
 
 namespace {
-
-struct ContextHandle {
-  kvsdk_context* ctx = nullptr;
-  explicit ContextHandle(uint64_t budget) {
-    kvsdk_context_options o;
-    kvsdk_context_options_init(&o);
-    o.budget_bytes = budget;
-    llama::check(kvsdk_context_create(&ctx, &o), "kvsdk_context_create");
-  }
-  ~ContextHandle() { kvsdk_context_destroy(ctx); }
-};
 
 uint64_t cache_bytes(const llama::Session& s) {
   kvsdk_cache_stats st{};
@@ -128,7 +118,7 @@ Reference build_reference(const llama::Model& model, const std::vector<int>& tex
   Reference ref;
   ref.text = text;
   ref.schedule = schedule;
-  ContextHandle ctx(0);
+  llama::ContextHandle ctx(0);
   {
     llama::Session s(model, ctx.ctx, nullptr);
     std::vector<float> logits;
@@ -160,7 +150,7 @@ Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_po
   const size_t V = size_t(model.config().vocab_size);
   Outcome out;
   try {
-    ContextHandle ctx(budget_bytes);
+    llama::ContextHandle ctx(budget_bytes);
     {
       llama::Session s(model, ctx.ctx, &policy);
       std::unique_ptr<llama::ProxyRunner> proxy;
