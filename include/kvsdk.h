@@ -832,8 +832,9 @@ KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options *options);
  *  new one, never a mix. `options` may be NULL for defaults. Every policy and composition that
  *  kvsdk_cache_create accepts can be saved. The cache is not modified, but it remembers this
  *  save as the base of later kvsdk_cache_save_delta calls on `path`. Bookkeeping for that costs
- *  8 bytes of host memory per exact-tier row (token and KV head) and per layer held in
- *  compressed tiers, outside the budget. The file is created with mode 0600 (a conversation is
+ *  host memory outside the budget: 8 bytes per exact-tier row (token and KV head) and per
+ *  observation-window query, and for compressed tiers 8 bytes per 256 bytes of their stores
+ *  plus a few dozen bytes per stored buffer. The file is created with mode 0600 (a conversation is
  *  private data).
  *  Temporary files: on Linux, where the file system supports O_TMPFILE, the temporary file is
  *  unnamed while it is written, so a process killed meanwhile leaves nothing behind; it gets the
