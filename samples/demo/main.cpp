@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -67,15 +66,6 @@ void usage(std::FILE* f) {
                "  --quiet              print only the table\n"
                "  --verbose            also print every row's text\n",
                kDefaultRows);
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
 }
 
 int to_int(const std::string& flag, const std::string& v) {
@@ -206,7 +196,7 @@ int run_parent(const Options& o) {
   const llama::Tokenizer tok = llama::Tokenizer::load(tok_path, model.config().vocab_size);
 
   std::vector<demo::RowSpec> specs;
-  for (const std::string& item : split(o.rows)) specs.push_back(demo::parse_row_spec(item, o.budget));
+  for (const std::string& item : llama::split_list(o.rows)) specs.push_back(demo::parse_row_spec(item, o.budget));
   if (specs.empty()) throw llama::Error("--policy names no row");
 
   demo::Setup s;

@@ -9,11 +9,11 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "error.h"
+#include "generate.h"
 #include "fidelity.h"
 #include "model.h"
 #include "proxy_runner.h"
@@ -45,15 +45,6 @@ struct Options {
   bool mini_prefill = false;  // also run xkv with the XKV mini-prefill planner
   std::string proxy_model;    // smallkv's proxy; empty: llama::default_proxy_model
 };
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
 
 void usage(std::FILE* f) {
   std::fprintf(f,
@@ -93,11 +84,11 @@ Options parse(int argc, char** argv) {
       throw llama::Error("missing value after " + a);
     }
     const std::string v = argv[++i];
-    if (a == "--models") o.models = split(v);
-    else if (a == "--policies") o.policies = split(v);
+    if (a == "--models") o.models = llama::split_list(v);
+    else if (a == "--policies") o.policies = llama::split_list(v);
     else if (a == "--budgets") {
       o.budgets.clear();
-      for (const std::string& b : split(v)) {
+      for (const std::string& b : llama::split_list(v)) {
         const int pct = std::atoi(b.c_str());
         if (pct <= 0 || pct > 100) throw llama::Error("budget '" + b + "' is not in 1..100");
         o.budgets.push_back(pct);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <sstream>
 
 #include "error.h"
 
@@ -70,6 +71,15 @@ void resolve_model(const std::string& arg, const std::string& bundled_dir, const
   *model_path = is_path ? arg : bundled_dir + "/" + arg + ".bin";
   const std::string stem = model_path->substr(0, model_path->size() - 4);
   *tokenizer_path = stem + ".tok.bin";
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
 }
 
 }  // namespace llama

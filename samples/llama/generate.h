@@ -28,6 +28,9 @@ uint64_t full_cache_bytes_per_token(const Model& model);
 // Parses a budget: "N" bytes, or "P%" of `full_bytes`. Throws llama::Error on bad input.
 uint64_t parse_budget(const std::string& spec, uint64_t full_bytes);
 
+// The non-empty items of a comma-separated command-line list ("a,b,,c" -> a, b, c).
+std::vector<std::string> split_list(const std::string& s);
+
 // Resolves a model argument: a bundled name ("shakespeare-base"), "stories260K" (from
 // `shared_dir`/models), or a path to a .bin file; fills the tokenizer path beside it.
 void resolve_model(const std::string& arg, const std::string& bundled_dir, const std::string& shared_dir,
