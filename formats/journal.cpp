@@ -109,7 +109,7 @@ Fingerprints fingerprint_with(const Cache& cache, std::vector<std::vector<TierRe
   out.resize(size_t(g.n_layers) * g.n_kv_heads);
   for (uint32_t l = 0; l < g.n_layers; ++l) {
     for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
-      const ExactStore& e = cache.layer(l).heads[h];
+      const ExactStore& e = cache.exact_rows(l, h);
       std::vector<uint64_t>& f = out[size_t(l) * g.n_kv_heads + h];
       f.resize(e.size());
       for (size_t r = 0; r < e.size(); ++r) {
@@ -193,7 +193,7 @@ DeltaFrames build_delta(const Cache& cache, const JournalBase& base, uint64_t ma
     std::vector<uint16_t> k, v;
     for (const Entry& e : parts[part]) {
       const HeadPlan& p = plans[e.plan];
-      const ExactStore& s = cache.layer(p.layer).heads[p.head];
+      const ExactStore& s = cache.exact_rows(p.layer, p.head);
       pos.clear();
       k.clear();
       v.clear();

@@ -36,7 +36,7 @@ std::vector<std::vector<uint64_t>> window_fingerprints(const Cache& cache) {
   const size_t qe = g.q_elems_per_token();
   std::vector<std::vector<uint64_t>> out(g.n_layers);
   for (uint32_t l = 0; l < g.n_layers; ++l) {
-    const LayerState& L = cache.layer(l);
+    const LayerPolicyState& L = cache.layer(l);
     for (size_t i = 0; i < L.window_pos.size(); ++i) {
       const uint64_t seed = xxh64(&L.window_pos[i], sizeof(int32_t), 0x6b7677696e646f77ull);
       out[l].push_back(xxh64(L.window_q.data() + i * qe, qe * sizeof(float), seed));
@@ -54,7 +54,7 @@ flatbuffers::Offset<fb::PolicyState> build_policy_state(
       before ? window_fingerprints(cache) : std::vector<std::vector<uint64_t>>{};
   std::vector<flatbuffers::Offset<fb::LayerPolicyState>> layers;
   for (uint32_t l = 0; l < g.n_layers; ++l) {
-    const LayerState& L = cache.layer(l);
+    const LayerPolicyState& L = cache.layer(l);
     flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::HeadScores>>> scores = 0;
     if (!L.scores.empty()) {
       std::vector<flatbuffers::Offset<fb::HeadScores>> heads;
@@ -89,7 +89,7 @@ flatbuffers::Offset<fb::PolicyState> build_policy_state(
 void read_policy_state(const fb::PolicyState* st, const Geometry& g, const kvsdk_policy& p,
                        const std::vector<std::vector<uint64_t>>& rows,
                        std::vector<LayerState>& layers, PolicyRuntime& runtime) {
-  const bool h2o = p.method == KVSDK_METHOD_H2O;
+  const bool h2o = method_traits(p).scores_rows();
   const size_t qe = g.q_elems_per_token();
   PolicyRuntime rt;
   std::vector<std::vector<std::vector<float>>> scores(g.n_layers);
@@ -119,7 +119,7 @@ void read_policy_state(const fb::PolicyState* st, const Geometry& g, const kvsdk
         }
       }
       if (ls->window_queries() || ls->window_positions() || ls->window_reused()) {
-        if (!method_uses_window(p.method) || !ls->window_queries() || !ls->window_positions()) {
+        if (!method_traits(p).uses_window() || !ls->window_queries() || !ls->window_positions()) {
           bad("observation window for a policy without one");
         }
         const size_t fresh = ls->window_positions()->size();

@@ -9,7 +9,6 @@
 #include "core/exact_store.h"
 #include "core/policy.h"
 #include "core/positions.h"
-#include "core/quant_overlay.h"
 #include "core/representation.h"
 #include "journal.h"
 #include "kvsdk_generated.h"
@@ -147,12 +146,9 @@ void check_window_positions(const std::vector<LayerState>& layers) {
 void validate_replaced_records(const Snapshot& s, uint32_t l, uint64_t sequence) {
   if (l >= s.geometry.n_layers || !s.covered[l]) return;  // apply_delta / check_tier_record
   try {
-    if (quant_overlay(s.policy)) {
-      LayerState scratch;
-      quant_overlay_restore(scratch, l, s.geometry, s.policy, s.tiers[l]);
-    } else {
-      make_representation(s.geometry, s.policy)->restore(l, s.tiers[l]);
-    }
+    std::unique_ptr<Representation> scratch = make_representation(s.geometry, s.policy);
+    if (!scratch || !scratch->covers(l)) scratch = make_row_store(s.geometry, s.policy);
+    scratch->restore(l, s.tiers[l]);
   } catch (const Error& e) {
     fail(KVSDK_E_CORRUPT, "snapshot layer ", l, ": the records that journal delta ", sequence,
          " replaces are invalid: ", e.what());
@@ -225,10 +221,12 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
   s.layers.resize(g.n_layers);
   s.tiers.assign(g.n_layers, {});
   declared.assign(g.n_layers, {});
-  // Which layers the policy holds compressed: their rows come as tier records, not exact rows.
-  std::unique_ptr<Representation> repr;
+  // Which layers the policy holds in stores other than the exact tier: their rows come as store
+  // records, not exact rows.
+  std::unique_ptr<Representation> repr, rows;
   try {
     repr = make_representation(g, s.policy);
+    rows = make_row_store(g, s.policy);
   } catch (const Error& e) {
     fail(KVSDK_E_CORRUPT, "snapshot policy is invalid: ", e.what());
   }
@@ -242,8 +240,9 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
     }
     s.layers[l].heads.resize(g.n_kv_heads);
     s.layers[l].appended_tokens = li->appended_tokens();
-    // Layers with tier records: a representation's, or an eviction preset's KIVI overlay.
-    s.covered[l] = (repr && repr->covers(l)) || quant_overlay(s.policy);
+    // Layers with store records: a representation's, or the KIVI stores of a KIVI overlay.
+    const Representation& store = repr && repr->covers(l) ? *repr : *rows;
+    s.covered[l] = store.exact_rows(l, 0) == nullptr;
     if (s.covered[l]) {
       // Compressed rows cost what the writer counted (checked exactly when they are charged).
       uint64_t b = 0;

@@ -62,7 +62,7 @@ void write_tier_frame(FrameWriter& out, flatbuffers::FlatBufferBuilder& fbb, con
   fbb.Clear();
   std::vector<flatbuffers::Offset<fb::HeadRows>> heads;
   for (const RowSpan& s : spans) {
-    const ExactStore& e = cache.layer(layer).heads[s.head];
+    const ExactStore& e = cache.exact_rows(layer, s.head);
     const auto rows = fb::CreateExactRows(
         fbb, fbb.CreateVector(e.positions.data() + s.row_begin, s.rows),
         fbb.CreateVector(e.k.data() + s.row_begin * dim, s.rows * dim),
@@ -130,7 +130,7 @@ SaveParams save_params_from_c(const kvsdk_save_options* options) {
 }
 
 uint16_t format_major_for(const Cache& cache, bool any_tier) {
-  return any_tier || method_uses_window(cache.policy().method) ? kFormatMajor : kFormatMajorV1;
+  return any_tier || method_traits(cache.policy()).uses_window() ? kFormatMajor : kFormatMajorV1;
 }
 
 uint64_t snapshot_id_of(const Cache& cache, const std::vector<std::vector<uint64_t>>& rows) {
@@ -150,7 +150,7 @@ uint64_t snapshot_id_of(const Cache& cache, const std::vector<std::vector<uint64
   add_vec(rt.profile_shares);
   add_vec(rt.last_caps);
   for (uint32_t l = 0; l < cache.geometry().n_layers; ++l) {
-    const LayerState& L = cache.layer(l);
+    const LayerPolicyState& L = cache.layer(l);
     h.update(&L.appended_tokens, sizeof L.appended_tokens);
     for (const auto& s : L.scores) add_vec(s);
     add_vec(L.window_q);
@@ -198,7 +198,7 @@ uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t s
     std::vector<RowSpan> spans;
     uint64_t frame_bytes = 0;
     for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
-      const size_t n = cache.layer(l).heads[h].size();
+      const size_t n = cache.exact_rows(l, h).size();
       size_t r = 0;
       while (r < n) {
         uint64_t fit = (cap - std::min(cap, frame_bytes)) / row_bytes;

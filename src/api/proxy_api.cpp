@@ -14,7 +14,7 @@ KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache* cache, kvsdk_cache* pr
   return guard("kvsdk_cache_set_proxy", [&] {
     KVSDK_REQUIRE(cache != nullptr && cache->impl, "cache is NULL");
     Cache& c = *cache->impl;
-    if (c.policy().method != KVSDK_METHOD_SMALLKV) {
+    if (!method_traits(c.policy()).needs_proxy) {
       fail(KVSDK_E_UNSUPPORTED, "a proxy cache is SmallKV's; policy '", policy_spec(c.policy()),
            "' does not use one");
     }

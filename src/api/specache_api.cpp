@@ -23,7 +23,7 @@ Cache& impl(kvsdk_cache* cache) {
 // The SpeCache representation of `c`, or KVSDK_E_UNSUPPORTED naming what the call needs.
 const Representation& specache(const Cache& c, const char* what) {
   const Representation* r = c.representation();
-  if (c.policy().method != KVSDK_METHOD_SPECACHE || r == nullptr) {
+  if (!method_traits(c.policy()).prefetches || r == nullptr) {
     fail(KVSDK_E_UNSUPPORTED, what, " is SpeCache's; policy '", policy_spec(c.policy()),
          "' does not use it");
   }

@@ -10,14 +10,14 @@
 
 #include "core/context.h"
 #include "core/exact_store.h"
+#include "core/budget_reservation.h"
 #include "core/geometry.h"
+#include "core/method_traits.h"
+#include "core/representation.h"
 #include "core/tier_record.h"
-#include "kivi_store.h"
 #include "kvsdk.h"
 
 namespace kvsdk {
-
-class Representation;  // core/representation.h: compressed tiers of the covered layers
 
 // Cache-level state of the allocation stage (saved in snapshots with the per-layer state).
 struct PolicyRuntime {
@@ -27,18 +27,22 @@ struct PolicyRuntime {
   std::vector<uint64_t> last_caps;       // allocation of the last global compression
 };
 
-struct LayerState {
-  std::vector<ExactStore> heads;  // one per KV head
-  // Eviction presets with a KIVI overlay (e.g. xkv+kivi2; core/quant_overlay.h): the kept rows of
-  // each KV head, KIVI-quantized; `heads` then stays empty. Empty for every other policy.
-  std::vector<cpu::KiviHeadStore> quant;
+// Per-layer state of the importance stage, and the layer's counter of appended tokens.
+struct LayerPolicyState {
   uint64_t appended_tokens = 0;
-  // H2O: accumulated attention per stored row, parallel to heads[h] (empty for other methods).
+  // H2O: accumulated attention per stored row, parallel to the row store's rows of each KV head
+  // (empty for other methods).
   std::vector<std::vector<float>> scores;
   // Window methods (SnapKV/PyramidKV/XKV): the last obs_window observed queries of this layer,
   // f32 [n][n_q_heads * head_dim], with their positions. Charged as metadata.
   std::vector<float> window_q;
   std::vector<int32_t> window_pos;
+};
+
+// A layer as snapshots carry it: its policy state and its exact rows (one ExactStore per KV head;
+// empty for layers that other stores hold, whose rows travel as tier records).
+struct LayerState : LayerPolicyState {
+  std::vector<ExactStore> heads;
 };
 
 class Cache {
@@ -51,8 +55,8 @@ class Cache {
   // Snapshot restore (formats/): a cache holding `layers`, already validated against `geometry`,
   // with their bytes charged to `ctx`. Throws KVSDK_E_BUDGET (charging nothing) when they do not
   // fit. Defined in cache_restore.cpp.
-  // `tiers[l]` are the compressed-store records of layer l (Representation::save), empty for
-  // exact layers; they are validated here (KVSDK_E_CORRUPT).
+  // `tiers[l]` are the store records of layer l (Representation::save), empty for exact layers;
+  // they are validated here (KVSDK_E_CORRUPT).
   static std::unique_ptr<Cache> restore(std::shared_ptr<Context> ctx, const Geometry& geometry,
                                         const kvsdk_policy& policy,
                                         std::vector<LayerState> layers,
@@ -63,7 +67,11 @@ class Cache {
   const Geometry& geometry() const { return geometry_; }
   const kvsdk_policy& policy() const { return policy_; }
   const Context& context() const { return *ctx_; }
-  const LayerState& layer(uint32_t l) const { return layers_[l]; }
+  const LayerPolicyState& layer(uint32_t l) const { return layers_[l]; }
+  // The exact rows of one head (empty for layers another store holds); snapshots write them.
+  const ExactStore& exact_rows(uint32_t layer, uint32_t kv_head) const;
+  // Layer `l` as a snapshot carries it (a copy: tests and tools).
+  LayerState layer_image(uint32_t l) const;
 
   // Each throws kvsdk::Error and leaves the cache unchanged on failure.
   void append(uint32_t layer, size_t n_tokens, const void* k, const void* v,
@@ -95,9 +103,12 @@ class Cache {
 
   kvsdk_cache_stats stats() const;
   kvsdk_layer_stats layer_stats(uint32_t layer) const;
-  // The representation of the compressed layers, or null (full and eviction presets).
+  // The store of the compressed layers, or null (full and eviction presets).
   const Representation* representation() const { return repr_.get(); }
   Representation* representation() { return repr_.get(); }
+  // The store that holds `layer`: the representation where it covers the layer, else the row
+  // store of the exact tier (ExactRows, or KIVI stores under a KIVI overlay).
+  const Representation& store(uint32_t layer) const;
   // SpeCache: speculative queries of the next step for `layer` (host dtype, like attend).
   void prefetch(uint32_t layer, size_t n_queries, const void* q, const int32_t* q_positions);
   // Called by attend() once every KV head's attention succeeded, with the packed query rows of
@@ -112,44 +123,53 @@ class Cache {
   uint64_t charged_bytes() const { return charged_; }
 
  private:
+  Representation& store(uint32_t layer);
   void check_layer(uint32_t layer) const;
   bool covered(uint32_t layer) const;
+  BudgetReservation reservation() { return BudgetReservation(*ctx_, charged_, cache_budget_); }
   // The queries of KV head `kv_head`'s group as f32 rows [n_queries * group][head_dim].
   void pack_queries(uint32_t kv_head, size_t n_queries, const void* q, const int32_t* q_positions,
                     float* q_rows, int32_t* row_pos) const;
-  // Layers held by the representation: budget reserved first (cache.cpp).
-  void append_represented(uint32_t layer, size_t n_tokens, const void* k, const void* v,
-                          const int32_t* positions);
+  // Appends to a layer that no selection stage evicts: the store's growth bound reserved first.
+  void append_stored(uint32_t layer, size_t n_tokens, const void* k, const void* v,
+                     const int32_t* positions);
+  uint64_t stored_bytes() const;  // the stores' bytes over every layer
   void layer_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) const;
 
   // Compression internals (cache_compress.cpp).
-  struct Incoming;  // tokens of an append not stored yet, read from the caller's buffers
+  using Incoming = Representation::IncomingRows;  // with the layer it goes to
+  struct Append {
+    uint32_t layer;
+    Incoming rows;
+  };
   using HeadScores = std::vector<std::vector<float>>;  // per KV head; empty = recency only
   void append_compressing(uint32_t layer, size_t n_tokens, const void* k, const void* v,
                           const int32_t* positions);
+  uint64_t score_bytes_per_row() const;  // H2O's accumulated score
   uint64_t fixed_bytes() const;
   uint64_t target_bytes() const;
-  uint64_t layer_length(uint32_t layer, const Incoming* in) const;
+  uint64_t layer_length(uint32_t layer, const Append* in) const;
   uint64_t protected_rows(uint32_t layer, uint64_t length) const;
-  HeadScores layer_scores(uint32_t layer, const Incoming* in) const;
+  HeadScores layer_scores(uint32_t layer, const Append* in) const;
   std::vector<float> importance_vector(uint32_t layer, const HeadScores& scores,
                                        uint64_t length) const;
-  std::vector<uint64_t> plan_caps(uint64_t capacity, const Incoming* in,
+  std::vector<uint64_t> plan_caps(uint64_t capacity, const Append* in,
                                   std::vector<HeadScores>& scores,
                                   std::vector<bool>& scored) const;
-  // Returns false (nothing changed) only for a KIVI overlay whose exact bytes after the eviction
-  // would exceed the budget; fit_caps() then shrinks the caps and retries.
-  // `needed` receives the bytes the eviction would have needed. Other policies throw as before.
-  bool apply_caps(const std::vector<uint64_t>& caps, const Incoming* in,
+  // Returns false (nothing changed) only for a row store whose per-token bytes are an estimate
+  // (KIVI) when the eviction would exceed the budget; fit_caps() then shrinks the caps and
+  // retries. `needed` receives the bytes the eviction would have needed. Otherwise throws
+  // KVSDK_E_BUDGET when the caps do not fit.
+  bool apply_caps(const std::vector<uint64_t>& caps, const Append* in,
                   std::vector<HeadScores>& scores, std::vector<bool>& scored, uint64_t target,
                   uint64_t* needed);
-  void fit_caps(std::vector<uint64_t>& caps, const Incoming* in, std::vector<HeadScores>& scores,
+  void fit_caps(std::vector<uint64_t>& caps, const Append* in, std::vector<HeadScores>& scores,
                 std::vector<bool>& scored, uint64_t target);
   uint64_t capacity_for(uint64_t bytes) const;  // layer-tokens `bytes` can hold
   void compress_to(uint64_t target);
   bool reserve(uint64_t bytes);
-  bool uses_window() const;
-  bool evicts() const;  // an exact-tier eviction preset
+  // Whether the selection stage evicts the rows of `layer` (an eviction preset's row store).
+  bool selects(uint32_t layer) const;
 
   uint64_t cache_budget_ = 0;           // 0 = only the context budget applies
   std::vector<uint64_t> fixed_alloc_;   // host-set allocation (planner), tokens per layer
@@ -160,8 +180,10 @@ class Cache {
   std::shared_ptr<Context> ctx_;
   Geometry geometry_;
   kvsdk_policy policy_;
-  std::vector<LayerState> layers_;
-  std::unique_ptr<Representation> repr_;  // null: every layer is exact
+  const MethodTraits& traits_;
+  std::vector<LayerPolicyState> layers_;
+  std::unique_ptr<Representation> repr_;  // the compressed layers' store; null: none
+  std::unique_ptr<Representation> rows_;  // the exact tier's row store (the other layers)
   AttentionTap attention_tap_;
   uint64_t charged_ = 0;  // bytes this cache holds charged to ctx_
 };

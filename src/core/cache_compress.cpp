@@ -14,7 +14,6 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/policy.h"
-#include "core/quant_overlay.h"
 #include "core/representation.h"
 #include "policy/allocation.h"
 #include "policy/importance.h"
@@ -22,52 +21,29 @@
 
 namespace kvsdk {
 
-struct Cache::Incoming {
-  uint32_t layer;
-  size_t n;
-  const void* k;
-  const void* v;
-  const int32_t* positions;
-};
-
 namespace {
 
 constexpr uint64_t kUnlimited = std::numeric_limits<uint64_t>::max();
 
 }  // namespace
 
-bool Cache::evicts() const {
-  // The exact-tier eviction presets of src/policy. Representations that evict do it themselves
-  // (Representation::plan_eviction). SpindleKV evicts here too, in the layers its codebooks do not
-  // cover.
-  const int32_t m = policy_.method;
-  return m == KVSDK_METHOD_STREAMING_LLM || m == KVSDK_METHOD_H2O || m == KVSDK_METHOD_SNAPKV ||
-         m == KVSDK_METHOD_PYRAMIDKV || m == KVSDK_METHOD_XKV || m == KVSDK_METHOD_SPINDLEKV;
-}
-
-bool Cache::uses_window() const { return method_uses_window(policy_.method); }
+uint64_t Cache::score_bytes_per_row() const { return traits_.scores_rows() ? sizeof(float) : 0; }
 
 uint64_t Cache::token_bytes() const {
-  // Per KV head: f16 key + value, the int32 position, and H2O's f32 accumulated score.
-  const uint64_t score = policy_.method == KVSDK_METHOD_H2O ? sizeof(float) : 0;
-  if (quant_overlay(policy_)) {  // KIVI overlay: a fully quantized row (an estimate)
-    return quant_overlay_token_bytes(geometry_, policy_) + geometry_.n_kv_heads * score;
-  }
-  return uint64_t(geometry_.n_kv_heads) *
-         (ExactStore::bytes_per_token(geometry_.head_dim) + score);
+  // Per KV head: the row store's row (f16 key + value and the int32 position, or a fully
+  // quantized KIVI row: an estimate) and H2O's f32 accumulated score.
+  return rows_->layer_token_bytes(score_bytes_per_row());
 }
 
 uint64_t Cache::capacity_for(uint64_t bytes) const {
-  if (!quant_overlay(policy_)) return bytes / token_bytes();  // exact
-  // KIVI overlay: the residual windows cost the exact rate (an estimate; apply_caps checks the
-  // real bytes and fit_caps shrinks the caps when it was too optimistic).
-  const uint64_t score = policy_.method == KVSDK_METHOD_H2O ? sizeof(float) : 0;
-  return quant_overlay_capacity(bytes, geometry_, policy_, score);
+  // Exact for exact rows; for KIVI rows an estimate (apply_caps checks the real bytes and fit_caps
+  // shrinks the caps when it was too optimistic).
+  return rows_->layer_token_capacity(bytes, score_bytes_per_row());
 }
 
 uint64_t Cache::fixed_bytes() const {
   uint64_t b = 0;
-  for (const LayerState& L : layers_) b += L.window_q.size() * 4 + L.window_pos.size() * 4;
+  for (const LayerPolicyState& L : layers_) b += L.window_q.size() * 4 + L.window_pos.size() * 4;
   // Layers a representation covers are not evicted here (their exact stores are empty, so their
   // length and cap are 0): their bytes are fixed, and the token capacity is what they leave.
   for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
@@ -89,19 +65,16 @@ uint64_t Cache::token_capacity() const {
   return target > fixed ? capacity_for(target - fixed) : 0;
 }
 
-bool Cache::reserve(uint64_t bytes) {
-  if (cache_budget_ && (bytes > cache_budget_ || charged_ > cache_budget_ - bytes)) return false;
-  return ctx_->try_reserve(bytes);
-}
-
 uint64_t Cache::protected_rows(uint32_t /*layer*/, uint64_t length) const {
   // SnapKV keeps the observation window itself: the newest obs_window rows (whatever number of
   // window queries the budget let the layer hold).
   return std::min<uint64_t>(uint64_t(policy_.obs_window), length);
 }
 
-uint64_t Cache::layer_length(uint32_t layer, const Incoming* in) const {
-  return held_rows(layers_[layer], 0) + (in && in->layer == layer ? in->n : 0);
+uint64_t Cache::layer_length(uint32_t layer, const Append* in) const {
+  // Rows the selection stage chooses from: the row store's (none where a representation holds
+  // the layer), then an append's.
+  return rows_->head_tokens(layer, 0) + (in && in->layer == layer ? in->rows.n : 0);
 }
 
 std::vector<uint64_t> Cache::allocation() const {
@@ -122,13 +95,13 @@ void Cache::restore_policy_runtime(PolicyRuntime rt) {
 }
 
 // Scores of every candidate row (stored rows, then the incoming ones) per KV head.
-Cache::HeadScores Cache::layer_scores(uint32_t layer, const Incoming* in) const {
-  const LayerState& L = layers_[layer];
+Cache::HeadScores Cache::layer_scores(uint32_t layer, const Append* in) const {
+  const LayerPolicyState& L = layers_[layer];
   const uint32_t dim = geometry_.head_dim;
-  const size_t held = held_rows(L, 0);
+  const size_t held = rows_->head_tokens(layer, 0);
   const size_t n = layer_length(layer, in);
   HeadScores out;
-  if (policy_.method == KVSDK_METHOD_H2O) {
+  if (traits_.scores_rows()) {
     out.resize(geometry_.n_kv_heads);
     for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
       out[h] = L.scores[h];
@@ -136,22 +109,22 @@ Cache::HeadScores Cache::layer_scores(uint32_t layer, const Incoming* in) const 
     }
     return out;
   }
-  if (!uses_window() || L.window_pos.empty() || n == 0) return out;  // recency only
+  if (!traits_.uses_window() || L.window_pos.empty() || n == 0) return out;  // recency only
   const policy::QueryBlock window{L.window_q.data(), L.window_pos.data(), L.window_pos.size()};
   const size_t prot = size_t(protected_rows(layer, n));
   out.resize(geometry_.n_kv_heads);
   std::vector<int32_t> pos(n);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-    std::copy_n(held_positions(L, h), held, pos.begin());
-    if (n > held) std::copy_n(in->positions, in->n, pos.begin() + held);
+    std::copy_n(rows_->row_positions(layer, h), held, pos.begin());
+    if (n > held) std::copy_n(in->rows.positions, in->rows.n, pos.begin() + held);
     const size_t row = geometry_.kv_elems_per_token();
     auto load = [&](size_t first, size_t count, float* dst) {
       // Held rows as attention sees them (dequantized under a KIVI overlay), then incoming rows.
       const size_t from_held = first < held ? std::min(count, held - first) : 0;
-      if (from_held) load_held_keys(L, h, dim, first, from_held, dst);
+      if (from_held) rows_->load_keys(layer, h, first, from_held, dst);
       dst += from_held * dim;
       for (size_t t = first + from_held; t < first + count; ++t, dst += dim) {
-        load_f32(geometry_.dtype, in->k, (t - held) * row + size_t(h) * dim, dim, dst);
+        load_f32(geometry_.dtype, in->rows.k, (t - held) * row + size_t(h) * dim, dim, dst);
       }
     };
     std::vector<float> raw = policy::window_scores(window, geometry_, h, load, pos.data(), n);
@@ -176,7 +149,7 @@ std::vector<float> Cache::importance_vector(uint32_t layer, const HeadScores& sc
   return w;
 }
 
-std::vector<uint64_t> Cache::plan_caps(uint64_t capacity, const Incoming* in,
+std::vector<uint64_t> Cache::plan_caps(uint64_t capacity, const Append* in,
                                        std::vector<HeadScores>& scores,
                                        std::vector<bool>& scored) const {
   const uint32_t n_layers = geometry_.n_layers;
@@ -187,11 +160,11 @@ std::vector<uint64_t> Cache::plan_caps(uint64_t capacity, const Incoming* in,
   }
   if (!fixed_alloc_.empty()) return fixed_alloc_;
   if (!profile_shares_.empty()) return policy::allocate_by_shares(profile_shares_, capacity);
-  switch (policy_.method) {
-    case KVSDK_METHOD_PYRAMIDKV:
+  switch (traits_.allocation) {
+    case Allocation::kPyramid:
       return policy::allocate_pyramid(lengths, prot, capacity, policy_.schedule_alpha,
                                       policy_.schedule_beta);
-    case KVSDK_METHOD_SPINDLEKV: {
+    case Allocation::kPyramidUncovered: {
       // SpindleKV §3.3, Eq. (5) and (6) over the deep (evicting) layers only: layer 0 of the
       // schedule is the boundary layer. Codebook layers keep their (empty) exact length.
       std::vector<uint64_t> deep_len, deep_prot;
@@ -206,7 +179,7 @@ std::vector<uint64_t> Cache::plan_caps(uint64_t capacity, const Incoming* in,
       }
       return caps;
     }
-    case KVSDK_METHOD_XKV: {
+    case Allocation::kXkv: {
       const uint64_t total_prot = std::accumulate(prot.begin(), prot.end(), uint64_t(0));
       if (capacity <= total_prot) return policy::allocate_uniform(prot, capacity);
       std::vector<std::vector<float>> w(n_layers);
@@ -218,18 +191,35 @@ std::vector<uint64_t> Cache::plan_caps(uint64_t capacity, const Incoming* in,
       for (uint32_t l = 0; l < n_layers; ++l) caps[l] += prot[l];
       return caps;
     }
-    default:
-      return policy::allocate_uniform(lengths, capacity);
+    case Allocation::kUniform:
+      break;
   }
+  return policy::allocate_uniform(lengths, capacity);
 }
 
-bool Cache::apply_caps(const std::vector<uint64_t>& caps, const Incoming* in,
+namespace {
+
+// Drops the row store's planned selection unless it was committed.
+struct PlannedKeep {
+  Representation& store;
+  bool pending = true;
+  ~PlannedKeep() {
+    if (pending) store.drop_keep();
+  }
+  void commit() noexcept {
+    store.commit_keep();
+    pending = false;
+  }
+};
+
+}  // namespace
+
+bool Cache::apply_caps(const std::vector<uint64_t>& caps, const Append* in,
                        std::vector<HeadScores>& scores, std::vector<bool>& scored,
                        uint64_t target, uint64_t* needed) {
   const uint32_t n_layers = geometry_.n_layers;
   const uint32_t n_heads = geometry_.n_kv_heads;
-  const uint32_t dim = geometry_.head_dim;
-  // 1. Plan: which rows every head keeps (nothing changes yet).
+  // 1. Select: which rows every head keeps (nothing changes yet).
   std::vector<std::vector<std::vector<uint32_t>>> keep(n_layers);
   uint64_t new_tokens = 0;
   for (uint32_t l = 0; l < n_layers; ++l) {
@@ -243,130 +233,79 @@ bool Cache::apply_caps(const std::vector<uint64_t>& caps, const Incoming* in,
     for (uint32_t h = 0; h < n_heads; ++h) {
       const float* sc = scores[l].empty() ? nullptr : scores[l][h].data();
       size_t sinks = 0, recent = size_t(k);
-      switch (policy_.method) {
-        case KVSDK_METHOD_STREAMING_LLM:
+      switch (traits_.selection) {
+        case Selection::kSinksAndRecent:
           sinks = size_t(policy_.sink_tokens);
           break;
-        case KVSDK_METHOD_H2O: {
+        case Selection::kHeavyHitters: {
           sinks = std::min<size_t>(size_t(policy_.sink_tokens), size_t(k));
           const size_t heavy = size_t(double(policy_.heavy_ratio) * double(k - sinks));
           recent = size_t(k) - sinks - heavy;
           break;
         }
-        default:  // window methods: the rows of the observation window stay
+        case Selection::kObservationWindow:  // the rows of the observation window stay
           if (sc) recent = size_t(protected_rows(l, n));
+          break;
+        case Selection::kNone:
           break;
       }
       keep[l][h] = policy::select_keep(size_t(n), size_t(k), sinks, recent, sc);
     }
   }
-  // 2. Charge: bytes grow only after the budget accepted them.
-  uint64_t new_bytes = new_tokens * token_bytes() + fixed_bytes();
-  const bool overlay = quant_overlay(policy_);
-  std::vector<std::vector<cpu::KiviHeadStore>> built(overlay ? n_layers : 0);
-  if (overlay) {
-    // KIVI overlay: the bytes depend on the data (residual windows, ragged blocks), so build the
-    // new stores aside (nothing changes yet) and count them exactly.
-    const uint64_t score = policy_.method == KVSDK_METHOD_H2O ? sizeof(float) : 0;
-    new_bytes = fixed_bytes() + new_tokens * n_heads * score;
-    for (uint32_t l = 0; l < n_layers; ++l) {
-      if (keep[l].empty()) {
-        new_bytes += quant_overlay_bytes(layers_[l]);
-        continue;
-      }
-      const bool here = in && in->layer == l;
-      for (uint32_t h = 0; h < n_heads; ++h) {
-        built[l].push_back(quant_overlay_kept(layers_[l].quant[h], keep[l][h], geometry_, h,
-                                              here ? in->k : nullptr, here ? in->v : nullptr,
-                                              here ? in->positions : nullptr));
-        new_bytes += built[l].back().bytes().total();
-      }
+  // 2. Plan the row store's change aside and count its bytes exactly.
+  PlannedKeep plan{*rows_};
+  uint64_t new_bytes = fixed_bytes() + new_tokens * n_heads * score_bytes_per_row();
+  for (uint32_t l = 0; l < n_layers; ++l) {
+    if (keep[l].empty()) {
+      new_bytes += rows_->layer_bytes(l);
+      continue;
     }
+    new_bytes += rows_->plan_keep(l, keep[l], in && in->layer == l ? &in->rows : nullptr);
+  }
+  if (rows_->token_bytes_estimated()) {
     if (needed) *needed = new_bytes;
     if (new_bytes > target) return false;
   }
-  if (new_bytes > charged_) {
-    if (!reserve(new_bytes - charged_)) {
-      fail(KVSDK_E_BUDGET, "the compressed cache needs ", new_bytes, " bytes but only ",
-           target_bytes(), " are available to it (budget too small for the policy's minimum)");
-    }
+  // 3. Charge: bytes grow only after the budget accepted them.
+  BudgetReservation r = reservation();
+  if (new_bytes > charged_ && !r.reserve(new_bytes - charged_)) {
+    fail(KVSDK_E_BUDGET, "the compressed cache needs ", new_bytes, " bytes but only ",
+         target_bytes(), " are available to it (budget too small for the policy's minimum)");
   }
-  try {
-    for (uint32_t l = 0; l < n_layers; ++l) {
-      if (keep[l].empty()) continue;
-      for (uint32_t h = 0; h < n_heads; ++h) {
-        ExactStore& s = layers_[l].heads[h];
-        const size_t k = keep[l][h].size();
-        if (!overlay) {  // (an overlay's ExactStores stay empty)
-          s.positions.reserve(k);
-          s.k.reserve(k * dim);
-          s.v.reserve(k * dim);
-        }
-        if (!layers_[l].scores.empty()) layers_[l].scores[h].reserve(k);
-      }
-    }
-  } catch (...) {
-    if (new_bytes > charged_) ctx_->release(new_bytes - charged_);
-    throw;
-  }
-  // 3. Mutate (no allocation from here on): compact kept rows in order, then add the kept
-  // incoming rows read from the caller's buffers.
-  const size_t row = geometry_.kv_elems_per_token();
   for (uint32_t l = 0; l < n_layers; ++l) {
-    if (keep[l].empty()) continue;
-    LayerState& L = layers_[l];
+    if (keep[l].empty() || layers_[l].scores.empty()) continue;
+    for (uint32_t h = 0; h < n_heads; ++h) layers_[l].scores[h].reserve(keep[l][h].size());
+  }
+  // 4. Mutate (no allocation from here on): the row store keeps the selected rows, and H2O's
+  // scores follow them (kept incoming rows start at 0: nothing attended to them yet).
+  plan.commit();
+  for (uint32_t l = 0; l < n_layers; ++l) {
+    if (keep[l].empty() || layers_[l].scores.empty()) continue;
     for (uint32_t h = 0; h < n_heads; ++h) {
-      ExactStore& s = L.heads[h];
-      std::vector<float>* sc = L.scores.empty() ? nullptr : &L.scores[h];
-      if (overlay) {  // the new store was built above; compact the scores alongside
-        const size_t held = L.quant[h].size();
-        size_t j = 0;
-        for (uint32_t i : keep[l][h]) {
-          if (sc && i < held) (*sc)[j++] = (*sc)[i];
-        }
-        if (sc) sc->resize(j);
-        if (sc) sc->resize(keep[l][h].size(), 0.0f);  // reserved above: no allocation
-        L.quant[h] = std::move(built[l][h]);
-        continue;
-      }
-      const size_t held = s.size();
+      std::vector<float>& sc = layers_[l].scores[h];
+      const size_t held = sc.size();
       size_t j = 0;
       for (uint32_t i : keep[l][h]) {
-        if (i >= held) break;
-        if (i != j) {
-          s.positions[j] = s.positions[i];
-          std::copy_n(s.k.data() + size_t(i) * dim, dim, s.k.data() + j * dim);
-          std::copy_n(s.v.data() + size_t(i) * dim, dim, s.v.data() + j * dim);
-          if (sc) (*sc)[j] = (*sc)[i];
-        }
-        ++j;
+        if (i < held) sc[j++] = sc[i];
       }
-      s.positions.resize(j);
-      s.k.resize(j * dim);
-      s.v.resize(j * dim);
-      if (sc) sc->resize(j);
-      for (uint32_t i : keep[l][h]) {
-        if (i < held) continue;
-        const size_t t = i - held;
-        s.positions.push_back(in->positions[t]);
-        s.k.resize(s.k.size() + dim);
-        s.v.resize(s.v.size() + dim);
-        load_f16(geometry_.dtype, in->k, t * row + size_t(h) * dim, dim, s.k.data() + s.k.size() - dim);
-        load_f16(geometry_.dtype, in->v, t * row + size_t(h) * dim, dim, s.v.data() + s.v.size() - dim);
-        if (sc) sc->push_back(0.0f);
-      }
+      sc.resize(j);
+      sc.resize(keep[l][h].size(), 0.0f);
     }
   }
-  if (in) layers_[in->layer].appended_tokens += in->n;
-  if (new_bytes < charged_) ctx_->release(charged_ - new_bytes);
-  charged_ = new_bytes;
+  if (in) layers_[in->layer].appended_tokens += in->rows.n;
+  if (new_bytes >= charged_) {
+    r.commit();
+  } else {
+    ctx_->release(charged_ - new_bytes);
+    charged_ = new_bytes;
+  }
   return true;
 }
 
-void Cache::fit_caps(std::vector<uint64_t>& caps, const Incoming* in,
+void Cache::fit_caps(std::vector<uint64_t>& caps, const Append* in,
                      std::vector<HeadScores>& scores, std::vector<bool>& scored, uint64_t target) {
-  // Only a KIVI overlay can miss (its per-token cost is an estimate: residual windows, ragged key
-  // blocks). Then every layer's cap shrinks in proportion to the overshoot and the eviction is
+  // Only a row store whose per-token cost is an estimate can miss (KIVI: residual windows, ragged
+  // key blocks). Then every layer's cap shrinks in proportion to the overshoot and the eviction is
   // planned again; each round drops at least 5% of the rows (and at least one), so this ends, at
   // worst with no rows, which fits whenever the fixed bytes do.
   for (;;) {
@@ -392,7 +331,7 @@ void Cache::fit_caps(std::vector<uint64_t>& caps, const Incoming* in,
 
 void Cache::append_compressing(uint32_t layer, size_t n_tokens, const void* k, const void* v,
                                const int32_t* positions) {
-  const Incoming in{layer, n_tokens, k, v, positions};
+  const Append in{layer, Incoming{k, v, positions, n_tokens}};
   const uint32_t n_layers = geometry_.n_layers;
   std::vector<HeadScores> scores(n_layers);
   std::vector<bool> scored(n_layers, false);
@@ -430,7 +369,7 @@ void Cache::append_compressing(uint32_t layer, size_t n_tokens, const void* k, c
 }
 
 void Cache::compress_to(uint64_t target) {
-  if (!evicts()) {
+  if (!traits_.evicts()) {
     if (repr_ && charged_ > target) {
       // An evicting representation (SmallKV) plans aside; the plan is committed only when it
       // meets the target, so a refusal keeps every row.
@@ -493,7 +432,7 @@ void Cache::set_allocation(const std::vector<uint64_t>& tokens) {
       fail(KVSDK_E_BUDGET, "the allocation needs ", sum, " layer-tokens but the budget holds ",
            cap);
     }
-    if (!evicts()) {
+    if (!traits_.evicts()) {
       fail(KVSDK_E_UNSUPPORTED, "policy '", policy_spec(policy_), "' has no per-layer "
            "allocation; an allocation needs an eviction preset");
     }
@@ -513,7 +452,7 @@ void Cache::set_profile_shares(const std::vector<double>& shares) {
   if (!shares.empty()) {
     KVSDK_REQUIRE(shares.size() == geometry_.n_layers, "the profile has ", shares.size(),
                   " layers but the geometry has ", geometry_.n_layers);
-    if (!evicts()) {
+    if (!traits_.evicts()) {
       fail(KVSDK_E_UNSUPPORTED, "policy '", policy_spec(policy_),
            "' has no per-layer allocation; a profile needs an eviction preset");
     }
@@ -530,15 +469,15 @@ void Cache::set_profile_shares(const std::vector<double>& shares) {
 
 void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32_t* q_positions) {
   check_layer(layer);
-  const bool h2o = policy_.method == KVSDK_METHOD_H2O;
-  if (!h2o && !uses_window()) return;  // full and streaming_llm use no attention signal
-  if (covered(layer)) return;  // SpindleKV's codebook layers never evict: no window to keep
+  const bool h2o = traits_.scores_rows();
+  if (!h2o && !traits_.uses_window()) return;  // no attention signal (full, streaming_llm, ...)
+  if (!selects(layer)) return;  // SpindleKV's codebook layers never evict: no window to keep
   const size_t qe = geometry_.q_elems_per_token();
   std::vector<float> rows(n_queries * qe);
   load_f32(geometry_.dtype, q, 0, rows.size(), rows.data());
   std::vector<int32_t> pos(n_queries, std::numeric_limits<int32_t>::max());
   if (q_positions) std::copy_n(q_positions, n_queries, pos.begin());
-  LayerState& L = layers_[layer];
+  LayerPolicyState& L = layers_[layer];
   if (h2o) {
     const policy::QueryBlock qb{rows.data(), pos.data(), n_queries};
     const uint32_t dim = geometry_.head_dim;
@@ -546,10 +485,10 @@ void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32
     std::vector<std::vector<float>> updated(L.scores);
     for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
       auto load = [&](size_t first, size_t count, float* dst) {
-        load_held_keys(L, h, dim, first, count, dst);  // dequantized under a KIVI overlay
+        rows_->load_keys(layer, h, first, count, dst);  // dequantized under a KIVI overlay
       };
-      policy::h2o_accumulate(qb, geometry_, h, load, held_positions(L, h), held_rows(L, h),
-                             updated[h].data());
+      policy::h2o_accumulate(qb, geometry_, h, load, rows_->row_positions(layer, h),
+                             rows_->head_tokens(layer, h), updated[h].data());
     }
     L.scores.swap(updated);
     return;
@@ -580,26 +519,24 @@ void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32
       wp.push_back(pos[i - old_n]);
     }
   }
+  BudgetReservation r = reservation();
   if (new_n > old_n) {
     const uint64_t delta = (new_n - old_n) * row_bytes;
-    if (!reserve(delta)) {
+    if (!r.reserve(delta)) {
       // Make room by evicting tokens, then charge the larger window.
       const uint64_t target = target_bytes();
       if (target < delta) fail(KVSDK_E_BUDGET, "the observation window does not fit the budget");
       compress_to(target - delta);
-      if (!reserve(delta)) {
+      if (!r.reserve(delta)) {
         fail(KVSDK_E_BUDGET, "the observation window (", delta, " more bytes) does not fit the ",
              "budget even after compression");
       }
     }
-    charged_ += delta;
-  } else if (new_n < old_n) {
-    const uint64_t freed = (old_n - new_n) * row_bytes;
-    ctx_->release(freed);
-    charged_ -= freed;
   }
+  const uint64_t before = (old_n) * row_bytes;
   L.window_q.swap(wq);
   L.window_pos.swap(wp);
+  r.settle(before, new_n * row_bytes);
 }
 
 }  // namespace kvsdk

@@ -1,4 +1,4 @@
-// The restore path of Cache used by snapshot loading (formats/): adopts validated tier data and
+// The restore path of Cache used by snapshot loading (formats/): adopts validated store data and
 // charges it to the context budget. Kept apart from cache.cpp so the cache's hot paths and the
 // snapshot code change independently.
 #include <memory>
@@ -6,9 +6,6 @@
 
 #include "core/cache.h"
 #include "core/error.h"
-#include "core/policy.h"
-#include "core/quant_overlay.h"
-#include "core/representation.h"
 
 namespace kvsdk {
 
@@ -28,46 +25,14 @@ std::unique_ptr<Cache> Cache::restore(std::shared_ptr<Context> ctx, const Geomet
     fail(KVSDK_E_INTERNAL, "restore: tier records for ", tiers.size(), " layers");
   }
   auto cache = std::make_unique<Cache>(std::move(ctx), geometry, policy);
-  const bool overlay = quant_overlay(policy);
-  if (overlay && tiers.empty()) {
-    // A KIVI overlay (core/quant_overlay.h) keeps its rows in LayerState::quant, which the caller
-    // must have restored (quant_overlay_restore); exact rows would be ignored, so refuse them.
-    for (const LayerState& l : layers) {
-      if (l.quant.size() != geometry.n_kv_heads) {
-        fail(KVSDK_E_UNSUPPORTED, "restore: policy '", policy_spec(policy), "' keeps its rows in "
-             "KIVI overlay stores, which this snapshot does not have");
-      }
-      for (const ExactStore& h : l.heads) {
-        if (h.size() != 0) fail(KVSDK_E_CORRUPT, "restore: exact rows in a KIVI overlay cache");
-      }
-    }
-  }
-  cache->layers_ = std::move(layers);
   for (uint32_t l = 0; l < geometry.n_layers; ++l) {
     static const std::vector<TierRecord> kNone;
-    const std::vector<TierRecord>& records = tiers.empty() ? kNone : tiers[l];
-    if (overlay && !tiers.empty()) {
-      // KIVI overlay of an eviction preset: the layer's rows are its KIVI stores' records.
-      for (const ExactStore& h : cache->layers_[l].heads) {
-        if (h.size() != 0) fail(KVSDK_E_CORRUPT, "snapshot: exact rows in a KIVI overlay cache");
-      }
-      quant_overlay_restore(cache->layers_[l], l, geometry, policy, records);
-      continue;
-    }
-    if (!cache->covered(l)) {
-      if (!records.empty()) {
-        fail(KVSDK_E_CORRUPT, "snapshot layer ", l, " has compressed-tier records, but policy '",
-             policy_spec(policy), "' keeps it exact");
-      }
-      continue;
-    }
-    for (const ExactStore& h : cache->layers_[l].heads) {
-      if (h.size() != 0) {
-        fail(KVSDK_E_CORRUPT, "snapshot layer ", l, " has exact rows, but policy '",
-             policy_spec(policy), "' holds it compressed");
-      }
-    }
-    cache->repr_->restore(l, records);
+    // Each layer's store takes what a snapshot holds for it: exact rows (the exact tier; any other
+    // store refuses them) and store records (validated; the exact tier refuses them).
+    Representation& s = cache->store(l);
+    s.restore_exact(l, std::move(layers[l].heads));
+    s.restore(l, tiers.empty() ? kNone : tiers[l]);
+    static_cast<LayerPolicyState&>(cache->layers_[l]) = std::move(layers[l]);
   }
   // The same per-tier accounting as stats(), so a restored cache is charged what it reports.
   uint64_t bytes = 0;

@@ -4,24 +4,10 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/method_traits.h"
 #include "core/options.h"
 
 namespace kvsdk {
-
-namespace {
-
-const char* const kMethodNames[KVSDK_METHOD_COUNT] = {
-    "full", "streaming_llm", "h2o", "snapkv", "pyramidkv", "xkv",
-    "kivi", "spindlekv", "minicache", "smallkv", "specache"};
-
-}  // namespace
-
-bool method_valid(int32_t method) { return method >= 0 && method < KVSDK_METHOD_COUNT; }
-
-bool method_uses_window(int32_t m) {
-  return m == KVSDK_METHOD_SNAPKV || m == KVSDK_METHOD_PYRAMIDKV || m == KVSDK_METHOD_XKV ||
-         m == KVSDK_METHOD_SPINDLEKV;
-}
 
 kvsdk_policy policy_defaults(kvsdk_method method) {
   kvsdk_policy p{};
@@ -43,7 +29,7 @@ kvsdk_policy policy_defaults(kvsdk_method method) {
   p.retain_ratio = 0.05f;     // MiniCache: ~5% of tokens per head stay unmerged
   p.fetch_tokens = 64;        // SpeCache: top-k fetched rows per KV head
   p.match_tokens = 128;       // SmallKV: 100-200 prompt tokens for head matching
-  if (method == KVSDK_METHOD_KIVI || method == KVSDK_METHOD_SPECACHE) p.quant_bits = 2;
+  p.quant_bits = method_traits(method).default_quant_bits;
   return p;
 }
 
@@ -85,39 +71,31 @@ kvsdk_policy policy_from_c(const kvsdk_policy* caller) {
 }
 
 void require_policy_implemented(const kvsdk_policy& p) {
-  // Implemented: full and the eviction presets of the importance/allocation stages.
-  const bool implemented = p.method == KVSDK_METHOD_FULL ||
-                           p.method == KVSDK_METHOD_STREAMING_LLM || p.method == KVSDK_METHOD_H2O ||
-                           p.method == KVSDK_METHOD_SNAPKV || p.method == KVSDK_METHOD_PYRAMIDKV ||
-                           p.method == KVSDK_METHOD_XKV || p.method == KVSDK_METHOD_KIVI ||
-                           p.method == KVSDK_METHOD_MINICACHE || p.method == KVSDK_METHOD_SPINDLEKV ||
-                           p.method == KVSDK_METHOD_SMALLKV || p.method == KVSDK_METHOD_SPECACHE;
-  if (!implemented) {
-    fail(KVSDK_E_UNSUPPORTED, "method '", kMethodNames[p.method],
-         "' is not implemented in this version of kvsdk (implemented: full, streaming_llm, h2o, "
-         "snapkv, pyramidkv, xkv, kivi, minicache, minicache+kiviN, spindlekv, smallkv, specache)");
-  }
-  if (p.method == KVSDK_METHOD_MINICACHE) return;  // quant_bits != 0: directions in KIVI
-  if (p.method == KVSDK_METHOD_KIVI) {
-    KVSDK_REQUIRE(p.quant_bits != 0, "method 'kivi' needs quant_bits 1, 2, 4 or 8 (got 0)");
-    return;
-  }
-  if (p.method == KVSDK_METHOD_SPECACHE) {
-    KVSDK_REQUIRE(p.quant_bits == 1 || p.quant_bits == 2,
-                  "method 'specache' keeps a 1- or 2-bit copy (got quant_bits ", p.quant_bits, ")");
-    return;
-  }
-  // Eviction presets take a KIVI overlay (e.g. xkv+kivi2; core/quant_overlay.h), MiniCache a KIVI
-  // store of its directions (minicache+kivi4); full, spindlekv and smallkv take none.
-  if (p.quant_bits != 0 && (p.method == KVSDK_METHOD_FULL || p.method == KVSDK_METHOD_SPINDLEKV ||
-                            p.method == KVSDK_METHOD_SMALLKV)) {
-    fail(KVSDK_E_UNSUPPORTED, "KIVI quantization (quant_bits = ", p.quant_bits, ") on policy '",
-         kMethodNames[p.method], "' is not implemented (full: use method 'kivi')");
+  // Every method of the table is implemented; what remains is whether it takes quant_bits.
+  const MethodTraits& t = method_traits(p);
+  const int32_t b = p.quant_bits;
+  switch (t.quant) {
+    case QuantUse::kNone:
+      if (b != 0) {
+        fail(KVSDK_E_UNSUPPORTED, "KIVI quantization (quant_bits = ", b, ") on policy '", t.name,
+             "' is not implemented (full: use method 'kivi')");
+      }
+      return;
+    case QuantUse::kRequired:
+      KVSDK_REQUIRE(b != 0, "method '", t.name, "' needs quant_bits 1, 2, 4 or 8 (got 0)");
+      return;
+    case QuantUse::kShadow:
+      KVSDK_REQUIRE(b == 1 || b == 2, "method '", t.name, "' keeps a 1- or 2-bit copy (got "
+                    "quant_bits ", b, ")");
+      return;
+    case QuantUse::kOverlay:   // 0, or a KIVI overlay (core/method_traits.h)
+    case QuantUse::kOptional:  // 0, or directions in KIVI
+      return;
   }
 }
 
 std::string policy_spec(const kvsdk_policy& p) {
-  std::string s = kMethodNames[p.method];
+  std::string s = method_traits(p).name;
   const bool quant_is_default = policy_defaults(kvsdk_method(p.method)).quant_bits == p.quant_bits;
   if (!quant_is_default && p.quant_bits != 0) s += "+kivi" + std::to_string(p.quant_bits);
   return s;
@@ -130,7 +108,7 @@ using namespace kvsdk;
 extern "C" {
 
 KVSDK_API const char* kvsdk_method_name(int32_t method) {
-  return method_valid(method) ? kMethodNames[method] : nullptr;
+  return method_valid(method) ? method_traits(method).name : nullptr;
 }
 
 KVSDK_API kvsdk_status kvsdk_policy_init(kvsdk_policy* policy, int32_t method) {
@@ -150,7 +128,7 @@ KVSDK_API kvsdk_status kvsdk_policy_parse(kvsdk_policy* policy, const char* spec
     const std::string head = s.substr(0, plus);
     int method = -1;
     for (int m = 0; m < KVSDK_METHOD_COUNT; ++m) {
-      if (head == kMethodNames[m]) method = m;
+      if (head == method_traits(m).name) method = m;
     }
     KVSDK_REQUIRE(method >= 0, "unknown method '", head, "' in policy '", s, "'");
     kvsdk_policy p = policy_defaults(kvsdk_method(method));

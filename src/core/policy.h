@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "core/method_traits.h"
 #include "kvsdk.h"
 
 namespace kvsdk {
@@ -16,9 +17,5 @@ kvsdk_policy policy_from_c(const kvsdk_policy* caller);
 void require_policy_implemented(const kvsdk_policy& policy);
 // "snapkv+kivi2"-style canonical name.
 std::string policy_spec(const kvsdk_policy& policy);
-bool method_valid(int32_t method);
-// Whether the method scores tokens with an observation window of queries (SnapKV, PyramidKV, XKV,
-// and SpindleKV's deep layers): kvsdk_cache_observe keeps the window, snapshots save it.
-bool method_uses_window(int32_t method);
 
 }  // namespace kvsdk

@@ -1,12 +1,15 @@
-// The representation stage of a cache (stage 3 of a policy, docs/papers.md; per method
-// docs/representations.md): how the rows of the layers a compressed method covers are stored,
-// attended, read, counted, evicted and saved. One subclass per method, each in its own file under
-// src/repr/ (kivi, spindlekv, minicache, smallkv, specache); the algorithms themselves are the pure
-// kernels of backends/cpu.
+// The store interface (stage 3 of a policy, docs/papers.md; per method docs/representations.md):
+// how the rows of a layer are stored, attended, read, counted, evicted and saved. Every storage
+// layout is one subclass in its own file under src/repr/: the exact tier (exact_rows), KIVI (also
+// the KIVI overlay of the eviction presets), SpindleKV, MiniCache, SmallKV and SpeCache; the
+// algorithms themselves are the pure kernels of backends/cpu. Which method builds which store is
+// the method-traits table's (core/method_traits.h).
 //
-// The Cache owns at most one Representation. Layers it does not cover stay in the exact tier
-// (LayerState::heads): SpindleKV's deep layers evict there with the eviction machinery of
-// src/policy; MiniCache's shallow layers stay exact and never evict.
+// The Cache owns two stores: the representation of the layers a method compresses (none for full
+// and the eviction presets) and the row store of the exact tier for the other layers, whose rows
+// the selection stage of the eviction presets picks from (plan_keep). So SpindleKV's deep layers
+// evict there with the eviction machinery of src/policy, and MiniCache's shallow layers stay
+// exact and never evict. The Cache never asks which store it holds.
 //
 // Budget contract (enforced by Cache, which charges the context): before an append the cache
 // reserves append_bound() — an upper bound of the bytes the append can add — and after it charges
@@ -32,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "core/exact_store.h"
 #include "core/geometry.h"
 #include "core/tier_record.h"
 #include "kvsdk.h"
@@ -70,6 +74,11 @@ class Representation {
   // (keys as the host gives them, i.e. after RoPE), positions [n_tokens] (already checked >= 0).
   virtual void append(uint32_t layer, size_t n_tokens, const float* k, const float* v,
                       const int32_t* positions) = 0;
+  // The same rows in the geometry's host dtype (what kvsdk_cache_append receives). The default
+  // converts them to f32 and calls append(); stores that keep the host's bits (ExactRows) read
+  // them directly. Throws before changing anything, or on allocation failure.
+  virtual void append_host(uint32_t layer, size_t n_tokens, const void* k, const void* v,
+                           const int32_t* positions);
 
   // Attention of one KV head of a covered layer: q_rows [n_rows][head_dim] (the queries of the
   // group's query heads, row r = query r / group, head r % group), row_positions [n_rows] for
@@ -88,6 +97,11 @@ class Representation {
   virtual size_t head_tokens(uint32_t layer, uint32_t kv_head) const = 0;
   virtual void read(uint32_t layer, uint32_t kv_head, float* k, float* v,
                     int32_t* positions) const = 0;
+  // The same rows in the geometry's host dtype (what kvsdk_cache_read returns). The default
+  // converts read()'s f32; stores that keep f16 rows (ExactRows) hand back their bits, NaN
+  // payloads included.
+  virtual void read_host(uint32_t layer, uint32_t kv_head, void* k, void* v,
+                         int32_t* positions) const;
 
   // Evicting representations plan an eviction that frees at least `bytes` if they can (fewer if
   // they cannot) and return how many bytes it frees, changing nothing: commit_eviction() applies
@@ -127,6 +141,47 @@ class Representation {
   // How many measurements hit_rate() averages (0 when not applicable).
   virtual uint64_t hit_rate_samples() const { return 0; }
 
+  // --- Row selection: the stores of the exact tier (ExactRows, and KiviRows under a KIVI
+  // overlay; src/repr) hold the rows the eviction presets' selection stage picks from. Other
+  // stores keep the defaults (selects_rows() false; the rest throws KVSDK_E_INTERNAL).
+  virtual bool selects_rows() const { return false; }
+  // Positions of one head's rows, in stored order (head_tokens() of them).
+  virtual const int32_t* row_positions(uint32_t layer, uint32_t kv_head) const;
+  // Keys of rows [first, first + count) of one head as attention sees them, f32 [count][head_dim].
+  virtual void load_keys(uint32_t layer, uint32_t kv_head, size_t first, size_t count,
+                         float* dst) const;
+  // The rows of an append that the selection stage may keep: k, v [n][n_kv_heads][head_dim] in the
+  // geometry's host dtype, read in place from the caller's buffers.
+  struct IncomingRows {
+    const void* k;
+    const void* v;
+    const int32_t* positions;
+    size_t n;
+  };
+  // Plans that `layer` keep, per KV head, the rows keep[h] (strictly ascending candidate indices:
+  // the stored rows first, then `incoming`'s), without changing what the store holds, and returns
+  // the layer's bytes after the commit. May throw (allocation) with nothing planned for the
+  // layer. A later plan of the same layer replaces it. `incoming` must stay valid until
+  // commit_keep(), which applies every planned layer (no-throw, no allocation); drop_keep()
+  // discards them.
+  virtual uint64_t plan_keep(uint32_t layer, const std::vector<std::vector<uint32_t>>& keep,
+                             const IncomingRows* incoming);
+  virtual void commit_keep() noexcept {}
+  virtual void drop_keep() noexcept {}
+  // Budget planning of row stores: the bytes of one layer-token (a row in every KV head) plus
+  // `extra_per_row` per row, and how many layer-tokens `bytes` hold. Exact for ExactRows; an
+  // estimate for KiviRows (residual windows, ragged blocks), whose plans the cache checks exactly.
+  virtual uint64_t layer_token_bytes(uint64_t extra_per_row) const;
+  virtual uint64_t layer_token_capacity(uint64_t bytes, uint64_t extra_per_row) const;
+  virtual bool token_bytes_estimated() const { return false; }
+  // The exact tier's f16 rows of one head (ExactRows), which snapshots write as typed row tables;
+  // null for every other store. restore_exact() adopts them for one layer (validated by the
+  // caller's geometry: one ExactStore per KV head).
+  virtual const ExactStore* exact_rows(uint32_t /*layer*/, uint32_t /*kv_head*/) const {
+    return nullptr;
+  }
+  virtual void restore_exact(uint32_t layer, std::vector<ExactStore> heads);
+
   // Snapshot: every store of a covered layer as tier records, and the inverse. restore() is
   // called on a fresh representation with the records of one layer, in the order save() gave.
   virtual std::vector<TierRecord> save(uint32_t layer) const = 0;
@@ -145,10 +200,14 @@ class Representation {
   kvsdk_policy policy_;
 };
 
-// The representation of `policy`, or null when the policy keeps every layer in the exact tier
-// (full and the eviction presets). Throws kvsdk::Error for invalid parameters. Defined in
-// src/repr/factory.cpp.
+// The store of the layers `policy` compresses (method_traits(policy).make_store), or null when
+// the policy keeps every layer in the exact tier (full and the eviction presets). Throws
+// kvsdk::Error for invalid parameters.
 std::unique_ptr<Representation> make_representation(const Geometry& geometry,
                                                     const kvsdk_policy& policy);
+// The row store of the layers no representation covers: ExactRows, or KiviRows under a KIVI
+// overlay (kivi_overlay(policy)). Defined in src/repr/row_stores.cpp.
+std::unique_ptr<Representation> make_row_store(const Geometry& geometry,
+                                               const kvsdk_policy& policy);
 
 }  // namespace kvsdk

@@ -1,8 +1,10 @@
 #include "repr/kivi_repr.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "attention.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "kivi_attention.h"
 #include "repr/head_store.h"
@@ -48,8 +50,8 @@ cpu::KiviHeadStore kivi_store_from_record(size_t head_dim, const cpu::KiviConfig
 }
 
 KiviRepresentation::KiviRepresentation(const Geometry& g, const kvsdk_policy& p)
-    : Representation(g, p), config_(kivi_config(p)), heads_(g.n_layers) {
-  KVSDK_REQUIRE(p.quant_bits != 0, "method 'kivi' needs quant_bits 1, 2, 4 or 8 (got 0)");
+    : Representation(g, p), config_(kivi_config(p)), heads_(g.n_layers), planned_(g.n_layers) {
+  KVSDK_REQUIRE(p.quant_bits != 0, "KIVI stores need quant_bits 1, 2, 4 or 8 (got 0)");
   for (auto& layer : heads_) {
     for (uint32_t h = 0; h < g.n_kv_heads; ++h) layer.emplace_back(g.head_dim, config_);
   }
@@ -119,13 +121,97 @@ void KiviRepresentation::restore(uint32_t layer, const std::vector<TierRecord>& 
   std::vector<cpu::KiviHeadStore> heads;
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     const TierRecord& r = records[h];
-    if (r.kind != "kivi.head" || r.kv_head != h) {
+    if (r.kind != "kivi.head" || r.kv_head != h || r.layer != layer) {
       fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " record ", h, " is '", r.kind,
-           "' for KV head ", r.kv_head, ", expected 'kivi.head' for KV head ", h);
+           "' for layer ", r.layer, " KV head ", r.kv_head, ", expected 'kivi.head' for KV head ",
+           h);
     }
     heads.push_back(kivi_store_from_record(geometry_.head_dim, config_, "", r));
+    if (h > 0 && heads[h].size() != heads[0].size()) {
+      // Appends and evictions keep the same number of rows in every head of a layer.
+      fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " KV head ", h, " holds ", heads[h].size(),
+           " rows but head 0 holds ", heads[0].size());
+    }
   }
   heads_[layer] = std::move(heads);
+}
+
+const int32_t* KiviRepresentation::row_positions(uint32_t layer, uint32_t kv_head) const {
+  return heads_[layer][kv_head].positions().data();
+}
+
+void KiviRepresentation::load_keys(uint32_t layer, uint32_t kv_head, size_t first, size_t count,
+                                   float* dst) const {
+  heads_[layer][kv_head].read_rows(first, count, dst, nullptr);
+}
+
+uint64_t KiviRepresentation::plan_keep(uint32_t layer,
+                                       const std::vector<std::vector<uint32_t>>& keep,
+                                       const IncomingRows* in) {
+  const size_t dim = geometry_.head_dim, row = geometry_.kv_elems_per_token();
+  if (keep.size() != geometry_.n_kv_heads) {
+    fail(KVSDK_E_INTERNAL, "plan_keep: ", keep.size(), " heads for ", geometry_.n_kv_heads);
+  }
+  std::vector<cpu::KiviHeadStore> built;
+  built.reserve(geometry_.n_kv_heads);
+  uint64_t bytes = 0;
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    const cpu::KiviHeadStore& store = heads_[layer][h];
+    const std::vector<uint32_t>& k = keep[h];
+    const size_t held = store.size();
+    const size_t split =
+        size_t(std::lower_bound(k.begin(), k.end(), uint32_t(held)) - k.begin());
+    cpu::KiviHeadStore out = store;
+    out.retain(std::vector<uint32_t>(k.begin(), k.begin() + long(split)));
+    const size_t n_new = k.size() - split;
+    if (n_new > 0) {
+      if (!in) fail(KVSDK_E_INTERNAL, "plan_keep: incoming rows kept without an append");
+      std::vector<float> kf(n_new * dim), vf(n_new * dim);
+      std::vector<int32_t> pos(n_new);
+      for (size_t j = 0; j < n_new; ++j) {
+        const size_t t = k[split + j] - held;
+        load_f32(geometry_.dtype, in->k, t * row + size_t(h) * dim, dim, kf.data() + j * dim);
+        load_f32(geometry_.dtype, in->v, t * row + size_t(h) * dim, dim, vf.data() + j * dim);
+        pos[j] = in->positions[t];
+      }
+      out.append(kf.data(), vf.data(), pos.data(), n_new);
+    }
+    bytes += out.bytes().total();
+    built.push_back(std::move(out));
+  }
+  planned_[layer] = std::move(built);
+  return bytes;
+}
+
+void KiviRepresentation::commit_keep() noexcept {
+  for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+    if (planned_[l].empty()) continue;
+    heads_[l].swap(planned_[l]);
+    planned_[l].clear();
+  }
+}
+
+void KiviRepresentation::drop_keep() noexcept {
+  for (auto& p : planned_) p.clear();
+}
+
+uint64_t KiviRepresentation::layer_token_bytes(uint64_t extra_per_row) const {
+  const double per_row = cpu::KiviHeadStore::bytes_per_quantized_token(geometry_.head_dim,
+                                                                       config_);
+  return uint64_t(geometry_.n_kv_heads) * (uint64_t(std::ceil(per_row)) + extra_per_row);
+}
+
+uint64_t KiviRepresentation::layer_token_capacity(uint64_t bytes, uint64_t extra_per_row) const {
+  // Per layer, the newest rows of every head sit in the exact residual window (R to R + G - 1 of
+  // them); charge the largest window at the exact cost so that the estimate rarely overshoots.
+  const Geometry& g = geometry_;
+  const uint64_t exact =
+      uint64_t(g.n_kv_heads) * (ExactStore::bytes_per_token(g.head_dim) + extra_per_row);
+  const uint64_t quant = layer_token_bytes(extra_per_row);
+  const uint64_t window = uint64_t(config_.residual) + uint64_t(config_.group) - 1;
+  const uint64_t window_bytes = uint64_t(g.n_layers) * window * exact;
+  if (bytes <= window_bytes) return bytes / exact;
+  return uint64_t(g.n_layers) * window + (bytes - window_bytes) / quant;
 }
 
 }  // namespace kvsdk

@@ -1,6 +1,12 @@
-// Policy 'kivi' (KIVI, docs/papers.md): every layer and KV head in a KiviHeadStore
+// KIVI stores (KIVI, docs/papers.md): every layer and KV head in a KiviHeadStore
 // (backends/cpu/kivi_store.h): keys per channel in blocks of G tokens, values per token, an exact
-// f16 residual window of R recent tokens. Quantizes, never evicts.
+// f16 residual window of R recent tokens.
+//
+// Two policies use it: 'kivi' (quantizes, never evicts), and the eviction presets with a KIVI
+// overlay ("xkv+kivi2", "snapkv+kivi2", "h2o+kivi4": the row store of core/method_traits.h's
+// kivi_overlay). There the selection stage keeps subsets of the rows (plan_keep), and selection
+// sees them as attention does (dequantized keys). Eviction calls KiviHeadStore::retain(), which
+// drops rows without re-quantizing, so a kept row never changes.
 #pragma once
 
 #include <vector>
@@ -34,9 +40,25 @@ class KiviRepresentation final : public Representation {
   std::vector<TierRecord> save(uint32_t layer) const override;
   void restore(uint32_t layer, const std::vector<TierRecord>& records) override;
 
+  bool selects_rows() const override { return true; }
+  const int32_t* row_positions(uint32_t layer, uint32_t kv_head) const override;
+  void load_keys(uint32_t layer, uint32_t kv_head, size_t first, size_t count,
+                 float* dst) const override;
+  // Builds the kept stores aside (copies, retain(), then the kept incoming rows in one append, so
+  // the flushes are those of one append) and counts their bytes exactly.
+  uint64_t plan_keep(uint32_t layer, const std::vector<std::vector<uint32_t>>& keep,
+                     const IncomingRows* incoming) override;
+  void commit_keep() noexcept override;
+  void drop_keep() noexcept override;
+  // Per-token costs are an estimate: residual windows cost the exact rate, ragged key blocks more.
+  uint64_t layer_token_bytes(uint64_t extra_per_row) const override;
+  uint64_t layer_token_capacity(uint64_t bytes, uint64_t extra_per_row) const override;
+  bool token_bytes_estimated() const override { return true; }
+
  private:
   cpu::KiviConfig config_;
   std::vector<std::vector<cpu::KiviHeadStore>> heads_;  // [layer][kv_head]
+  std::vector<std::vector<cpu::KiviHeadStore>> planned_;  // [layer]: kept stores; empty = none
 };
 
 }  // namespace kvsdk

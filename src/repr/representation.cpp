@@ -1,8 +1,11 @@
 #include "core/representation.h"
 
 #include <algorithm>
+#include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
+#include "core/method_traits.h"
 #include "core/policy.h"
 
 namespace kvsdk {
@@ -16,6 +19,69 @@ void Representation::prefetch(uint32_t /*layer*/, uint32_t /*kv_head*/, const fl
 void Representation::set_backing_file(const std::string& /*path*/) {
   fail(KVSDK_E_UNSUPPORTED, "a backing file is SpeCache's; policy '", policy_spec(policy_),
        "' has no backing store");
+}
+
+namespace {
+
+[[noreturn]] void not_a_row_store(const kvsdk_policy& p, const char* what) {
+  fail(KVSDK_E_INTERNAL, what, " called on a store of policy '", policy_spec(p),
+       "' that the selection stage does not evict");
+}
+
+}  // namespace
+
+const int32_t* Representation::row_positions(uint32_t, uint32_t) const {
+  not_a_row_store(policy_, "row_positions");
+}
+
+void Representation::load_keys(uint32_t, uint32_t, size_t, size_t, float*) const {
+  not_a_row_store(policy_, "load_keys");
+}
+
+uint64_t Representation::plan_keep(uint32_t, const std::vector<std::vector<uint32_t>>&,
+                                   const IncomingRows*) {
+  not_a_row_store(policy_, "plan_keep");
+}
+
+uint64_t Representation::layer_token_bytes(uint64_t) const {
+  not_a_row_store(policy_, "layer_token_bytes");
+}
+
+uint64_t Representation::layer_token_capacity(uint64_t, uint64_t) const {
+  not_a_row_store(policy_, "layer_token_capacity");
+}
+
+void Representation::restore_exact(uint32_t layer, std::vector<ExactStore> heads) {
+  for (const ExactStore& h : heads) {
+    if (h.size() != 0) {
+      fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " has exact rows, but policy '",
+           policy_spec(policy_), "' holds it compressed");
+    }
+  }
+}
+
+std::unique_ptr<Representation> make_representation(const Geometry& geometry,
+                                                    const kvsdk_policy& policy) {
+  const auto make = method_traits(policy).make_store;
+  return make ? make(geometry, policy) : nullptr;
+}
+
+void Representation::append_host(uint32_t layer, size_t n_tokens, const void* k, const void* v,
+                                 const int32_t* positions) {
+  const size_t elems = n_tokens * geometry_.kv_elems_per_token();
+  std::vector<float> kf(elems), vf(elems);
+  load_f32(geometry_.dtype, k, 0, elems, kf.data());
+  load_f32(geometry_.dtype, v, 0, elems, vf.data());
+  append(layer, n_tokens, kf.data(), vf.data(), positions);
+}
+
+void Representation::read_host(uint32_t layer, uint32_t kv_head, void* k, void* v,
+                               int32_t* positions) const {
+  const size_t n = head_tokens(layer, kv_head) * geometry_.head_dim;
+  std::vector<float> kf(k ? n : 0), vf(v ? n : 0);
+  read(layer, kv_head, k ? kf.data() : nullptr, v ? vf.data() : nullptr, positions);
+  if (k) store_f32(geometry_.dtype, kf.data(), n, k, 0);
+  if (v) store_f32(geometry_.dtype, vf.data(), n, v, 0);
 }
 
 void Representation::head_rows(const float* k, const float* v, size_t n, uint32_t head,

@@ -86,7 +86,7 @@ void SmallKvProxyLink::on_proxy_queries(uint32_t layer, uint32_t n_kv_heads,
     latest[kv_head].positions.assign(row_positions, row_positions + n_rows);
     if (stats_dropped_) continue;
     // Eq. 1 over the first match_tokens rows, for the queries among those tokens.
-    const ExactStore& s = proxy_->layer(layer).heads[kv_head];
+    const ExactStore& s = proxy_->exact_rows(layer, kv_head);
     const size_t m = std::min<size_t>(s.size(), match_tokens_);
     if (m == 0) continue;
     const int32_t limit = s.size() >= match_tokens_ ? s.positions[match_tokens_ - 1]
@@ -128,7 +128,7 @@ void SmallKvProxyLink::match_scores(uint32_t head, const int32_t* positions, siz
                                     float* out) const {
   const Geometry& g = proxy_->geometry();
   const uint32_t layer = head / g.n_q_heads, kv_head = (head % g.n_q_heads) / g.group_size();
-  const ExactStore& s = proxy_->layer(layer).heads[kv_head];
+  const ExactStore& s = proxy_->exact_rows(layer, kv_head);
   const size_t m = std::min<size_t>(s.size(), match_tokens_);
   for (size_t i = 0; i < n; ++i) {
     out[i] = 0.0f;
@@ -166,7 +166,7 @@ void SmallKvProxyLink::weights(uint32_t head, const int32_t* row_positions, size
     }
     std::copy_n(lq.rows.data() + size_t(it->second) * dim, dim, q.data() + r * dim);
   }
-  const ExactStore& s = proxy_->layer(layer).heads[kv_head];
+  const ExactStore& s = proxy_->exact_rows(layer, kv_head);
   std::vector<float> k;
   proxy_keys(s, s.size(), dim, k);
   cpu::smallkv_proxy_weights(q.data(), row_positions, n_rows, k.data(), s.positions.data(),

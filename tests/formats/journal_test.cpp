@@ -42,7 +42,7 @@ void replace_rows(kvsdk_cache* c, std::vector<kvsdk::LayerState> layers) {
 
 std::vector<kvsdk::LayerState> copy_rows(const kvsdk_cache* c) {
   std::vector<kvsdk::LayerState> out;
-  for (uint32_t l = 0; l < c->impl->geometry().n_layers; ++l) out.push_back(c->impl->layer(l));
+  for (uint32_t l = 0; l < c->impl->geometry().n_layers; ++l) out.push_back(c->impl->layer_image(l));
   return out;
 }
 

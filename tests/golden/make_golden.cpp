@@ -426,7 +426,7 @@ void write_v1_files(kvsdk_context* ctx, const std::string& dir) {
   append(c, g, 0, 5, 7);
   append(c, g, 1, 7, 8);
   check(kvsdk_cache_save_delta(c, journal.c_str(), nullptr), "delta 1");
-  std::vector<kvsdk::LayerState> layers = {c->impl->layer(0), c->impl->layer(1)};
+  std::vector<kvsdk::LayerState> layers = {c->impl->layer_image(0), c->impl->layer_image(1)};
   auto erase = [&](kvsdk::ExactStore& e, size_t from, size_t n) {
     e.positions.erase(e.positions.begin() + long(from), e.positions.begin() + long(from + n));
     e.k.erase(e.k.begin() + long(from * g.head_dim), e.k.begin() + long((from + n) * g.head_dim));

@@ -1,13 +1,15 @@
-// core/quant_overlay: the snapshot records of a KIVI overlay (one "kivi.head" record per KV head,
-// ragged blocks included) restore bit-identically, and damaged records are refused with
-// KVSDK_E_CORRUPT without touching the layer.
+// The row store of a KIVI overlay (repr/kivi_repr.h as the eviction presets' row store): its
+// snapshot records (one "kivi.head" record per KV head, ragged blocks included) restore
+// bit-identically into a fresh store, and damaged records are refused with KVSDK_E_CORRUPT
+// without touching the layer.
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "core/cache.h"
 #include "core/error.h"
-#include "core/quant_overlay.h"
+#include "core/representation.h"
+#include "repr/kivi_repr.h"
 #include "kvsdk.h"
 #include "test_util.h"
 
@@ -39,13 +41,17 @@ CachePtr evicted_cache(kvsdk_context* ctx) {
   return c;
 }
 
-std::vector<float> rows(const kvsdk::LayerState& L, uint32_t h) {
-  const size_t n = kvsdk::held_rows(L, h);
+std::vector<float> rows(const kvsdk::Representation& s, uint32_t l, uint32_t h) {
+  const size_t n = s.head_tokens(l, h);
   std::vector<float> kv(2 * n * kDim);
   std::vector<int32_t> pos(n);
-  kvsdk::read_held_rows(L, h, kDim, kv.data(), kv.data() + n * kDim, pos.data());
+  s.read(l, h, kv.data(), kv.data() + n * kDim, pos.data());
   for (int32_t p : pos) kv.push_back(float(p));
   return kv;
+}
+
+std::unique_ptr<kvsdk::Representation> fresh_store(const kvsdk::Cache& cache) {
+  return kvsdk::make_row_store(cache.geometry(), cache.policy());
 }
 
 TEST(QuantOverlay, RecordsRestoreBitIdentically) {
@@ -54,19 +60,19 @@ TEST(QuantOverlay, RecordsRestoreBitIdentically) {
   const kvsdk::Cache& cache = *c->impl;
   bool ragged = false;
   for (uint32_t l = 0; l < kLayers; ++l) {
-    const kvsdk::LayerState& L = cache.layer(l);
-    ASSERT_EQ(L.quant.size(), kKv);
-    for (const kvsdk::ExactStore& e : L.heads) EXPECT_EQ(e.size(), 0u);  // nothing counted twice
-    const std::vector<kvsdk::TierRecord> rec = kvsdk::quant_overlay_records(L, l);
+    const kvsdk::Representation& L = cache.store(l);
+    ASSERT_NE(dynamic_cast<const kvsdk::KiviRepresentation*>(&L), nullptr);
+    for (uint32_t h = 0; h < kKv; ++h) EXPECT_EQ(cache.exact_rows(l, h).size(), 0u);  // counted once
+    const std::vector<kvsdk::TierRecord> rec = L.save(l);
     ASSERT_EQ(rec.size(), kKv);
-    kvsdk::LayerState fresh;
-    fresh.heads.resize(kKv);
-    kvsdk::quant_overlay_restore(fresh, l, cache.geometry(), cache.policy(), rec);
+    auto fresh = fresh_store(cache);
+    fresh->restore(l, rec);
+    EXPECT_EQ(fresh->layer_bytes(l), L.layer_bytes(l));
     for (uint32_t h = 0; h < kKv; ++h) {
-      EXPECT_EQ(rows(fresh, h), rows(L, h));
-      EXPECT_EQ(fresh.quant[h].bytes().total(), L.quant[h].bytes().total());
-      EXPECT_EQ(fresh.quant[h].block_tokens(), L.quant[h].block_tokens());
-      ragged = ragged || L.quant[h].ragged();
+      EXPECT_EQ(rows(*fresh, l, h), rows(L, l, h));
+      for (const kvsdk::TierField& f : rec[h].fields) {
+        ragged = ragged || (f.name == "block_tokens" && !f.u32.empty());
+      }
     }
   }
   EXPECT_TRUE(ragged) << "the eviction should have thinned some key block";
@@ -76,19 +82,18 @@ TEST(QuantOverlay, DamagedRecordsAreCorruptAndChangeNothing) {
   auto ctx = make_context();
   CachePtr c = evicted_cache(ctx.get());
   const kvsdk::Cache& cache = *c->impl;
-  const std::vector<kvsdk::TierRecord> good = kvsdk::quant_overlay_records(cache.layer(0), 0);
-  kvsdk::LayerState target;
-  target.heads.resize(kKv);
-  kvsdk::quant_overlay_restore(target, 0, cache.geometry(), cache.policy(), good);
-  const std::vector<float> before = rows(target, 1);
+  const std::vector<kvsdk::TierRecord> good = cache.store(0).save(0);
+  auto target = fresh_store(cache);
+  target->restore(0, good);
+  const std::vector<float> before = rows(*target, 0, 1);
   const auto corrupt = [&](auto mutate) {
     std::vector<kvsdk::TierRecord> r = good;
     mutate(r);
     try {
-      kvsdk::quant_overlay_restore(target, 0, cache.geometry(), cache.policy(), r);
+      target->restore(0, r);
       return false;
     } catch (const kvsdk::Error& e) {
-      return e.status() == KVSDK_E_CORRUPT && rows(target, 1) == before;
+      return e.status() == KVSDK_E_CORRUPT && rows(*target, 0, 1) == before;
     }
   };
   using Recs = std::vector<kvsdk::TierRecord>;
@@ -113,7 +118,7 @@ TEST(QuantOverlay, DamagedRecordsAreCorruptAndChangeNothing) {
     })) << name;
   }
   // Heads of one layer with different row counts.
-  const std::vector<kvsdk::TierRecord> other = kvsdk::quant_overlay_records(cache.layer(1), 1);
+  const std::vector<kvsdk::TierRecord> other = cache.store(1).save(1);
   EXPECT_TRUE(corrupt([&](Recs& r) {
     r[1] = other[1];
     r[1].layer = 0;

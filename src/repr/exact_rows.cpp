@@ -1,0 +1,210 @@
+#include "repr/exact_rows.h"
+
+#include <algorithm>
+
+#include "attention.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/policy.h"
+
+namespace kvsdk {
+
+namespace {
+
+// Rows of f32 scratch per attention chunk: bounds the working set independent of cache length.
+constexpr size_t kChunkTokens = 256;
+
+}  // namespace
+
+ExactRows::ExactRows(const Geometry& g, const kvsdk_policy& p)
+    : Representation(g, p),
+      heads_(g.n_layers, std::vector<ExactStore>(g.n_kv_heads)),
+      plans_(g.n_layers) {}
+
+void ExactRows::add_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) const {
+  for (const ExactStore& h : heads_[layer]) {
+    by_tier[KVSDK_TIER_EXACT] += h.size() * ExactStore::kv_bytes_per_token(geometry_.head_dim);
+    by_tier[KVSDK_TIER_METADATA] += h.size() * ExactStore::meta_bytes_per_token();
+  }
+}
+
+uint64_t ExactRows::append_bound(uint32_t, size_t n_tokens) const {
+  return uint64_t(n_tokens) * geometry_.n_kv_heads *
+         ExactStore::bytes_per_token(geometry_.head_dim);
+}
+
+void ExactRows::append(uint32_t layer, size_t n, const float* k, const float* v,
+                       const int32_t* positions) {
+  append_rows(layer, n, KVSDK_DTYPE_F32, k, v, positions);
+}
+
+void ExactRows::append_host(uint32_t layer, size_t n, const void* k, const void* v,
+                            const int32_t* positions) {
+  append_rows(layer, n, geometry_.dtype, k, v, positions);  // the host's bits, rounded once
+}
+
+void ExactRows::append_rows(uint32_t layer, size_t n, kvsdk_dtype dtype, const void* k,
+                            const void* v, const int32_t* positions) {
+  const uint32_t dim = geometry_.head_dim;
+  std::vector<ExactStore>& L = heads_[layer];
+  // Reserve first so the copy below cannot fail half-way.
+  for (ExactStore& h : L) {
+    h.positions.reserve(h.size() + n);
+    h.k.reserve((h.size() + n) * dim);
+    h.v.reserve((h.size() + n) * dim);
+  }
+  const size_t row = geometry_.kv_elems_per_token();
+  for (uint32_t head = 0; head < geometry_.n_kv_heads; ++head) {
+    ExactStore& h = L[head];
+    const size_t old = h.size();
+    h.positions.insert(h.positions.end(), positions, positions + n);
+    h.k.resize((old + n) * dim);
+    h.v.resize((old + n) * dim);
+    for (size_t t = 0; t < n; ++t) {
+      load_f16(dtype, k, t * row + head * dim, dim, h.k.data() + (old + t) * dim);
+      load_f16(dtype, v, t * row + head * dim, dim, h.v.data() + (old + t) * dim);
+    }
+  }
+}
+
+void ExactRows::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
+                       const int32_t* row_positions, size_t n_rows, float* out) const {
+  const uint32_t dim = geometry_.head_dim;
+  const ExactStore& s = heads_[layer][kv_head];
+  cpu::OnlineAttention att(q_rows, row_positions, n_rows, dim, geometry_.attn_scale);
+  const size_t chunk = std::min(kChunkTokens, s.size());
+  std::vector<float> kbuf(chunk * dim), vbuf(chunk * dim);
+  for (size_t t0 = 0; t0 < s.size(); t0 += kChunkTokens) {
+    const size_t n = std::min(kChunkTokens, s.size() - t0);
+    load_f32(KVSDK_DTYPE_F16, s.k.data(), t0 * dim, n * dim, kbuf.data());
+    load_f32(KVSDK_DTYPE_F16, s.v.data(), t0 * dim, n * dim, vbuf.data());
+    att.add_chunk(kbuf.data(), vbuf.data(), s.positions.data() + t0, n);
+  }
+  att.finish(out);
+}
+
+size_t ExactRows::head_tokens(uint32_t layer, uint32_t kv_head) const {
+  return heads_[layer][kv_head].size();
+}
+
+void ExactRows::read(uint32_t layer, uint32_t kv_head, float* k, float* v,
+                     int32_t* positions) const {
+  const ExactStore& s = heads_[layer][kv_head];
+  const size_t n = s.size(), dim = geometry_.head_dim;
+  if (k) load_f32(KVSDK_DTYPE_F16, s.k.data(), 0, n * dim, k);
+  if (v) load_f32(KVSDK_DTYPE_F16, s.v.data(), 0, n * dim, v);
+  if (positions) std::copy_n(s.positions.data(), n, positions);
+}
+
+void ExactRows::read_host(uint32_t layer, uint32_t kv_head, void* k, void* v,
+                          int32_t* positions) const {
+  const ExactStore& s = heads_[layer][kv_head];
+  const size_t n = s.size(), dim = geometry_.head_dim;
+  if (k) store_f16(geometry_.dtype, s.k.data(), n * dim, k, 0);
+  if (v) store_f16(geometry_.dtype, s.v.data(), n * dim, v, 0);
+  if (positions) std::copy_n(s.positions.data(), n, positions);
+}
+
+const int32_t* ExactRows::row_positions(uint32_t layer, uint32_t kv_head) const {
+  return heads_[layer][kv_head].positions.data();
+}
+
+void ExactRows::load_keys(uint32_t layer, uint32_t kv_head, size_t first, size_t count,
+                          float* dst) const {
+  const uint32_t dim = geometry_.head_dim;
+  load_f32(KVSDK_DTYPE_F16, heads_[layer][kv_head].k.data(), first * dim, count * dim, dst);
+}
+
+uint64_t ExactRows::plan_keep(uint32_t layer, const std::vector<std::vector<uint32_t>>& keep,
+                              const IncomingRows* incoming) {
+  const uint32_t dim = geometry_.head_dim;
+  if (keep.size() != geometry_.n_kv_heads) {
+    fail(KVSDK_E_INTERNAL, "plan_keep: ", keep.size(), " heads for ", geometry_.n_kv_heads);
+  }
+  Plan next;
+  next.keep = keep;  // (the only allocation besides the reservations below)
+  if (incoming) next.incoming = *incoming, next.has_incoming = true;
+  uint64_t rows = 0;
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    ExactStore& s = heads_[layer][h];
+    const size_t k = keep[h].size();
+    rows += k;
+    // Capacity only (contents unchanged), so that commit_keep() cannot allocate.
+    s.positions.reserve(k);
+    s.k.reserve(k * dim);
+    s.v.reserve(k * dim);
+  }
+  plans_[layer] = std::move(next);
+  return rows * ExactStore::bytes_per_token(dim);
+}
+
+void ExactRows::commit_keep() noexcept {
+  const uint32_t dim = geometry_.head_dim;
+  const size_t row = geometry_.kv_elems_per_token();
+  for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+    Plan& plan = plans_[l];
+    if (plan.keep.empty()) continue;
+    for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+      ExactStore& s = heads_[l][h];
+      const std::vector<uint32_t>& keep = plan.keep[h];
+      const size_t held = s.size();
+      // Kept stored rows, compacted in order (indices ascend, so j <= i).
+      size_t j = 0;
+      for (uint32_t i : keep) {
+        if (i >= held) break;
+        if (i != j) {
+          s.positions[j] = s.positions[i];
+          std::copy_n(s.k.data() + size_t(i) * dim, dim, s.k.data() + j * dim);
+          std::copy_n(s.v.data() + size_t(i) * dim, dim, s.v.data() + j * dim);
+        }
+        ++j;
+      }
+      s.positions.resize(j);
+      s.k.resize(j * dim);
+      s.v.resize(j * dim);
+      // Then the kept incoming rows, read from the caller's buffers (capacity reserved).
+      const IncomingRows& in = plan.incoming;
+      for (uint32_t i : keep) {
+        if (i < held || !plan.has_incoming) continue;
+        const size_t t = i - held;
+        s.positions.push_back(in.positions[t]);
+        s.k.resize(s.k.size() + dim);
+        s.v.resize(s.v.size() + dim);
+        load_f16(geometry_.dtype, in.k, t * row + size_t(h) * dim, dim,
+                 s.k.data() + s.k.size() - dim);
+        load_f16(geometry_.dtype, in.v, t * row + size_t(h) * dim, dim,
+                 s.v.data() + s.v.size() - dim);
+      }
+    }
+    plan = Plan{};
+  }
+}
+
+void ExactRows::drop_keep() noexcept {
+  for (Plan& p : plans_) p = Plan{};
+}
+
+uint64_t ExactRows::layer_token_bytes(uint64_t extra_per_row) const {
+  return uint64_t(geometry_.n_kv_heads) *
+         (ExactStore::bytes_per_token(geometry_.head_dim) + extra_per_row);
+}
+
+uint64_t ExactRows::layer_token_capacity(uint64_t bytes, uint64_t extra_per_row) const {
+  return bytes / layer_token_bytes(extra_per_row);
+}
+
+void ExactRows::restore_exact(uint32_t layer, std::vector<ExactStore> heads) {
+  if (heads.size() != geometry_.n_kv_heads) {
+    fail(KVSDK_E_INTERNAL, "restore: layer ", layer, " with ", heads.size(), " heads");
+  }
+  heads_[layer] = std::move(heads);
+}
+
+void ExactRows::restore(uint32_t layer, const std::vector<TierRecord>& records) {
+  if (!records.empty()) {
+    fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " has compressed-tier records, but policy '",
+         policy_spec(policy_), "' keeps it exact");
+  }
+}
+
+}  // namespace kvsdk

@@ -1,0 +1,71 @@
+// The method-traits table (core/method_traits.h): the one place that says what each method does
+// and which store holds the layers it compresses. Rows follow kvsdk_method's order.
+#include <iterator>
+#include <memory>
+
+#include "core/error.h"
+#include "core/method_traits.h"
+#include "repr/exact_rows.h"
+#include "repr/kivi_repr.h"
+#include "repr/minicache_repr.h"
+#include "repr/smallkv_repr.h"
+#include "repr/specache_repr.h"
+#include "repr/spindlekv_repr.h"
+
+namespace kvsdk {
+
+namespace {
+
+template <class Store>
+std::unique_ptr<Representation> make(const Geometry& g, const kvsdk_policy& p) {
+  return std::make_unique<Store>(g, p);
+}
+
+using S = Selection;
+using A = Allocation;
+using Q = QuantUse;
+
+// name, selection, allocation, quant_bits, default bits, proxy, prefetch, compressed-layer store
+const MethodTraits kTable[] = {
+    {"full", S::kNone, A::kUniform, Q::kNone, 0, false, false, nullptr},
+    {"streaming_llm", S::kSinksAndRecent, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
+    {"h2o", S::kHeavyHitters, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
+    {"snapkv", S::kObservationWindow, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
+    {"pyramidkv", S::kObservationWindow, A::kPyramid, Q::kOverlay, 0, false, false, nullptr},
+    {"xkv", S::kObservationWindow, A::kXkv, Q::kOverlay, 0, false, false, nullptr},
+    {"kivi", S::kNone, A::kUniform, Q::kRequired, 2, false, false, make<KiviRepresentation>},
+    // SpindleKV: codebooks in the shallow layers, observation-window eviction in the deep ones.
+    {"spindlekv", S::kObservationWindow, A::kPyramidUncovered, Q::kNone, 0, false, false,
+     make<SpindleKvRepresentation>},
+    {"minicache", S::kNone, A::kUniform, Q::kOptional, 0, false, false,
+     make<MiniCacheRepresentation>},
+    {"smallkv", S::kNone, A::kUniform, Q::kNone, 0, true, false, make<SmallKvRepresentation>},
+    {"specache", S::kNone, A::kUniform, Q::kShadow, 2, false, true,
+     make<SpeCacheRepresentation>},
+};
+static_assert(std::size(kTable) == KVSDK_METHOD_COUNT, "one row per kvsdk_method");
+
+}  // namespace
+
+bool method_valid(int32_t method) { return method >= 0 && method < KVSDK_METHOD_COUNT; }
+
+const MethodTraits& method_traits(int32_t method) {
+  if (!method_valid(method)) fail(KVSDK_E_INTERNAL, "method ", method, " is not a kvsdk_method");
+  return kTable[method];
+}
+
+const MethodTraits& method_traits(const kvsdk_policy& policy) {
+  return method_traits(policy.method);
+}
+
+bool kivi_overlay(const kvsdk_policy& policy) {
+  return method_traits(policy).quant == QuantUse::kOverlay && policy.quant_bits != 0;
+}
+
+std::unique_ptr<Representation> make_row_store(const Geometry& geometry,
+                                               const kvsdk_policy& policy) {
+  if (kivi_overlay(policy)) return std::make_unique<KiviRepresentation>(geometry, policy);
+  return std::make_unique<ExactRows>(geometry, policy);
+}
+
+}  // namespace kvsdk
