@@ -272,6 +272,81 @@ inline kvsdk_status v2_build(const V2Case& cs, kvsdk_context* ctx, kvsdk_cache* 
   return KVSDK_OK;
 }
 
+// ------------------------------------------------------------------------------------------------
+// Format 3.0 and 1.2 goldens (v3_0_*.kvsnap, v1_2_*.kvsnap): the writer that introduced
+// field-by-field tier deltas (formats/tier_delta.*) saves window-method caches (snapkv, pyramidkv,
+// xkv, spindlekv) and caches with compressed tiers as 3.0, every other exact cache (full,
+// streaming_llm, h2o) as 1.2. Each file is the v2 script (same geometry, tokens, queries, steps)
+// saved in three parts, so that deltas over deltas are pinned:
+//   base     a full save after kV3BaseSteps steps (no budget unless the case has one from create)
+//   delta 1  after kV3AppendSteps more steps with nothing to enforce: rows are only appended
+//   delta 2  after kvsdk_cache_set_budget(evict_percent % of the cache's bytes at that point; the
+//            policy evicts or compresses to it) and kV3EvictSteps more steps under that budget;
+//            cases with evict_percent 0 (policies that never evict) only run the steps, which
+//            compress (KIVI residual windows into blocks, MiniCache merges, SpeCache copies).
+// make_golden.cpp runs the script and records what every file must hold after load
+// (v3_0_expected.h, v1_2_expected.h, generated); golden_test.cpp checks them. The committed files
+// were written by this script: never change it (a later format gets its own cases and files).
+// ------------------------------------------------------------------------------------------------
+
+constexpr uint32_t kV3BaseSteps = 5, kV3AppendSteps = 1, kV3EvictSteps = 3;
+constexpr uint32_t kV3Delta1Steps = kV3BaseSteps + kV3AppendSteps;       // steps run at delta 1
+constexpr uint32_t kV3EndSteps = kV3Delta1Steps + kV3EvictSteps;         // steps run at delta 2
+constexpr uint32_t kV3ContinueSteps = 4;
+
+struct V3Case {
+  V2Case script;              // file, preset, include_backing, budget from create, proxy, prefetch
+  uint32_t evict_percent;     // budget set before delta 2's steps (0: none)
+};
+
+struct V3Expected {
+  const char* file;
+  const char* preset;
+  uint32_t include_backing;
+  uint64_t cache_budget;              // from create (0: none)
+  uint64_t evict_budget;              // set before delta 2's steps (0: none)
+  V2Policy policy;
+  uint32_t format_major, format_minor;  // of the file (its container header)
+  uint32_t journal_frames_applied;      // both deltas
+  uint32_t delta1_frames;               // frames of delta 1
+  uint64_t file_bytes, base_end, delta1_end;  // ends of the base (trailer included) and delta 1
+  std::vector<V2Frame> frames;
+  V2State base, delta1, full;         // the file cut at base_end, at delta1_end, whole
+  uint64_t continuation;              // kV3ContinueSteps more steps after the whole file
+  bool continues_like_writer;         // false: include_backing 0 (rebuilt backing rows differ)
+};
+
+// Format 3.0 files: every preset family the 3.0 writer writes.
+inline const V3Case* v3_cases(size_t* n) {
+  static const V3Case cases[] = {
+      {{"v3_0_snapkv.kvsnap", "snapkv", 1, 0, false, false}, 75},
+      {{"v3_0_pyramidkv.kvsnap", "pyramidkv", 1, 0, false, false}, 75},
+      {{"v3_0_xkv.kvsnap", "xkv", 1, 0, false, false}, 75},
+      {{"v3_0_xkv_kivi2.kvsnap", "xkv+kivi2", 1, 0, false, false}, 75},
+      {{"v3_0_h2o_kivi4.kvsnap", "h2o+kivi4", 1, 0, false, false}, 75},
+      {{"v3_0_kivi.kvsnap", "kivi", 1, 0, false, false}, 0},
+      {{"v3_0_spindlekv.kvsnap", "spindlekv", 1, 0, false, false}, 75},
+      {{"v3_0_minicache.kvsnap", "minicache", 1, 0, false, false}, 0},
+      {{"v3_0_minicache_kivi4.kvsnap", "minicache+kivi4", 1, 0, false, false}, 0},
+      {{"v3_0_smallkv.kvsnap", "smallkv", 1, 0, true, false}, 75},
+      {{"v3_0_specache.kvsnap", "specache", 1, 0, false, true}, 0},
+      {{"v3_0_specache_nobacking.kvsnap", "specache", 0, 0, false, true}, 0},
+  };
+  *n = sizeof cases / sizeof cases[0];
+  return cases;
+}
+
+// Format 1.2 files: the exact caches the same writer saves as 1.2.
+inline const V3Case* v1_2_cases(size_t* n) {
+  static const V3Case cases[] = {
+      {{"v1_2_full.kvsnap", "full", 1, 0, false, false}, 0},
+      {{"v1_2_streaming_llm.kvsnap", "streaming_llm", 1, 0, false, false}, 75},
+      {{"v1_2_h2o.kvsnap", "h2o", 1, 0, false, false}, 75},
+  };
+  *n = sizeof cases / sizeof cases[0];
+  return cases;
+}
+
 // FNV-1a 64 over bytes, for the recorded digests.
 inline uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
   const unsigned char* p = static_cast<const unsigned char*>(data);
@@ -364,6 +439,60 @@ inline kvsdk_status v2_continuation_digest(const kvsdk_cache* c, const std::vect
     }
   }
   *digest = d;
+  return KVSDK_OK;
+}
+
+// ---- The v3 script (see kV3BaseSteps): the parts after the base. ----
+
+// A cache of case `cs` (its budget from create, its proxy linked) run through the base steps.
+inline kvsdk_status v3_base(const V3Case& cs, kvsdk_context* ctx, kvsdk_cache* proxy,
+                            kvsdk_cache** out) {
+  return v2_build(cs.script, ctx, proxy, kV3BaseSteps, out);
+}
+
+// Delta 1's steps (only appends).
+inline kvsdk_status v3_append_part(const V3Case& cs, kvsdk_cache* c, kvsdk_cache* proxy) {
+  for (uint32_t s = kV3BaseSteps; s < kV3Delta1Steps; ++s) {
+    const kvsdk_status st = v2_step(cs.script, c, proxy, s, nullptr);
+    if (st != KVSDK_OK) return st;
+  }
+  return KVSDK_OK;
+}
+
+// Delta 2's part: the budget (evict_percent of the cache's bytes now), then its steps.
+// `budget` receives the budget set (0: none).
+inline kvsdk_status v3_evict_part(const V3Case& cs, kvsdk_cache* c, kvsdk_cache* proxy,
+                                  uint64_t* budget) {
+  *budget = 0;
+  if (cs.evict_percent) {
+    kvsdk_cache_stats st{};
+    st.struct_size = sizeof st;
+    kvsdk_status s = kvsdk_cache_stats_get(c, &st);
+    if (s != KVSDK_OK) return s;
+    *budget = st.bytes * cs.evict_percent / 100;
+    s = kvsdk_cache_set_budget(c, *budget);
+    if (s != KVSDK_OK) return s;
+  }
+  for (uint32_t s = kV3Delta1Steps; s < kV3EndSteps; ++s) {
+    const kvsdk_status st = v2_step(cs.script, c, proxy, s, nullptr);
+    if (st != KVSDK_OK) return st;
+  }
+  return KVSDK_OK;
+}
+
+// The whole script up to `steps` (kV3BaseSteps, kV3Delta1Steps or kV3EndSteps).
+inline kvsdk_status v3_build(const V3Case& cs, kvsdk_context* ctx, kvsdk_cache* proxy,
+                             uint32_t steps, kvsdk_cache** out) {
+  kvsdk_cache* c = nullptr;
+  kvsdk_status st = v3_base(cs, ctx, proxy, &c);
+  if (st == KVSDK_OK && steps >= kV3Delta1Steps) st = v3_append_part(cs, c, proxy);
+  uint64_t budget = 0;
+  if (st == KVSDK_OK && steps >= kV3EndSteps) st = v3_evict_part(cs, c, proxy, &budget);
+  if (st != KVSDK_OK) {
+    kvsdk_cache_destroy(c);
+    return st;
+  }
+  *out = c;
   return KVSDK_OK;
 }
 

@@ -4,6 +4,14 @@
 //   v2_0_*: caches with compressed tiers (format 2.0), checked against what the generator
 //           measured when it wrote them (v2_0_expected.h), continued next to a cache rebuilt by
 //           the same script, and damaged (a flipped byte in every frame, cuts inside the base).
+//   v3_0_*, v1_2_*: the 3.0 writer's files (window methods and compressed tiers as 3.0, other
+//           exact caches as 1.2): a base and two journal deltas each, checked against
+//           v3_0_expected.h / v1_2_expected.h part by part and continued as the v2_0 files are.
+//   Every golden file, of every version: a deterministic mutation sweep (single-byte flips and
+//           truncations spread over the whole file and on every record boundary). Each damaged
+//           copy is refused with a status and an error message, or loads exactly what the
+//           undamaged file (or, for damage in the journal, its last complete delta before the
+//           damage) holds.
 #include <dirent.h>
 #include <gtest/gtest.h>
 
@@ -18,7 +26,10 @@
 #include "golden_content.h"
 #include "kvsdk.h"
 #include "test_util.h"
+#include "container.h"
+#include "v1_2_expected.h"
 #include "v2_0_expected.h"
+#include "v3_0_expected.h"
 
 using namespace kvsdk_golden;
 using namespace kvsdk_test;
@@ -442,6 +453,532 @@ TEST(GoldenV2, DamagedCopiesAreRejectedNeverTrusted) {
     ASSERT_EQ(kvsdk_context_used_bytes(ctx.get(), &used), KVSDK_OK);
     EXPECT_EQ(used, 0u);
   }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Formats 3.0 and 1.2 (the v3 script: base, an appending delta, a delta under an eviction budget)
+// ------------------------------------------------------------------------------------------------
+
+std::vector<const V3Expected*> v3_records() {
+  std::vector<const V3Expected*> all;
+  for (const V3Expected& e : v3_0_expected()) all.push_back(&e);
+  for (const V3Expected& e : v1_2_expected()) all.push_back(&e);
+  return all;
+}
+
+const V3Case* v3_case_of(const V3Expected& e) {
+  using Table = const V3Case* (*)(size_t*);
+  for (const Table table : {Table(&v3_cases), Table(&v1_2_cases)}) {
+    size_t n = 0;
+    const V3Case* cases = table(&n);
+    for (size_t i = 0; i < n; ++i) {
+      if (std::string(cases[i].script.file) == e.file) return &cases[i];
+    }
+  }
+  return nullptr;
+}
+
+uint32_t header_u16(const std::vector<unsigned char>& f, size_t at) {
+  return uint32_t(f[at]) | uint32_t(f[at + 1]) << 8;
+}
+
+void expect_policy(const kvsdk_cache* c, const V2Policy& w, const char* preset) {
+  kvsdk_policy p;
+  kvsdk_policy_init(&p, KVSDK_METHOD_FULL);
+  ASSERT_EQ(kvsdk_cache_policy(c, &p), KVSDK_OK);
+  EXPECT_EQ(p.method, w.method);
+  EXPECT_EQ(p.quant_bits, w.quant_bits);
+  EXPECT_EQ(p.quant_group, w.quant_group);
+  EXPECT_EQ(p.quant_residual, w.quant_residual);
+  EXPECT_EQ(p.sink_tokens, w.sink_tokens);
+  EXPECT_EQ(p.recent_tokens, w.recent_tokens);
+  EXPECT_EQ(p.obs_window, w.obs_window);
+  EXPECT_EQ(p.pool_kernel, w.pool_kernel);
+  EXPECT_EQ(p.pool_kind, w.pool_kind);
+  EXPECT_EQ(p.heavy_ratio, w.heavy_ratio);
+  EXPECT_EQ(p.schedule_alpha, w.schedule_alpha);
+  EXPECT_EQ(p.schedule_beta, w.schedule_beta);
+  EXPECT_EQ(p.boundary_layer, w.boundary_layer);
+  EXPECT_EQ(p.merge_t, w.merge_t);
+  EXPECT_EQ(p.retain_ratio, w.retain_ratio);
+  EXPECT_EQ(p.fetch_tokens, w.fetch_tokens);
+  EXPECT_EQ(p.match_tokens, w.match_tokens);
+  kvsdk_policy parsed;
+  ASSERT_EQ(kvsdk_policy_parse(&parsed, preset), KVSDK_OK);
+  EXPECT_EQ(p.method, parsed.method);
+  EXPECT_EQ(p.quant_bits, parsed.quant_bits);
+}
+
+// The record and the files agree: one file per case of each table, each as recorded (size,
+// frames, the version in its container header), no v3_0_/v1_2_ file without a record.
+TEST(GoldenV3, EveryFileOfTheScriptIsRecorded) {
+  size_t n3 = 0, n12 = 0;
+  v3_cases(&n3);
+  v1_2_cases(&n12);
+  ASSERT_EQ(v3_0_expected().size(), n3);
+  ASSERT_EQ(v1_2_expected().size(), n12);
+  ASSERT_GE(n3, 12u);
+  std::vector<std::string> recorded;
+  for (const V3Expected* ep : v3_records()) {
+    const V3Expected& e = *ep;
+    SCOPED_TRACE(e.file);
+    recorded.push_back(e.file);
+    const V3Case* cs = v3_case_of(e);
+    ASSERT_NE(cs, nullptr) << "no case in golden_content.h's v3 script";
+    EXPECT_STREQ(cs->script.preset, e.preset);
+    EXPECT_EQ(cs->script.include_backing, e.include_backing);
+    EXPECT_EQ(cs->script.cache_budget, e.cache_budget);
+    EXPECT_EQ(cs->evict_percent != 0, e.evict_budget != 0);
+    const std::string name = e.file;
+    const bool v3 = name.rfind("v3_0_", 0) == 0;
+    ASSERT_TRUE(v3 || name.rfind("v1_2_", 0) == 0);
+    EXPECT_EQ(e.format_major, v3 ? 3u : 1u);
+    EXPECT_EQ(e.format_minor, v3 ? 0u : 2u);
+    const std::vector<unsigned char> f = file_bytes(golden_path(e.file));
+    ASSERT_EQ(f.size(), e.file_bytes) << "file changed without its record";
+    // The container header: magic, then format major and minor (little-endian u16).
+    ASSERT_EQ(std::memcmp(f.data(), "KVSDKSNP", 8), 0);
+    EXPECT_EQ(header_u16(f, 8), e.format_major);
+    EXPECT_EQ(header_u16(f, 10), e.format_minor);
+    const kvsdk::format::FileHeader fh = kvsdk::format::decode_file_header(f.data());
+    EXPECT_EQ(fh.major, e.format_major);
+    EXPECT_EQ(fh.minor, e.format_minor);
+    ASSERT_GE(e.frames.size(), 5u);
+    uint64_t pos = kHeaderBytes;
+    uint32_t journal = 0, delta1 = 0;
+    for (const V2Frame& fr : e.frames) {
+      if (fr.offset == e.base_end) pos += kHeaderBytes;  // the trailer before the journal
+      EXPECT_EQ(fr.offset, pos);
+      EXPECT_EQ(std::memcmp(&f[fr.offset], "KVFR", 4), 0) << "frame at " << fr.offset;
+      EXPECT_EQ(fr.kind == kJournalFrame, fr.offset >= e.base_end);
+      journal += fr.kind == kJournalFrame;
+      delta1 += fr.kind == kJournalFrame && fr.offset < e.delta1_end;
+      pos = fr.offset + kHeaderBytes + fr.payload_bytes;
+      if (fr.offset < e.delta1_end) EXPECT_LE(pos, e.delta1_end);
+    }
+    EXPECT_EQ(pos, e.file_bytes);
+    EXPECT_EQ(journal, e.journal_frames_applied);
+    EXPECT_EQ(delta1, e.delta1_frames);
+    EXPECT_GE(delta1, 1u);
+    EXPECT_GT(journal, delta1) << "two deltas";
+    EXPECT_EQ(std::memcmp(&f[e.base_end - kHeaderBytes], "KVSDKEND", 8), 0);
+  }
+  DIR* d = opendir(KVSDK_GOLDEN_DIR);
+  ASSERT_NE(d, nullptr);
+  for (dirent* ent; (ent = readdir(d)) != nullptr;) {
+    const std::string name = ent->d_name;
+    if ((name.rfind("v3_0_", 0) == 0 || name.rfind("v1_2_", 0) == 0) && name.size() > 7 &&
+        name.substr(name.size() - 7) == ".kvsnap") {
+      EXPECT_NE(std::find(recorded.begin(), recorded.end(), name), recorded.end())
+          << name << " has no record in v3_0_expected.h / v1_2_expected.h";
+    }
+  }
+  closedir(d);
+}
+
+// Every file loads as its version with both deltas, its policy, and exactly the recorded rows and
+// attention; cut after delta 1 it holds delta 1's state, cut after its base the base state; and
+// today's code rebuilds the same rows (and the same eviction budget) from the script.
+TEST(GoldenV3, EveryPartLoadsWithItsRecordedContent) {
+  for (const V3Expected* ep : v3_records()) {
+    const V3Expected& e = *ep;
+    SCOPED_TRACE(e.file);
+    const V3Case* cs = v3_case_of(e);
+    ASSERT_NE(cs, nullptr);
+    auto ctx = make_context();
+    const std::vector<unsigned char> f = file_bytes(golden_path(e.file));
+    ASSERT_EQ(f.size(), e.file_bytes);
+    struct Part {
+      const char* what;
+      uint64_t end;
+      uint32_t steps, applied;
+      const V2State* state;
+    };
+    const Part parts[] = {{"whole file", e.file_bytes, kV3EndSteps, e.journal_frames_applied, &e.full},
+                          {"cut after delta 1", e.delta1_end, kV3Delta1Steps, e.delta1_frames,
+                           &e.delta1},
+                          {"cut after the base", e.base_end, kV3BaseSteps, 0, &e.base}};
+    for (const Part& part : parts) {
+      SCOPED_TRACE(part.what);
+      CachePtr c;
+      kvsdk_load_info info{};
+      ASSERT_EQ(v2_load(ctx.get(), std::vector<unsigned char>(f.begin(), f.begin() + long(part.end)),
+                        &c, &info),
+                KVSDK_OK)
+          << kvsdk_last_error();
+      EXPECT_EQ(info.format_major, e.format_major);
+      EXPECT_EQ(info.format_minor, e.format_minor);
+      EXPECT_EQ(info.journal_frames_applied, part.applied);
+      EXPECT_EQ(info.journal_frames_dropped, 0u);
+      expect_policy(c.get(), e.policy, e.preset);
+      CachePtr proxy = v2_proxy(cs->script, ctx.get(), part.steps);
+      V2State got;
+      ASSERT_EQ(v2_measure(c.get(), proxy.get(), &got), KVSDK_OK) << kvsdk_last_error();
+      expect_state(got, *part.state, part.what);
+      // The same rows from today's code running the script.
+      CachePtr rebuilt_proxy = v2_proxy(cs->script, ctx.get(), 0);
+      kvsdk_cache* raw = nullptr;
+      ASSERT_EQ(v3_build(*cs, ctx.get(), rebuilt_proxy.get(), part.steps, &raw), KVSDK_OK)
+          << kvsdk_last_error();
+      CachePtr rebuilt(raw);
+      if (e.include_backing) EXPECT_EQ(rows_of(rebuilt.get()), recorded_rows(*part.state));
+    }
+    // Delta 1 only appended; under its budget delta 2 evicted (where the case sets one).
+    for (uint32_t l = 0; l < kV2Layers; ++l) {
+      for (uint32_t h = 0; h < kV2KvHeads; ++h) {
+        EXPECT_EQ(e.delta1.tokens[l][h] - e.base.tokens[l][h],
+                  e.delta1.appended[l] - e.base.appended[l]);
+      }
+    }
+    uint64_t lost = 0;  // rows appended in delta 2 that it does not hold, or held and evicted
+    for (uint32_t l = 0; l < kV2Layers; ++l) {
+      for (uint32_t h = 0; h < kV2KvHeads; ++h) {
+        const uint64_t could = e.delta1.tokens[l][h] + e.full.appended[l] - e.delta1.appended[l];
+        lost += could - std::min(could, e.full.tokens[l][h]);
+      }
+    }
+    if (e.evict_budget) {
+      EXPECT_GT(lost, 0u) << "delta 2 evicted nothing";
+      CachePtr proxy = v2_proxy(cs->script, ctx.get(), 0);
+      kvsdk_cache* raw = nullptr;
+      ASSERT_EQ(v3_build(*cs, ctx.get(), proxy.get(), kV3Delta1Steps, &raw), KVSDK_OK);
+      CachePtr c(raw);
+      uint64_t budget = 0;
+      ASSERT_EQ(v3_evict_part(*cs, c.get(), proxy.get(), &budget), KVSDK_OK) << kvsdk_last_error();
+      EXPECT_EQ(budget, e.evict_budget) << "the script sets another budget today";
+    }
+  }
+}
+
+// After load every file continues, step by step, like a cache rebuilt from the same script, and
+// as the writer's own cache did (include_backing 0: as recorded).
+TEST(GoldenV3, EveryFileContinuesLikeARebuiltCache) {
+  const uint32_t from = kV3EndSteps;
+  for (const V3Expected* ep : v3_records()) {
+    const V3Expected& e = *ep;
+    SCOPED_TRACE(e.file);
+    const V3Case* cs = v3_case_of(e);
+    ASSERT_NE(cs, nullptr);
+    EXPECT_TRUE(e.continues_like_writer || !e.include_backing);
+    auto ctx = make_context();
+    CachePtr loaded;
+    kvsdk_load_info info{};
+    ASSERT_EQ(v2_load(ctx.get(), file_bytes(golden_path(e.file)), &loaded, &info), KVSDK_OK)
+        << kvsdk_last_error();
+    CachePtr loaded_proxy = v2_proxy(cs->script, ctx.get(), from);
+    if (cs->script.proxy) {
+      ASSERT_EQ(kvsdk_cache_set_proxy(loaded.get(), loaded_proxy.get()), KVSDK_OK)
+          << kvsdk_last_error();
+    }
+    CachePtr rebuilt_proxy = v2_proxy(cs->script, ctx.get(), 0);
+    kvsdk_cache* raw = nullptr;
+    ASSERT_EQ(v3_build(*cs, ctx.get(), rebuilt_proxy.get(), from, &raw), KVSDK_OK)
+        << kvsdk_last_error();
+    CachePtr rebuilt(raw);
+    EXPECT_EQ(rows_of(loaded.get()), recorded_rows(e.full));
+    const bool compare = e.continues_like_writer;
+    if (compare) EXPECT_EQ(rows_of(loaded.get()), rows_of(rebuilt.get()));
+    std::vector<float> all;
+    for (uint32_t s = from; s < from + kV3ContinueSteps; ++s) {
+      std::vector<float> a, b;
+      ASSERT_EQ(v2_step(cs->script, loaded.get(), loaded_proxy.get(), s, &a), KVSDK_OK)
+          << "step " << s << ": " << kvsdk_last_error();
+      ASSERT_EQ(v2_step(cs->script, rebuilt.get(), rebuilt_proxy.get(), s, &b), KVSDK_OK)
+          << "step " << s << ": " << kvsdk_last_error();
+      ASSERT_EQ(a.size(), b.size());
+      if (compare) {
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "step " << s << " outputs";
+        EXPECT_EQ(rows_of(loaded.get()), rows_of(rebuilt.get())) << "step " << s << " rows";
+      }
+      all.insert(all.end(), a.begin(), a.end());
+    }
+    uint64_t digest = 0;
+    ASSERT_EQ(v2_continuation_digest(loaded.get(), all, &digest), KVSDK_OK);
+    EXPECT_EQ(digest, e.continuation) << "continues differently from the recorded run";
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Mutation sweep over every golden file of every version
+// ------------------------------------------------------------------------------------------------
+
+// What a loaded cache holds, from the public API only: geometry, policy, per-layer appended
+// tokens, every (layer, head)'s rows as kvsdk_cache_read returns them, the cache's stats, and the
+// attention of fixed queries (its status where the cache cannot attend alone, e.g. smallkv).
+struct Content {
+  std::vector<uint64_t> digests;
+  bool operator==(const Content& o) const { return digests == o.digests; }
+};
+
+Content content_of(kvsdk_cache* c) {
+  Content out;
+  kvsdk_geometry g{};
+  kvsdk_geometry_init(&g);
+  EXPECT_EQ(kvsdk_cache_geometry(c, &g), KVSDK_OK);
+  out.digests.push_back(fnv1a(kFnvBasis, &g, sizeof g));
+  kvsdk_policy p;
+  kvsdk_policy_init(&p, KVSDK_METHOD_FULL);
+  EXPECT_EQ(kvsdk_cache_policy(c, &p), KVSDK_OK);
+  out.digests.push_back(fnv1a(kFnvBasis, &p, sizeof p));
+  const size_t esz = g.dtype == KVSDK_DTYPE_F32 ? 4 : 2;
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    kvsdk_layer_stats ls{};
+    ls.struct_size = sizeof ls;
+    EXPECT_EQ(kvsdk_cache_layer_stats_get(c, l, &ls), KVSDK_OK);
+    out.digests.push_back(ls.appended_tokens);
+    for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
+      size_t n = 0;
+      EXPECT_EQ(kvsdk_cache_read(c, l, h, nullptr, nullptr, nullptr, 0, &n), KVSDK_OK);
+      std::vector<unsigned char> k(n * g.head_dim * esz), v(k.size());
+      std::vector<int32_t> pos(n);
+      if (n) EXPECT_EQ(kvsdk_cache_read(c, l, h, k.data(), v.data(), pos.data(), n, &n), KVSDK_OK);
+      uint64_t d = fnv1a(kFnvBasis, &n, sizeof n);
+      d = fnv1a(d, pos.data(), pos.size() * 4);
+      d = fnv1a(d, k.data(), k.size());
+      out.digests.push_back(fnv1a(d, v.data(), v.size()));
+    }
+  }
+  kvsdk_cache_stats cs{};
+  cs.struct_size = sizeof cs;
+  EXPECT_EQ(kvsdk_cache_stats_get(c, &cs), KVSDK_OK);
+  for (const uint64_t x : {cs.tokens, cs.appended_tokens, cs.bytes, cs.full_bytes, cs.backing_bytes})
+    out.digests.push_back(x);
+  for (const uint64_t x : cs.bytes_by_tier) out.digests.push_back(x);
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    const uint32_t nq = 2;
+    const std::vector<int32_t> qpos(nq, 1000);
+    std::vector<unsigned char> q(size_t(nq) * g.n_q_heads * g.head_dim * esz, 0);
+    for (size_t i = 0; i < q.size() / esz; ++i) {
+      const float x = query_value(l, uint32_t(i / g.head_dim), uint32_t(i), 0, 5);
+      if (esz == 4) {
+        std::memcpy(&q[i * 4], &x, 4);
+      } else {
+        const uint16_t b = g.dtype == KVSDK_DTYPE_F16 ? kvsdk::f32_to_f16(x) : kvsdk::f32_to_bf16(x);
+        std::memcpy(&q[i * 2], &b, 2);
+      }
+    }
+    std::vector<unsigned char> o(q.size());
+    const kvsdk_status st =
+        kvsdk_cache_attend(c, l, nq, q.data(), qpos.data(), q.size(), o.data(), o.size());
+    out.digests.push_back(st == KVSDK_OK ? fnv1a(kFnvBasis, o.data(), o.size()) : uint64_t(st));
+  }
+  return out;
+}
+
+// A loaded (or refused) copy.
+struct LoadResult {
+  kvsdk_status status;
+  std::string error;
+  kvsdk_load_info info{};
+  Content content;
+};
+
+LoadResult load_any(kvsdk_context* ctx, const std::vector<unsigned char>& bytes) {
+  LoadResult r;
+  kvsdk_cache* raw = reinterpret_cast<kvsdk_cache*>(uintptr_t(0x1));
+  r.info.struct_size = sizeof r.info;
+  const void* data = bytes.empty() ? "" : static_cast<const void*>(bytes.data());  // not NULL
+  r.status = kvsdk_cache_load_from_buffer(&raw, ctx, data, bytes.size(), nullptr, &r.info);
+  if (r.status != KVSDK_OK) {
+    const char* err = kvsdk_last_error();
+    r.error = err ? err : "";
+    EXPECT_EQ(raw, reinterpret_cast<kvsdk_cache*>(uintptr_t(0x1))) << "out touched on failure";
+    return r;
+  }
+  CachePtr c(raw);
+  r.content = content_of(c.get());
+  return r;
+}
+
+// The records of a file, from its container headers: the end of the base (after its trailer) and
+// the extent of every complete journal frame after it; `tail_begin` is where a torn tail (bytes
+// that are no complete frame) begins, the file size when there is none.
+struct Layout {
+  uint64_t base_end = 0, tail_begin = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> base_frames, journal;  // [begin, end)
+};
+
+Layout layout_of(const std::vector<unsigned char>& f) {
+  namespace fmt = kvsdk::format;
+  Layout out;
+  const uint64_t id = fmt::decode_file_header(f.data()).snapshot_id;
+  uint64_t pos = fmt::kFileHeaderBytes;
+  while (pos + fmt::kFrameHeaderBytes <= f.size()) {
+    fmt::FrameHeader h;
+    if (!fmt::decode_frame_header(&f[pos], id, &h)) {
+      if (out.base_end == 0 && std::memcmp(&f[pos], fmt::kTrailerMagic, 8) == 0) {
+        pos += fmt::kTrailerBytes;
+        out.base_end = pos;
+        continue;
+      }
+      break;
+    }
+    const uint64_t end = pos + fmt::kFrameHeaderBytes + h.payload_bytes;
+    if (end > f.size()) break;
+    (out.base_end ? out.journal : out.base_frames).push_back({pos, end});
+    pos = end;
+  }
+  out.tail_begin = pos;
+  return out;
+}
+
+// Deterministic offsets: `n` spread evenly over [0, size) with a jitter inside each stretch.
+std::vector<uint64_t> spread(uint64_t size, uint64_t n, uint64_t salt) {
+  std::vector<uint64_t> at;
+  n = std::min(n, size);
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t lo = i * size / n, hi = (i + 1) * size / n;
+    const uint64_t jitter = ((i + salt) * 0x9e3779b97f4a7c15ull >> 33) % std::max<uint64_t>(1, hi - lo);
+    at.push_back(lo + jitter);
+  }
+  return at;
+}
+
+std::vector<std::string> golden_files() {
+  std::vector<std::string> names;
+  DIR* d = opendir(KVSDK_GOLDEN_DIR);
+  if (!d) return names;
+  for (dirent* ent; (ent = readdir(d)) != nullptr;) {
+    const std::string name = ent->d_name;
+    if (name.size() > 7 && name.substr(name.size() - 7) == ".kvsnap") names.push_back(name);
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Every golden file: single-byte flips (a changing bit mask, and 0xFF) at about 80 offsets spread
+// over the file and at every record's magic, sizes, hash and payload ends; truncations at about 40
+// spread offsets and around every record boundary. A copy damaged inside the base (file header,
+// metadata and tier frames, index, trailer) must be refused with a status and a message, unless it
+// loads exactly what the undamaged file holds. A copy damaged inside the journal may be refused
+// too; if it loads, it holds exactly the state of the last complete delta before the damage (the
+// torn-tail rule), with the journal frames of that state applied. A copy damaged inside a torn
+// tail loads as the undamaged file. Nothing crashes, and no failed load leaves bytes charged.
+TEST(GoldenMutation, EveryDamagedCopyIsRefusedOrLoadsWhatTheFileHolds) {
+  const std::vector<std::string> files = golden_files();
+  ASSERT_GE(files.size(), 4u + 8u + 12u + 3u);
+  size_t total = 0, refused = 0, refused_journal = 0, same_as_file = 0, journal_prefix = 0;
+  for (const std::string& name : files) {
+    SCOPED_TRACE(name);
+    auto ctx = make_context();
+    const std::vector<unsigned char> f = file_bytes(golden_path(name.c_str()));
+    ASSERT_GE(f.size(), 64u);
+    const Layout lay = layout_of(f);
+    ASSERT_GT(lay.base_end, 0u) << "no trailer";
+    ASSERT_FALSE(lay.base_frames.empty());
+
+    // The undamaged file, and every journal prefix (the file cut after the base and after each
+    // complete journal frame).
+    const LoadResult whole = load_any(ctx.get(), f);
+    ASSERT_EQ(whole.status, KVSDK_OK) << whole.error;
+    std::vector<uint64_t> bounds = {lay.base_end};
+    for (const auto& j : lay.journal) bounds.push_back(j.second);
+    std::vector<LoadResult> prefix;
+    for (const uint64_t b : bounds) {
+      prefix.push_back(load_any(ctx.get(), std::vector<unsigned char>(f.begin(), f.begin() + long(b))));
+      ASSERT_EQ(prefix.back().status, KVSDK_OK) << "cut at " << b << ": " << prefix.back().error;
+    }
+    // A torn tail is ignored: the file loads as its last complete frame's prefix.
+    EXPECT_TRUE(prefix.back().content == whole.content);
+    EXPECT_EQ(prefix.back().info.journal_frames_applied, whole.info.journal_frames_applied);
+    // The prefix state a damage at `at` falls back to: that of the last boundary <= at.
+    auto fallback = [&](uint64_t at) -> const LoadResult& {
+      size_t i = 0;
+      while (i + 1 < bounds.size() && bounds[i + 1] <= at) ++i;
+      return prefix[i];
+    };
+
+    auto check = [&](const std::vector<unsigned char>& bad, uint64_t at, bool cut,
+                     const std::string& what) {
+      ++total;
+      const LoadResult r = load_any(ctx.get(), bad);
+      if (r.status != KVSDK_OK) {
+        ++refused;
+        refused_journal += at >= lay.base_end;
+        EXPECT_FALSE(r.error.empty()) << what << ": refused without a message";
+        // Inside the journal a cut is a torn tail, which loads by design.
+        EXPECT_FALSE(cut && at >= lay.base_end)
+            << what << ": a torn journal tail was refused: " << kvsdk_status_str(r.status) << " "
+            << r.error;
+        return;
+      }
+      if (r.content == whole.content &&
+          r.info.journal_frames_applied == whole.info.journal_frames_applied &&
+          (cut || at >= lay.tail_begin || at < lay.base_end)) {
+        ++same_as_file;
+        EXPECT_FALSE(cut && at < lay.base_end) << what << ": a cut base loaded";
+        return;
+      }
+      ASSERT_GE(at, lay.base_end) << what << ": damage inside the base loaded different content";
+      ASSERT_LT(at, lay.tail_begin) << what << ": damage in a torn tail changed what loads";
+      // Damage in journal frame k: the state before frame k (a flip) or of the last complete
+      // frame before the cut (a cut).
+      uint64_t frame_begin = at;
+      if (!cut) {
+        for (const auto& j : lay.journal) {
+          if (at >= j.first && at < j.second) frame_begin = j.first;
+        }
+      }
+      const LoadResult& want = fallback(frame_begin);
+      EXPECT_TRUE(r.content == want.content)
+          << what << ": loads content that is neither the file's nor its journal prefix's";
+      EXPECT_EQ(r.info.journal_frames_applied, want.info.journal_frames_applied) << what;
+      EXPECT_EQ(r.info.format_major, whole.info.format_major) << what;
+      EXPECT_EQ(r.info.format_minor, whole.info.format_minor) << what;
+      ++journal_prefix;
+    };
+
+    // Offsets: spread over the file, plus every record's structure.
+    std::vector<uint64_t> flips = spread(f.size(), 80, name.size());
+    std::vector<uint64_t> cuts = spread(f.size(), 40, name.size() + 7);
+    std::vector<std::pair<uint64_t, uint64_t>> records = lay.base_frames;
+    records.insert(records.end(), lay.journal.begin(), lay.journal.end());
+    records.push_back({0, kHeaderBytes});                                // file header
+    records.push_back({lay.base_end - kHeaderBytes, lay.base_end});      // trailer
+    for (const auto& r : records) {
+      const uint64_t len = r.second - r.first;
+      for (const uint64_t d : {uint64_t(0), uint64_t(5), uint64_t(8), uint64_t(9), uint64_t(13),
+                               uint64_t(17), uint64_t(24), uint64_t(31)}) {
+        if (d < len) flips.push_back(r.first + d);
+      }
+      if (len > kHeaderBytes) {
+        for (const uint64_t at : {r.first + kHeaderBytes, r.first + kHeaderBytes + (len - kHeaderBytes) / 2, r.second - 1})
+          flips.push_back(at);
+      }
+      for (const uint64_t d : {uint64_t(1), uint64_t(12), kHeaderBytes - 1, kHeaderBytes,
+                               kHeaderBytes + 1, len / 2, len - 1}) {
+        if (d < len) cuts.push_back(r.first + d);
+      }
+      cuts.push_back(r.first);
+    }
+    std::sort(flips.begin(), flips.end());
+    flips.erase(std::unique(flips.begin(), flips.end()), flips.end());
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+
+    for (size_t i = 0; i < flips.size(); ++i) {
+      const uint64_t at = flips[i];
+      ASSERT_LT(at, f.size());
+      const uint8_t mask = i % 3 == 2 ? uint8_t(0xFF) : uint8_t(1u << (i % 8));
+      std::vector<unsigned char> bad = f;
+      bad[at] ^= mask;
+      check(bad, at, false,
+            "byte " + std::to_string(at) + " ^= " + std::to_string(mask));
+    }
+    for (const uint64_t at : cuts) {
+      if (at >= f.size()) continue;
+      check(std::vector<unsigned char>(f.begin(), f.begin() + long(at)), at, true,
+            "cut at " + std::to_string(at));
+    }
+    uint64_t used = 1;
+    ASSERT_EQ(kvsdk_context_used_bytes(ctx.get(), &used), KVSDK_OK);
+    EXPECT_EQ(used, 0u) << "loads left bytes charged";
+  }
+  std::printf("mutation sweep: %zu files, %zu damaged copies: %zu refused (%zu of them damaged in "
+              "the journal), %zu loaded as the file, %zu loaded a journal prefix\n",
+              files.size(), total, refused, refused_journal, same_as_file, journal_prefix);
+  EXPECT_GT(refused, total / 2);
 }
 
 }  // namespace

@@ -2,12 +2,17 @@
 // are committed and every later kvsdk must still load them):
 //
 //   cmake --build --preset dev --target kvsdk-make-golden
-//   ./build/dev/tests/kvsdk-make-golden [--only=v1_0|v2_0] tests/golden [tests/fuzz/corpus]
+//   ./build/dev/tests/kvsdk-make-golden [--only=v1_0|v2_0|v3_0|v1_2] tests/golden [tests/fuzz/corpus]
 //
-// --only picks one format version's files (default: all). Regenerate only the version the
-// writer of the day still writes: today's writer saves caches without compressed tiers as format
-// 1.2, so its v1_0 files would no longer be format 1.0 (the committed ones were written by the 1.0
-// writer); the v2_0 files were written by the 2.0 writer (commit efa394b) with --only=v2_0.
+// --only picks one format version's files (default: all, which also rewrites the older versions'
+// files: never use the default on tests/golden). Regenerate only a version that the writer of the
+// day still writes, and never one that is already committed: every committed file must stay
+// byte-identical. Today's writer (format 3.0) saves caches without compressed tiers and without
+// an observation window as format 1.2, so its v1_0 files would no longer be format 1.0 (the
+// committed ones were written by the 1.0 writer); the v2_0 files were written by the 2.0 writer
+// (commit efa394b) with --only=v2_0; the v3_0 and v1_2 files by the 3.0 writer with --only=v3_0
+// and --only=v1_2, before the format major moved on (each writes its files and its
+// <version>_expected.h; the generator fails if a file's container header is not that version).
 // The optional second directory receives tiny seed snapshots for the fuzzer
 // (tests/fuzz/load_fuzzer.cpp): small inputs let it reach deep code quickly.
 //
@@ -24,6 +29,19 @@
 //   v2_0_expected.h          what each of them holds after load, measured here when writing
 //                            them (digests of kvsdk_cache_read and of fixed-query attention,
 //                            the policy, the frames, the continuation); golden_test.cpp checks it.
+//
+// Files (format 3.0: window-method caches and caches with compressed tiers, field-by-field tier
+// deltas; the v3 script in golden_content.h): each a full save, a journal delta that only
+// appends, and a journal delta after kvsdk_cache_set_budget (the policy evicts to it; policies
+// that never evict compress further), so deltas over deltas are pinned:
+//   v3_0_snapkv, v3_0_pyramidkv, v3_0_xkv, v3_0_xkv_kivi2, v3_0_h2o_kivi4, v3_0_kivi,
+//   v3_0_spindlekv, v3_0_minicache, v3_0_minicache_kivi4, v3_0_smallkv (with its proxy),
+//   v3_0_specache (default save options, prefetch after every layer), v3_0_specache_nobacking
+//   (include_backing 0)  (.kvsnap)
+//   v3_0_expected.h          as v2_0_expected.h, with the state after each delta (V3Expected).
+// Files (format 1.2: the exact caches the 3.0 writer saves as 1.2; same script):
+//   v1_2_full, v1_2_streaming_llm, v1_2_h2o  (.kvsnap; full never evicts: both its deltas append)
+//   v1_2_expected.h
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -399,6 +417,236 @@ void write_v2_files(const std::string& dir) {
   std::fclose(out);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Formats 3.0 and 1.2: the v3 script (golden_content.h), a base and two journal deltas.
+// ---------------------------------------------------------------------------------------------
+
+uint64_t v3_continuation(const V3Case& cs, kvsdk_cache* c, kvsdk_cache* proxy) {
+  std::vector<float> outputs;
+  for (uint32_t s = kV3EndSteps; s < kV3EndSteps + kV3ContinueSteps; ++s) {
+    check(v2_step(cs.script, c, proxy, s, &outputs), "continue");
+  }
+  uint64_t d = 0;
+  check(v2_continuation_digest(c, outputs, &d), "continuation digest");
+  return d;
+}
+
+struct LiveRows {
+  uint64_t tokens[kV2Layers][kV2KvHeads], rows[kV2Layers][kV2KvHeads];
+};
+
+LiveRows live_rows(const kvsdk_cache* c) {
+  LiveRows r{};
+  for (uint32_t l = 0; l < kV2Layers; ++l) {
+    for (uint32_t h = 0; h < kV2KvHeads; ++h) {
+      check(v2_rows_digest(c, l, h, &r.tokens[l][h], &r.rows[l][h]), "read");
+    }
+  }
+  return r;
+}
+
+void fail_unless_rows(const V2State& got, const LiveRows& want, const std::string& what) {
+  for (uint32_t l = 0; l < kV2Layers; ++l) {
+    for (uint32_t h = 0; h < kV2KvHeads; ++h) {
+      fail_if(got.rows[l][h] != want.rows[l][h] || got.tokens[l][h] != want.tokens[l][h],
+              what + ": loaded rows differ from the saved cache's");
+    }
+  }
+}
+
+// Rows appended between two states minus rows the second holds more: 0 when the part only
+// appended, > 0 when rows were evicted (summed over every layer and head).
+uint64_t rows_lost(const V2State& a, const V2State& b) {
+  uint64_t lost = 0;
+  for (uint32_t l = 0; l < kV2Layers; ++l) {
+    for (uint32_t h = 0; h < kV2KvHeads; ++h) {
+      const uint64_t grown = b.appended[l] - a.appended[l];
+      if (a.tokens[l][h] + grown > b.tokens[l][h]) lost += a.tokens[l][h] + grown - b.tokens[l][h];
+    }
+  }
+  return lost;
+}
+
+// Writes one v3_0 or v1_2 file (format major.minor expected) and returns its record entry.
+std::string write_v3(const V3Case& cs, const std::string& dir, uint32_t major, uint32_t minor) {
+  namespace fmt = kvsdk::format;
+  const std::string file = cs.script.file;
+  const std::string path = dir + "/" + file;
+  kvsdk_context* ctx = nullptr;
+  check(kvsdk_context_create(&ctx, nullptr), "context");
+  const kvsdk_policy want_policy = v2_policy(cs.script);
+  kvsdk_policy parsed;
+  check(kvsdk_policy_parse(&parsed, cs.script.preset), cs.script.preset);
+
+  // The conversation: base, delta 1 (appends), delta 2 (under the eviction budget).
+  kvsdk_cache* proxy = v2_proxy(cs.script, ctx, 0);
+  kvsdk_cache* c = nullptr;
+  check(v3_base(cs, ctx, proxy, &c), "base steps");
+  kvsdk_save_options o;
+  kvsdk_save_options_init(&o);
+  o.include_backing = cs.script.include_backing;
+  std::remove(path.c_str());
+  check(kvsdk_cache_save(c, path.c_str(), &o), "save");
+  const LiveRows live_base = live_rows(c);
+  check(v3_append_part(cs, c, proxy), "delta 1 steps");
+  check(kvsdk_cache_save_delta(c, path.c_str(), &o), "delta 1");
+  const uint64_t delta1_end = read_all(path).size();
+  const LiveRows live_delta1 = live_rows(c);
+  uint64_t evict_budget = 0;
+  check(v3_evict_part(cs, c, proxy, &evict_budget), "delta 2 steps");
+  check(kvsdk_cache_save_delta(c, path.c_str(), &o), "delta 2");
+  const LiveRows live_full = live_rows(c);
+  const uint64_t uninterrupted = v3_continuation(cs, c, proxy);
+  kvsdk_cache_destroy(c);
+  kvsdk_cache_destroy(proxy);
+
+  const std::vector<unsigned char> bytes = read_all(path);
+  const fmt::FileHeader fh = fmt::decode_file_header(bytes.data());
+  fail_if(fh.major != major || fh.minor != minor,
+          file + ": container header says " + std::to_string(fh.major) + "." +
+              std::to_string(fh.minor));
+  uint64_t base_end = 0;
+  const std::vector<V2Frame> frames = frames_of(bytes, &base_end);
+  fail_if(base_end == 0 || base_end >= delta1_end || delta1_end >= bytes.size(),
+          file + ": not a base and two deltas");
+  uint32_t journal_frames = 0, delta1_frames = 0;
+  for (const V2Frame& f : frames) {
+    if (f.kind != uint8_t(fmt::FrameKind::kJournal)) continue;
+    ++journal_frames;
+    if (f.offset < delta1_end) ++delta1_frames;
+  }
+  fail_if(delta1_frames == 0 || delta1_frames == journal_frames, file + ": empty delta");
+
+  // What the file holds: whole, cut after delta 1, cut after the base.
+  kvsdk_load_info info{};
+  c = load_bytes(ctx, bytes, &info);
+  fail_if(info.format_major != major || info.format_minor != minor, file + ": load info version");
+  fail_if(info.journal_frames_applied != journal_frames || info.journal_frames_dropped != 0,
+          file + ": journal not applied whole");
+  kvsdk_policy got;
+  kvsdk_policy_init(&got, KVSDK_METHOD_FULL);
+  check(kvsdk_cache_policy(c, &got), "policy");
+  fail_if(got.method != want_policy.method || got.quant_bits != want_policy.quant_bits ||
+              got.method != parsed.method || got.quant_bits != parsed.quant_bits,
+          file + ": loaded policy differs");
+  proxy = v2_proxy(cs.script, ctx, kV3EndSteps);
+  const V2State full = measure(c, proxy);
+  kvsdk_cache_destroy(c);
+  kvsdk_cache_destroy(proxy);
+  fail_unless_rows(full, live_full, file + " (whole)");
+
+  kvsdk_load_info d1_info{};
+  c = load_bytes(ctx, std::vector<unsigned char>(bytes.begin(), bytes.begin() + long(delta1_end)),
+                 &d1_info);
+  fail_if(d1_info.journal_frames_applied != delta1_frames || d1_info.journal_frames_dropped != 0,
+          file + ": delta 1 not applied whole");
+  proxy = v2_proxy(cs.script, ctx, kV3Delta1Steps);
+  const V2State delta1 = measure(c, proxy);
+  kvsdk_cache_destroy(c);
+  kvsdk_cache_destroy(proxy);
+  fail_unless_rows(delta1, live_delta1, file + " (to delta 1)");
+
+  kvsdk_load_info base_info{};
+  c = load_bytes(ctx, std::vector<unsigned char>(bytes.begin(), bytes.begin() + long(base_end)),
+                 &base_info);
+  fail_if(base_info.journal_frames_applied != 0 || base_info.journal_frames_dropped != 0,
+          file + ": base has a journal");
+  proxy = v2_proxy(cs.script, ctx, kV3BaseSteps);
+  const V2State base = measure(c, proxy);
+  kvsdk_cache_destroy(c);
+  kvsdk_cache_destroy(proxy);
+  if (cs.script.include_backing) fail_unless_rows(base, live_base, file + " (base)");
+
+  // Delta 1 only appended; delta 2 evicted where the case sets a budget.
+  fail_if(rows_lost(base, delta1) != 0, file + ": delta 1 lost rows");
+  fail_if(cs.evict_percent != 0 && rows_lost(delta1, full) == 0,
+          file + ": the budget of delta 2 evicted nothing");
+  fail_if(cs.evict_percent != 0 && evict_budget == 0, file + ": no budget");
+
+  // The loaded file continues as the uninterrupted conversation did (include_backing 0: the
+  // rebuilt backing rows of the base differ at the next prefetch, so only recorded).
+  c = load_bytes(ctx, bytes, &info);
+  proxy = v2_proxy(cs.script, ctx, kV3EndSteps);
+  if (proxy) check(kvsdk_cache_set_proxy(c, proxy), "set proxy");
+  const uint64_t resumed = v3_continuation(cs, c, proxy);
+  kvsdk_cache_destroy(c);
+  kvsdk_cache_destroy(proxy);
+  const bool like_writer = resumed == uninterrupted;
+  fail_if(cs.script.include_backing && !like_writer,
+          file + ": the loaded cache continues differently from the saved one");
+
+  // Every compressed representation is really in the file.
+  const std::string p = cs.script.preset;
+  uint32_t want_tiers = 0;
+  if (p == "spindlekv") want_tiers = 1u << KVSDK_TIER_CODEBOOK;
+  if (p.rfind("minicache", 0) == 0) {
+    want_tiers = (1u << KVSDK_TIER_MERGED) | (p == "minicache" ? 0u : 1u << KVSDK_TIER_QUANTIZED);
+  }
+  if (p == "smallkv") want_tiers = 1u << KVSDK_TIER_VALUE_ONLY;
+  if (p == "kivi" || p == "specache" || p.find("+kivi") != std::string::npos) {
+    want_tiers |= 1u << KVSDK_TIER_QUANTIZED;
+  }
+  // (smallkv demotes rows to values only when it evicts: in delta 2, under its budget.)
+  const uint32_t want_delta1 = p == "smallkv" ? 0u : want_tiers;
+  fail_if((full.tier_mask & want_tiers) != want_tiers ||
+              (delta1.tier_mask & want_delta1) != want_delta1,
+          file + ": a compressed tier is missing");
+  kvsdk_context_destroy(ctx);
+
+  std::string e = "    {\"" + file + "\", \"" + cs.script.preset + "\", " +
+                  std::to_string(cs.script.include_backing) + ", " +
+                  std::to_string(cs.script.cache_budget) + ", " + std::to_string(evict_budget) +
+                  ",\n     " + policy_literal(got) + ",\n     " + std::to_string(fh.major) + ", " +
+                  std::to_string(fh.minor) + ", " + std::to_string(journal_frames) + ", " +
+                  std::to_string(delta1_frames) + ", " + std::to_string(bytes.size()) + ", " +
+                  std::to_string(base_end) + ", " + std::to_string(delta1_end) + ",\n     {";
+  for (size_t i = 0; i < frames.size(); ++i) {
+    e += (i ? (i % 4 == 0 ? ",\n      " : ", ") : "") + std::string("{") +
+         std::to_string(frames[i].offset) + ", " + std::to_string(frames[i].payload_bytes) + ", " +
+         std::to_string(frames[i].kind) + "}";
+  }
+  char cont[32];
+  std::snprintf(cont, sizeof cont, "0x%016" PRIx64 "ull", resumed);
+  e += "},\n     " + state_literal(base) + ",\n     " + state_literal(delta1) + ",\n     " +
+       state_literal(full) + ",\n     " + cont + ", " + (like_writer ? "true" : "false") + "},\n";
+  std::printf("%-32s %u.%u %6zu bytes (base %" PRIu64 ", delta 1 to %" PRIu64
+              ", %u+%u journal frames), budget %" PRIu64 ", rows lost in delta 2 %" PRIu64
+              ", tiers 0x%02x, rows/head full:",
+              file.c_str(), fh.major, fh.minor, bytes.size(), base_end, delta1_end, delta1_frames,
+              journal_frames - delta1_frames, evict_budget, rows_lost(delta1, full),
+              full.tier_mask);
+  for (uint32_t l = 0; l < kV2Layers; ++l) {
+    std::printf(" %" PRIu64 "/%" PRIu64, full.tokens[l][0], full.tokens[l][1]);
+  }
+  std::printf("\n");
+  return e;
+}
+
+// version "v3_0" or "v1_2": its files and <version>_expected.h.
+void write_v3_files(const std::string& dir, const std::string& version) {
+  const bool v3 = version == "v3_0";
+  const uint32_t major = v3 ? 3 : 1, minor = v3 ? 0 : 2;
+  size_t n = 0;
+  const V3Case* cases = v3 ? v3_cases(&n) : v1_2_cases(&n);
+  std::string body;
+  for (size_t i = 0; i < n; ++i) body += write_v3(cases[i], dir, major, minor);
+  const std::string ver = std::to_string(major) + "." + std::to_string(minor);
+  const std::string header =
+      "// GENERATED by tests/golden/make_golden.cpp (kvsdk " + std::string(kvsdk_version_string()) +
+      ", snapshot format " + ver + ") together with the\n// " + version +
+      "_*.kvsnap files: what each file holds after load, measured by loading it when it was\n"
+      "// written. Do not edit by hand; the files and this record change together or not at all.\n"
+      "// Fields: see V3Expected in golden_content.h.\n"
+      "#pragma once\n\n#include <vector>\n\n#include \"golden_content.h\"\n\n"
+      "namespace kvsdk_golden {\n\n"
+      "inline const std::vector<V3Expected>& " + version + "_expected() {\n"
+      "  static const std::vector<V3Expected> expected = {\n" +
+      body + "  };\n  return expected;\n}\n\n}  // namespace kvsdk_golden\n";
+  FILE* out = std::fopen((dir + "/" + version + "_expected.h").c_str(), "wb");
+  if (!out || std::fwrite(header.data(), 1, header.size(), out) != header.size()) std::exit(1);
+  std::fclose(out);
+}
+
 }  // namespace
 
 // Format 1.0 (written by the 1.0 writer; today's writer would write these caches as 1.2).
@@ -459,8 +707,10 @@ int main(int argc, char** argv) {
     --argc;
     ++argv;
   }
-  if ((argc != 2 && argc != 3) || (!only.empty() && only != "v1_0" && only != "v2_0")) {
-    std::fprintf(stderr, "usage: %s [--only=v1_0|v2_0] GOLDEN_DIR [FUZZ_SEED_DIR]\n", argv[0]);
+  if ((argc != 2 && argc != 3) ||
+      (!only.empty() && only != "v1_0" && only != "v2_0" && only != "v3_0" && only != "v1_2")) {
+    std::fprintf(stderr, "usage: %s [--only=v1_0|v2_0|v3_0|v1_2] GOLDEN_DIR [FUZZ_SEED_DIR]\n",
+                 argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
@@ -468,6 +718,8 @@ int main(int argc, char** argv) {
   check(kvsdk_context_create(&ctx, nullptr), "context");
   if (only.empty() || only == "v1_0") write_v1_files(ctx, dir);
   if (only.empty() || only == "v2_0") write_v2_files(dir);
+  if (only.empty() || only == "v3_0") write_v3_files(dir, "v3_0");
+  if (only.empty() || only == "v1_2") write_v3_files(dir, "v1_2");
   if (argc == 3) write_seeds(ctx, argv[2]);
   kvsdk_context_destroy(ctx);
   std::printf("golden snapshots written to %s\n", dir.c_str());

@@ -50,6 +50,23 @@ assert [l["tokens"] for l in d["layers"]] == [7 + 5, 8 + 9], d["layers"]
 assert d["totals"]["logical_fp16_bytes"] == (12 + 17) * 8 * 4, d["totals"]
 PY
 
+# The 3.0 writer's golden files (a base and two journal deltas each) verify and inspect, and
+# report the version in their container header; a flipped byte in the base of each is refused.
+for f in "$golden"/v3_0_*.kvsnap "$golden"/v1_2_*.kvsnap; do
+  want=3.0
+  case $(basename "$f") in v1_2_*) want=1.2 ;; esac
+  expect_exit 0 "$cli" verify "$f"
+  expect_exit 0 "$cli" inspect "$f" --json; json_ok inspect "$f"
+  python3 - "$tmp/out" "$want" <<'PY' || fail "inspect --json of $f: format"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["format"] == sys.argv[2], d["format"]
+PY
+  cp "$f" "$tmp/flip3.kvsnap"
+  printf '\x5a' | dd of="$tmp/flip3.kvsnap" bs=1 seek=100 conv=notrunc status=none
+  cmp -s "$f" "$tmp/flip3.kvsnap" || expect_exit 1 "$cli" verify "$tmp/flip3.kvsnap"
+done
+
 # Torn journal tail: loads, but verify says it is not sound.
 expect_exit 1 "$cli" verify "$golden/v1_0_torn_tail.kvsnap"
 expect_exit 1 "$cli" verify "$golden/v1_0_torn_tail.kvsnap" --json; json_ok verify torn
