@@ -167,7 +167,6 @@ class Cache {
                 std::vector<bool>& scored, uint64_t target);
   uint64_t capacity_for(uint64_t bytes) const;  // layer-tokens `bytes` can hold
   void compress_to(uint64_t target);
-  bool reserve(uint64_t bytes);
   // Whether the selection stage evicts the rows of `layer` (an eviction preset's row store).
   bool selects(uint32_t layer) const;
 

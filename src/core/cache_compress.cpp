@@ -293,12 +293,7 @@ bool Cache::apply_caps(const std::vector<uint64_t>& caps, const Append* in,
     }
   }
   if (in) layers_[in->layer].appended_tokens += in->rows.n;
-  if (new_bytes >= charged_) {
-    r.commit();
-  } else {
-    ctx_->release(charged_ - new_bytes);
-    charged_ = new_bytes;
-  }
+  r.settle(charged_, new_bytes);
   return true;
 }
 
@@ -375,9 +370,10 @@ void Cache::compress_to(uint64_t target) {
       // meets the target, so a refusal keeps every row.
       const uint64_t freed = repr_->plan_eviction(charged_ - target, Representation::kNoAppend, 0);
       if (charged_ - std::min(charged_, freed) <= target) {
+        BudgetReservation r = reservation();
+        const uint64_t before = stored_bytes();
         repr_->commit_eviction();
-        ctx_->release(freed);
-        charged_ -= freed;
+        r.settle(before, stored_bytes());  // returns what the eviction freed
       } else {
         repr_->drop_eviction();
       }

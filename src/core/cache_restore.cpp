@@ -41,11 +41,12 @@ std::unique_ptr<Cache> Cache::restore(std::shared_ptr<Context> ctx, const Geomet
     cache->layer_bytes(l, by_tier);
     for (uint64_t b : by_tier) bytes += b;
   }
-  if (!cache->ctx_->try_reserve(bytes)) {
+  BudgetReservation r = cache->reservation();
+  if (!r.reserve(bytes)) {
     fail(KVSDK_E_BUDGET, "the snapshot holds ", bytes, " bytes but the context has ",
          cache->ctx_->available(), " of its ", cache->ctx_->budget(), " budget bytes free");
   }
-  cache->charged_ = bytes;
+  r.commit();
   return cache;
 }
 
