@@ -25,8 +25,11 @@ namespace kvsdk::format {
 // still written as 1.kFormatMinorV1 so that kvsdk versions reading only major 1 keep loading them.
 // 2: compressed-tier states (TierChunk.tiers); 3: journal deltas may describe them field by field
 // (JournalDelta.tier_deltas), which a major-2 reader would misapply, so it must refuse such files.
+// 3.1: journal deltas may give H2O scores as differences (HeadScores.score_base/score_diffs); a
+// 3.0 reader finds no `values` there and refuses the delta as corrupt, so deltas continue a 3.0
+// file in 3.0.
 constexpr uint16_t kFormatMajor = 3;
-constexpr uint16_t kFormatMinor = 0;
+constexpr uint16_t kFormatMinor = 1;  // 1: journal deltas may give H2O scores as differences
 constexpr uint16_t kFormatMajorV1 = 1;
 constexpr uint16_t kFormatMinorV1 = 2;  // 1: eviction policy state; 2: policy fields 12..16
 

@@ -16,8 +16,6 @@ namespace kvsdk::format {
 
 namespace {
 
-constexpr uint64_t kNewRows = ~0ull;  // Segment.base_begin of a "new rows" segment
-
 // How one head changed: segments in new row order, and which current rows are new.
 struct HeadPlan {
   uint32_t layer = 0;
@@ -40,41 +38,12 @@ void add_segment(std::vector<fb::Segment>& segs, uint64_t base_begin, uint64_t c
   segs.emplace_back(base_begin, count);
 }
 
-// Matches current rows against the previous fingerprints in order: survivors of eviction keep
-// their relative order, so each current row either continues the previous match, jumps forward
-// over evicted rows, or is new.
 HeadPlan plan_head(uint32_t layer, uint32_t head, const std::vector<uint64_t>& before,
                    const std::vector<uint64_t>& now) {
   HeadPlan p;
   p.layer = layer;
   p.head = head;
-  size_t j = 0;
-  std::unordered_map<uint64_t, std::vector<size_t>> where;  // built on the first mismatch
-  bool indexed = false;
-  for (size_t i = 0; i < now.size(); ++i) {
-    if (j < before.size() && now[i] == before[j]) {
-      add_segment(p.segments, j, 1);
-      ++j;
-      continue;
-    }
-    if (!indexed) {
-      for (size_t b = 0; b < before.size(); ++b) where[before[b]].push_back(b);
-      indexed = true;
-    }
-    size_t found = before.size();
-    auto it = where.find(now[i]);
-    if (it != where.end()) {
-      auto pos = std::lower_bound(it->second.begin(), it->second.end(), j);
-      if (pos != it->second.end()) found = *pos;
-    }
-    if (found < before.size()) {
-      add_segment(p.segments, found, 1);
-      j = found + 1;
-    } else {
-      add_segment(p.segments, kNewRows, 1);
-      p.new_rows.push_back(i);
-    }
-  }
+  p.segments = match_in_order(before, now, &p.new_rows);
   return p;
 }
 
@@ -92,6 +61,43 @@ struct Entry {
 };
 
 }  // namespace
+
+// Matches current rows against the previous keys in order: survivors of eviction keep their
+// relative order, so each current row either continues the previous match, jumps forward over
+// evicted rows, or is new.
+std::vector<fb::Segment> match_in_order(const std::vector<uint64_t>& before,
+                                        const std::vector<uint64_t>& now,
+                                        std::vector<size_t>* new_rows) {
+  std::vector<fb::Segment> segs;
+  size_t j = 0;
+  std::unordered_map<uint64_t, std::vector<size_t>> where;  // built on the first mismatch
+  bool indexed = false;
+  for (size_t i = 0; i < now.size(); ++i) {
+    if (j < before.size() && now[i] == before[j]) {
+      add_segment(segs, j, 1);
+      ++j;
+      continue;
+    }
+    if (!indexed) {
+      for (size_t b = 0; b < before.size(); ++b) where[before[b]].push_back(b);
+      indexed = true;
+    }
+    size_t found = before.size();
+    auto it = where.find(now[i]);
+    if (it != where.end()) {
+      auto pos = std::lower_bound(it->second.begin(), it->second.end(), j);
+      if (pos != it->second.end()) found = *pos;
+    }
+    if (found < before.size()) {
+      add_segment(segs, found, 1);
+      j = found + 1;
+    } else {
+      add_segment(segs, kNewRows, 1);
+      if (new_rows) new_rows->push_back(i);
+    }
+  }
+  return segs;
+}
 
 uint64_t row_fingerprint(int32_t position, const uint16_t* k, const uint16_t* v,
                          size_t head_dim) {
@@ -119,14 +125,17 @@ Fingerprints fingerprint_with(const Cache& cache, std::vector<std::vector<TierRe
     }
   }
   fp.tiers.resize(g.n_layers);
-  if (records) records->assign(g.n_layers, {});
+  std::vector<std::vector<TierRecord>> own;
+  if (!records) records = &own;
+  records->assign(g.n_layers, {});
   for (uint32_t l = 0; l < g.n_layers; ++l) {
     std::vector<TierRecord> r = cache.tier_records(l);
     out.push_back(r.empty() ? std::vector<uint64_t>{} : std::vector<uint64_t>{tier_records_hash(r)});
     fp.tiers[l] = sign_layer(r);
-    if (records) (*records)[l] = std::move(r);
+    (*records)[l] = std::move(r);
   }
   fp.windows = window_fingerprints(cache);
+  fp.scores = score_base(cache);
   return fp;
 }
 
@@ -210,10 +219,16 @@ DeltaFrames build_delta(const Cache& cache, const JournalBase& base, uint64_t ma
       heads.push_back(fb::CreateHeadDelta(fbb, p.layer, p.head, segs, rows));
     }
     const bool last = part + 1 == parts.size();
-    // The policy state (H2O scores change on every observe, windows roll) goes whole into the
-    // last part: small next to the rows (4 bytes per row and KV head at most).
+    // The policy state goes into the last part: observation windows as the queries they kept
+    // plus their new ones (format major 3), H2O scores (every observe changes each of them in
+    // place, mostly in their low bits) as differences against the scores of the same rows at
+    // the base (format 3.1), else whole.
+    const bool v3 = base.format_major >= 3;
+    const bool score_diffs = base.format_major > 3 || (v3 && base.format_minor >= 1);
     const auto policy_state =
-        last ? build_policy_state(fbb, cache, base.format_major >= 3 ? &base.windows : nullptr)
+        last ? build_policy_state(fbb, cache, v3 ? &base.windows : nullptr,
+                                  score_diffs ? &base.scores : nullptr,
+                                  score_diffs ? &d.now.scores : nullptr)
              : flatbuffers::Offset<fb::PolicyState>(0);
     // Changed compressed layers go into the last part too: field by field against their records
     // at the base (format major 3), or whole (older files, or a layer whose records changed

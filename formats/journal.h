@@ -19,6 +19,7 @@
 
 #include "core/cache.h"
 #include "core/geometry.h"
+#include "policy_state.h"
 #include "tier_delta.h"
 
 namespace kvsdk::fb {
@@ -43,8 +44,24 @@ struct JournalBase {
   std::vector<LayerSignature> tiers;
   // Per layer, one fingerprint per observation-window query (policy_state.h).
   std::vector<std::vector<uint64_t>> windows;
+  // H2O: the position and score of every row (policy_state.h), which deltas of format 3.1 give
+  // the new scores as differences against: 8 bytes of host memory per row and KV head between
+  // saves, for h2o caches only (empty otherwise).
+  ScoreBase scores;
   uint16_t format_major = 1;
+  uint16_t format_minor = 0;
 };
+
+// Segment.base_begin of a "new rows" segment.
+constexpr uint64_t kNewRows = ~0ull;
+
+// Matches `now` against `before` in order, as segments of `now` (copies of runs of `before`, new
+// entries), appending the indices of new entries to `new_rows` (nullable): survivors of eviction
+// keep their relative order, so each entry continues the previous match, jumps forward over
+// removed entries, or is new.
+std::vector<fb::Segment> match_in_order(const std::vector<uint64_t>& before,
+                                        const std::vector<uint64_t>& now,
+                                        std::vector<size_t>* new_rows);
 
 uint64_t row_fingerprint(int32_t position, const uint16_t* k, const uint16_t* v, size_t head_dim);
 
@@ -54,6 +71,7 @@ struct Fingerprints {
   std::vector<std::vector<uint64_t>> rows;
   std::vector<LayerSignature> tiers;
   std::vector<std::vector<uint64_t>> windows;
+  ScoreBase scores;
 };
 Fingerprints fingerprint(const Cache& cache);
 

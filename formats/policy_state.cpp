@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 #include "core/policy.h"
+#include "journal.h"
 #include "xxhash64.h"
 
 namespace kvsdk::format {
@@ -29,7 +31,96 @@ size_t reused_queries(const std::vector<uint64_t>& before, const std::vector<uin
   return 0;
 }
 
+uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+
+float float_of(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+
+// Row keys for matching scores across a delta: positions, or row indices when the positions do
+// not describe the scores (matching only chooses what a difference is taken against).
+std::vector<uint64_t> score_keys(const HeadScoreBase& h) {
+  std::vector<uint64_t> k(h.scores.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = h.positions.size() == h.scores.size() ? uint64_t(uint32_t(h.positions[i])) : i;
+  }
+  return k;
+}
+
+// A head's scores as differences against the scores of the same rows before (format 3.1).
+flatbuffers::Offset<fb::HeadScores> build_score_diffs(flatbuffers::FlatBufferBuilder& fbb,
+                                                      const HeadScoreBase* before,
+                                                      const HeadScoreBase& now) {
+  static const HeadScoreBase kNone;
+  if (!before) before = &kNone;
+  const std::vector<fb::Segment> segs = match_in_order(score_keys(*before), score_keys(now), nullptr);
+  const size_t n = now.scores.size();
+  std::vector<uint8_t> planes(4 * n);
+  size_t i = 0;
+  for (const fb::Segment& sg : segs) {
+    for (uint64_t c = 0; c < sg.count(); ++c, ++i) {
+      const uint32_t ref = sg.base_begin() == kNewRows ? 0 : bits_of(before->scores[sg.base_begin() + c]);
+      const uint32_t d = bits_of(now.scores[i]) - ref;
+      for (size_t b = 0; b < 4; ++b) planes[b * n + i] = uint8_t(d >> (8 * b));
+    }
+  }
+  return fb::CreateHeadScores(fbb, 0, fbb.CreateVectorOfStructs(segs), fbb.CreateVector(planes));
+}
+
+// Scores a delta gives as differences against `old` (the head's scores before it).
+std::vector<float> read_score_diffs(const fb::HeadScores& hs, const std::vector<float>& old,
+                                    uint64_t rows) {
+  const auto* segs = hs.score_base();
+  const auto* diffs = hs.score_diffs();
+  if (!segs || !diffs || diffs->size() / 4 != rows || diffs->size() % 4 != 0) {
+    bad("score differences of another size than the rows");
+  }
+  const size_t n = size_t(rows);
+  std::vector<float> v(n);
+  size_t i = 0;
+  for (const fb::Segment* sg : *segs) {
+    const uint64_t count = sg->count();
+    const uint64_t b = sg->base_begin();
+    if (count > n - i || (b != kNewRows && (b > old.size() || count > old.size() - b))) {
+      bad("score differences against rows the scores before did not have");
+    }
+    for (uint64_t c = 0; c < count; ++c, ++i) {
+      const uint32_t ref = b == kNewRows ? 0 : bits_of(old[size_t(b + c)]);
+      uint32_t d = 0;
+      for (size_t p = 0; p < 4; ++p) d |= uint32_t(diffs->Get(uint32_t(p * n + i))) << (8 * p);
+      v[i] = float_of(ref + d);
+    }
+  }
+  if (i != n) bad("score differences for fewer rows than the head holds");
+  return v;
+}
+
 }  // namespace
+
+ScoreBase score_base(const Cache& cache) {
+  const Geometry& g = cache.geometry();
+  ScoreBase out(g.n_layers);
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    const LayerPolicyState& L = cache.layer(l);
+    if (L.scores.empty()) continue;
+    out[l].resize(L.scores.size());
+    for (size_t h = 0; h < L.scores.size(); ++h) {
+      HeadScoreBase& b = out[l][h];
+      b.scores = L.scores[h];
+      // The scores are parallel to the rows of the layer's row store, whatever it keeps them in.
+      const Representation& s = cache.store(l);
+      const int32_t* pos = s.row_positions(l, uint32_t(h));
+      b.positions.assign(pos, pos + s.head_tokens(l, uint32_t(h)));
+    }
+  }
+  return out;
+}
 
 std::vector<std::vector<uint64_t>> window_fingerprints(const Cache& cache) {
   const Geometry& g = cache.geometry();
@@ -47,7 +138,8 @@ std::vector<std::vector<uint64_t>> window_fingerprints(const Cache& cache) {
 
 flatbuffers::Offset<fb::PolicyState> build_policy_state(
     flatbuffers::FlatBufferBuilder& fbb, const Cache& cache,
-    const std::vector<std::vector<uint64_t>>* before) {
+    const std::vector<std::vector<uint64_t>>* before, const ScoreBase* scores_before,
+    const ScoreBase* scores_now) {
   const Geometry& g = cache.geometry();
   const size_t qe = g.q_elems_per_token();
   const std::vector<std::vector<uint64_t>> now =
@@ -58,8 +150,17 @@ flatbuffers::Offset<fb::PolicyState> build_policy_state(
     flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::HeadScores>>> scores = 0;
     if (!L.scores.empty()) {
       std::vector<flatbuffers::Offset<fb::HeadScores>> heads;
-      for (const std::vector<float>& s : L.scores) {
-        heads.push_back(fb::CreateHeadScores(fbb, fbb.CreateVector(s)));
+      const bool diffs = scores_before && scores_now && l < scores_now->size() &&
+                         (*scores_now)[l].size() == L.scores.size();
+      for (size_t h = 0; h < L.scores.size(); ++h) {
+        if (!diffs) {
+          heads.push_back(fb::CreateHeadScores(fbb, fbb.CreateVector(L.scores[h])));
+          continue;
+        }
+        const HeadScoreBase* was = l < scores_before->size() && h < (*scores_before)[l].size()
+                                       ? &(*scores_before)[l][h]
+                                       : nullptr;
+        heads.push_back(build_score_diffs(fbb, was, (*scores_now)[l][h]));
       }
       scores = fbb.CreateVector(heads);
     }
@@ -88,7 +189,8 @@ flatbuffers::Offset<fb::PolicyState> build_policy_state(
 
 void read_policy_state(const fb::PolicyState* st, const Geometry& g, const kvsdk_policy& p,
                        const std::vector<std::vector<uint64_t>>& rows,
-                       std::vector<LayerState>& layers, PolicyRuntime& runtime) {
+                       std::vector<LayerState>& layers, PolicyRuntime& runtime,
+                       bool score_diffs) {
   const bool h2o = method_traits(p).scores_rows();
   const size_t qe = g.q_elems_per_token();
   PolicyRuntime rt;
@@ -110,8 +212,19 @@ void read_policy_state(const fb::PolicyState* st, const Geometry& g, const kvsdk
         if (!h2o || ls->head_scores()->size() != g.n_kv_heads) bad("scores for a policy without them");
         for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
           const fb::HeadScores* hs = ls->head_scores()->Get(h);
-          if (!hs->values() || hs->values()->size() != rows[l][h]) bad("score count differs from rows");
-          std::vector<float> v(hs->values()->begin(), hs->values()->end());
+          std::vector<float> v;
+          if (hs->score_base() || hs->score_diffs()) {
+            if (!score_diffs || hs->values()) {
+              bad("score differences outside a journal delta of format 3.1 or later, or with "
+                  "whole scores");
+            }
+            static const std::vector<float> kNone;
+            const std::vector<float>& old = h < layers[l].scores.size() ? layers[l].scores[h] : kNone;
+            v = read_score_diffs(*hs, old, rows[l][h]);
+          } else {
+            if (!hs->values() || hs->values()->size() != rows[l][h]) bad("score count differs from rows");
+            v.assign(hs->values()->begin(), hs->values()->end());
+          }
           for (float x : v) {
             if (!(std::isfinite(x) && x >= 0)) bad("score out of range");
           }

@@ -9,26 +9,46 @@
 
 #include "core/cache.h"
 #include "core/geometry.h"
+#include "core/tier_record.h"
 #include "kvsdk_generated.h"
 
 namespace kvsdk::format {
 
+// H2O scores as a journal writer remembers them between saves: per layer (empty for a layer
+// without scores) and KV head, the position and the score of every row, in row order.
+struct HeadScoreBase {
+  std::vector<int32_t> positions;
+  std::vector<float> scores;
+};
+using ScoreBase = std::vector<std::vector<HeadScoreBase>>;
+
+// The scores of `cache` with the positions of their rows in the layer's row store (exact rows, or
+// a KIVI overlay's "positions" field), as the snapshot reader counts them.
+ScoreBase score_base(const Cache& cache);
+
 // With `before` (a journal delta of format major 3: window_fingerprints() of the state the delta
 // continues), each observation window is written as the queries it shares with the window
-// before it (window_reused) plus its new queries, instead of whole.
+// before it (window_reused) plus its new queries, instead of whole. With `scores_before` and
+// `scores_now` (a delta of format 3.1: score_base() of the state the delta continues and of
+// `cache`), H2O scores are written as differences against the scores of the same rows before
+// (HeadScores.score_base / score_diffs), instead of whole.
 flatbuffers::Offset<fb::PolicyState> build_policy_state(
     flatbuffers::FlatBufferBuilder& fbb, const Cache& cache,
-    const std::vector<std::vector<uint64_t>>* before = nullptr);
+    const std::vector<std::vector<uint64_t>>* before = nullptr,
+    const ScoreBase* scores_before = nullptr, const ScoreBase* scores_now = nullptr);
 
 // One fingerprint per observation-window query (position and values), per layer.
 std::vector<std::vector<uint64_t>> window_fingerprints(const Cache& cache);
 
 // Validates `state` (nullable: no state saved) against the geometry, the policy and the row
 // count of every head (`rows[l][h]`), then fills the per-layer policy state of `layers` and
-// `runtime`; a window that reuses queries (window_reused) continues the window `layers` holds.
+// `runtime`; a window that reuses queries (window_reused) continues the window `layers` holds,
+// and scores given as differences (allowed only with `score_diffs`: the journal deltas of a
+// format 3.1 or later file) continue the scores `layers` holds.
 // Throws KVSDK_E_CORRUPT on anything inconsistent.
 void read_policy_state(const fb::PolicyState* state, const Geometry& g, const kvsdk_policy& p,
                        const std::vector<std::vector<uint64_t>>& rows,
-                       std::vector<LayerState>& layers, PolicyRuntime& runtime);
+                       std::vector<LayerState>& layers, PolicyRuntime& runtime,
+                       bool score_diffs = false);
 
 }  // namespace kvsdk::format

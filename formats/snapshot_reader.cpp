@@ -412,8 +412,9 @@ void read_journal(Reader& rd, Snapshot& s) {
           rows[l].push_back(n);
         }
       }
+      const bool score_diffs = s.format_major > 3 || (s.format_major == 3 && s.format_minor >= 1);
       read_policy_state(parts.back()->policy_state(), s.geometry, s.policy, rows, s.layers,
-                        s.runtime);
+                        s.runtime, score_diffs);
       check_window_positions(s.layers);
       for (const RawFrame& p : pending) {
         s.journal_frames.push_back({p.offset, p.header.payload_bytes, p.header.kind});

@@ -133,6 +133,10 @@ uint16_t format_major_for(const Cache& cache, bool any_tier) {
   return any_tier || method_traits(cache.policy()).uses_window() ? kFormatMajor : kFormatMajorV1;
 }
 
+uint16_t format_minor_for(uint16_t major) {
+  return major == kFormatMajor ? kFormatMinor : kFormatMinorV1;
+}
+
 uint64_t snapshot_id_of(const Cache& cache, const std::vector<std::vector<uint64_t>>& rows) {
   Xxh64Stream h(0x6b7673646b736e70ull);  // "kvsdksnp"
   const auto add_vec = [&h](const auto& v) {
@@ -181,7 +185,7 @@ uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t s
     any_tier = any_tier || !tiers[l].empty();
   }
   const uint16_t major = format_major_for(cache, any_tier);
-  const uint16_t minor = major == kFormatMajor ? kFormatMinor : kFormatMinorV1;
+  const uint16_t minor = format_minor_for(major);
   FrameWriter out(sink, snapshot_id, params.zstd_level);
   out.write_file_header(major, minor);
 

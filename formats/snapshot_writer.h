@@ -33,6 +33,8 @@ uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t s
 // encodings (compressed stores field by field, sliding observation windows), so that older
 // readers refuse them; 1 otherwise, which readers that know only major 1 keep loading.
 uint16_t format_major_for(const Cache& cache, bool any_tier);
+// The minor version a file of that major is written with.
+uint16_t format_minor_for(uint16_t major);
 
 uint64_t snapshot_id_of(const Cache& cache, const std::vector<std::vector<uint64_t>>& rows);
 

@@ -781,14 +781,15 @@ KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache *cache, kvsdk_cache *pr
  *  every minor version of its major versions (unknown additions are ignored) and rejects a newer
  *  major version with KVSDK_E_VERSION. Snapshots of caches with layers in compressed tiers (kivi,
  *  '+kiviN' overlays, spindlekv's codebook layers, minicache's merged layers, smallkv, specache)
- *  or with observation windows (snapkv, pyramidkv, xkv) are written as format 3.0, whose journal
+ *  or with observation windows (snapkv, pyramidkv, xkv) are written as format 3.1, whose journal
  *  deltas describe compressed stores field by field and windows by the queries they kept (a
- *  format-2 reader would misapply them, so it refuses the file); other caches hold only exact
- *  rows and are written as format 1.2, so readers that know only major 1 keep loading them.
- *  Files of formats 1.x and 2.0 written by earlier versions load, and their journals continue
- *  in their own format. */
+ *  format-2 reader would misapply them, so it refuses the file), and from 3.1 on give H2O scores
+ *  as differences against the scores before the delta (a 3.0 reader refuses such a delta as
+ *  corrupt); other caches hold only exact rows and are written as format 1.2, so readers that
+ *  know only major 1 keep loading them. Files of formats 1.x, 2.0 and 3.0 written by earlier
+ *  versions load, and their journals continue in their own format. */
 #define KVSDK_SNAPSHOT_FORMAT_MAJOR 3
-#define KVSDK_SNAPSHOT_FORMAT_MINOR 0
+#define KVSDK_SNAPSHOT_FORMAT_MINOR 1
 
 typedef struct kvsdk_save_options {
   uint32_t struct_size;      /**< sizeof(kvsdk_save_options); set by kvsdk_save_options_init. */

@@ -24,7 +24,7 @@ kvsdk_cache& handle(kvsdk_cache* cache) {
 
 std::shared_ptr<JournalBase> make_base(Fingerprints fp, uint64_t id, uint64_t base_end,
                                        uint64_t journal_end, uint64_t next_sequence,
-                                       uint16_t format_major) {
+                                       uint16_t format_major, uint16_t format_minor) {
   auto b = std::make_shared<JournalBase>();
   b->snapshot_id = id;
   b->base_end = base_end;
@@ -33,7 +33,9 @@ std::shared_ptr<JournalBase> make_base(Fingerprints fp, uint64_t id, uint64_t ba
   b->rows = std::move(fp.rows);
   b->tiers = std::move(fp.tiers);
   b->windows = std::move(fp.windows);
+  b->scores = std::move(fp.scores);
   b->format_major = format_major;
+  b->format_minor = format_minor;
   return b;
 }
 
@@ -76,7 +78,7 @@ void load(kvsdk_cache** out, kvsdk_context* ctx, const unsigned char* data, size
     fp.tiers[l] = sign_layer(s.tiers[l]);
   }
   h->journal = make_base(std::move(fp), s.snapshot_id, s.base_end, s.journal_end,
-                         s.next_sequence, s.format_major);
+                         s.next_sequence, s.format_major, s.format_minor);
   if (info) {
     info->format_major = s.format_major;
     info->format_minor = s.format_minor;
@@ -98,7 +100,8 @@ void save_full(kvsdk_cache& c, const char* path, const SaveParams& params) {
     any_tier = any_tier || !layer.empty();
     if (!params.include_backing) drop_backing_fields(layer);
   }
-  auto base = make_base(std::move(fp), id, 0, 0, 1, format_major_for(*c.impl, any_tier));
+  const uint16_t major = format_major_for(*c.impl, any_tier);
+  auto base = make_base(std::move(fp), id, 0, 0, 1, major, format_minor_for(major));
   save_file_atomically(path, [&](Sink& sink) {
     base->base_end = base->journal_end = write_snapshot(*c.impl, params, id, sink);
   });
@@ -161,6 +164,7 @@ KVSDK_API kvsdk_status kvsdk_cache_save_delta(kvsdk_cache* cache, const char* pa
     c.journal->rows = std::move(d.now.rows);
     c.journal->tiers = std::move(d.now.tiers);
     c.journal->windows = std::move(d.now.windows);
+    c.journal->scores = std::move(d.now.scores);
     // Compaction: a journal past its share of the base is folded into a fresh full save.
     const JournalBase& b = *c.journal;
     if (params.max_journal_percent != 0 &&

@@ -4,6 +4,7 @@
 // append/observe/compress/attend sequences. Corrupt policy state is rejected.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -150,6 +151,41 @@ TEST(PolicyStateSnapshot, JournalDeltasCarryThePolicyState) {
   }
 }
 
+// h2o+kiviN files are format 3.1: their deltas give H2O scores as differences against the scores
+// of the same rows before (rows evicted in between, new rows against 0); every delta replays to
+// the same scores, bit for bit (a full save holds them: equal buffers), and the resumed cache
+// continues alike.
+TEST(PolicyStateSnapshot, ScoreDifferencesReplayThroughEviction) {
+  TempDir dir;
+  const std::string path = dir.file("h2o.kvsnap");
+  auto ctx = make_context(0);
+  std::vector<int32_t> pos(kG.n_layers, 0);
+  CachePtr a = make_busy_cache(ctx.get(), "h2o+kivi4", pos);
+  ASSERT_EQ(kvsdk_cache_save(a.get(), path.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  uint64_t appended = 0;
+  for (int d = 0; d < 4; ++d) {
+    for (uint32_t s = 0; s < 15; ++s) step(a.get(), 7000 + 100 * d + s, pos, true);
+    ASSERT_EQ(kvsdk_cache_save_delta(a.get(), path.c_str(), nullptr), KVSDK_OK)
+        << kvsdk_last_error();
+  }
+  for (int32_t p : pos) appended += uint64_t(p) * kG.n_kv_heads;
+  kvsdk_cache_stats st;
+  st.struct_size = sizeof st;
+  ASSERT_EQ(kvsdk_cache_stats_get(a.get(), &st), KVSDK_OK);
+  EXPECT_LT(st.tokens, appended);  // rows were evicted between the deltas
+  kvsdk_cache* raw = nullptr;
+  kvsdk_load_info info;
+  info.struct_size = sizeof info;
+  ASSERT_EQ(kvsdk_cache_load(&raw, ctx.get(), path.c_str(), nullptr, &info), KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr b(raw);
+  EXPECT_EQ(info.format_major, 3u);
+  EXPECT_GE(info.format_minor, 1u);
+  EXPECT_EQ(info.journal_frames_applied, 4u);
+  EXPECT_EQ(save_buffer(a.get()), save_buffer(b.get()));  // every score, bit for bit
+  continue_alike(a.get(), b.get(), pos);
+}
+
 TEST(PolicyStateSnapshot, LoadedCacheIsChargedItsPolicyBytes) {
   auto ctx = make_context(0);
   std::vector<int32_t> pos(kG.n_layers, 0);
@@ -234,6 +270,71 @@ TEST(PolicyStateSnapshot, InconsistentStateIsCorrupt) {
     return fb::CreatePolicyState(fbb, 0, 0, fbb.CreateVector(std::vector<double>{0.5, NAN, 0.5}),
                                  0, fbb.CreateVector(ls));
   });
+}
+
+// Scores given as differences (format 3.1 journal deltas) decode against the scores before, and
+// are refused outside such deltas, against rows the scores before did not have, or sized unlike
+// the rows.
+TEST(PolicyStateSnapshot, ScoreDifferencesAreCheckedAgainstTheScoresBefore) {
+  namespace fb = kvsdk::fb;
+  const kvsdk::Geometry g = kvsdk::Geometry::from_c(&kG);
+  const std::vector<std::vector<uint64_t>> rows(3, std::vector<uint64_t>(2, 3));
+  auto bits = [](float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    return b;
+  };
+  // Every head: row 0 continues old row 1, row 1 old row 2, row 2 is new.
+  auto build = [&](flatbuffers::FlatBufferBuilder& fbb, uint64_t copy_from, size_t diff_rows) {
+    const std::vector<fb::Segment> segs = {fb::Segment(copy_from, 2), fb::Segment(~0ull, 1)};
+    const uint32_t d[3] = {bits(2.5f) - bits(2.0f), bits(3.25f) - bits(3.0f), bits(0.75f)};
+    std::vector<uint8_t> planes(4 * diff_rows);
+    for (size_t i = 0; i < diff_rows && i < 3; ++i) {
+      for (size_t p = 0; p < 4; ++p) planes[p * diff_rows + i] = uint8_t(d[i] >> (8 * p));
+    }
+    std::vector<flatbuffers::Offset<fb::LayerPolicyState>> ls;
+    for (int l = 0; l < 3; ++l) {
+      std::vector<flatbuffers::Offset<fb::HeadScores>> hs;
+      for (int h = 0; h < 2; ++h) {
+        hs.push_back(fb::CreateHeadScores(fbb, 0, fbb.CreateVectorOfStructs(segs),
+                                          fbb.CreateVector(planes)));
+      }
+      ls.push_back(fb::CreateLayerPolicyState(fbb, fbb.CreateVector(hs)));
+    }
+    fbb.Finish(fb::CreatePolicyState(fbb, 0, 0, 0, 0, fbb.CreateVector(ls)));
+    return flatbuffers::GetRoot<fb::PolicyState>(fbb.GetBufferPointer());
+  };
+  auto read = [&](const fb::PolicyState* st, bool allowed, std::vector<kvsdk::LayerState>& layers) {
+    kvsdk::PolicyRuntime rt;
+    kvsdk::format::read_policy_state(st, g, kvsdk::policy_defaults(KVSDK_METHOD_H2O), rows,
+                                     layers, rt, allowed);
+  };
+  auto before = [] {
+    std::vector<kvsdk::LayerState> layers(3);
+    for (auto& L : layers) L.scores.assign(2, std::vector<float>{1.0f, 2.0f, 3.0f});
+    return layers;
+  };
+  {
+    flatbuffers::FlatBufferBuilder fbb;
+    std::vector<kvsdk::LayerState> layers = before();
+    read(build(fbb, 1, 3), true, layers);
+    for (const auto& L : layers) {
+      for (const auto& h : L.scores) EXPECT_EQ(h, (std::vector<float>{2.5f, 3.25f, 0.75f}));
+    }
+  }
+  auto expect_corrupt = [&](uint64_t copy_from, size_t diff_rows, bool allowed) {
+    flatbuffers::FlatBufferBuilder fbb;
+    std::vector<kvsdk::LayerState> layers = before();
+    try {
+      read(build(fbb, copy_from, diff_rows), allowed, layers);
+      ADD_FAILURE() << "accepted: copy from " << copy_from << ", " << diff_rows << " rows";
+    } catch (const kvsdk::Error& e) {
+      EXPECT_EQ(e.status(), KVSDK_E_CORRUPT) << e.what();
+    }
+  };
+  expect_corrupt(1, 3, false);  // in a full snapshot or a format 3.0 delta
+  expect_corrupt(2, 3, true);   // copies old rows 2..3 of 3
+  expect_corrupt(1, 4, true);   // differences for 4 rows, the head holds 3
 }
 
 }  // namespace

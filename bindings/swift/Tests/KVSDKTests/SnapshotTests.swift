@@ -14,7 +14,7 @@ final class SnapshotTests: XCTestCase {
         }
         let bytes = try cache.saveToBytes()
         let (loaded, info) = try Cache.load(context: context, bytes: bytes, expected: geometry)
-        // Caches of exact rows only are written as 1.2 (kvsdk.h); the newest format is 3.0.
+        // Caches of exact rows only are written as 1.2 (kvsdk.h); the newest format is 3.1.
         XCTAssertEqual(info.formatMajor, 1)
         XCTAssertEqual(info.formatMinor, 2)
         XCTAssertEqual(snapshotFormat.major, 3)
