@@ -772,6 +772,12 @@ KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache *cache, kvsdk_cache *pr
  * trailer with a hash of the whole snapshot, then optional journal frames appended by
  * kvsdk_cache_save_delta. Little-endian on every platform, so a snapshot moves between machines.
  * (Caches exist only on the CPU backend in this version: a CUDA context cannot be created yet.)
+ * Across architectures: a snapshot saved on x86-64 and resumed on aarch64 (or the reverse) by the
+ * same kvsdk version continues bit-identically, for every policy, journal deltas included, within
+ * the exceptions above: kvsdk fuses no multiply-adds and computes exp, sin, cos, acos and pow
+ * itself rather than with the platform's C library (whose results differ in the last bit between
+ * platforms and even between CPUs of one architecture), so the same appends and attends give the
+ * same stored rows and the same outputs on either side. No tolerance applies.
  *
  * Loading validates everything before it is used (FlatBuffers Verifier with limits, sizes against
  * the geometry, every checksum): corrupt or truncated input yields KVSDK_E_CORRUPT, never a crash.

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "portable_math.h"
+
 namespace kvsdk::cpu {
 
 float dot_f32(const float* a, const float* b, size_t n) {
@@ -51,7 +53,9 @@ void OnlineAttention::add_chunk(const float* k, const float* v, const int32_t* p
     if (chunk_max == neg_inf) continue;  // nothing visible in this chunk
     float* acc = acc_.data() + r * dim_;
     if (chunk_max > max_[r]) {
-      const float rescale = std::exp(max_[r] - chunk_max);  // exp(-inf) = 0 on the first chunk
+      // exp from portable_math.h, not libm (whose expf differs by platform): outputs and the
+      // importance state derived from them keep their bits on every architecture.
+      const float rescale = pmath::exp_f32(max_[r] - chunk_max);  // exp(-inf) = 0 at first
       sum_[r] *= rescale;
       for (size_t d = 0; d < dim_; ++d) acc[d] *= rescale;
       max_[r] = chunk_max;
@@ -59,7 +63,7 @@ void OnlineAttention::add_chunk(const float* k, const float* v, const int32_t* p
     const float m = max_[r];
     for (size_t t = 0; t < n_tokens; ++t) {
       if (scores_[t] == neg_inf) continue;
-      const float p = std::exp(scores_[t] - m);
+      const float p = pmath::exp_f32(scores_[t] - m);
       sum_[r] += p;
       const float* vt = v + t * dim_;
       for (size_t d = 0; d < dim_; ++d) acc[d] += p * vt[d];

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "portable_math.h"
 
 namespace kvsdk::cpu {
 
@@ -50,7 +51,8 @@ void attention_column_sums(const float* q_rows, const int32_t* row_pos, size_t n
       if (m == neg_inf) continue;  // this row sees no key
       float sum = 0.0f;
       for (size_t t = 0; t < n_keys; ++t) {
-        const float e = lr[t] == neg_inf ? 0.0f : std::exp(lr[t] - m);
+        // Portable exp (portable_math.h): scores decide evictions, which snapshots resume.
+        const float e = lr[t] == neg_inf ? 0.0f : pmath::exp_f32(lr[t] - m);
         lr[t] = e;
         sum += e;
       }

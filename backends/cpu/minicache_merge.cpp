@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "portable_math.h"
 
 namespace kvsdk::cpu {
 
@@ -32,21 +33,23 @@ double cos_omega(const float* a, const float* b, size_t dim, double na, double n
 float minicache_angular_distance(const float* a, const float* b, size_t dim) {
   const double na = norm_d(a, dim), nb = norm_d(b, dim);
   if (!(na > 0.0) || !(nb > 0.0) || !std::isfinite(na) || !std::isfinite(nb)) return 1.0f;
-  const double d = std::acos(cos_omega(a, b, dim, na, nb)) / kPi;
+  const double d = pmath::acos(cos_omega(a, b, dim, na, nb)) / kPi;
   return d == d ? float(d) : 1.0f;  // NaN/inf rows: treat as unrelated (kept unmerged)
 }
 
 void minicache_slerp(const float* a, const float* b, size_t dim, float t, float* out) {
   const double na = norm_d(a, dim), nb = norm_d(b, dim);
-  const double omega = std::acos(cos_omega(a, b, dim, na, nb));
-  const double s = std::sin(omega);
+  // acos and sin from portable_math.h, not libm: the merged directions and the retention
+  // threshold are stored state, and must have the same bits on every platform.
+  const double omega = pmath::acos(cos_omega(a, b, dim, na, nb));
+  const double s = pmath::sin(omega);
   double wa, wb;
   if (s < 1e-6) {  // (anti)parallel directions: SLERP's weights are 0/0, interpolate linearly
     wa = 1.0 - t;
     wb = t;
   } else {
-    wa = std::sin((1.0 - t) * omega) / s;
-    wb = std::sin(t * omega) / s;
+    wa = pmath::sin((1.0 - t) * omega) / s;
+    wb = pmath::sin(t * omega) / s;
   }
   for (size_t i = 0; i < dim; ++i) out[i] = float(wa * a[i] / na + wb * b[i] / nb);
 }

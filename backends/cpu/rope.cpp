@@ -2,23 +2,28 @@
 
 #include <cmath>
 
+#include "portable_math.h"
+
 namespace kvsdk::cpu {
 
 Rope::Rope(size_t head_dim, float theta, kvsdk_rope_style style)
     : dim_(head_dim), style_(style), freq_(head_dim / 2) {
   for (size_t i = 0; i < freq_.size(); ++i) {
-    freq_[i] = std::pow(double(theta), -2.0 * double(i) / double(head_dim));
+    freq_[i] = pmath::pow_positive(double(theta), -2.0 * double(i) / double(head_dim));
   }
 }
 
 // Angles and the rotation itself are computed in double: positions reach 1e5+ and an f32 angle
-// would lose the low bits that make apply and inverse agree.
+// would lose the low bits that make apply and inverse agree. pow/sin/cos come from
+// portable_math.h, not libm: SpindleKV stores de-rotated keys, so their bits must not depend on
+// the platform (snapshots continue bit-identically on another architecture).
 void Rope::rotate(float* x, int32_t position, double sign) const {
   if (style_ == KVSDK_ROPE_NONE) return;
   const size_t half = dim_ / 2;
   for (size_t i = 0; i < half; ++i) {
     const double angle = sign * double(position) * freq_[i];
-    const double c = std::cos(angle), s = std::sin(angle);
+    double c = 0.0, s = 0.0;
+    pmath::sincos(angle, &s, &c);
     const size_t a = style_ == KVSDK_ROPE_INTERLEAVED ? 2 * i : i;
     const size_t b = style_ == KVSDK_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
     const double xa = x[a], xb = x[b];
@@ -32,8 +37,7 @@ void Rope::apply_rows(float* x, const int32_t* positions, size_t n) const {
   const size_t half = dim_ / 2;
   std::vector<double> c(half), s(half), step_c(half), step_s(half);
   for (size_t i = 0; i < half; ++i) {
-    step_c[i] = std::cos(freq_[i]);
-    step_s[i] = std::sin(freq_[i]);
+    pmath::sincos(freq_[i], &step_s[i], &step_c[i]);
   }
   size_t since_anchor = kAnchor;
   for (size_t t = 0; t < n; ++t) {
@@ -43,8 +47,7 @@ void Rope::apply_rows(float* x, const int32_t* positions, size_t n) const {
     if (!consecutive || since_anchor >= kAnchor) {
       for (size_t i = 0; i < half; ++i) {
         const double angle = double(positions[t]) * freq_[i];
-        c[i] = std::cos(angle);
-        s[i] = std::sin(angle);
+        pmath::sincos(angle, &s[i], &c[i]);
       }
       since_anchor = 0;
     } else {

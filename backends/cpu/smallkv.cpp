@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "attention.h"
+#include "portable_math.h"
 
 namespace kvsdk::cpu {
 
@@ -32,7 +33,8 @@ void softmax_row(const float* q, int32_t q_position, const float* k, const int32
   }
   double z = 0;
   for (size_t t = 0; t < n; ++t) {
-    p[t] = positions[t] > q_position ? 0.0 : std::exp(p[t] - mx);
+    // Portable exp (portable_math.h): these probabilities accumulate into saved importance.
+    p[t] = positions[t] > q_position ? 0.0 : pmath::exp(p[t] - mx);
     z += p[t];
   }
   for (double& x : p) x /= z;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "portable_math.h"
 #include "smallkv.h"
 
 namespace kvsdk::cpu {
@@ -88,7 +89,8 @@ std::vector<uint32_t> specache_select(const KiviHeadStore& lowbit, const float* 
     const float mx = n ? *std::max_element(s, s + n) : neg_inf;
     if (mx == neg_inf) continue;  // nothing visible to this head
     double z = 0;
-    for (size_t t = 0; t < n; ++t) z += (s[t] = std::exp(s[t] - mx));
+    // Portable exp (portable_math.h): which rows are fetched must not depend on the platform.
+    for (size_t t = 0; t < n; ++t) z += (s[t] = pmath::exp_f32(s[t] - mx));
     for (size_t t = 0; t < n; ++t) avg[t] += float(s[t] / z / double(group));
   }
   std::vector<uint32_t> top = smallkv_topk(avg.data(), n, k);

@@ -1,6 +1,7 @@
 # cmake -DHOST_TOOL=native_tool -DTARGET_TOOL=cross_tool -DTARGET_EMULATOR=qemu|args -DWORK=dir
 #       -P cross_arch.cmake
-# A snapshot written natively continues identically in the emulated build, and the reverse.
+# Every preset's snapshot written natively continues identically in the emulated build, and the
+# reverse.
 # Reports SKIP (ctest's SKIP_REGULAR_EXPRESSION) when the native tool is missing, unless
 # KVSDK_PORTABILITY_REQUIRE_PEER=1 is set, which makes that a failure.
 if(NOT EXISTS "${HOST_TOOL}")
@@ -25,12 +26,23 @@ foreach(direction host_to_target target_to_host)
   endif()
 endforeach()
 # The snapshot id in the 32-byte file header is a hash of the cache state: both architectures
-# must derive the same one. The files as a whole need not match: their compressed frames came
-# out different on the two architectures (zstd does not promise identical output across
-# platforms); what they decompress to is what the checks above compare.
-file(READ ${WORK}/host_to_target/conversation.kvsdk host_header LIMIT 32 HEX)
-file(READ ${WORK}/target_to_host/conversation.kvsdk target_header LIMIT 32 HEX)
-if(NOT host_header STREQUAL target_header)
-  message(FATAL_ERROR "file headers (snapshot ids) differ:\n  ${host_header}\n  ${target_header}")
+# must derive the same one, for every preset's snapshot (and smallkv's proxy's). The files as a
+# whole need not match: their compressed frames came out different on the two architectures
+# (zstd does not promise identical output across platforms); what they decompress to is what the
+# checks above compare.
+file(GLOB snapshots RELATIVE ${WORK}/host_to_target ${WORK}/host_to_target/*.kvsdk)
+if(NOT snapshots)
+  message(FATAL_ERROR "no snapshots in ${WORK}/host_to_target")
 endif()
-message("both architectures derived the same snapshot id: ${host_header}")
+foreach(name ${snapshots})
+  file(READ ${WORK}/host_to_target/${name} host_header LIMIT 32 HEX)
+  if(NOT EXISTS ${WORK}/target_to_host/${name})
+    message(FATAL_ERROR "${name}: written natively but not by the emulated build")
+  endif()
+  file(READ ${WORK}/target_to_host/${name} target_header LIMIT 32 HEX)
+  if(NOT host_header STREQUAL target_header)
+    message(FATAL_ERROR "${name}: file headers (snapshot ids) differ:\n  ${host_header}\n  ${target_header}")
+  endif()
+endforeach()
+list(LENGTH snapshots count)
+message("both architectures derived the same snapshot ids for all ${count} snapshots")

@@ -1,6 +1,7 @@
 # cmake -DWRITER=tool [-DWRITER_EMULATOR=a|b] -DREADER=tool [-DREADER_EMULATOR=a|b] -DWORK=dir
 #       -P write_then_check.cmake
-# The writer saves the portability scenario into WORK, the reader loads and checks it.
+# The writer saves the portability scenario of every preset into WORK, the reader loads and
+# checks each (the tool's output names every preset and how many outputs matched bit for bit).
 foreach(side WRITER READER)
   string(REPLACE "|" ";" ${side}_EMULATOR "${${side}_EMULATOR}")
 endforeach()
