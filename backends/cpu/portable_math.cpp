@@ -1,8 +1,8 @@
 // Portable exp, log, pow, sin, cos and acos (see portable_math.h for why they exist). The
-// algorithms and coefficients are fdlibm's (Sun Microsystems, 1993: "Permission to use, copy,
-// modify, and distribute this software is freely granted, provided that this notice is
-// preserved"), restated with IEEE operations only: no FMA (the build passes -ffp-contract=off,
-// and std::fma is never called), no long double, no table lookups that differ by platform.
+// argument reductions and the published minimax coefficients follow the classic fdlibm designs
+// (Sun Microsystems, 1993), written here with IEEE operations only: no FMA (the build passes
+// -ffp-contract=off, and std::fma is never called), no long double, no table lookups that differ
+// by platform.
 #include "portable_math.h"
 
 #include <cmath>
