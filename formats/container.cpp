@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "core/error.h"
+#include "util/error.h"
 #include "xxhash64.h"
 
 namespace kvsdk::format {

@@ -5,8 +5,8 @@
 #include <unordered_map>
 #include <utility>
 
-#include "core/error.h"
-#include "core/positions.h"
+#include "util/error.h"
+#include "util/positions.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"
 #include "tier_state.h"

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/error.h"
+#include "util/error.h"
 #include "core/policy.h"
 #include "journal.h"
 #include "xxhash64.h"

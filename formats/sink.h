@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/error.h"
+#include "util/error.h"
 
 namespace kvsdk::format {
 

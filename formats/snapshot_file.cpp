@@ -14,7 +14,7 @@
 #include <random>
 
 #include "container.h"
-#include "core/error.h"
+#include "util/error.h"
 #include "frame_writer.h"
 #include "kvsdk_generated.h"
 #include "xxhash64.h"

@@ -5,10 +5,10 @@
 #include <memory>
 
 #include "container.h"
-#include "core/error.h"
+#include "util/error.h"
 #include "core/exact_store.h"
 #include "core/policy.h"
-#include "core/positions.h"
+#include "util/positions.h"
 #include "core/representation.h"
 #include "journal.h"
 #include "kvsdk_generated.h"

@@ -1,4 +1,4 @@
-#include "core/error.h"
+#include "util/error.h"
 #include "snapshot_writer.h"
 
 #include "xxhash64.h"
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "container.h"
-#include "core/options.h"
+#include "util/options.h"
 #include "core/policy.h"
 #include "frame_writer.h"
 #include "kvsdk_generated.h"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <unordered_map>
 
-#include "core/error.h"
+#include "util/error.h"
 #include "xxhash64.h"
 
 namespace kvsdk::format {

@@ -1,6 +1,6 @@
 #include "tier_state.h"
 
-#include "core/error.h"
+#include "util/error.h"
 #include "xxhash64.h"
 
 namespace kvsdk::format {

@@ -5,7 +5,7 @@
 
 #include <new>
 
-#include "core/error.h"
+#include "util/error.h"
 
 namespace kvsdk::format {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/half.h"
+#include "util/half.h"
 
 namespace kvsdk::cpu {
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "core/error.h"
-#include "core/half.h"
+#include "util/error.h"
+#include "util/half.h"
 #include "kivi_quant.h"
 
 namespace kvsdk::cpu {

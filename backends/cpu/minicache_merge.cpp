@@ -4,8 +4,8 @@
 #include <cmath>
 #include <numeric>
 
-#include "core/error.h"
-#include "core/half.h"
+#include "util/error.h"
+#include "util/half.h"
 #include "portable_math.h"
 
 namespace kvsdk::cpu {

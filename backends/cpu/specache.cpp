@@ -4,8 +4,8 @@
 #include <cmath>
 #include <limits>
 
-#include "core/error.h"
-#include "core/half.h"
+#include "util/error.h"
+#include "util/half.h"
 #include "portable_math.h"
 #include "smallkv.h"
 

@@ -4,7 +4,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "core/error.h"
+#include "util/error.h"
 
 #if defined(__unix__) || defined(__APPLE__)
 #define KVSDK_HAVE_MMAP 1

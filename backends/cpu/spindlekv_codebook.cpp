@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "attention.h"
-#include "core/error.h"
-#include "core/half.h"
+#include "util/error.h"
+#include "util/half.h"
 
 namespace kvsdk::cpu {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "core/error.h"
+#include "util/error.h"
 
 namespace kvsdk::cpu {
 

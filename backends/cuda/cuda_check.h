@@ -5,7 +5,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "core/error.h"
+#include "util/error.h"
 
 namespace kvsdk::cuda {
 

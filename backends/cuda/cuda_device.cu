@@ -3,7 +3,7 @@
 // checking that the device exists.
 #include <cuda_runtime.h>
 
-#include "core/error.h"
+#include "util/error.h"
 #include "kvsdk_cuda.h"
 
 namespace kvsdk::cuda {

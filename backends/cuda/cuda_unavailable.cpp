@@ -1,5 +1,5 @@
 // Built when KVSDK_ENABLE_CUDA is off: the CUDA backend reports that it is not compiled in.
-#include "core/error.h"
+#include "util/error.h"
 #include "kvsdk_cuda.h"
 
 namespace kvsdk::cuda {

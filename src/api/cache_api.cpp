@@ -5,11 +5,11 @@
 #include <memory>
 
 #include "core/cache.h"
-#include "core/dtype.h"
-#include "core/error.h"
+#include "util/dtype.h"
+#include "util/error.h"
 #include "core/geometry.h"
 #include "core/policy.h"
-#include "core/positions.h"
+#include "util/positions.h"
 #include "kvsdk.h"
 
 using namespace kvsdk;

@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "core/cache.h"
-#include "core/dtype.h"
-#include "core/error.h"
-#include "core/positions.h"
+#include "util/dtype.h"
+#include "util/error.h"
+#include "util/positions.h"
 #include "kvsdk.h"
 #include "policy/allocation.h"
 

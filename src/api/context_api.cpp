@@ -2,8 +2,8 @@
 #include <memory>
 
 #include "core/context.h"
-#include "core/error.h"
-#include "core/options.h"
+#include "util/error.h"
+#include "util/options.h"
 #include "kvsdk.h"
 #include "kvsdk_cuda.h"
 

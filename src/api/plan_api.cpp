@@ -3,8 +3,8 @@
 #include <vector>
 
 #include "core/cache.h"
-#include "core/dtype.h"
-#include "core/error.h"
+#include "util/dtype.h"
+#include "util/error.h"
 #include "core/geometry.h"
 #include "core/policy.h"
 #include "kvsdk.h"

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "core/cache.h"
-#include "core/error.h"
+#include "util/error.h"
 #include "core/geometry.h"
 #include "journal.h"
 #include "kvsdk.h"

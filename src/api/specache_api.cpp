@@ -4,10 +4,10 @@
 #include <string>
 
 #include "core/cache.h"
-#include "core/dtype.h"
-#include "core/error.h"
+#include "util/dtype.h"
+#include "util/error.h"
 #include "core/policy.h"
-#include "core/positions.h"
+#include "util/positions.h"
 #include "core/representation.h"
 #include "kvsdk.h"
 

@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <limits>
 
-#include "core/dtype.h"
-#include "core/error.h"
+#include "util/dtype.h"
+#include "util/error.h"
 #include "core/policy.h"
-#include "core/positions.h"
+#include "util/positions.h"
 
 namespace kvsdk {
 

@@ -11,8 +11,8 @@
 #include <numeric>
 
 #include "core/cache.h"
-#include "core/dtype.h"
-#include "core/error.h"
+#include "util/dtype.h"
+#include "util/error.h"
 #include "core/policy.h"
 #include "core/representation.h"
 #include "policy/allocation.h"

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "core/cache.h"
-#include "core/error.h"
+#include "util/error.h"
 
 namespace kvsdk {
 

@@ -2,9 +2,9 @@
 
 #include <cmath>
 
-#include "core/dtype.h"
-#include "core/error.h"
-#include "core/options.h"
+#include "util/dtype.h"
+#include "util/error.h"
+#include "util/options.h"
 
 namespace kvsdk {
 

@@ -3,9 +3,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/error.h"
+#include "util/error.h"
 #include "core/method_traits.h"
-#include "core/options.h"
+#include "util/options.h"
 
 namespace kvsdk {
 

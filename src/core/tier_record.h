@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
+#include "util/error.h"
 
 namespace kvsdk {
 

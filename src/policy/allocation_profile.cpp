@@ -9,7 +9,7 @@
 #include <iterator>
 
 #include "allocation_profile_generated.h"
-#include "core/error.h"
+#include "util/error.h"
 
 namespace kvsdk::policy {
 

@@ -4,9 +4,9 @@
 #include <limits>
 #include <numeric>
 
-#include "core/dtype.h"
-#include "core/error.h"
-#include "core/positions.h"
+#include "util/dtype.h"
+#include "util/error.h"
+#include "util/positions.h"
 #include "policy/allocation.h"
 #include "policy/importance.h"
 

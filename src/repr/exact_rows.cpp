@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "attention.h"
-#include "core/dtype.h"
-#include "core/error.h"
+#include "util/dtype.h"
+#include "util/error.h"
 #include "core/policy.h"
 
 namespace kvsdk {

@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "attention.h"
-#include "core/dtype.h"
-#include "core/error.h"
+#include "util/dtype.h"
+#include "util/error.h"
 #include "kivi_attention.h"
 #include "repr/head_store.h"
 

@@ -3,7 +3,7 @@
 #include <iterator>
 #include <memory>
 
-#include "core/error.h"
+#include "util/error.h"
 #include "core/method_traits.h"
 #include "repr/exact_rows.h"
 #include "repr/kivi_repr.h"

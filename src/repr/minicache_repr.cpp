@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "attention.h"
-#include "core/error.h"
-#include "core/half.h"
+#include "util/error.h"
+#include "util/half.h"
 #include "repr/kivi_repr.h"
 
 namespace kvsdk {

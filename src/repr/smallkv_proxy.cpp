@@ -4,8 +4,8 @@
 #include <limits>
 
 #include "core/cache.h"
-#include "core/dtype.h"
-#include "core/error.h"
+#include "util/dtype.h"
+#include "util/error.h"
 #include "smallkv.h"
 
 namespace kvsdk {

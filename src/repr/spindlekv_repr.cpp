@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "attention.h"
-#include "core/error.h"
+#include "util/error.h"
 #include "repr/head_store.h"
 
 namespace kvsdk {

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/half.h"
+#include "util/half.h"
 #include "kvsdk.h"
 #include "test_util.h"
 

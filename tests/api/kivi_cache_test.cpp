@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "core/half.h"
+#include "util/half.h"
 #include "kvsdk.h"
 #include "test_util.h"
 

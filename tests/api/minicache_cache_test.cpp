@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "../backends/cpu/reference_attention.h"
-#include "core/half.h"
+#include "util/half.h"
 #include "kvsdk.h"
 #include "test_util.h"
 

@@ -12,7 +12,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "core/half.h"
+#include "util/half.h"
 #include "kvsdk.h"
 #include "test_util.h"
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "attention.h"
-#include "core/half.h"
+#include "util/half.h"
 #include "kivi_attention.h"
 #include "kivi_store.h"
 #include "minicache_kivi.h"

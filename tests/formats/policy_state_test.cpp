@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
+#include "util/error.h"
 #include "core/policy.h"
 #include "kvsdk.h"
 #include "policy_state.h"

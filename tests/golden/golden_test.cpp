@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "core/half.h"
+#include "util/half.h"
 #include "golden_content.h"
 #include "kvsdk.h"
 #include "test_util.h"

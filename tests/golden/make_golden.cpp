@@ -51,7 +51,7 @@
 
 #include "container.h"
 #include "core/cache.h"
-#include "core/half.h"
+#include "util/half.h"
 #include "golden_content.h"
 #include "kvsdk.h"
 #include "zstd_frame.h"

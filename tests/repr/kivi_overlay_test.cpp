@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/cache.h"
-#include "core/error.h"
+#include "util/error.h"
 #include "core/representation.h"
 #include "repr/kivi_repr.h"
 #include "kvsdk.h"

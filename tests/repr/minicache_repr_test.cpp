@@ -7,8 +7,8 @@
 #include <random>
 
 #include "../backends/cpu/reference_attention.h"
-#include "core/error.h"
-#include "core/half.h"
+#include "util/error.h"
+#include "util/half.h"
 #include "core/policy.h"
 #include "repr/minicache_repr.h"
 #include "test_util.h"

@@ -12,7 +12,7 @@
 
 #include "core/cache.h"
 #include "core/context.h"
-#include "core/error.h"
+#include "util/error.h"
 #include "core/geometry.h"
 #include "core/policy.h"
 #include "repr/smallkv_repr.h"

@@ -11,7 +11,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "core/error.h"
+#include "util/error.h"
 #include "core/geometry.h"
 #include "core/policy.h"
 #include "../backends/cpu/reference_attention.h"

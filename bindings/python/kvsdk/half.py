@@ -6,7 +6,7 @@ where `bits` is a numpy uint16 array, an array.array('H') or a sequence of ints 
 A wrapper is accepted only by a cache of its own dtype (BF16Bits on an F16 cache is an error).
 
 Conversions from float32 round to nearest even exactly as the C library does
-(src/core/half.h: f32_to_f16, f32_to_bf16), NaN included (a quiet NaN of the same sign:
+(src/util/half.h: f32_to_f16, f32_to_bf16), NaN included (a quiet NaN of the same sign:
 0x7e00 for f16, the top 16 bits | 0x40 for bf16); conversions to float32 are exact.
     kvsdk.F16Bits.from_float32(values)   kvsdk.BF16Bits.from_float32(values)
     bits.to_float32()
@@ -83,7 +83,7 @@ def _float32_values(values, label):
 
 
 def f32_bits_to_f16(x):
-    """src/core/half.h f32_to_f16 on the bit pattern of one float32 (an int)."""
+    """src/util/half.h f32_to_f16 on the bit pattern of one float32 (an int)."""
     sign = (x >> 16) & 0x8000
     ax = x & 0x7FFFFFFF
     if ax >= 0x7F800000:  # Inf or NaN (NaN stays quiet and non-zero)
@@ -105,7 +105,7 @@ def f32_bits_to_f16(x):
 
 
 def f32_bits_to_bf16(x):
-    """src/core/half.h f32_to_bf16 on the bit pattern of one float32 (an int)."""
+    """src/util/half.h f32_to_bf16 on the bit pattern of one float32 (an int)."""
     if (x & 0x7FFFFFFF) > 0x7F800000:
         return (x >> 16) | 0x40
     return ((x + 0x7FFF + ((x >> 16) & 1)) & 0xFFFFFFFF) >> 16

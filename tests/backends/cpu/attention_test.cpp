@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/half.h"
+#include "util/half.h"
 #include "kvsdk.h"
 #include "test_util.h"
 

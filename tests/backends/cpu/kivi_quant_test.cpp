@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <random>
 
-#include "core/half.h"
+#include "util/half.h"
 #include "kivi_quant.h"
 #include "reference_attention.h"
 

@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "attention.h"
-#include "core/error.h"
-#include "core/half.h"
+#include "util/error.h"
+#include "util/half.h"
 #include "kivi_attention.h"
 #include "kivi_quant.h"
 #include "kivi_store.h"

@@ -8,8 +8,8 @@
 #include <numeric>
 
 #include "attention.h"
-#include "core/error.h"
-#include "core/half.h"
+#include "util/error.h"
+#include "util/half.h"
 #include "minicache_merge.h"
 #include "reference_attention.h"
 

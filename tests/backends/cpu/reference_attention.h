@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "core/half.h"
+#include "util/half.h"
 
 namespace kvsdk_test {
 

@@ -9,7 +9,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "core/error.h"
+#include "util/error.h"
 #include "reference_attention.h"
 #include "specache.h"
 #include "specache_backing.h"

@@ -7,8 +7,8 @@
 #include <numeric>
 
 #include "attention.h"
-#include "core/error.h"
-#include "core/half.h"
+#include "util/error.h"
+#include "util/half.h"
 #include "kivi_attention.h"
 #include "reference_attention.h"
 #include "specache.h"

@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "attention.h"
-#include "core/error.h"
-#include "core/half.h"
+#include "util/error.h"
+#include "util/half.h"
 #include "reference_attention.h"
 #include "rope.h"
 #include "spindlekv_codebook.h"

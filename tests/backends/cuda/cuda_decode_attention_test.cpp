@@ -12,8 +12,8 @@
 #include <string>
 
 #include "attention.h"
-#include "core/error.h"
-#include "core/half.h"
+#include "util/error.h"
+#include "util/half.h"
 #include "cuda_test_util.h"
 #include "kivi_attention.h"
 #include "kivi_store.h"

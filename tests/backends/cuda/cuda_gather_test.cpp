@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "core/error.h"
+#include "util/error.h"
 #include "cuda_test_util.h"
 
 namespace kvsdk::cuda {

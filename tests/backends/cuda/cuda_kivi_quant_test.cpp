@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/error.h"
+#include "util/error.h"
 #include "cuda_test_util.h"
 #include "kivi_quant.h"
 

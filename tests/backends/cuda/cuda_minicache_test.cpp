@@ -8,7 +8,7 @@
 
 #include <cmath>
 
-#include "core/half.h"
+#include "util/half.h"
 #include "cuda_test_util.h"
 #include "minicache_merge.h"
 

@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/error.h"
+#include "util/error.h"
 #include "cuda_test_util.h"
 
 namespace kvsdk::cuda {

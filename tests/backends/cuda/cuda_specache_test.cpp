@@ -7,7 +7,7 @@
 
 #include <cstring>
 
-#include "core/half.h"
+#include "util/half.h"
 #include "cuda_test_util.h"
 #include "cuda_topk.h"
 #include "smallkv.h"

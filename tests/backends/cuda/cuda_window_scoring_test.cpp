@@ -7,8 +7,8 @@
 
 #include <cmath>
 
-#include "core/error.h"
-#include "core/half.h"
+#include "util/error.h"
+#include "util/half.h"
 #include "cuda_test_util.h"
 
 namespace kvsdk::cuda {

@@ -9,7 +9,7 @@
 #include <numeric>
 #include <random>
 
-#include "core/error.h"
+#include "util/error.h"
 
 namespace kvsdk::cuda {
 namespace {

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <functional>
 
-#include "core/error.h"
+#include "util/error.h"
 #include "cuda_test_util.h"
 
 namespace kvsdk::cuda {

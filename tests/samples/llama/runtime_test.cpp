@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/half.h"
+#include "util/half.h"
 #include "error.h"
 #include "model.h"
 #include "model_paths.h"

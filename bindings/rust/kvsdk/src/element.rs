@@ -34,7 +34,7 @@
 //! Raw `u16` bit patterns become elements explicitly, without copying:
 //! [`F16::from_bits_slice`] / [`Bf16::from_bits_slice`] (and `to_bits_slice` back). Hosts that
 //! hold `f32` data convert it with [`F16::from_f32`] / [`Bf16::from_f32`], which round to
-//! nearest even exactly like the C library (`src/core/half.h`), NaN included.
+//! nearest even exactly like the C library (`src/util/half.h`), NaN included.
 //!
 //! ```
 //! use kvsdk::{Bf16, Cache, Context, Dtype, Geometry, Policy, Status, F16};
@@ -146,7 +146,7 @@ macro_rules! half_type {
             }
 
             /// `x` rounded to nearest even, exactly like the C library's conversion
-            /// (`src/core/half.h`); a NaN becomes a quiet NaN of the same sign.
+            /// (`src/util/half.h`); a NaN becomes a quiet NaN of the same sign.
             pub fn from_f32(x: f32) -> $name {
                 $name($from(x.to_bits()))
             }
@@ -194,7 +194,7 @@ macro_rules! half_type {
 half_type!(F16, "IEEE 754 binary16 (`Dtype::F16`)", f32_bits_to_f16, f16_bits_to_f32);
 half_type!(Bf16, "bfloat16 (`Dtype::Bf16`)", f32_bits_to_bf16, bf16_bits_to_f32);
 
-/// `f32_to_f16` of src/core/half.h on a bit pattern.
+/// `f32_to_f16` of src/util/half.h on a bit pattern.
 fn f32_bits_to_f16(x: u32) -> u16 {
     let sign = (x >> 16) & 0x8000;
     let ax = x & 0x7fff_ffff;
@@ -216,7 +216,7 @@ fn f32_bits_to_f16(x: u32) -> u16 {
     (sign | (rounded >> 13)) as u16
 }
 
-/// `f16_to_f32` of src/core/half.h, as a bit pattern.
+/// `f16_to_f32` of src/util/half.h, as a bit pattern.
 fn f16_bits_to_f32(h: u16) -> u32 {
     let h = u32::from(h);
     let sign = (h & 0x8000) << 16;
@@ -235,7 +235,7 @@ fn f16_bits_to_f32(h: u16) -> u32 {
     sign | ((exp + 112) << 23) | (man << 13)
 }
 
-/// `f32_to_bf16` of src/core/half.h on a bit pattern.
+/// `f32_to_bf16` of src/util/half.h on a bit pattern.
 fn f32_bits_to_bf16(x: u32) -> u16 {
     if (x & 0x7fff_ffff) > 0x7f80_0000 {
         return ((x >> 16) | 0x40) as u16; // NaN

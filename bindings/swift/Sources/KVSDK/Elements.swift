@@ -14,7 +14,7 @@
 /// either half type) do not conform, so passing them does not compile: wrap raw bits
 /// explicitly with `Float16Bits(bitPattern:)` or `BFloat16(bitPattern:)`. Hosts that hold Float
 /// data convert it with `Float16Bits(_:)` / `BFloat16(_:)`, which round to nearest even exactly
-/// like the C library (src/core/half.h), NaN included.
+/// like the C library (src/util/half.h), NaN included.
 public protocol TensorElement {
     /// The cache dtype whose elements this type holds.
     static var dtype: Dtype { get }
@@ -139,7 +139,7 @@ func queryCount(_ geometry: Geometry, _ count: Int, positions: Int?) throws -> I
     return count / perQuery
 }
 
-/// `f32_to_f16` of src/core/half.h on a bit pattern.
+/// `f32_to_f16` of src/util/half.h on a bit pattern.
 func f32ToF16Bits(_ x: UInt32) -> UInt16 {
     let sign: UInt32 = (x >> 16) & 0x8000
     let ax: UInt32 = x & 0x7fff_ffff
@@ -161,7 +161,7 @@ func f32ToF16Bits(_ x: UInt32) -> UInt16 {
     return UInt16(truncatingIfNeeded: sign | (rounded >> 13))
 }
 
-/// `f16_to_f32` of src/core/half.h.
+/// `f16_to_f32` of src/util/half.h.
 func f16BitsToF32(_ h: UInt16) -> Float {
     let bits = UInt32(h)
     let sign: UInt32 = (bits & 0x8000) << 16
@@ -177,7 +177,7 @@ func f16BitsToF32(_ h: UInt16) -> Float {
     return Float(bitPattern: sign | ((exp + 112) << 23) | (man << 13))
 }
 
-/// `f32_to_bf16` of src/core/half.h on a bit pattern.
+/// `f32_to_bf16` of src/util/half.h on a bit pattern.
 func f32ToBF16Bits(_ x: UInt32) -> UInt16 {
     if (x & 0x7fff_ffff) > 0x7f80_0000 {  // NaN
         return UInt16(truncatingIfNeeded: (x >> 16) | 0x40)

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/error.h"
+#include "util/error.h"
 #include "kvsdk.h"
 
 namespace kvsdk {

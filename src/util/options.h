@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/error.h"
+#include "util/error.h"
 
 namespace kvsdk {
 

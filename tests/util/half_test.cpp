@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "core/half.h"
+#include "util/half.h"
 
 using namespace kvsdk;
 

@@ -1,9 +1,9 @@
-#include "core/dtype.h"
+#include "util/dtype.h"
 
 #include <cstring>
 
-#include "core/half.h"
-#include "core/half_array.h"
+#include "util/half.h"
+#include "util/half_array.h"
 
 namespace kvsdk {
 

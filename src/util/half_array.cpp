@@ -1,6 +1,6 @@
-#include "core/half_array.h"
+#include "util/half_array.h"
 
-#include "core/half.h"
+#include "util/half.h"
 
 namespace kvsdk {
 

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <vector>
 
-#include "core/half.h"
-#include "core/half_array.h"
+#include "util/half.h"
+#include "util/half_array.h"
 
 namespace {
 

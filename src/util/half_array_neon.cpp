@@ -1,6 +1,6 @@
 // NEON f16 -> f32 for AArch64 (Jetson, phones, Graviton): FCVTL converts 4 halves exactly,
 // subnormals included (Linux runs user code with FPCR.FZ16 = 0).
-#include "core/half_array.h"
+#include "util/half_array.h"
 
 #if KVSDK_HALF_ARRAY_NEON
 #include <arm_neon.h>

@@ -1,4 +1,4 @@
-#include "core/error.h"
+#include "util/error.h"
 
 namespace kvsdk {
 
