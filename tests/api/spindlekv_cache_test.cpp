@@ -204,30 +204,6 @@ TEST(SpindleKvCache, BudgetIsNeverExceededUnderRandomAppendsAndObserves) {
 }
 
 // A codebook-layer append the budget cannot hold is refused without changing anything.
-TEST(SpindleKvCache, RefusedAppendChangesNothing) {
-  const kvsdk_geometry g = make_geometry(kLayers, kQ, kKv, kDim);
-  const uint64_t budget = 20 * exact_bytes_per_token(g);
-  auto ctx = make_context(budget);
-  const kvsdk_policy p = spindle();
-  auto cache = make_cache(ctx.get(), g, &p);
-  ASSERT_TRUE(cache);
-  const size_t n = 12;
-  const std::vector<float> k = clustered(n, 5), v = clustered(n, 6);
-  const std::vector<int32_t> pos = iota_positions(n);
-  ASSERT_EQ(kvsdk_cache_append(cache.get(), 0, n, k.data(), v.data(), pos.data(), k.size() * 4), KVSDK_OK);
-  const kvsdk_cache_stats before = stats(cache.get());
-  const HeadRows rb = read(cache.get(), 0, 1);
-  const std::vector<float> big = random_floats(40 * kRow, 8);
-  const std::vector<int32_t> bpos = iota_positions(40, int32_t(n));
-  EXPECT_EQ(kvsdk_cache_append(cache.get(), 0, 40, big.data(), big.data(), bpos.data(), big.size() * 4), KVSDK_E_BUDGET);
-  const kvsdk_cache_stats after = stats(cache.get());
-  EXPECT_EQ(std::memcmp(&before, &after, sizeof(before)), 0);
-  const HeadRows ra = read(cache.get(), 0, 1);
-  EXPECT_EQ(ra.k, rb.k);
-  EXPECT_EQ(ra.v, rb.v);
-  EXPECT_EQ(ra.pos, rb.pos);
-}
-
 TEST(SpindleKvCache, Misuse) {
   auto ctx = make_context();
   const kvsdk_geometry g = make_geometry(kLayers, kQ, kKv, kDim);
