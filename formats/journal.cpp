@@ -108,7 +108,7 @@ uint64_t row_fingerprint(int32_t position, const uint16_t* k, const uint16_t* v,
 namespace {
 
 // fingerprint(), also handing back each layer's records (built once: the delta writes them).
-Fingerprints fingerprint_with(const Cache& cache, std::vector<std::vector<TierRecord>>* records) {
+Fingerprints fingerprint_with(const StoreView& cache, std::vector<std::vector<TierRecord>>* records) {
   const Geometry& g = cache.geometry();
   Fingerprints fp;
   std::vector<std::vector<uint64_t>>& out = fp.rows;
@@ -141,9 +141,9 @@ Fingerprints fingerprint_with(const Cache& cache, std::vector<std::vector<TierRe
 
 }  // namespace
 
-Fingerprints fingerprint(const Cache& cache) { return fingerprint_with(cache, nullptr); }
+Fingerprints fingerprint(const StoreView& cache) { return fingerprint_with(cache, nullptr); }
 
-DeltaFrames build_delta(const Cache& cache, const JournalBase& base, uint64_t max_frame_bytes) {
+DeltaFrames build_delta(const StoreView& cache, const JournalBase& base, uint64_t max_frame_bytes) {
   const Geometry& g = cache.geometry();
   DeltaFrames d;
   std::vector<std::vector<TierRecord>> records;

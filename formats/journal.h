@@ -17,8 +17,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/cache.h"
-#include "core/geometry.h"
+#include "core/store_view.h"
 #include "policy_state.h"
 #include "tier_delta.h"
 
@@ -73,7 +72,7 @@ struct Fingerprints {
   std::vector<std::vector<uint64_t>> windows;
   ScoreBase scores;
 };
-Fingerprints fingerprint(const Cache& cache);
+Fingerprints fingerprint(const StoreView& cache);
 
 // A delta ready to append: finished FlatBuffers (root Frame holding a JournalDelta), one per
 // frame, and the fingerprints that become the base once the frames are safely written.
@@ -84,7 +83,7 @@ struct DeltaFrames {
 
 // Builds delta number base.next_sequence; new rows are split so that no part holds more than
 // `max_frame_bytes` of rows (at least one row per part).
-DeltaFrames build_delta(const Cache& cache, const JournalBase& base, uint64_t max_frame_bytes);
+DeltaFrames build_delta(const StoreView& cache, const JournalBase& base, uint64_t max_frame_bytes);
 
 // Applies the verified parts of one complete delta (in part order) to `layers` (n_layers of
 // geometry). Throws KVSDK_E_CORRUPT, leaving `layers` unspecified, when the delta does not fit

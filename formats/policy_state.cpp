@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "util/error.h"
-#include "core/policy.h"
+#include "core/store_view.h"
 #include "journal.h"
 #include "xxhash64.h"
 
@@ -103,7 +103,7 @@ std::vector<float> read_score_diffs(const fb::HeadScores& hs, const std::vector<
 
 }  // namespace
 
-ScoreBase score_base(const Cache& cache) {
+ScoreBase score_base(const StoreView& cache) {
   const Geometry& g = cache.geometry();
   ScoreBase out(g.n_layers);
   for (uint32_t l = 0; l < g.n_layers; ++l) {
@@ -114,15 +114,13 @@ ScoreBase score_base(const Cache& cache) {
       HeadScoreBase& b = out[l][h];
       b.scores = L.scores[h];
       // The scores are parallel to the rows of the layer's row store, whatever it keeps them in.
-      const Representation& s = cache.store(l);
-      const int32_t* pos = s.row_positions(l, uint32_t(h));
-      b.positions.assign(pos, pos + s.head_tokens(l, uint32_t(h)));
+      b.positions = cache.row_positions(l, uint32_t(h));
     }
   }
   return out;
 }
 
-std::vector<std::vector<uint64_t>> window_fingerprints(const Cache& cache) {
+std::vector<std::vector<uint64_t>> window_fingerprints(const StoreView& cache) {
   const Geometry& g = cache.geometry();
   const size_t qe = g.q_elems_per_token();
   std::vector<std::vector<uint64_t>> out(g.n_layers);
@@ -137,7 +135,7 @@ std::vector<std::vector<uint64_t>> window_fingerprints(const Cache& cache) {
 }
 
 flatbuffers::Offset<fb::PolicyState> build_policy_state(
-    flatbuffers::FlatBufferBuilder& fbb, const Cache& cache,
+    flatbuffers::FlatBufferBuilder& fbb, const StoreView& cache,
     const std::vector<std::vector<uint64_t>>* before, const ScoreBase* scores_before,
     const ScoreBase* scores_now) {
   const Geometry& g = cache.geometry();

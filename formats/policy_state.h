@@ -7,9 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/cache.h"
-#include "core/geometry.h"
-#include "core/tier_record.h"
+#include "core/store_view.h"
 #include "kvsdk_generated.h"
 
 namespace kvsdk::format {
@@ -24,7 +22,7 @@ using ScoreBase = std::vector<std::vector<HeadScoreBase>>;
 
 // The scores of `cache` with the positions of their rows in the layer's row store (exact rows, or
 // a KIVI overlay's "positions" field), as the snapshot reader counts them.
-ScoreBase score_base(const Cache& cache);
+ScoreBase score_base(const StoreView& cache);
 
 // With `before` (a journal delta of format major 3: window_fingerprints() of the state the delta
 // continues), each observation window is written as the queries it shares with the window
@@ -33,12 +31,12 @@ ScoreBase score_base(const Cache& cache);
 // `cache`), H2O scores are written as differences against the scores of the same rows before
 // (HeadScores.score_base / score_diffs), instead of whole.
 flatbuffers::Offset<fb::PolicyState> build_policy_state(
-    flatbuffers::FlatBufferBuilder& fbb, const Cache& cache,
+    flatbuffers::FlatBufferBuilder& fbb, const StoreView& cache,
     const std::vector<std::vector<uint64_t>>* before = nullptr,
     const ScoreBase* scores_before = nullptr, const ScoreBase* scores_now = nullptr);
 
 // One fingerprint per observation-window query (position and values), per layer.
-std::vector<std::vector<uint64_t>> window_fingerprints(const Cache& cache);
+std::vector<std::vector<uint64_t>> window_fingerprints(const StoreView& cache);
 
 // Validates `state` (nullable: no state saved) against the geometry, the policy and the row
 // count of every head (`rows[l][h]`), then fills the per-layer policy state of `layers` and

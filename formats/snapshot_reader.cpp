@@ -6,10 +6,8 @@
 
 #include "container.h"
 #include "util/error.h"
-#include "core/exact_store.h"
-#include "core/policy.h"
+#include "core/store_view.h"
 #include "util/positions.h"
-#include "core/representation.h"
 #include "journal.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"
@@ -136,8 +134,8 @@ void check_window_positions(const std::vector<LayerState>& layers) {
 }
 
 // Validates the compressed-store records of layer `l` that a journal delta is about to replace,
-// as a load validates the records it keeps: restored into a scratch store (a fresh
-// representation, or a scratch layer for a KIVI overlay) that is dropped at once. They never
+// as a load validates the records it keeps: restored into a scratch store of the layer
+// (StoreLayout::validate) that is dropped at once. They never
 // reach Cache::restore, but a file that holds an invalid record is corrupt all the same, whether
 // or not a later delta replaces it (and `kvsdk verify` must say so). Each record set is
 // replaced, and so checked here, at most once; the final ones are checked by Cache::restore.
@@ -146,9 +144,7 @@ void check_window_positions(const std::vector<LayerState>& layers) {
 void validate_replaced_records(const Snapshot& s, uint32_t l, uint64_t sequence) {
   if (l >= s.geometry.n_layers || !s.covered[l]) return;  // apply_delta / check_tier_record
   try {
-    std::unique_ptr<Representation> scratch = make_representation(s.geometry, s.policy);
-    if (!scratch || !scratch->covers(l)) scratch = make_row_store(s.geometry, s.policy);
-    scratch->restore(l, s.tiers[l]);
+    s.layout->validate(l, s.tiers[l]);
   } catch (const Error& e) {
     fail(KVSDK_E_CORRUPT, "snapshot layer ", l, ": the records that journal delta ", sequence,
          " replaces are invalid: ", e.what());
@@ -223,10 +219,8 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
   declared.assign(g.n_layers, {});
   // Which layers the policy holds in stores other than the exact tier: their rows come as store
   // records, not exact rows.
-  std::unique_ptr<Representation> repr, rows;
   try {
-    repr = make_representation(g, s.policy);
-    rows = make_row_store(g, s.policy);
+    s.layout = std::make_shared<StoreLayout>(g, s.policy);
   } catch (const Error& e) {
     fail(KVSDK_E_CORRUPT, "snapshot policy is invalid: ", e.what());
   }
@@ -241,8 +235,7 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
     s.layers[l].heads.resize(g.n_kv_heads);
     s.layers[l].appended_tokens = li->appended_tokens();
     // Layers with store records: a representation's, or the KIVI stores of a KIVI overlay.
-    const Representation& store = repr && repr->covers(l) ? *repr : *rows;
-    s.covered[l] = store.exact_rows(l, 0) == nullptr;
+    s.covered[l] = !s.layout->exact_rows(l);
     if (s.covered[l]) {
       // Compressed rows cost what the writer counted (checked exactly when they are charged).
       uint64_t b = 0;

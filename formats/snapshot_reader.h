@@ -5,11 +5,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "core/cache.h"
-#include "core/geometry.h"
+#include "core/store_view.h"
 #include "frame_writer.h"
 
 namespace kvsdk::format {
@@ -37,6 +37,7 @@ struct Snapshot {
   // KV head declares (to check the restored representation against).
   std::vector<std::vector<TierRecord>> tiers;
   std::vector<std::vector<uint64_t>> declared_rows;
+  std::shared_ptr<StoreLayout> layout;  // which store holds each layer (the policy's)
   std::vector<bool> covered;        // layers the policy's representation holds
   PolicyRuntime runtime;            // allocation-stage state of the policy, after the journal
   uint64_t base_end = 0;            // offset just past the trailer

@@ -8,7 +8,7 @@
 
 #include "container.h"
 #include "util/options.h"
-#include "core/policy.h"
+#include "core/store_view.h"
 #include "frame_writer.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"
@@ -27,7 +27,7 @@ struct RowSpan {
 };
 
 flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder& fbb,
-                                                 const Cache& cache, bool includes_backing,
+                                                 const StoreView& cache, bool includes_backing,
                                                  uint16_t major, uint16_t minor) {
   const Geometry& g = cache.geometry();
   const kvsdk_policy& p = cache.policy();
@@ -52,11 +52,11 @@ flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder&
   const auto policy_state = build_policy_state(fbb, cache);
   return fb::CreateMetadata(fbb, major, minor,
                             fbb.CreateString(kvsdk_version_string()), geometry, policy,
-                            cache.context().budget(), fbb.CreateVector(layers), includes_backing,
+                            cache.context_budget(), fbb.CreateVector(layers), includes_backing,
                             policy_state);
 }
 
-void write_tier_frame(FrameWriter& out, flatbuffers::FlatBufferBuilder& fbb, const Cache& cache,
+void write_tier_frame(FrameWriter& out, flatbuffers::FlatBufferBuilder& fbb, const StoreView& cache,
                       uint32_t layer, const std::vector<RowSpan>& spans) {
   const size_t dim = cache.geometry().head_dim;
   fbb.Clear();
@@ -129,7 +129,7 @@ SaveParams save_params_from_c(const kvsdk_save_options* options) {
   return p;
 }
 
-uint16_t format_major_for(const Cache& cache, bool any_tier) {
+uint16_t format_major_for(const StoreView& cache, bool any_tier) {
   return any_tier || method_traits(cache.policy()).uses_window() ? kFormatMajor : kFormatMajorV1;
 }
 
@@ -137,7 +137,7 @@ uint16_t format_minor_for(uint16_t major) {
   return major == kFormatMajor ? kFormatMinor : kFormatMinorV1;
 }
 
-uint64_t snapshot_id_of(const Cache& cache, const std::vector<std::vector<uint64_t>>& rows) {
+uint64_t snapshot_id_of(const StoreView& cache, const std::vector<std::vector<uint64_t>>& rows) {
   Xxh64Stream h(0x6b7673646b736e70ull);  // "kvsdksnp"
   const auto add_vec = [&h](const auto& v) {
     const uint64_t n = v.size();
@@ -165,7 +165,7 @@ uint64_t snapshot_id_of(const Cache& cache, const std::vector<std::vector<uint64
   return id != 0 ? id : 1;
 }
 
-uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t snapshot_id,
+uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64_t snapshot_id,
                         Sink& sink) {
   const Geometry& g = cache.geometry();
   std::vector<std::vector<TierRecord>> tiers(g.n_layers);

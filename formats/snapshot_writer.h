@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/cache.h"
+#include "core/store_view.h"
 #include "sink.h"
 
 namespace kvsdk::format {
@@ -21,7 +21,7 @@ SaveParams save_params_from_c(const kvsdk_save_options* options);
 kvsdk_save_options save_options_defaults();
 
 // Writes header, metadata, tier chunks, index and trailer. Returns the bytes written.
-uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t snapshot_id,
+uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64_t snapshot_id,
                         Sink& sink);
 
 // The snapshot id of the cache's current state (never 0): a hash of everything a snapshot holds
@@ -32,10 +32,10 @@ uint64_t write_snapshot(const Cache& cache, const SaveParams& params, uint64_t s
 // The format major a full save writes: 3 for caches whose later deltas may use format-3
 // encodings (compressed stores field by field, sliding observation windows), so that older
 // readers refuse them; 1 otherwise, which readers that know only major 1 keep loading.
-uint16_t format_major_for(const Cache& cache, bool any_tier);
+uint16_t format_major_for(const StoreView& cache, bool any_tier);
 // The minor version a file of that major is written with.
 uint16_t format_minor_for(uint16_t major);
 
-uint64_t snapshot_id_of(const Cache& cache, const std::vector<std::vector<uint64_t>>& rows);
+uint64_t snapshot_id_of(const StoreView& cache, const std::vector<std::vector<uint64_t>>& rows);
 
 }  // namespace kvsdk::format

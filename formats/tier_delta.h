@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "core/tier_record.h"
+#include "core/store_view.h"
 #include "kvsdk_generated.h"
 
 namespace kvsdk::format {

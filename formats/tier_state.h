@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/tier_record.h"
+#include "core/store_view.h"
 #include "kvsdk_generated.h"
 
 namespace kvsdk::format {

@@ -52,6 +52,12 @@ const ExactStore& Cache::exact_rows(uint32_t layer, uint32_t kv_head) const {
   return s ? *s : kNone;
 }
 
+std::vector<int32_t> Cache::row_positions(uint32_t layer, uint32_t kv_head) const {
+  const size_t n = rows_->head_tokens(layer, kv_head);
+  const int32_t* p = n ? rows_->row_positions(layer, kv_head) : nullptr;
+  return p ? std::vector<int32_t>(p, p + n) : std::vector<int32_t>{};
+}
+
 LayerState Cache::layer_image(uint32_t l) const {
   check_layer(l);
   LayerState out;

@@ -9,43 +9,15 @@
 #include <vector>
 
 #include "core/context.h"
-#include "core/exact_store.h"
 #include "core/budget_reservation.h"
-#include "core/geometry.h"
 #include "core/method_traits.h"
 #include "core/representation.h"
-#include "core/tier_record.h"
+#include "core/store_view.h"
 #include "kvsdk.h"
 
 namespace kvsdk {
 
-// Cache-level state of the allocation stage (saved in snapshots with the per-layer state).
-struct PolicyRuntime {
-  uint64_t cache_budget = 0;             // 0 = only the context budget applies
-  std::vector<uint64_t> fixed_alloc;     // host-set allocation (planner), tokens per layer
-  std::vector<double> profile_shares;    // applied allocation profile
-  std::vector<uint64_t> last_caps;       // allocation of the last global compression
-};
-
-// Per-layer state of the importance stage, and the layer's counter of appended tokens.
-struct LayerPolicyState {
-  uint64_t appended_tokens = 0;
-  // H2O: accumulated attention per stored row, parallel to the row store's rows of each KV head
-  // (empty for other methods).
-  std::vector<std::vector<float>> scores;
-  // Window methods (SnapKV/PyramidKV/XKV): the last obs_window observed queries of this layer,
-  // f32 [n][n_q_heads * head_dim], with their positions. Charged as metadata.
-  std::vector<float> window_q;
-  std::vector<int32_t> window_pos;
-};
-
-// A layer as snapshots carry it: its policy state and its exact rows (one ExactStore per KV head;
-// empty for layers that other stores hold, whose rows travel as tier records).
-struct LayerState : LayerPolicyState {
-  std::vector<ExactStore> heads;
-};
-
-class Cache {
+class Cache final : public StoreView {
  public:
   Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk_policy& policy);
   ~Cache();
@@ -62,14 +34,16 @@ class Cache {
                                         std::vector<LayerState> layers,
                                         const std::vector<std::vector<TierRecord>>& tiers = {});
   // Snapshot support: the compressed stores of `layer` (empty when the layer is exact).
-  std::vector<TierRecord> tier_records(uint32_t layer) const;
+  std::vector<TierRecord> tier_records(uint32_t layer) const override;
 
-  const Geometry& geometry() const { return geometry_; }
-  const kvsdk_policy& policy() const { return policy_; }
+  const Geometry& geometry() const override { return geometry_; }
+  const kvsdk_policy& policy() const override { return policy_; }
   const Context& context() const { return *ctx_; }
-  const LayerPolicyState& layer(uint32_t l) const { return layers_[l]; }
+  const LayerPolicyState& layer(uint32_t l) const override { return layers_[l]; }
   // The exact rows of one head (empty for layers another store holds); snapshots write them.
-  const ExactStore& exact_rows(uint32_t layer, uint32_t kv_head) const;
+  const ExactStore& exact_rows(uint32_t layer, uint32_t kv_head) const override;
+  std::vector<int32_t> row_positions(uint32_t layer, uint32_t kv_head) const override;
+  uint64_t context_budget() const override { return ctx_->budget(); }
   // Layer `l` as a snapshot carries it (a copy: tests and tools).
   LayerState layer_image(uint32_t l) const;
 
@@ -81,7 +55,7 @@ class Cache {
   // Copies one head's rows out in host dtype; returns the row count. Null outputs are skipped.
   size_t read(uint32_t layer, uint32_t kv_head, void* k, void* v, int32_t* positions,
               size_t capacity) const;
-  size_t head_tokens(uint32_t layer, uint32_t kv_head) const;
+  size_t head_tokens(uint32_t layer, uint32_t kv_head) const override;
 
   // Compression (cache_compress.cpp). Each throws kvsdk::Error; the cache is unchanged on failure.
   void observe(uint32_t layer, size_t n_queries, const void* q, const int32_t* q_positions);
@@ -98,11 +72,11 @@ class Cache {
   void set_profile_shares(const std::vector<double>& shares);
   std::vector<uint64_t> allocation() const;  // tokens per KV head, per layer, now
   // Snapshot support: the allocation-stage state, and its restore (validated by the reader).
-  PolicyRuntime policy_runtime() const;
+  PolicyRuntime policy_runtime() const override;
   void restore_policy_runtime(PolicyRuntime rt);
 
   kvsdk_cache_stats stats() const;
-  kvsdk_layer_stats layer_stats(uint32_t layer) const;
+  kvsdk_layer_stats layer_stats(uint32_t layer) const override;
   // The store of the compressed layers, or null (full and eviction presets).
   const Representation* representation() const { return repr_.get(); }
   Representation* representation() { return repr_.get(); }
