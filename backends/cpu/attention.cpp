@@ -23,19 +23,25 @@ float dot_f32(const float* a, const float* b, size_t n) {
 
 OnlineAttention::OnlineAttention(const float* q_rows, const int32_t* row_positions, size_t n_rows,
                                  size_t head_dim, float scale)
-    : q_(q_rows),
-      qpos_(row_positions),
-      n_rows_(n_rows),
-      dim_(head_dim),
-      scale_(scale),
-      max_(n_rows, -std::numeric_limits<float>::infinity()),
-      sum_(n_rows, 0.0f),
-      acc_(n_rows * head_dim, 0.0f) {}
+    : OnlineAttention(q_rows, row_positions, n_rows, head_dim, scale, own_) {}
+
+OnlineAttention::OnlineAttention(const float* q_rows, const int32_t* row_positions, size_t n_rows,
+                                 size_t head_dim, float scale, AttentionScratch& scratch)
+    : q_(q_rows), qpos_(row_positions), n_rows_(n_rows), dim_(head_dim), scale_(scale), s_(scratch) {
+  // assign() reuses the capacity the buffers already have.
+  s_.max.assign(n_rows, -std::numeric_limits<float>::infinity());
+  s_.sum.assign(n_rows, 0.0f);
+  s_.acc.assign(n_rows * head_dim, 0.0f);
+}
 
 void OnlineAttention::add_chunk(const float* k, const float* v, const int32_t* positions,
                                 size_t n_tokens) {
   if (n_tokens == 0) return;
-  scores_.resize(n_tokens);
+  std::vector<float>& scores_ = s_.scores;
+  std::vector<float>& max_ = s_.max;
+  std::vector<float>& sum_ = s_.sum;
+  std::vector<float>& acc_ = s_.acc;
+  if (scores_.size() < n_tokens) scores_.resize(n_tokens);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (size_t r = 0; r < n_rows_; ++r) {
     const float* q = q_ + r * dim_;
@@ -72,6 +78,8 @@ void OnlineAttention::add_chunk(const float* k, const float* v, const int32_t* p
 }
 
 void OnlineAttention::finish(float* out) const {
+  const std::vector<float>& sum_ = s_.sum;
+  const std::vector<float>& acc_ = s_.acc;
   for (size_t r = 0; r < n_rows_; ++r) {
     const float inv = sum_[r] > 0.0f ? 1.0f / sum_[r] : 0.0f;
     for (size_t d = 0; d < dim_; ++d) out[r * dim_ + d] = acc_[r * dim_ + d] * inv;

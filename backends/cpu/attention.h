@@ -8,12 +8,26 @@
 
 namespace kvsdk::cpu {
 
+// The working memory of an OnlineAttention, reusable across calls: a caller that keeps one (a
+// store, per cache) attends without heap allocation once it has grown to the largest shape seen.
+struct AttentionScratch {
+  std::vector<float> max, sum, acc, scores;
+  // Dequantized / converted key and value rows of one chunk (tiers that feed f32 chunks).
+  std::vector<float> k_chunk, v_chunk;
+};
+
 // Softmax state of `n_rows` query rows (one row = one query of one query head) against one KV
 // head. Rows carry their query position for causal masking (INT32_MAX = sees everything).
 class OnlineAttention {
  public:
   OnlineAttention(const float* q_rows, const int32_t* row_positions, size_t n_rows,
                   size_t head_dim, float scale);
+  // The same over `scratch`'s buffers (which must outlive this object and not be shared by
+  // another live OnlineAttention): no allocation once they have the capacity.
+  OnlineAttention(const float* q_rows, const int32_t* row_positions, size_t n_rows,
+                  size_t head_dim, float scale, AttentionScratch& scratch);
+  OnlineAttention(const OnlineAttention&) = delete;
+  OnlineAttention& operator=(const OnlineAttention&) = delete;
 
   // Adds a chunk of `n_tokens` keys/values (f32, [n_tokens][head_dim]) with their positions.
   void add_chunk(const float* k, const float* v, const int32_t* positions, size_t n_tokens);
@@ -27,10 +41,10 @@ class OnlineAttention {
   size_t n_rows_;
   size_t dim_;
   float scale_;
-  std::vector<float> max_;    // running max score per row
-  std::vector<float> sum_;    // running sum of exp(score - max) per row
-  std::vector<float> acc_;    // running weighted sum of values [n_rows][dim]
-  std::vector<float> scores_; // scratch for one chunk
+  AttentionScratch own_;      // used when the caller passed no scratch
+  // In s_: max (running max score per row), sum (running sum of exp(score - max) per row), acc
+  // (running weighted sum of values [n_rows][dim]), scores (one chunk's).
+  AttentionScratch& s_;
 };
 
 float dot_f32(const float* a, const float* b, size_t n);

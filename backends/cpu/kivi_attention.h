@@ -12,7 +12,11 @@ namespace kvsdk::cpu {
 
 constexpr size_t kKiviAttentionChunk = 256;
 
-// Adds every token of `store` to `attn` (which may also receive other tiers' chunks).
+// Adds every token of `store` to `attn` (which may also receive other tiers' chunks), dequantizing
+// into scratch.k_chunk / v_chunk (grown once, then reused; pass a scratch that is not the one
+// `attn` works in, or the same one: only the chunk buffers are used here).
+void kivi_attend(const KiviHeadStore& store, OnlineAttention& attn, AttentionScratch& scratch);
+// The same with its own (allocated) chunk buffers.
 void kivi_attend(const KiviHeadStore& store, OnlineAttention& attn);
 
 }  // namespace kvsdk::cpu

@@ -40,6 +40,9 @@ void dequant_row(const uint8_t* packed, size_t dim, const float* s, const float*
   }
 }
 
+// Channels per tile of the dequantizers' stack parameters (a multiple of 8).
+constexpr size_t kTile = 256;
+
 void dequant_row(uint32_t bits, const uint8_t* packed, size_t dim, const float* s, const float* z,
                  float* out) {
   switch (bits) {
@@ -103,25 +106,36 @@ void kivi_quantize_keys(const float* k, size_t n_tokens, size_t dim, uint32_t bi
     zero[c] = p.zero_f16;
   }
   const size_t row_bytes = kivi_packed_bytes(dim, bits);
-  std::vector<uint8_t> row(dim);
+  uint8_t row[kTile];  // a tile of codes, packed on a byte boundary (no heap on a flush)
   for (size_t t = 0; t < n_tokens; ++t) {
-    for (size_t c = 0; c < dim; ++c) {
-      row[c] = kivi_code(k[t * dim + c], f16_to_f32(scale[c]), f16_to_f32(zero[c]), bits);
+    for (size_t c0 = 0; c0 < dim; c0 += kTile) {
+      const size_t n = std::min(kTile, dim - c0);
+      for (size_t c = 0; c < n; ++c) {
+        row[c] = kivi_code(k[t * dim + c0 + c], f16_to_f32(scale[c0 + c]),
+                           f16_to_f32(zero[c0 + c]), bits);
+      }
+      kivi_pack(row, n, bits, codes + t * row_bytes + c0 * bits / 8);
     }
-    kivi_pack(row.data(), dim, bits, codes + t * row_bytes);
   }
 }
 
 void kivi_dequantize_keys(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
                           size_t first, size_t count, size_t dim, uint32_t bits, float* out) {
+  // Channels in tiles of kTile with their f32 parameters on the stack (attention calls this on
+  // every step: no heap). A tile starts at a multiple of 8 channels, so on a byte boundary of
+  // the packed codes for every bit width; each element's value does not depend on the tiling.
   const size_t row_bytes = kivi_packed_bytes(dim, bits);
-  std::vector<float> s(dim), z(dim);
-  for (size_t c = 0; c < dim; ++c) {
-    s[c] = f16_to_f32(scale[c]);
-    z[c] = f16_to_f32(zero[c]);
-  }
-  for (size_t i = 0; i < count; ++i) {
-    dequant_row(bits, codes + (first + i) * row_bytes, dim, s.data(), z.data(), out + i * dim);
+  float s[kTile], z[kTile];
+  for (size_t c0 = 0; c0 < dim; c0 += kTile) {
+    const size_t n = std::min(kTile, dim - c0);
+    for (size_t c = 0; c < n; ++c) {
+      s[c] = f16_to_f32(scale[c0 + c]);
+      z[c] = f16_to_f32(zero[c0 + c]);
+    }
+    const size_t byte0 = c0 * bits / 8;
+    for (size_t i = 0; i < count; ++i) {
+      dequant_row(bits, codes + (first + i) * row_bytes + byte0, n, s, z, out + i * dim + c0);
+    }
   }
 }
 
@@ -129,7 +143,6 @@ void kivi_quantize_values(const float* v, size_t n_tokens, size_t dim, size_t gr
                           uint32_t bits, uint8_t* codes, uint16_t* scale, uint16_t* zero) {
   const size_t n_groups = kivi_value_groups(dim, group);
   const size_t row_bytes = kivi_packed_bytes(dim, bits);
-  std::vector<uint8_t> row(dim);
   for (size_t t = 0; t < n_tokens; ++t) {
     const float* x = v + t * dim;
     for (size_t g = 0; g < n_groups; ++g) {
@@ -142,10 +155,17 @@ void kivi_quantize_values(const float* v, size_t n_tokens, size_t dim, size_t gr
       const KiviGroupParams p = kivi_group_params(mn, mx, bits);
       scale[t * n_groups + g] = p.scale_f16;
       zero[t * n_groups + g] = p.zero_f16;
-      const float s = f16_to_f32(p.scale_f16), z = f16_to_f32(p.zero_f16);
-      for (size_t c = lo; c < hi; ++c) row[c] = kivi_code(x[c], s, z, bits);
     }
-    kivi_pack(row.data(), dim, bits, codes + t * row_bytes);
+    uint8_t row[kTile];  // a tile of codes, packed on a byte boundary (no heap on a flush)
+    for (size_t c0 = 0; c0 < dim; c0 += kTile) {
+      const size_t n = std::min(kTile, dim - c0);
+      for (size_t c = 0; c < n; ++c) {
+        const size_t g = (c0 + c) / group;
+        row[c] = kivi_code(x[c0 + c], f16_to_f32(scale[t * n_groups + g]),
+                           f16_to_f32(zero[t * n_groups + g]), bits);
+      }
+      kivi_pack(row, n, bits, codes + t * row_bytes + c0 * bits / 8);
+    }
   }
 }
 
@@ -153,15 +173,19 @@ void kivi_dequantize_values(const uint8_t* codes, const uint16_t* scale, const u
                             size_t n_tokens, size_t dim, size_t group, uint32_t bits, float* out) {
   const size_t n_groups = kivi_value_groups(dim, group);
   const size_t row_bytes = kivi_packed_bytes(dim, bits);
-  std::vector<float> s(dim), z(dim);  // the row's group parameters spread over its channels
+  // The row's group parameters spread over its channels, a tile of kTile channels at a time on
+  // the stack (as for keys: no heap on the attention path, same values).
+  float s[kTile], z[kTile];
   for (size_t t = 0; t < n_tokens; ++t) {
-    for (size_t g = 0; g < n_groups; ++g) {
-      const size_t lo = g * group, hi = std::min(dim, lo + group);
-      const float gs = f16_to_f32(scale[t * n_groups + g]), gz = f16_to_f32(zero[t * n_groups + g]);
-      std::fill(s.begin() + lo, s.begin() + hi, gs);
-      std::fill(z.begin() + lo, z.begin() + hi, gz);
+    for (size_t c0 = 0; c0 < dim; c0 += kTile) {
+      const size_t n = std::min(kTile, dim - c0);
+      for (size_t c = 0; c < n; ++c) {
+        const size_t g = (c0 + c) / group;
+        s[c] = f16_to_f32(scale[t * n_groups + g]);
+        z[c] = f16_to_f32(zero[t * n_groups + g]);
+      }
+      dequant_row(bits, codes + t * row_bytes + c0 * bits / 8, n, s, z, out + t * dim + c0);
     }
-    dequant_row(bits, codes + t * row_bytes, dim, s.data(), z.data(), out + t * dim);
   }
 }
 

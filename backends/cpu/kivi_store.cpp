@@ -32,7 +32,11 @@ void KiviHeadStore::append(const float* k, const float* v, const int32_t* positi
 
 void KiviHeadStore::flush_block() {
   const size_t G = cfg_.group;
-  std::vector<float> k(G * dim_), v(G * dim_);
+  // The block's rows in f32, in per-thread scratch that is grown once and reused (a flush on the
+  // decode path then allocates only when the stored buffers' capacity grows, amortized).
+  thread_local std::vector<float> k, v;
+  if (k.size() < G * dim_) k.resize(G * dim_);
+  if (v.size() < G * dim_) v.resize(G * dim_);
   for (size_t i = 0; i < G * dim_; ++i) {
     k[i] = f16_to_f32(res_k_[i]);
     v[i] = f16_to_f32(res_v_[i]);

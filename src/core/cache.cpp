@@ -14,6 +14,17 @@
 
 namespace kvsdk {
 
+namespace {
+
+// `v` with at least `n` elements (its capacity reused; it never shrinks).
+template <class T>
+std::vector<T>& grown(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v;
+}
+
+}  // namespace
+
 Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk_policy& policy)
     : ctx_(std::move(ctx)),
       geometry_(geometry),
@@ -188,8 +199,8 @@ void Cache::prefetch(uint32_t layer, size_t n_queries, const void* q,
          policy_spec(policy_), "' does not use it");
   }
   const size_t n_rows = n_queries * geometry_.group_size();
-  std::vector<float> q_rows(n_rows * geometry_.head_dim);
-  std::vector<int32_t> row_pos(n_rows);
+  std::vector<float>& q_rows = grown(scratch_.q_rows, n_rows * geometry_.head_dim);
+  std::vector<int32_t>& row_pos = grown(scratch_.row_pos, n_rows);
   // Fetched rows are budgeted (SpeCache): reserve every head's growth bound before fetching,
   // then charge the exact change and return the rest.
   uint64_t bound = 0;
@@ -222,11 +233,13 @@ void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_
   const uint32_t group = geometry_.group_size();
   const size_t n_rows = n_queries * group;
   // Work on private buffers; `out` is written only once everything succeeded.
-  std::vector<float> q_rows(n_rows * dim), out_rows(n_rows * dim),
-      result(n_queries * geometry_.q_elems_per_token());
-  std::vector<int32_t> row_pos(n_rows);
+  std::vector<float>& q_rows = grown(scratch_.q_rows, n_rows * dim);
+  std::vector<float>& out_rows = grown(scratch_.out_rows, n_rows * dim);
+  std::vector<float>& result = grown(scratch_.result, n_queries * geometry_.q_elems_per_token());
+  std::vector<int32_t>& row_pos = grown(scratch_.row_pos, n_rows);
   // Every KV head's query rows for the attention tap, which sees them once all heads succeeded.
-  std::vector<float> tapped(attention_tap_ ? geometry_.n_kv_heads * n_rows * dim : 0);
+  std::vector<float>& tapped =
+      grown(scratch_.tapped, attention_tap_ ? geometry_.n_kv_heads * n_rows * dim : 0);
   const Representation& s = store(layer);
   // State that attention updates (SmallKV's importance state, SpeCache's hit rate) is staged per
   // KV head and applied together at the end, so that a failure at any head changes nothing.
@@ -240,7 +253,7 @@ void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_
   for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
     pack_queries(g, n_queries, q, q_positions, q_rows.data(), row_pos.data());
     if (attention_tap_) {
-      std::copy(q_rows.begin(), q_rows.end(), tapped.begin() + long(g * n_rows * dim));
+      std::copy_n(q_rows.begin(), n_rows * dim, tapped.begin() + long(g * n_rows * dim));
     }
     s.attend(layer, g, q_rows.data(), row_pos.data(), n_rows, out_rows.data());
     for (size_t i = 0; i < n_queries; ++i) {
@@ -256,7 +269,7 @@ void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_
   }
   tx.store = nullptr;
   s.commit_attend();
-  store_f32(geometry_.dtype, result.data(), result.size(), out, 0);
+  store_f32(geometry_.dtype, result.data(), n_queries * geometry_.q_elems_per_token(), out, 0);
 }
 
 size_t Cache::head_tokens(uint32_t layer, uint32_t kv_head) const {

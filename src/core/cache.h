@@ -159,6 +159,13 @@ class Cache final : public StoreView {
   std::unique_ptr<Representation> rows_;  // the exact tier's row store (the other layers)
   AttentionTap attention_tap_;
   uint64_t charged_ = 0;  // bytes this cache holds charged to ctx_
+  // Working memory of attend() and prefetch(), reused (one thread per cache): once grown to the
+  // largest call, the decode path allocates nothing here.
+  struct Scratch {
+    std::vector<float> q_rows, out_rows, result, tapped;
+    std::vector<int32_t> row_pos;
+  };
+  mutable Scratch scratch_;
 };
 
 }  // namespace kvsdk

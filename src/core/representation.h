@@ -191,6 +191,8 @@ class Representation {
   const kvsdk_policy& policy() const { return policy_; }
 
  protected:
+  // append_host()'s f32 rows, reused (one thread per cache).
+  mutable std::vector<float> host_k_, host_v_;
   // Copies KV head `head`'s rows out of append()'s interleaved k/v [n][n_kv_heads][head_dim]
   // into k_out/v_out [n][head_dim].
   void head_rows(const float* k, const float* v, size_t n, uint32_t head, float* k_out,

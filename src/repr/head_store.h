@@ -23,6 +23,17 @@ void attend_head_store(const Store& store, AddRows add, const Geometry& g, const
   att.finish(out);
 }
 
+// The same over a store's reusable scratch (the decode path allocates nothing):
+// `add(store, attention, scratch)` feeds the chunks through scratch's chunk buffers.
+template <class Store, class AddRows>
+void attend_head_store(const Store& store, AddRows add, const Geometry& g, const float* q_rows,
+                       const int32_t* row_positions, size_t n_rows, float* out,
+                       cpu::AttentionScratch& scratch) {
+  cpu::OnlineAttention att(q_rows, row_positions, n_rows, g.head_dim, g.attn_scale, scratch);
+  add(store, att, scratch);
+  att.finish(out);
+}
+
 // Representation::read over one store: rows as attention sees them; null outputs are skipped.
 template <class Store>
 void read_head_store(const Store& store, size_t head_dim, float* k, float* v,

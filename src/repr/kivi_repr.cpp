@@ -79,7 +79,10 @@ uint64_t KiviRepresentation::append_bound(uint32_t layer, size_t n_tokens) const
 void KiviRepresentation::append(uint32_t layer, size_t n, const float* k, const float* v,
                                 const int32_t* positions) {
   const size_t dim = geometry_.head_dim;
-  std::vector<float> kf(n * dim), vf(n * dim);
+  std::vector<float>& kf = scratch_.k_chunk;  // one head's rows at a time, reused
+  std::vector<float>& vf = scratch_.v_chunk;
+  if (kf.size() < n * dim) kf.resize(n * dim);
+  if (vf.size() < n * dim) vf.resize(n * dim);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     head_rows(k, v, n, h, kf.data(), vf.data());
     heads_[layer][h].append(kf.data(), vf.data(), positions, n);
@@ -89,8 +92,10 @@ void KiviRepresentation::append(uint32_t layer, size_t n, const float* k, const 
 void KiviRepresentation::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                                 const int32_t* row_positions, size_t n_rows, float* out) const {
   // Dequantized chunk by chunk.
-  attend_head_store(heads_[layer][kv_head], cpu::kivi_attend, geometry_, q_rows, row_positions,
-                    n_rows, out);
+  const auto add = [](const cpu::KiviHeadStore& s, cpu::OnlineAttention& a,
+                      cpu::AttentionScratch& scratch) { cpu::kivi_attend(s, a, scratch); };
+  attend_head_store(heads_[layer][kv_head], add, geometry_, q_rows, row_positions,
+                    n_rows, out, scratch_);
 }
 
 size_t KiviRepresentation::head_tokens(uint32_t layer, uint32_t kv_head) const {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/representation.h"
+#include "attention.h"
 #include "kivi_store.h"
 
 namespace kvsdk {
@@ -57,6 +58,8 @@ class KiviRepresentation final : public Representation {
 
  private:
   cpu::KiviConfig config_;
+  // Reused by attend() and append() (one thread per cache): the decode path allocates nothing.
+  mutable cpu::AttentionScratch scratch_;
   std::vector<std::vector<cpu::KiviHeadStore>> heads_;  // [layer][kv_head]
   std::vector<std::vector<cpu::KiviHeadStore>> planned_;  // [layer]: kept stores; empty = none
 };

@@ -69,10 +69,11 @@ std::unique_ptr<Representation> make_representation(const Geometry& geometry,
 void Representation::append_host(uint32_t layer, size_t n_tokens, const void* k, const void* v,
                                  const int32_t* positions) {
   const size_t elems = n_tokens * geometry_.kv_elems_per_token();
-  std::vector<float> kf(elems), vf(elems);
-  load_f32(geometry_.dtype, k, 0, elems, kf.data());
-  load_f32(geometry_.dtype, v, 0, elems, vf.data());
-  append(layer, n_tokens, kf.data(), vf.data(), positions);
+  if (host_k_.size() < elems) host_k_.resize(elems);
+  if (host_v_.size() < elems) host_v_.resize(elems);
+  load_f32(geometry_.dtype, k, 0, elems, host_k_.data());
+  load_f32(geometry_.dtype, v, 0, elems, host_v_.data());
+  append(layer, n_tokens, host_k_.data(), host_v_.data(), positions);
 }
 
 void Representation::read_host(uint32_t layer, uint32_t kv_head, void* k, void* v,

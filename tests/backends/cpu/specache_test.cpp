@@ -64,7 +64,8 @@ TEST(SpeCache, AllTokensFetchedEqualsExactAttention) {
 TEST(SpeCache, NothingFetchedIsPlainLowBitAttention) {
   Fixture f(2);
   const std::vector<int32_t> qpos(f.group, 300);
-  OnlineAttention a(f.q.data(), qpos.data(), f.group, f.dim, 0.125f), b = a;
+  OnlineAttention a(f.q.data(), qpos.data(), f.group, f.dim, 0.125f);
+  OnlineAttention b(f.q.data(), qpos.data(), f.group, f.dim, 0.125f);
   specache_attend(f.lowbit, SpeCacheFetched{}, a);
   kivi_attend(f.lowbit, b);
   std::vector<float> oa(f.group * f.dim), ob(f.group * f.dim);
