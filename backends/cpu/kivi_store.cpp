@@ -1,12 +1,30 @@
 #include "kivi_store.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "util/error.h"
 #include "util/half.h"
 #include "kivi_quant.h"
 
 namespace kvsdk::cpu {
+
+namespace {
+
+// The rows of a block being flushed, in f32: per-thread scratch grown once and reused, so that a
+// flush on the decode path allocates nothing.
+std::vector<float>& flush_scratch(size_t n) {
+  thread_local std::vector<float> rows;
+  if (rows.size() < n) rows.resize(n);
+  return rows;
+}
+
+template <class T>
+void grow(std::vector<T>& v, size_t need) {
+  if (v.capacity() < need) v.reserve(std::max(need, v.capacity() + v.capacity() / 2));
+}
+
+}  // namespace
 
 KiviHeadStore::KiviHeadStore(size_t head_dim, const KiviConfig& config)
     : dim_(head_dim), cfg_(config) {
@@ -19,6 +37,7 @@ KiviHeadStore::KiviHeadStore(size_t head_dim, const KiviConfig& config)
 }
 
 void KiviHeadStore::append(const float* k, const float* v, const int32_t* positions, size_t n) {
+  reserve(n);  // (a no-op when the caller reserved already)
   const size_t old = res_k_.size();
   res_k_.resize(old + n * dim_);
   res_v_.resize(old + n * dim_);
@@ -32,11 +51,9 @@ void KiviHeadStore::append(const float* k, const float* v, const int32_t* positi
 
 void KiviHeadStore::flush_block() {
   const size_t G = cfg_.group;
-  // The block's rows in f32, in per-thread scratch that is grown once and reused (a flush on the
-  // decode path then allocates only when the stored buffers' capacity grows, amortized).
-  thread_local std::vector<float> k, v;
-  if (k.size() < G * dim_) k.resize(G * dim_);
-  if (v.size() < G * dim_) v.resize(G * dim_);
+  std::vector<float>& rows = flush_scratch(2 * G * dim_);  // (reserve() grew it)
+  float* k = rows.data();
+  float* v = rows.data() + G * dim_;
   for (size_t i = 0; i < G * dim_; ++i) {
     k[i] = f16_to_f32(res_k_[i]);
     v[i] = f16_to_f32(res_v_[i]);
@@ -48,9 +65,9 @@ void KiviHeadStore::flush_block() {
   k_zero_.resize((block + 1) * dim_);
   v_scale_.resize((n_quant_ + G) * v_groups_);
   v_zero_.resize((n_quant_ + G) * v_groups_);
-  kivi_quantize_keys(k.data(), G, dim_, cfg_.bits, k_codes_.data() + n_quant_ * row_bytes_,
+  kivi_quantize_keys(k, G, dim_, cfg_.bits, k_codes_.data() + n_quant_ * row_bytes_,
                      k_scale_.data() + block * dim_, k_zero_.data() + block * dim_);
-  kivi_quantize_values(v.data(), G, dim_, G, cfg_.bits, v_codes_.data() + n_quant_ * row_bytes_,
+  kivi_quantize_values(v, G, dim_, G, cfg_.bits, v_codes_.data() + n_quant_ * row_bytes_,
                        v_scale_.data() + n_quant_ * v_groups_,
                        v_zero_.data() + n_quant_ * v_groups_);
   res_k_.erase(res_k_.begin(), res_k_.begin() + G * dim_);
@@ -167,6 +184,44 @@ KiviBytes KiviHeadStore::bytes() const {
   b.residual = 2 * (res_k_.size() + res_v_.size());
   b.positions = sizeof(int32_t) * positions_.size();
   return b;
+}
+
+
+void KiviHeadStore::reserve(size_t n_more) {
+  const size_t G = cfg_.group;
+  size_t res = residual_tokens() + n_more, nq = n_quant_, nb = blocks();
+  const size_t peak_res = res;  // append() converts every row before it flushes
+  if (res >= size_t(cfg_.residual) + G) {
+    const size_t flushes = (res - size_t(cfg_.residual)) / G;
+    nq += flushes * G;
+    nb += flushes;
+    flush_scratch(2 * G * dim_);
+  }
+  if (positions_.capacity() < size() + n_more) {
+    // Every buffer grows at once, for the same number of tokens, so that the rare appends that
+    // allocate are the same ones for all of them (and for every head of a layer).
+    const size_t t = std::max(size() + n_more, positions_.capacity() + positions_.capacity() / 2);
+    positions_.reserve(t);
+    res_k_.reserve(std::max(res_k_.capacity(), (size_t(cfg_.residual) + G + n_more) * dim_));
+    res_v_.reserve(std::max(res_v_.capacity(), (size_t(cfg_.residual) + G + n_more) * dim_));
+    k_codes_.reserve(t * row_bytes_);
+    v_codes_.reserve(t * row_bytes_);
+    k_scale_.reserve((t / G + 1) * dim_);
+    k_zero_.reserve((t / G + 1) * dim_);
+    v_scale_.reserve(t * v_groups_);
+    v_zero_.reserve(t * v_groups_);
+  }
+  // What the append needs exactly (ragged stores hold more blocks than t / G).
+  grow(positions_, size() + n_more);
+  grow(res_k_, peak_res * dim_);
+  grow(res_v_, peak_res * dim_);
+  grow(k_codes_, nq * row_bytes_);
+  grow(v_codes_, nq * row_bytes_);
+  grow(k_scale_, nb * dim_);
+  grow(k_zero_, nb * dim_);
+  grow(v_scale_, nq * v_groups_);
+  grow(v_zero_, nq * v_groups_);
+  if (!block_tokens_.empty()) grow(block_tokens_, nb);
 }
 
 KiviBytes KiviHeadStore::projected_bytes(size_t n_more) const {

@@ -50,8 +50,14 @@ class KiviHeadStore {
   // Throws kvsdk::Error (KVSDK_E_INVALID_ARG) for unsupported bits, group 0 or dim 0.
   KiviHeadStore(size_t head_dim, const KiviConfig& config);
 
-  // Appends `n` tokens: f32 rows k/v [n][head_dim] with their positions.
+  // Appends `n` tokens: f32 rows k/v [n][head_dim] with their positions. After reserve(n) it
+  // allocates nothing, so it cannot fail.
   void append(const float* k, const float* v, const int32_t* positions, size_t n);
+  // Makes room for appending `n_more` tokens (flushes included; capacity grows by half at a time,
+  // so appends stay amortized O(1)): the contents do not change, and an allocation failure
+  // leaves the store as it was. A caller appending to several stores reserves in all of them
+  // first, so that the appends themselves cannot fail half-way.
+  void reserve(size_t n_more);
 
   size_t size() const { return positions_.size(); }
   size_t quantized_tokens() const { return n_quant_; }

@@ -119,6 +119,9 @@ class Cache final : public StoreView {
   using HeadScores = std::vector<std::vector<float>>;  // per KV head; empty = recency only
   void append_compressing(uint32_t layer, size_t n_tokens, const void* k, const void* v,
                           const int32_t* positions);
+  // Appends without selection when the budget takes the rows as they are; false: nothing changed.
+  bool append_unselected(uint32_t layer, size_t n_tokens, const void* k, const void* v,
+                         const int32_t* positions);
   uint64_t score_bytes_per_row() const;  // H2O's accumulated score
   uint64_t fixed_bytes() const;
   uint64_t target_bytes() const;

@@ -324,17 +324,66 @@ void Cache::fit_caps(std::vector<uint64_t>& caps, const Append* in,
   }
 }
 
+bool Cache::append_unselected(uint32_t layer, size_t n_tokens, const void* k, const void* v,
+                              const int32_t* positions) {
+  // The rows go straight into the row store (no selection, no copy of the layer): the growth
+  // bound and H2O's scores of the new rows are reserved first; false (nothing changed) when the
+  // budget refuses them.
+  Representation& s = *rows_;
+  LayerPolicyState& L = layers_[layer];
+  const uint64_t bound =
+      s.append_bound(layer, n_tokens) + uint64_t(n_tokens) * L.scores.size() * sizeof(float);
+  BudgetReservation r = reservation();
+  if (bound > 0 && !r.reserve(bound)) return false;
+  for (std::vector<float>& sc : L.scores) {
+    if (sc.capacity() < sc.size() + n_tokens) {
+      sc.reserve(std::max(sc.size() + n_tokens, sc.capacity() + sc.capacity() / 2));
+    }
+  }
+  const auto bytes = [&] {
+    uint64_t t[KVSDK_TIER_SLOTS];
+    layer_bytes(layer, t);
+    uint64_t b = 0;
+    for (uint64_t x : t) b += x;
+    return b;
+  };
+  const uint64_t before = bytes();
+  try {
+    s.append_host(layer, n_tokens, k, v, positions);
+  } catch (...) {
+    r.settle(before, bytes());
+    throw;
+  }
+  for (std::vector<float>& sc : L.scores) sc.resize(sc.size() + n_tokens, 0.0f);  // reserved
+  const uint64_t over = r.settle(before, bytes());
+  L.appended_tokens += n_tokens;
+  if (over > 0) {
+    fail(KVSDK_E_INTERNAL, "the row store of policy '", policy_spec(policy_), "' grew ", over,
+         " bytes over its bound");
+  }
+  return true;
+}
+
 void Cache::append_compressing(uint32_t layer, size_t n_tokens, const void* k, const void* v,
                                const int32_t* positions) {
   const Append in{layer, Incoming{k, v, positions, n_tokens}};
   const uint32_t n_layers = geometry_.n_layers;
+  uint64_t total = 0;
+  for (uint32_t l = 0; l < n_layers; ++l) total += layer_length(l, &in);
+  const uint64_t target = target_bytes();
+  const uint64_t fixed = fixed_bytes();
+  // While the append fits the budget's token capacity (and no host allocation holds layers to
+  // their shares), nothing is selected: the rows are appended as they come, so a decode step
+  // costs O(1) instead of planning the whole layer.
+  const bool shares = !fixed_alloc_.empty() || (!profile_shares_.empty() && target != kUnlimited);
+  if (!shares && (target == kUnlimited ||
+                  (fixed <= target && total <= capacity_for(target - fixed)))) {
+    if (append_unselected(layer, n_tokens, k, v, positions)) return;
+  }
   std::vector<HeadScores> scores(n_layers);
   std::vector<bool> scored(n_layers, false);
   std::vector<uint64_t> lengths(n_layers);
-  uint64_t total = 0;
-  for (uint32_t l = 0; l < n_layers; ++l) total += lengths[l] = layer_length(l, &in);
-  const uint64_t target = target_bytes();
-  const uint64_t fixed = fixed_bytes();
+  for (uint32_t l = 0; l < n_layers; ++l) lengths[l] = layer_length(l, &in);
   std::vector<uint64_t> caps = lengths;
   if (target != kUnlimited && fixed > target) {
     fail(KVSDK_E_BUDGET, "the observation windows and compressed layers alone (", fixed,

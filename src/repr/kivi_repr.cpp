@@ -83,6 +83,8 @@ void KiviRepresentation::append(uint32_t layer, size_t n, const float* k, const 
   std::vector<float>& vf = scratch_.v_chunk;
   if (kf.size() < n * dim) kf.resize(n * dim);
   if (vf.size() < n * dim) vf.resize(n * dim);
+  // Room in every head first: the appends below then allocate nothing and cannot fail half-way.
+  for (cpu::KiviHeadStore& s : heads_[layer]) s.reserve(n);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     head_rows(k, v, n, h, kf.data(), vf.data());
     heads_[layer][h].append(kf.data(), vf.data(), positions, n);
