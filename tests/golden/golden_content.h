@@ -336,6 +336,17 @@ inline const V3Case* v3_cases(size_t* n) {
   return cases;
 }
 
+// Format 3.1 files: what the 3.1 writer writes differently from 3.0 (journal deltas give H2O
+// scores as differences, HeadScores.score_base/score_diffs): the h2o cache with compressed tiers
+// (an h2o cache without them is written as 1.2, whose deltas keep whole scores).
+inline const V3Case* v3_1_cases(size_t* n) {
+  static const V3Case cases[] = {
+      {{"v3_1_h2o_kivi4.kvsnap", "h2o+kivi4", 1, 0, false, false}, 75},
+  };
+  *n = sizeof cases / sizeof cases[0];
+  return cases;
+}
+
 // Format 1.2 files: the exact caches the same writer saves as 1.2.
 inline const V3Case* v1_2_cases(size_t* n) {
   static const V3Case cases[] = {
