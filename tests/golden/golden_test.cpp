@@ -9,6 +9,8 @@
 //           v3_0_expected.h / v1_2_expected.h part by part and continued as the v2_0 files are.
 //   v3_1_*: the 3.1 writer's file that differs from 3.0 (h2o+kivi4: H2O scores as differences in
 //           its journal deltas), checked by the same script against v3_1_expected.h.
+//   v4_0_*: the 4.0 writer's files (compressed stores as typed tables, deltas by field id): every
+//           preset family it saves as 4.0, by the same script, against v4_0_expected.h.
 //   Every golden file, of every version: a deterministic mutation sweep (single-byte flips and
 //           truncations spread over the whole file and on every record boundary). Each damaged
 //           copy is refused with a status and an error message, or loads exactly what the
@@ -33,6 +35,7 @@
 #include "v2_0_expected.h"
 #include "v3_0_expected.h"
 #include "v3_1_expected.h"
+#include "v4_0_expected.h"
 
 using namespace kvsdk_golden;
 using namespace kvsdk_test;
@@ -474,6 +477,7 @@ const std::vector<V3Version>& v3_versions() {
   static const std::vector<V3Version> versions = {
       {"v3_0_", &v3_0_expected, &v3_cases, 3, 0},
       {"v3_1_", &v3_1_expected, &v3_1_cases, 3, 1},
+      {"v4_0_", &v4_0_expected, &v4_0_cases, 4, 0},
       {"v1_2_", &v1_2_expected, &v1_2_cases, 1, 2},
   };
   return versions;
@@ -884,7 +888,7 @@ std::vector<std::string> golden_files() {
 // tail loads as the undamaged file. Nothing crashes, and no failed load leaves bytes charged.
 TEST(GoldenMutation, EveryDamagedCopyIsRefusedOrLoadsWhatTheFileHolds) {
   const std::vector<std::string> files = golden_files();
-  ASSERT_GE(files.size(), 4u + 8u + 12u + 1u + 3u);
+  ASSERT_GE(files.size(), 4u + 8u + 12u + 1u + 12u + 3u);
   size_t total = 0, refused = 0, refused_journal = 0, same_as_file = 0, journal_prefix = 0;
   for (const std::string& name : files) {
     SCOPED_TRACE(name);
