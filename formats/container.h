@@ -28,8 +28,13 @@ namespace kvsdk::format {
 // 3.1: journal deltas may give H2O scores as differences (HeadScores.score_base/score_diffs); a
 // 3.0 reader finds no `values` there and refuses the delta as corrupt, so deltas continue a 3.0
 // file in 3.0.
-constexpr uint16_t kFormatMajor = 3;
-constexpr uint16_t kFormatMinor = 1;  // 1: journal deltas may give H2O scores as differences
+// 4: compressed-store records are typed tables (TierChunk.typed_tiers, JournalDelta.typed_tiers,
+// TierRecordDelta.tier_type / TierFieldDelta.field_id; formats/tier_schema.h) instead of named
+// TierStates, which a major-3 reader would not find: it must refuse such files. Everything else
+// is as in 3.1. Deltas continue a file in its own format (a 3.x file gets 3.x deltas); 1.x, 2.0
+// and 3.x files keep loading through the TierState path.
+constexpr uint16_t kFormatMajor = 4;
+constexpr uint16_t kFormatMinor = 0;
 constexpr uint16_t kFormatMajorV1 = 1;
 constexpr uint16_t kFormatMinorV1 = 2;  // 1: eviction policy state; 2: policy fields 12..16
 

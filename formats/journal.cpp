@@ -9,6 +9,7 @@
 #include "util/positions.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"
+#include "tier_schema.h"
 #include "tier_state.h"
 #include "xxhash64.h"
 
@@ -231,28 +232,39 @@ DeltaFrames build_delta(const StoreView& cache, const JournalBase& base, uint64_
                                   score_diffs ? &d.now.scores : nullptr)
              : flatbuffers::Offset<fb::PolicyState>(0);
     // Changed compressed layers go into the last part too: field by field against their records
-    // at the base (format major 3), or whole (older files, or a layer whose records changed
-    // shape).
+    // at the base (format major 3; by typed table and field id from major 4), or whole (older
+    // files, or a layer whose records changed shape; as typed tables from major 4). A delta
+    // continues its file in the file's format: a 3.x file gets 3.x deltas.
+    const bool typed = base.format_major >= 4;
     flatbuffers::Offset<flatbuffers::Vector<uint32_t>> tier_layer_vec = 0;
     flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::TierState>>> tier_vec = 0;
     flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::TierRecordDelta>>> delta_vec = 0;
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::TypedTierState>>> typed_vec = 0;
     if (last && !tier_layers.empty()) {
       std::vector<flatbuffers::Offset<fb::TierState>> states;
+      std::vector<flatbuffers::Offset<fb::TypedTierState>> typed_states;
       std::vector<flatbuffers::Offset<fb::TierRecordDelta>> deltas;
       for (uint32_t l : tier_layers) {
         if (base.format_major >= 3 && l < base.tiers.size() && can_delta(base.tiers[l], records[l])) {
-          for (const auto& rd : build_layer_delta(fbb, base.tiers[l], records[l])) deltas.push_back(rd);
+          for (const auto& rd : build_layer_delta(fbb, base.tiers[l], records[l], typed)) {
+            deltas.push_back(rd);
+          }
           continue;
         }
-        for (const TierRecord& r : records[l]) states.push_back(build_tier_state(fbb, r));
+        for (const TierRecord& r : records[l]) {
+          if (typed) typed_states.push_back(build_typed_tier(fbb, r));
+          else states.push_back(build_tier_state(fbb, r));
+        }
       }
       tier_layer_vec = fbb.CreateVector(tier_layers);
       if (!states.empty()) tier_vec = fbb.CreateVector(states);
+      if (!typed_states.empty()) typed_vec = fbb.CreateVector(typed_states);
       if (!deltas.empty()) delta_vec = fbb.CreateVector(deltas);
     }
     const auto delta = fb::CreateJournalDelta(
         fbb, base.next_sequence, uint32_t(part), uint32_t(parts.size()), fbb.CreateVector(heads),
-        last ? fbb.CreateVector(appended) : 0, policy_state, tier_layer_vec, tier_vec, delta_vec);
+        last ? fbb.CreateVector(appended) : 0, policy_state, tier_layer_vec, tier_vec, delta_vec,
+        typed_vec);
     fbb.Finish(fb::CreateFrame(fbb, fb::Payload::JournalDelta, delta.Union()),
                fb::FrameIdentifier());
     d.parts.emplace_back(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
@@ -356,14 +368,23 @@ void apply_delta(const Geometry& g, const std::vector<const fb::JournalDelta*>& 
       if (l >= g.n_layers || listed[l]) fail(KVSDK_E_CORRUPT, "journal: bad tier layer list");
       listed[l] = true;
     }
-    if (last->tiers()) {
-      for (const fb::TierState* t : *last->tiers()) {
-        TierRecord r = read_tier_state(*t);
-        if (r.layer >= g.n_layers || !listed[r.layer]) {
-          fail(KVSDK_E_CORRUPT, "journal: tier record for a layer the delta does not replace");
-        }
-        replaced[r.layer].push_back(std::move(r));
+    // Whole records: generic TierStates up to format major 3, typed tables from major 4.
+    const bool typed = format_major >= 4;
+    if ((typed && last->tiers()) || (!typed && last->typed_tiers())) {
+      fail(KVSDK_E_CORRUPT, "journal: ", typed ? "untyped" : "typed",
+           " tier records in a format ", format_major, " file");
+    }
+    const auto take = [&](TierRecord r) {
+      if (r.layer >= g.n_layers || !listed[r.layer]) {
+        fail(KVSDK_E_CORRUPT, "journal: tier record for a layer the delta does not replace");
       }
+      replaced[r.layer].push_back(std::move(r));
+    };
+    if (last->tiers()) {
+      for (const fb::TierState* t : *last->tiers()) take(read_tier_state(*t));
+    }
+    if (last->typed_tiers()) {
+      for (const fb::TypedTierState* t : *last->typed_tiers()) take(read_typed_tier(*t));
     }
     if (tiers.size() != g.n_layers) tiers.resize(g.n_layers);
     if (last->tier_deltas()) {
@@ -383,7 +404,7 @@ void apply_delta(const Geometry& g, const std::vector<const fb::JournalDelta*>& 
           fail(KVSDK_E_CORRUPT, "journal: more tier record deltas for layer ", l,
                " than it had records");
         }
-        replaced[l].push_back(apply_record_delta(*d, tiers[l][next[l]]));
+        replaced[l].push_back(apply_record_delta(*d, tiers[l][next[l]], typed));
         ++next[l];
       }
       for (uint32_t l = 0; l < g.n_layers; ++l) {

@@ -11,6 +11,7 @@
 #include "journal.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"
+#include "tier_schema.h"
 #include "tier_state.h"
 #include "xxhash64.h"
 #include "zstd_frame.h"
@@ -278,17 +279,24 @@ void read_tier_chunk(const fb::TierChunk& c, const Geometry& g, Snapshot& s,
                      const std::vector<std::vector<uint64_t>>& declared, uint64_t reserve_limit) {
   const bool has_heads = c.heads() && c.heads()->size() != 0;
   const bool has_tiers = c.tiers() && c.tiers()->size() != 0;
-  if (!has_heads && !has_tiers) fail(KVSDK_E_CORRUPT, "empty tier chunk");
+  const bool has_typed = c.typed_tiers() && c.typed_tiers()->size() != 0;
+  if (!has_heads && !has_tiers && !has_typed) fail(KVSDK_E_CORRUPT, "empty tier chunk");
+  // Compressed-store records: generic TierStates in formats 2 and 3, typed tables from 4.
+  if ((has_tiers && (s.format_major < 2 || s.format_major >= 4)) ||
+      (has_typed && s.format_major < 4)) {
+    fail(KVSDK_E_CORRUPT, has_typed ? "typed" : "untyped",
+         " compressed-tier records in a format ", s.format_major, " file");
+  }
+  const auto take = [&](TierRecord r) {
+    check_tier_record(r, g, s);
+    check_record_positions(r);
+    s.tiers[r.layer].push_back(std::move(r));
+  };
   if (has_tiers) {
-    if (s.format_major < 2) {
-      fail(KVSDK_E_CORRUPT, "compressed-tier records in a format ", s.format_major, " file");
-    }
-    for (const fb::TierState* t : *c.tiers()) {
-      TierRecord r = read_tier_state(*t);
-      check_tier_record(r, g, s);
-      check_record_positions(r);
-      s.tiers[r.layer].push_back(std::move(r));
-    }
+    for (const fb::TierState* t : *c.tiers()) take(read_tier_state(*t));
+  }
+  if (has_typed) {
+    for (const fb::TypedTierState* t : *c.typed_tiers()) take(read_typed_tier(*t));
   }
   if (!has_heads) return;
   const size_t dim = g.head_dim;

@@ -12,6 +12,7 @@
 #include "frame_writer.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"
+#include "tier_schema.h"
 #include "tier_state.h"
 #include "zstd_frame.h"
 
@@ -75,19 +76,26 @@ void write_tier_frame(FrameWriter& out, flatbuffers::FlatBufferBuilder& fbb, con
 }
 
 // The compressed stores of one layer, packed into frames of at most max_frame_bytes (at least one
-// record per frame).
+// record per frame): typed tables (TierChunk.typed_tiers) from format major 4, generic TierStates
+// before.
 void write_tier_states(FrameWriter& out, flatbuffers::FlatBufferBuilder& fbb,
-                       const std::vector<TierRecord>& records, uint64_t cap) {
+                       const std::vector<TierRecord>& records, uint64_t cap, bool typed) {
   size_t i = 0;
   while (i < records.size()) {
     fbb.Clear();
     std::vector<flatbuffers::Offset<fb::TierState>> states;
+    std::vector<flatbuffers::Offset<fb::TypedTierState>> typed_states;
     uint64_t bytes = 0;
-    while (i < records.size() && (states.empty() || bytes + tier_record_bytes(records[i]) <= cap)) {
+    size_t in_frame = 0;
+    while (i < records.size() && (in_frame == 0 || bytes + tier_record_bytes(records[i]) <= cap)) {
       bytes += tier_record_bytes(records[i]);
-      states.push_back(build_tier_state(fbb, records[i++]));
+      if (typed) typed_states.push_back(build_typed_tier(fbb, records[i++]));
+      else states.push_back(build_tier_state(fbb, records[i++]));
+      ++in_frame;
     }
-    const auto chunk = fb::CreateTierChunk(fbb, 0, fbb.CreateVector(states));
+    const auto chunk =
+        typed ? fb::CreateTierChunk(fbb, 0, 0, fbb.CreateVector(typed_states))
+              : fb::CreateTierChunk(fbb, 0, fbb.CreateVector(states));
     fbb.Finish(fb::CreateFrame(fbb, fb::Payload::TierChunk, chunk.Union()),
                fb::FrameIdentifier());
     out.write_frame(FrameKind::kTierChunk, fbb.GetBufferPointer(), fbb.GetSize());
@@ -219,7 +227,7 @@ uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64
       }
     }
     if (!spans.empty()) write_tier_frame(out, fbb, cache, l, spans);
-    write_tier_states(out, fbb, tiers[l], cap);
+    write_tier_states(out, fbb, tiers[l], cap, major >= 4);
   }
   out.write_index_and_trailer();
   return out.offset();

@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "util/error.h"
+#include "tier_schema.h"
 #include "xxhash64.h"
 
 namespace kvsdk::format {
@@ -15,6 +16,10 @@ constexpr uint64_t kNewElements = ~0ull;  // Segment.base_begin of "new elements
 constexpr uint64_t kSeed = 0x6b7664656c7461ull;  // "kvdelta"
 
 enum TierFieldType : uint8_t { kNone = 0, kU8, kU16, kI32, kU32, kF32, kU64 };
+static_assert(uint8_t(TierElem::kU8) == kU8 && uint8_t(TierElem::kU16) == kU16 &&
+                  uint8_t(TierElem::kI32) == kI32 && uint8_t(TierElem::kU32) == kU32 &&
+                  uint8_t(TierElem::kF32) == kF32 && uint8_t(TierElem::kU64) == kU64,
+              "TierElem numbers elements as TierFieldDelta.type");
 
 // A field's elements as bytes, whichever typed vector holds them (a record field holds one).
 struct FieldView {
@@ -224,10 +229,15 @@ bool can_delta(const LayerSignature& before, const std::vector<TierRecord>& now)
 
 std::vector<flatbuffers::Offset<fb::TierRecordDelta>> build_layer_delta(
     flatbuffers::FlatBufferBuilder& fbb, const LayerSignature& before,
-    const std::vector<TierRecord>& now) {
+    const std::vector<TierRecord>& now, bool typed) {
   std::vector<flatbuffers::Offset<fb::TierRecordDelta>> out;
   for (size_t i = 0; i < now.size(); ++i) {
     const TierRecord& r = now[i];
+    const TierKindSpec* spec = nullptr;
+    if (typed) {
+      check_typed_record(r, KVSDK_E_INTERNAL);
+      spec = tier_kind(r.kind);
+    }
     std::vector<flatbuffers::Offset<fb::TierFieldDelta>> fields;
     for (const TierField& f : r.fields) {
       const FieldSignature* old = nullptr;
@@ -237,21 +247,31 @@ std::vector<flatbuffers::Offset<fb::TierRecordDelta>> build_layer_delta(
       const FieldView v = view(f);
       std::vector<std::pair<uint64_t, uint64_t>> fresh;
       const std::vector<fb::Segment> segs = plan_field(old, v, &fresh);
-      const auto name = fbb.CreateString(f.name);
+      const auto name = typed ? 0 : fbb.CreateString(f.name);
       const auto seg_vec = fbb.CreateVectorOfStructs(segs);
       const auto data = build_data(fbb, f, fresh);
-      fields.push_back(fb::CreateTierFieldDelta(fbb, name, v.type, seg_vec, data));
+      const uint16_t id = typed ? spec->by_name(f.name)->id : 0;
+      fields.push_back(fb::CreateTierFieldDelta(fbb, name, v.type, seg_vec, data, id));
     }
-    out.push_back(fb::CreateTierRecordDelta(fbb, r.layer, r.kv_head, fbb.CreateString(r.kind),
-                                            fbb.CreateVector(fields)));
+    out.push_back(fb::CreateTierRecordDelta(fbb, r.layer, r.kv_head,
+                                            typed ? 0 : fbb.CreateString(r.kind),
+                                            fbb.CreateVector(fields),
+                                            typed ? uint8_t(spec->type) : uint8_t(0)));
   }
   return out;
 }
 
-TierRecord apply_record_delta(const fb::TierRecordDelta& d, const TierRecord& before) {
-  if (!d.kind() || !d.fields()) fail(KVSDK_E_CORRUPT, "journal: tier record delta without kind or fields");
-  if (d.kind()->str() != before.kind || d.layer() != before.layer || d.kv_head() != before.kv_head) {
-    fail(KVSDK_E_CORRUPT, "journal: tier record delta for '", d.kind()->str(), "' (layer ",
+TierRecord apply_record_delta(const fb::TierRecordDelta& d, const TierRecord& before,
+                              bool typed) {
+  const TierKindSpec* spec = typed ? tier_kind(fb::StoreTier(d.tier_type())) : nullptr;
+  if (typed ? spec == nullptr : d.kind() == nullptr) {
+    fail(KVSDK_E_CORRUPT, "journal: tier record delta without ",
+         typed ? "a known typed table" : "kind");
+  }
+  if (!d.fields()) fail(KVSDK_E_CORRUPT, "journal: tier record delta without fields");
+  const std::string kind = typed ? spec->kind : d.kind()->str();
+  if (kind != before.kind || d.layer() != before.layer || d.kv_head() != before.kv_head) {
+    fail(KVSDK_E_CORRUPT, "journal: tier record delta for '", kind, "' (layer ",
          d.layer(), ", KV head ", d.kv_head(), ") does not follow '", before.kind, "' (layer ",
          before.layer, ", KV head ", before.kv_head, ")");
   }
@@ -260,10 +280,25 @@ TierRecord apply_record_delta(const fb::TierRecordDelta& d, const TierRecord& be
   r.kv_head = before.kv_head;
   r.kind = before.kind;
   for (const fb::TierFieldDelta* fd : *d.fields()) {
-    if (!fd->name() || !fd->segments()) {
+    if ((!typed && !fd->name()) || !fd->segments()) {
       fail(KVSDK_E_CORRUPT, "journal: field delta of '", r.kind, "' without name or segments");
     }
-    const std::string name = fd->name()->str();
+    std::string name;
+    if (typed) {
+      const TierFieldSpec* fs = spec->by_id(fd->field_id());
+      if (!fs) {
+        fail(KVSDK_E_CORRUPT, "journal: field delta of '", r.kind, "' for field id ",
+             fd->field_id(), ", which its typed table lacks");
+      }
+      if (fd->type() != kNone && fd->type() != uint8_t(fs->elem)) {
+        fail(KVSDK_E_CORRUPT, "journal: field delta of '", r.kind, "' field '", fs->name,
+             "' has element type ", unsigned(fd->type()), ", its typed table ",
+             unsigned(fs->elem));
+      }
+      name = fs->name;
+    } else {
+      name = fd->name()->str();
+    }
     const TierField* old = find_field(before, name);
     static const TierField kEmpty;
     const TierField& o = old ? *old : kEmpty;
@@ -285,6 +320,9 @@ TierRecord apply_record_delta(const fb::TierRecordDelta& d, const TierRecord& be
              unsigned(fd->type()));
     }
   }
+  // What a typed table could not hold (a field twice or missing, a scalar of other than one
+  // element) is not a record of this format.
+  if (typed) check_typed_record(r, KVSDK_E_CORRUPT);
   return r;
 }
 

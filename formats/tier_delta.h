@@ -1,4 +1,5 @@
-// Journal deltas of compressed stores, field by field (format major 3).
+// Journal deltas of compressed stores, field by field (format major 3; by typed table and field id
+// from format major 4).
 //
 // A compressed store's record after a few appends is mostly its record before them: KIVI blocks
 // flushed earlier never change and new ones are appended, codebooks, indices, merged tokens and
@@ -52,12 +53,18 @@ void drop_backing_fields(LayerSignature& layer);
 bool can_delta(const LayerSignature& before, const std::vector<TierRecord>& now);
 
 // Writes `now` (records of one layer) as field deltas against `before` (can_delta() holds).
+// `typed` (format major 4): records by their typed table (TierRecordDelta.tier_type) and fields by
+// their id in it (TierFieldDelta.field_id, formats/tier_schema.h) instead of by kind and name;
+// a kind or field the registry lacks throws KVSDK_E_INTERNAL.
 std::vector<flatbuffers::Offset<fb::TierRecordDelta>> build_layer_delta(
     flatbuffers::FlatBufferBuilder& fbb, const LayerSignature& before,
-    const std::vector<TierRecord>& now);
+    const std::vector<TierRecord>& now, bool typed);
 
 // Rebuilds one record from its delta and the record before it. Throws KVSDK_E_CORRUPT when the
-// delta does not fit `before` (other kind or head, segments beyond a field, elements left over).
-TierRecord apply_record_delta(const fb::TierRecordDelta& delta, const TierRecord& before);
+// delta does not fit `before` (other kind or head, segments beyond a field, elements left over)
+// and, `typed`, when it names an unknown table or field id, or rebuilds a record its typed table
+// could not hold (check_typed_record).
+TierRecord apply_record_delta(const fb::TierRecordDelta& delta, const TierRecord& before,
+                              bool typed);
 
 }  // namespace kvsdk::format

@@ -787,15 +787,20 @@ KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache *cache, kvsdk_cache *pr
  *  every minor version of its major versions (unknown additions are ignored) and rejects a newer
  *  major version with KVSDK_E_VERSION. Snapshots of caches with layers in compressed tiers (kivi,
  *  '+kiviN' overlays, spindlekv's codebook layers, minicache's merged layers, smallkv, specache)
- *  or with observation windows (snapkv, pyramidkv, xkv) are written as format 3.1, whose journal
- *  deltas describe compressed stores field by field and windows by the queries they kept (a
- *  format-2 reader would misapply them, so it refuses the file), and from 3.1 on give H2O scores
- *  as differences against the scores before the delta (a 3.0 reader refuses such a delta as
- *  corrupt); other caches hold only exact rows and are written as format 1.2, so readers that
- *  know only major 1 keep loading them. Files of formats 1.x, 2.0 and 3.0 written by earlier
- *  versions load, and their journals continue in their own format. */
-#define KVSDK_SNAPSHOT_FORMAT_MAJOR 3
-#define KVSDK_SNAPSHOT_FORMAT_MINOR 1
+ *  or with observation windows (snapkv, pyramidkv, xkv) are written as format 4.0: every
+ *  compressed store is a typed FlatBuffers table of its own (KIVI codes, scales and zero points;
+ *  SpindleKV codebook entries, indices and magnitudes; MiniCache merged directions, magnitudes
+ *  and retained rows; SmallKV rows, marginal values and head map; SpeCache low-bit shadow,
+ *  backing and fetched rows; positions and scores) with explicit field ids, checked by the
+ *  FlatBuffers Verifier, and journal deltas refer to its fields by id (a format-3 reader would
+ *  not find these records, so it refuses the file). Journal deltas describe compressed stores
+ *  field by field and windows by the queries they kept (since format 3.0) and give H2O scores
+ *  as differences against the scores before the delta (since 3.1). Other caches hold only exact
+ *  rows and are written as format 1.2, so readers that know only major 1 keep loading them.
+ *  Files of formats 1.x, 2.0, 3.0 and 3.1 written by earlier versions load, and their journals
+ *  continue in their own format. */
+#define KVSDK_SNAPSHOT_FORMAT_MAJOR 4
+#define KVSDK_SNAPSHOT_FORMAT_MINOR 0
 
 typedef struct kvsdk_save_options {
   uint32_t struct_size;      /**< sizeof(kvsdk_save_options); set by kvsdk_save_options_init. */
@@ -886,7 +891,7 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache *cache,
  *  a torn tail (synced before the new frames are written), then appends. So the next delta from
  *  a cache loaded after the crash (or from any cache whose journal ends where the torn tail
  *  begins) replaces the torn tail.
- *  Compressed tiers that changed go into the delta field by field (format 3): what was appended
+ *  Compressed tiers that changed go into the delta field by field (formats 3 and 4): what was appended
  *  to a store, and the parts of a store that moved (a residual window sliding by whole rows), so
  *  a delta stays small after a few tokens for every preset; a field rewritten in place (KIVI
  *  blocks that lost rows to eviction, H2O's scores) goes whole. A file of an older format gets

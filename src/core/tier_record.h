@@ -1,8 +1,9 @@
-// The saved state of one representation store (one layer and KV head, or one layer pair): named,
-// typed buffers that formats/ writes as a FlatBuffers `TierState` table (formats/kvsdk.fbs) and
-// hands back on load. Typed vectors keep the file little-endian on every host (FlatBuffers does
-// the byte order); names make a record self-describing, so a reader can say exactly which buffer
-// of which store is missing or inconsistent.
+// The saved state of one store (one layer and KV head, or one layer pair): named, typed buffers,
+// the in-memory form of a snapshot record. formats/ writes each kind as its typed FlatBuffers
+// table (format 4: KiviHeadTier, SpindleKvHeadTier, ... in formats/kvsdk.fbs, every field with an
+// explicit id, mapped by the registry formats/tier_schema.cpp; formats 2.0-3.1 wrote generic
+// named `TierState` tables) and hands them back on load. Names make a record self-describing, so a
+// reader can say exactly which buffer of which store is missing or inconsistent.
 #pragma once
 
 #include <cstdint>

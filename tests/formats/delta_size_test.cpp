@@ -6,6 +6,8 @@
 // max_journal_percent); and all of them load back to the same cache.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <string>
 #include <vector>
 
@@ -76,6 +78,10 @@ class DeltaSize : public ::testing::TestWithParam<const char*> {
     EXPECT_LE(double(delta), share * double(full))
         << GetParam() << (observe ? " (append + observe)" : " (append)") << ": delta " << delta
         << " bytes, full snapshot " << full;
+    // The figures of docs/benchmarks.md ("Journal delta size per preset").
+    std::printf("delta size: %-16s %-16s full %8llu delta %6llu (%.2f%%)\n", GetParam(),
+                observe ? "append+observe" : "append", static_cast<unsigned long long>(full),
+                static_cast<unsigned long long>(delta), 100.0 * double(delta) / double(full));
     expect_loads_as(ctx.get(), path, a.get());
   }
   kvsdk_geometry g_ = geometry();

@@ -192,11 +192,11 @@ class ReplacedRecords : public ::testing::TestWithParam<Mutation> {
     std::vector<std::vector<uint8_t>> journal;
     if (deltas >= 1) {
       journal.push_back(whole_layer_delta(1, layer_, bad1 ? bad : layer_state_.records,
-                                          layer_state_.appended));
+                                          layer_state_.appended, layer_state_.typed));
     }
     if (deltas >= 2) {
       journal.push_back(whole_layer_delta(2, layer_, bad2 ? bad : layer_state_.records,
-                                          layer_state_.appended));
+                                          layer_state_.appended, layer_state_.typed));
     }
     size_t changed = 0;
     auto out = rewrite_snapshot(
@@ -379,7 +379,7 @@ std::vector<unsigned char> with_position(const std::vector<unsigned char>& file,
     BaseLayer layer = base_layer(file, 0);
     for (kvsdk::TierRecord& r : layer.records) found += set_record_position(pc, r);
     out = rewrite_snapshot(file, keep_all(),
-                           {whole_layer_delta(2, 0, layer.records, layer.appended)});
+                           {whole_layer_delta(2, 0, layer.records, layer.appended, layer.typed)});
   } else {
     out = rewrite_snapshot(file, [&](MutableFrame& f) {
       found += set_position_in_place(pc, f);

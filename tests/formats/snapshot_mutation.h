@@ -17,6 +17,7 @@
 #include "frame_writer.h"
 #include "kvsdk_generated.h"
 #include "sink.h"
+#include "tier_schema.h"
 #include "tier_state.h"
 #include "zstd_frame.h"
 
@@ -102,13 +103,14 @@ std::vector<uint8_t> finish_frame(flatbuffers::FlatBufferBuilder& b, kvsdk::fb::
 }
 
 // Rebuilds a base TierChunk frame with every compressed-store record passed through `change`
-// (which returns whether it changed the record); exact rows are copied unchanged. Returns how
-// many records `change` changed (0 for other frames, which stay as they are).
+// (which returns whether it changed the record); exact rows are copied unchanged. Records stay
+// as they were written: named TierStates (formats 2 and 3) or typed tables (format 4). Returns
+// how many records `change` changed (0 for other frames, which stay as they are).
 inline size_t change_records(MutableFrame& f,
                              const std::function<bool(kvsdk::TierRecord&)>& change) {
   namespace fb = kvsdk::fb;
   const fb::TierChunk* c = f.journal ? nullptr : f.root()->payload_as_TierChunk();
-  if (!c || !c->tiers()) return 0;
+  if (!c || (!c->tiers() && !c->typed_tiers())) return 0;
   flatbuffers::FlatBufferBuilder b;
   std::vector<flatbuffers::Offset<fb::HeadRows>> heads;
   if (c->heads()) {
@@ -124,25 +126,39 @@ inline size_t change_records(MutableFrame& f,
   }
   size_t changed = 0;
   std::vector<flatbuffers::Offset<fb::TierState>> states;
-  for (const fb::TierState* t : *c->tiers()) {
-    kvsdk::TierRecord r = kvsdk::format::read_tier_state(*t);
-    if (change(r)) ++changed;
-    states.push_back(kvsdk::format::build_tier_state(b, r));
+  std::vector<flatbuffers::Offset<fb::TypedTierState>> typed;
+  if (c->tiers()) {
+    for (const fb::TierState* t : *c->tiers()) {
+      kvsdk::TierRecord r = kvsdk::format::read_tier_state(*t);
+      if (change(r)) ++changed;
+      states.push_back(kvsdk::format::build_tier_state(b, r));
+    }
+  }
+  if (c->typed_tiers()) {
+    for (const fb::TypedTierState* t : *c->typed_tiers()) {
+      kvsdk::TierRecord r = kvsdk::format::read_typed_tier(*t);
+      if (change(r)) ++changed;
+      typed.push_back(kvsdk::format::build_typed_tier(b, r));
+    }
   }
   const auto chunk = fb::CreateTierChunk(b, heads.empty() ? 0 : b.CreateVector(heads),
-                                         b.CreateVector(states));
+                                         c->tiers() ? b.CreateVector(states) : 0,
+                                         c->typed_tiers() ? b.CreateVector(typed) : 0);
   f.flatbuffer = finish_frame(b, fb::Payload::TierChunk, chunk);
   return changed;
 }
 
-// The compressed-store records of `layer` in a snapshot's base, in file order, and the
-// per-layer appended-token counts of its metadata.
+// The compressed-store records of `layer` in a snapshot's base, in file order, the per-layer
+// appended-token counts of its metadata, and whether the file holds typed records (format 4).
 struct BaseLayer {
   std::vector<kvsdk::TierRecord> records;
   std::vector<uint64_t> appended;
+  bool typed = false;
 };
 inline BaseLayer base_layer(const std::vector<unsigned char>& file, uint32_t layer) {
   BaseLayer out;
+  out.typed = file.size() >= kvsdk::format::kFileHeaderBytes &&
+              kvsdk::format::decode_file_header(file.data()).major >= 4;
   rewrite_snapshot(file, [&](MutableFrame& f) {
     if (f.journal) return false;
     if (const kvsdk::fb::Metadata* m = f.root()->payload_as_Metadata()) {
@@ -154,6 +170,11 @@ inline BaseLayer base_layer(const std::vector<unsigned char>& file, uint32_t lay
           if (t->layer() == layer) out.records.push_back(kvsdk::format::read_tier_state(*t));
         }
       }
+      if (c->typed_tiers()) {
+        for (const kvsdk::fb::TypedTierState* t : *c->typed_tiers()) {
+          if (t->layer() == layer) out.records.push_back(kvsdk::format::read_typed_tier(*t));
+        }
+      }
     }
     return true;
   });
@@ -161,17 +182,23 @@ inline BaseLayer base_layer(const std::vector<unsigned char>& file, uint32_t lay
 }
 
 // A one-part journal delta number `sequence` that replaces the records of `layer` whole with
-// `records` (every writer may write a layer so) and changes nothing else.
+// `records` (every writer may write a layer so) and changes nothing else: as typed tables
+// (`typed`, a format 4 file) or named TierStates.
 inline std::vector<uint8_t> whole_layer_delta(uint64_t sequence, uint32_t layer,
                                               const std::vector<kvsdk::TierRecord>& records,
-                                              const std::vector<uint64_t>& appended) {
+                                              const std::vector<uint64_t>& appended, bool typed) {
   namespace fb = kvsdk::fb;
   flatbuffers::FlatBufferBuilder b;
   std::vector<flatbuffers::Offset<fb::TierState>> states;
-  for (const kvsdk::TierRecord& r : records) states.push_back(kvsdk::format::build_tier_state(b, r));
+  std::vector<flatbuffers::Offset<fb::TypedTierState>> typed_states;
+  for (const kvsdk::TierRecord& r : records) {
+    if (typed) typed_states.push_back(kvsdk::format::build_typed_tier(b, r));
+    else states.push_back(kvsdk::format::build_tier_state(b, r));
+  }
   const std::vector<uint32_t> layers = {layer};
   const auto d = fb::CreateJournalDelta(b, sequence, 0, 1, 0, b.CreateVector(appended), 0,
-                                        b.CreateVector(layers), b.CreateVector(states));
+                                        b.CreateVector(layers), typed ? 0 : b.CreateVector(states),
+                                        0, typed ? b.CreateVector(typed_states) : 0);
   return finish_frame(b, fb::Payload::JournalDelta, d);
 }
 

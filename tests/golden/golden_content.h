@@ -336,6 +336,38 @@ inline const V3Case* v3_cases(size_t* n) {
   return cases;
 }
 
+// Format 3.1 files: what the 3.1 writer writes differently from 3.0 (journal deltas give H2O
+// scores as differences, HeadScores.score_base/score_diffs): the h2o cache with compressed tiers
+// (an h2o cache without them is written as 1.2, whose deltas keep whole scores).
+inline const V3Case* v3_1_cases(size_t* n) {
+  static const V3Case cases[] = {
+      {{"v3_1_h2o_kivi4.kvsnap", "h2o+kivi4", 1, 0, false, false}, 75},
+  };
+  *n = sizeof cases / sizeof cases[0];
+  return cases;
+}
+
+// Format 4.0 files (typed compressed-store tables, deltas by field id): every preset family the
+// 4.0 writer saves as 4.0, as the v3_0 files.
+inline const V3Case* v4_0_cases(size_t* n) {
+  static const V3Case cases[] = {
+      {{"v4_0_snapkv.kvsnap", "snapkv", 1, 0, false, false}, 75},
+      {{"v4_0_pyramidkv.kvsnap", "pyramidkv", 1, 0, false, false}, 75},
+      {{"v4_0_xkv.kvsnap", "xkv", 1, 0, false, false}, 75},
+      {{"v4_0_xkv_kivi2.kvsnap", "xkv+kivi2", 1, 0, false, false}, 75},
+      {{"v4_0_h2o_kivi4.kvsnap", "h2o+kivi4", 1, 0, false, false}, 75},
+      {{"v4_0_kivi.kvsnap", "kivi", 1, 0, false, false}, 0},
+      {{"v4_0_spindlekv.kvsnap", "spindlekv", 1, 0, false, false}, 75},
+      {{"v4_0_minicache.kvsnap", "minicache", 1, 0, false, false}, 0},
+      {{"v4_0_minicache_kivi4.kvsnap", "minicache+kivi4", 1, 0, false, false}, 0},
+      {{"v4_0_smallkv.kvsnap", "smallkv", 1, 0, true, false}, 75},
+      {{"v4_0_specache.kvsnap", "specache", 1, 0, false, true}, 0},
+      {{"v4_0_specache_nobacking.kvsnap", "specache", 0, 0, false, true}, 0},
+  };
+  *n = sizeof cases / sizeof cases[0];
+  return cases;
+}
+
 // Format 1.2 files: the exact caches the same writer saves as 1.2.
 inline const V3Case* v1_2_cases(size_t* n) {
   static const V3Case cases[] = {

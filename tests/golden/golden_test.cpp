@@ -7,6 +7,10 @@
 //   v3_0_*, v1_2_*: the 3.0 writer's files (window methods and compressed tiers as 3.0, other
 //           exact caches as 1.2): a base and two journal deltas each, checked against
 //           v3_0_expected.h / v1_2_expected.h part by part and continued as the v2_0 files are.
+//   v3_1_*: the 3.1 writer's file that differs from 3.0 (h2o+kivi4: H2O scores as differences in
+//           its journal deltas), checked by the same script against v3_1_expected.h.
+//   v4_0_*: the 4.0 writer's files (compressed stores as typed tables, deltas by field id): every
+//           preset family it saves as 4.0, by the same script, against v4_0_expected.h.
 //   Every golden file, of every version: a deterministic mutation sweep (single-byte flips and
 //           truncations spread over the whole file and on every record boundary). Each damaged
 //           copy is refused with a status and an error message, or loads exactly what the
@@ -30,6 +34,8 @@
 #include "v1_2_expected.h"
 #include "v2_0_expected.h"
 #include "v3_0_expected.h"
+#include "v3_1_expected.h"
+#include "v4_0_expected.h"
 
 using namespace kvsdk_golden;
 using namespace kvsdk_test;
@@ -459,18 +465,43 @@ TEST(GoldenV2, DamagedCopiesAreRejectedNeverTrusted) {
 // Formats 3.0 and 1.2 (the v3 script: base, an appending delta, a delta under an eviction budget)
 // ------------------------------------------------------------------------------------------------
 
+// Every version written by the v3 script: its file prefix, record, cases and container version.
+struct V3Version {
+  const char* prefix;
+  const std::vector<V3Expected>& (*expected)();
+  const V3Case* (*cases)(size_t*);
+  uint32_t major, minor;
+};
+
+const std::vector<V3Version>& v3_versions() {
+  static const std::vector<V3Version> versions = {
+      {"v3_0_", &v3_0_expected, &v3_cases, 3, 0},
+      {"v3_1_", &v3_1_expected, &v3_1_cases, 3, 1},
+      {"v4_0_", &v4_0_expected, &v4_0_cases, 4, 0},
+      {"v1_2_", &v1_2_expected, &v1_2_cases, 1, 2},
+  };
+  return versions;
+}
+
+const V3Version* v3_version_of(const std::string& file) {
+  for (const V3Version& v : v3_versions()) {
+    if (file.rfind(v.prefix, 0) == 0) return &v;
+  }
+  return nullptr;
+}
+
 std::vector<const V3Expected*> v3_records() {
   std::vector<const V3Expected*> all;
-  for (const V3Expected& e : v3_0_expected()) all.push_back(&e);
-  for (const V3Expected& e : v1_2_expected()) all.push_back(&e);
+  for (const V3Version& v : v3_versions()) {
+    for (const V3Expected& e : v.expected()) all.push_back(&e);
+  }
   return all;
 }
 
 const V3Case* v3_case_of(const V3Expected& e) {
-  using Table = const V3Case* (*)(size_t*);
-  for (const Table table : {Table(&v3_cases), Table(&v1_2_cases)}) {
+  for (const V3Version& v : v3_versions()) {
     size_t n = 0;
-    const V3Case* cases = table(&n);
+    const V3Case* cases = v.cases(&n);
     for (size_t i = 0; i < n; ++i) {
       if (std::string(cases[i].script.file) == e.file) return &cases[i];
     }
@@ -510,13 +541,15 @@ void expect_policy(const kvsdk_cache* c, const V2Policy& w, const char* preset) 
 }
 
 // The record and the files agree: one file per case of each table, each as recorded (size,
-// frames, the version in its container header), no v3_0_/v1_2_ file without a record.
+// frames, the version in its container header), no file of a v3-script version without a record.
 TEST(GoldenV3, EveryFileOfTheScriptIsRecorded) {
-  size_t n3 = 0, n12 = 0;
+  for (const V3Version& v : v3_versions()) {
+    size_t n = 0;
+    v.cases(&n);
+    ASSERT_EQ(v.expected().size(), n) << v.prefix;
+  }
+  size_t n3 = 0;
   v3_cases(&n3);
-  v1_2_cases(&n12);
-  ASSERT_EQ(v3_0_expected().size(), n3);
-  ASSERT_EQ(v1_2_expected().size(), n12);
   ASSERT_GE(n3, 12u);
   std::vector<std::string> recorded;
   for (const V3Expected* ep : v3_records()) {
@@ -529,11 +562,10 @@ TEST(GoldenV3, EveryFileOfTheScriptIsRecorded) {
     EXPECT_EQ(cs->script.include_backing, e.include_backing);
     EXPECT_EQ(cs->script.cache_budget, e.cache_budget);
     EXPECT_EQ(cs->evict_percent != 0, e.evict_budget != 0);
-    const std::string name = e.file;
-    const bool v3 = name.rfind("v3_0_", 0) == 0;
-    ASSERT_TRUE(v3 || name.rfind("v1_2_", 0) == 0);
-    EXPECT_EQ(e.format_major, v3 ? 3u : 1u);
-    EXPECT_EQ(e.format_minor, v3 ? 0u : 2u);
+    const V3Version* version = v3_version_of(e.file);
+    ASSERT_NE(version, nullptr);
+    EXPECT_EQ(e.format_major, version->major);
+    EXPECT_EQ(e.format_minor, version->minor);
     const std::vector<unsigned char> f = file_bytes(golden_path(e.file));
     ASSERT_EQ(f.size(), e.file_bytes) << "file changed without its record";
     // The container header: magic, then format major and minor (little-endian u16).
@@ -567,10 +599,9 @@ TEST(GoldenV3, EveryFileOfTheScriptIsRecorded) {
   ASSERT_NE(d, nullptr);
   for (dirent* ent; (ent = readdir(d)) != nullptr;) {
     const std::string name = ent->d_name;
-    if ((name.rfind("v3_0_", 0) == 0 || name.rfind("v1_2_", 0) == 0) && name.size() > 7 &&
-        name.substr(name.size() - 7) == ".kvsnap") {
+    if (v3_version_of(name) && name.size() > 7 && name.substr(name.size() - 7) == ".kvsnap") {
       EXPECT_NE(std::find(recorded.begin(), recorded.end(), name), recorded.end())
-          << name << " has no record in v3_0_expected.h / v1_2_expected.h";
+          << name << " has no record in its <version>_expected.h";
     }
   }
   closedir(d);
@@ -857,7 +888,7 @@ std::vector<std::string> golden_files() {
 // tail loads as the undamaged file. Nothing crashes, and no failed load leaves bytes charged.
 TEST(GoldenMutation, EveryDamagedCopyIsRefusedOrLoadsWhatTheFileHolds) {
   const std::vector<std::string> files = golden_files();
-  ASSERT_GE(files.size(), 4u + 8u + 12u + 3u);
+  ASSERT_GE(files.size(), 4u + 8u + 12u + 1u + 12u + 3u);
   size_t total = 0, refused = 0, refused_journal = 0, same_as_file = 0, journal_prefix = 0;
   for (const std::string& name : files) {
     SCOPED_TRACE(name);

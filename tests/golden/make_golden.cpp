@@ -2,7 +2,7 @@
 // are committed and every later kvsdk must still load them):
 //
 //   cmake --build --preset dev --target kvsdk-make-golden
-//   ./build/dev/tests/kvsdk-make-golden [--only=v1_0|v2_0|v3_0|v1_2] tests/golden [tests/fuzz/corpus]
+//   ./build/dev/tests/kvsdk-make-golden [--only=v1_0|v2_0|v3_0|v3_1|v4_0|v1_2] tests/golden [tests/fuzz/corpus]
 //
 // --only picks one format version's files (default: all, which also rewrites the older versions'
 // files: never use the default on tests/golden). Regenerate only a version that the writer of the
@@ -39,6 +39,15 @@
 //   v3_0_specache (default save options, prefetch after every layer), v3_0_specache_nobacking
 //   (include_backing 0)  (.kvsnap)
 //   v3_0_expected.h          as v2_0_expected.h, with the state after each delta (V3Expected).
+// Files (format 3.1, written by the 3.1 writer with --only=v3_1: what 3.1 writes differently from
+// 3.0, H2O scores as differences in journal deltas; same script, v3_1_cases):
+//   v3_1_h2o_kivi4.kvsnap, v3_1_expected.h
+// Files (format 4.0, written by the 4.0 writer with --only=v4_0: compressed stores as typed tables,
+// journal deltas by field id; every preset family the 4.0 writer saves as 4.0; same script,
+// v4_0_cases):
+//   v4_0_snapkv, v4_0_pyramidkv, v4_0_xkv, v4_0_xkv_kivi2, v4_0_h2o_kivi4, v4_0_kivi,
+//   v4_0_spindlekv, v4_0_minicache, v4_0_minicache_kivi4, v4_0_smallkv, v4_0_specache,
+//   v4_0_specache_nobacking  (.kvsnap), v4_0_expected.h
 // Files (format 1.2: the exact caches the 3.0 writer saves as 1.2; same script):
 //   v1_2_full, v1_2_streaming_llm, v1_2_h2o  (.kvsnap; full never evicts: both its deltas append)
 //   v1_2_expected.h
@@ -622,12 +631,14 @@ std::string write_v3(const V3Case& cs, const std::string& dir, uint32_t major, u
   return e;
 }
 
-// version "v3_0" or "v1_2": its files and <version>_expected.h.
+// version "v3_0", "v3_1", "v4_0" or "v1_2": its files and <version>_expected.h.
 void write_v3_files(const std::string& dir, const std::string& version) {
-  const bool v3 = version == "v3_0";
-  const uint32_t major = v3 ? 3 : 1, minor = v3 ? 0 : 2;
+  const uint32_t major = uint32_t(version[1] - '0'), minor = uint32_t(version[3] - '0');
   size_t n = 0;
-  const V3Case* cases = v3 ? v3_cases(&n) : v1_2_cases(&n);
+  const V3Case* cases = version == "v3_0"   ? v3_cases(&n)
+                        : version == "v3_1" ? v3_1_cases(&n)
+                        : version == "v4_0" ? v4_0_cases(&n)
+                                            : v1_2_cases(&n);
   std::string body;
   for (size_t i = 0; i < n; ++i) body += write_v3(cases[i], dir, major, minor);
   const std::string ver = std::to_string(major) + "." + std::to_string(minor);
@@ -708,8 +719,10 @@ int main(int argc, char** argv) {
     ++argv;
   }
   if ((argc != 2 && argc != 3) ||
-      (!only.empty() && only != "v1_0" && only != "v2_0" && only != "v3_0" && only != "v1_2")) {
-    std::fprintf(stderr, "usage: %s [--only=v1_0|v2_0|v3_0|v1_2] GOLDEN_DIR [FUZZ_SEED_DIR]\n",
+      (!only.empty() && only != "v1_0" && only != "v2_0" && only != "v3_0" && only != "v3_1" &&
+       only != "v4_0" && only != "v1_2")) {
+    std::fprintf(stderr,
+                 "usage: %s [--only=v1_0|v2_0|v3_0|v3_1|v4_0|v1_2] GOLDEN_DIR [FUZZ_SEED_DIR]\n",
                  argv[0]);
     return 2;
   }
@@ -719,6 +732,8 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "v1_0") write_v1_files(ctx, dir);
   if (only.empty() || only == "v2_0") write_v2_files(dir);
   if (only.empty() || only == "v3_0") write_v3_files(dir, "v3_0");
+  if (only.empty() || only == "v3_1") write_v3_files(dir, "v3_1");
+  if (only.empty() || only == "v4_0") write_v3_files(dir, "v4_0");
   if (only.empty() || only == "v1_2") write_v3_files(dir, "v1_2");
   if (argc == 3) write_seeds(ctx, argv[2]);
   kvsdk_context_destroy(ctx);

@@ -69,8 +69,8 @@ class kvsdk_layer_stats(Structure):
                 ("bytes_by_tier", c_uint64 * KVSDK_TIER_SLOTS)]
 
 # ----- Snapshots -----------------------------------------------------------------------------
-KVSDK_SNAPSHOT_FORMAT_MAJOR = 3
-KVSDK_SNAPSHOT_FORMAT_MINOR = 1
+KVSDK_SNAPSHOT_FORMAT_MAJOR = 4
+KVSDK_SNAPSHOT_FORMAT_MINOR = 0
 
 class kvsdk_save_options(Structure):
     _fields_ = [("struct_size", c_uint32), ("zstd_level", c_int32),

@@ -50,11 +50,12 @@ assert [l["tokens"] for l in d["layers"]] == [7 + 5, 8 + 9], d["layers"]
 assert d["totals"]["logical_fp16_bytes"] == (12 + 17) * 8 * 4, d["totals"]
 PY
 
-# The 3.0 writer's golden files (a base and two journal deltas each) verify and inspect, and
-# report the version in their container header; a flipped byte in the base of each is refused.
-for f in "$golden"/v3_0_*.kvsnap "$golden"/v1_2_*.kvsnap; do
+# The 3.x and 4.0 writers' golden files (a base and two journal deltas each) verify and inspect,
+# and report the version in their container header; a flipped byte in the base of each is refused.
+for f in "$golden"/v3_0_*.kvsnap "$golden"/v3_1_*.kvsnap "$golden"/v4_0_*.kvsnap \
+         "$golden"/v1_2_*.kvsnap; do
   want=3.0
-  case $(basename "$f") in v1_2_*) want=1.2 ;; esac
+  case $(basename "$f") in v1_2_*) want=1.2 ;; v3_1_*) want=3.1 ;; v4_0_*) want=4.0 ;; esac
   expect_exit 0 "$cli" verify "$f"
   expect_exit 0 "$cli" inspect "$f" --json; json_ok inspect "$f"
   python3 - "$tmp/out" "$want" <<'PY' || fail "inspect --json of $f: format"

@@ -14,10 +14,11 @@ final class SnapshotTests: XCTestCase {
         }
         let bytes = try cache.saveToBytes()
         let (loaded, info) = try Cache.load(context: context, bytes: bytes, expected: geometry)
-        // Caches of exact rows only are written as 1.2 (kvsdk.h); the newest format is 3.1.
+        // Caches of exact rows only are written as 1.2 (kvsdk.h); the newest format is 4.0.
         XCTAssertEqual(info.formatMajor, 1)
         XCTAssertEqual(info.formatMinor, 2)
-        XCTAssertEqual(snapshotFormat.major, 3)
+        XCTAssertEqual(snapshotFormat.major, 4)
+        XCTAssertEqual(snapshotFormat.minor, 0)
         let q = [Float](repeating: 0.5, count: geometry.qElementsPerQuery)
         XCTAssertEqual(try loaded.attend(layer: 1, queries: q),
                        try cache.attend(layer: 1, queries: q))
