@@ -39,6 +39,7 @@ enum class QuantUse : uint8_t {
 };
 
 struct MethodTraits {
+  int32_t method;          // the kvsdk_method this row describes
   const char* name;        // as kvsdk_method_name and policy specs spell it
   Selection selection;     // kNone: the exact tier never evicts
   Allocation allocation;

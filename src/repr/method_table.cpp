@@ -25,25 +25,33 @@ using S = Selection;
 using A = Allocation;
 using Q = QuantUse;
 
-// name, selection, allocation, quant_bits, default bits, proxy, prefetch, compressed-layer store
-const MethodTraits kTable[] = {
-    {"full", S::kNone, A::kUniform, Q::kNone, 0, false, false, nullptr},
-    {"streaming_llm", S::kSinksAndRecent, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
-    {"h2o", S::kHeavyHitters, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
-    {"snapkv", S::kObservationWindow, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
-    {"pyramidkv", S::kObservationWindow, A::kPyramid, Q::kOverlay, 0, false, false, nullptr},
-    {"xkv", S::kObservationWindow, A::kXkv, Q::kOverlay, 0, false, false, nullptr},
-    {"kivi", S::kNone, A::kUniform, Q::kRequired, 2, false, false, make<KiviRepresentation>},
+// method, name, selection, allocation, quant_bits, default bits, proxy, prefetch, store of the
+// compressed layers
+constexpr MethodTraits kTable[] = {
+    {KVSDK_METHOD_FULL, "full", S::kNone, A::kUniform, Q::kNone, 0, false, false, nullptr},
+    {KVSDK_METHOD_STREAMING_LLM, "streaming_llm", S::kSinksAndRecent, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
+    {KVSDK_METHOD_H2O, "h2o", S::kHeavyHitters, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
+    {KVSDK_METHOD_SNAPKV, "snapkv", S::kObservationWindow, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
+    {KVSDK_METHOD_PYRAMIDKV, "pyramidkv", S::kObservationWindow, A::kPyramid, Q::kOverlay, 0, false, false, nullptr},
+    {KVSDK_METHOD_XKV, "xkv", S::kObservationWindow, A::kXkv, Q::kOverlay, 0, false, false, nullptr},
+    {KVSDK_METHOD_KIVI, "kivi", S::kNone, A::kUniform, Q::kRequired, 2, false, false, make<KiviRepresentation>},
     // SpindleKV: codebooks in the shallow layers, observation-window eviction in the deep ones.
-    {"spindlekv", S::kObservationWindow, A::kPyramidUncovered, Q::kNone, 0, false, false,
+    {KVSDK_METHOD_SPINDLEKV, "spindlekv", S::kObservationWindow, A::kPyramidUncovered, Q::kNone, 0, false, false,
      make<SpindleKvRepresentation>},
-    {"minicache", S::kNone, A::kUniform, Q::kOptional, 0, false, false,
+    {KVSDK_METHOD_MINICACHE, "minicache", S::kNone, A::kUniform, Q::kOptional, 0, false, false,
      make<MiniCacheRepresentation>},
-    {"smallkv", S::kNone, A::kUniform, Q::kNone, 0, true, false, make<SmallKvRepresentation>},
-    {"specache", S::kNone, A::kUniform, Q::kShadow, 2, false, true,
+    {KVSDK_METHOD_SMALLKV, "smallkv", S::kNone, A::kUniform, Q::kNone, 0, true, false, make<SmallKvRepresentation>},
+    {KVSDK_METHOD_SPECACHE, "specache", S::kNone, A::kUniform, Q::kShadow, 2, false, true,
      make<SpeCacheRepresentation>},
 };
 static_assert(std::size(kTable) == KVSDK_METHOD_COUNT, "one row per kvsdk_method");
+constexpr bool rows_in_enum_order() {
+  for (size_t i = 0; i < std::size(kTable); ++i) {
+    if (kTable[i].method != int32_t(i)) return false;
+  }
+  return true;
+}
+static_assert(rows_in_enum_order(), "row i describes kvsdk_method i");
 
 }  // namespace
 
