@@ -28,21 +28,29 @@ using Q = QuantUse;
 // method, name, selection, allocation, quant_bits, default bits, proxy, prefetch, store of the
 // compressed layers
 constexpr MethodTraits kTable[] = {
-    {KVSDK_METHOD_FULL, "full", S::kNone, A::kUniform, Q::kNone, 0, false, false, nullptr},
-    {KVSDK_METHOD_STREAMING_LLM, "streaming_llm", S::kSinksAndRecent, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
-    {KVSDK_METHOD_H2O, "h2o", S::kHeavyHitters, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
-    {KVSDK_METHOD_SNAPKV, "snapkv", S::kObservationWindow, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
-    {KVSDK_METHOD_PYRAMIDKV, "pyramidkv", S::kObservationWindow, A::kPyramid, Q::kOverlay, 0, false, false, nullptr},
-    {KVSDK_METHOD_XKV, "xkv", S::kObservationWindow, A::kXkv, Q::kOverlay, 0, false, false, nullptr},
-    {KVSDK_METHOD_KIVI, "kivi", S::kNone, A::kUniform, Q::kRequired, 2, false, false, make<KiviRepresentation>},
+    {KVSDK_METHOD_FULL, "full",
+     S::kNone, A::kUniform, Q::kNone, 0, false, false, nullptr},
+    {KVSDK_METHOD_STREAMING_LLM, "streaming_llm",
+     S::kSinksAndRecent, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
+    {KVSDK_METHOD_H2O, "h2o",
+     S::kHeavyHitters, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
+    {KVSDK_METHOD_SNAPKV, "snapkv",
+     S::kObservationWindow, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
+    {KVSDK_METHOD_PYRAMIDKV, "pyramidkv",
+     S::kObservationWindow, A::kPyramid, Q::kOverlay, 0, false, false, nullptr},
+    {KVSDK_METHOD_XKV, "xkv",
+     S::kObservationWindow, A::kXkv, Q::kOverlay, 0, false, false, nullptr},
+    {KVSDK_METHOD_KIVI, "kivi",
+     S::kNone, A::kUniform, Q::kRequired, 2, false, false, make<KiviRepresentation>},
     // SpindleKV: codebooks in the shallow layers, observation-window eviction in the deep ones.
-    {KVSDK_METHOD_SPINDLEKV, "spindlekv", S::kObservationWindow, A::kPyramidUncovered, Q::kNone, 0, false, false,
-     make<SpindleKvRepresentation>},
-    {KVSDK_METHOD_MINICACHE, "minicache", S::kNone, A::kUniform, Q::kOptional, 0, false, false,
-     make<MiniCacheRepresentation>},
-    {KVSDK_METHOD_SMALLKV, "smallkv", S::kNone, A::kUniform, Q::kNone, 0, true, false, make<SmallKvRepresentation>},
-    {KVSDK_METHOD_SPECACHE, "specache", S::kNone, A::kUniform, Q::kShadow, 2, false, true,
-     make<SpeCacheRepresentation>},
+    {KVSDK_METHOD_SPINDLEKV, "spindlekv",
+     S::kObservationWindow, A::kPyramidUncovered, Q::kNone, 0, false, false, make<SpindleKvRepresentation>},
+    {KVSDK_METHOD_MINICACHE, "minicache",
+     S::kNone, A::kUniform, Q::kOptional, 0, false, false, make<MiniCacheRepresentation>},
+    {KVSDK_METHOD_SMALLKV, "smallkv",
+     S::kNone, A::kUniform, Q::kNone, 0, true, false, make<SmallKvRepresentation>},
+    {KVSDK_METHOD_SPECACHE, "specache",
+     S::kNone, A::kUniform, Q::kShadow, 2, false, true, make<SpeCacheRepresentation>},
 };
 static_assert(std::size(kTable) == KVSDK_METHOD_COUNT, "one row per kvsdk_method");
 constexpr bool rows_in_enum_order() {
