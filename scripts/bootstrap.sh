@@ -9,6 +9,7 @@ packages=(
   ninja-build
   build-essential cmake pkg-config
   libzstd-dev zstd
+  libhwy-dev  # Google Highway: SIMD with runtime dispatch (backends/cpu/fast_attention*)
   flatbuffers-compiler libflatbuffers-dev
   googletest libgtest-dev libbenchmark-dev
   clang libclang-rt-dev
@@ -19,7 +20,8 @@ if [ "${1:-}" = "--aarch64" ]; then
   # Cross compilers, qemu-aarch64 to run the tests, and the arm64 libraries the build links
   # (GTest only for the tests); flatc keeps running from the host package above.
   packages+=(crossbuild-essential-arm64 qemu-user
-             libzstd-dev:arm64 libflatbuffers-dev:arm64 libgtest-dev:arm64)
+             libzstd-dev:arm64 libflatbuffers-dev:arm64 libgtest-dev:arm64
+             libhwy-dev:arm64)
 fi
 
 missing=()

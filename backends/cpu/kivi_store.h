@@ -82,6 +82,9 @@ class KiviHeadStore {
   bool ragged() const { return !block_tokens_.empty(); }
   // Tokens held by each key block, oldest first.
   std::vector<uint32_t> block_tokens() const;
+  // The recorded counts without a copy (kernels on the decode path must not allocate): empty
+  // while the store is not ragged, meaning every block holds config().group tokens.
+  const std::vector<uint32_t>& block_token_counts() const { return block_tokens_; }
 
   KiviBytes bytes() const;
   // What bytes() will be after appending `n_more` tokens (flushes included), without appending:

@@ -1,0 +1,238 @@
+// Decode attention kernels (issue 15): one Llama-3-8B-like layer (32 query heads, 8 KV heads,
+// head_dim 128; one query token, so 4 query rows per KV head), 4k and 32k tokens, one thread.
+// Reference kernels (the scalar oracle: dense f32 OnlineAttention, the f16 tier path, KIVI
+// read_rows + OnlineAttention) against the optimized ones (backends/cpu/fast_attention.h), and a
+// read-bandwidth baseline measured by this binary, so every figure is a ratio within one run:
+//   speedup_vs_fast_f16 / speedup_vs_ref_f32   time of that baseline / this time
+//   bytes                                       bytes the kernel reads (the layer's stored rows)
+//   floor_fraction                              (bytes / read bandwidth) / this time
+// Run the benchmarks in registration order (the baselines are measured first); results are in
+// docs/benchmarks.md.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention.h"
+#include "fast_attention.h"
+#include "kivi_attention.h"
+#include "kivi_store.h"
+#include "util/half.h"
+
+using namespace kvsdk::cpu;
+
+namespace {
+
+constexpr size_t kQHeads = 32, kKvHeads = 8, kDim = 128, kGroup = kQHeads / kKvHeads;
+constexpr float kScale = 0.08838834764831845f;  // 1/sqrt(128)
+
+struct Layer {
+  size_t n = 0;
+  std::vector<std::vector<float>> k32, v32;      // [head][n * dim]
+  std::vector<std::vector<uint16_t>> k16, v16;   // [head][n * dim]
+  std::vector<int32_t> pos;
+  std::vector<std::unique_ptr<KiviHeadStore>> kivi2, kivi4;
+  std::vector<float> q;                          // [32][dim]
+  std::vector<int32_t> qpos;                     // [group] = INT32_MAX (decode sees everything)
+};
+
+const Layer& layer(size_t n) {
+  static std::map<size_t, std::unique_ptr<Layer>> cache;
+  auto& slot = cache[n];
+  if (slot) return *slot;
+  slot = std::make_unique<Layer>();
+  Layer& L = *slot;
+  L.n = n;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  L.pos.resize(n);
+  std::iota(L.pos.begin(), L.pos.end(), 0);
+  for (size_t h = 0; h < kKvHeads; ++h) {
+    std::vector<float> k(n * kDim), v(n * kDim);
+    for (float& f : k) f = g(rng);
+    for (float& f : v) f = g(rng);
+    for (size_t t = 0; t < n; ++t) k[t * kDim + 3] *= 8.0f;  // an outlier channel, as in LLMs
+    std::vector<uint16_t> k16(n * kDim), v16(n * kDim);
+    for (size_t i = 0; i < n * kDim; ++i) {
+      k16[i] = kvsdk::f32_to_f16(k[i]);
+      v16[i] = kvsdk::f32_to_f16(v[i]);
+    }
+    L.kivi2.push_back(std::make_unique<KiviHeadStore>(kDim, KiviConfig{2, 32, 128}));
+    L.kivi4.push_back(std::make_unique<KiviHeadStore>(kDim, KiviConfig{4, 32, 128}));
+    L.kivi2.back()->append(k.data(), v.data(), L.pos.data(), n);
+    L.kivi4.back()->append(k.data(), v.data(), L.pos.data(), n);
+    L.k32.push_back(std::move(k));
+    L.v32.push_back(std::move(v));
+    L.k16.push_back(std::move(k16));
+    L.v16.push_back(std::move(v16));
+  }
+  L.q.resize(kQHeads * kDim);
+  for (float& f : L.q) f = g(rng);
+  L.qpos.assign(kGroup, INT32_MAX);
+  return L;
+}
+
+// Seconds per iteration of the baselines, by name and length (filled as they run).
+std::map<std::string, double>& seconds() {
+  static std::map<std::string, double> s;
+  return s;
+}
+double g_read_bytes_per_s = 0;
+
+// Times `body` per iteration and sets the counters.
+template <class F>
+void run(benchmark::State& state, const char* name, double bytes, F&& body) {
+  const size_t n = size_t(state.range(0));
+  const Layer& L = layer(n);
+  double total = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    body(L);
+    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double per_iter = total / double(state.iterations());
+  const std::string key = std::to_string(n);
+  seconds()[std::string(name) + key] = per_iter;
+  const auto ratio = [&](const char* base) {
+    const auto it = seconds().find(std::string(base) + key);
+    return it == seconds().end() ? 0.0 : it->second / per_iter;
+  };
+  state.counters["bytes"] = bytes;
+  state.counters["speedup_vs_fast_f16"] = ratio("fast_f16");
+  state.counters["speedup_vs_ref_f32"] = ratio("ref_f32");
+  if (g_read_bytes_per_s > 0) {
+    state.counters["floor_fraction"] = bytes / g_read_bytes_per_s / per_iter;
+  }
+}
+
+// Read bandwidth: sum a 1 GiB buffer (far beyond the last-level cache) with 16 independent
+// accumulators, so the loop is bound by memory, not by add latency.
+void BM_read_bandwidth(benchmark::State& state) {
+  static std::vector<float> buf(size_t(1) << 28, 1.0f);
+  double total = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    float acc[16] = {};
+    for (size_t i = 0; i < buf.size(); i += 16) {
+      for (size_t j = 0; j < 16; ++j) acc[j] += buf[i + j];
+    }
+    benchmark::DoNotOptimize(acc);
+    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  g_read_bytes_per_s = double(buf.size() * sizeof(float)) * double(state.iterations()) / total;
+  state.counters["GB_per_s"] = g_read_bytes_per_s / 1e9;
+}
+BENCHMARK(BM_read_bandwidth)->Unit(benchmark::kMillisecond)->Iterations(5);
+
+double dense_bytes(size_t n, size_t elem) { return double(kKvHeads * n * (2 * kDim * elem + 4)); }
+
+double kivi_bytes(const std::vector<std::unique_ptr<KiviHeadStore>>& heads) {
+  double b = 0;
+  for (const auto& h : heads) b += double(h->bytes().total());
+  return b;
+}
+
+// Reference dense f32: OnlineAttention over the f32 rows of each KV head (one chunk).
+void BM_ref_f32(benchmark::State& state) {
+  std::vector<float> out(kQHeads * kDim);
+  run(state, "ref_f32", dense_bytes(size_t(state.range(0)), 4), [&](const Layer& L) {
+    for (size_t h = 0; h < kKvHeads; ++h) {
+      OnlineAttention att(L.q.data() + h * kGroup * kDim, L.qpos.data(), kGroup, kDim, kScale);
+      att.add_chunk(L.k32[h].data(), L.v32[h].data(), L.pos.data(), L.n);
+      att.finish(out.data() + h * kGroup * kDim);
+    }
+    benchmark::DoNotOptimize(out.data());
+  });
+}
+
+// Optimized f16 (the exact tier's rows).
+void BM_fast_f16(benchmark::State& state) {
+  std::vector<float> out(kQHeads * kDim);
+  fast::Scratch scratch;
+  scratch.reserve(kGroup, kDim);
+  run(state, "fast_f16", dense_bytes(size_t(state.range(0)), 2), [&](const Layer& L) {
+    for (size_t h = 0; h < kKvHeads; ++h) {
+      const fast::Queries q{L.q.data() + h * kGroup * kDim, L.qpos.data(), kGroup, kDim, kScale};
+      fast::attend_f16(q, L.k16[h].data(), L.v16[h].data(), L.pos.data(), L.n, scratch,
+                       out.data() + h * kGroup * kDim);
+    }
+    benchmark::DoNotOptimize(out.data());
+  });
+}
+
+// Reference f16 tier path (src/repr/exact_rows.cpp ExactRows::attend): f16 rows widened to f32
+// chunks of 256 tokens, then OnlineAttention.
+void BM_ref_f16(benchmark::State& state) {
+  std::vector<float> out(kQHeads * kDim), kb(256 * kDim), vb(256 * kDim);
+  run(state, "ref_f16", dense_bytes(size_t(state.range(0)), 2), [&](const Layer& L) {
+    for (size_t h = 0; h < kKvHeads; ++h) {
+      OnlineAttention att(L.q.data() + h * kGroup * kDim, L.qpos.data(), kGroup, kDim, kScale);
+      for (size_t t0 = 0; t0 < L.n; t0 += 256) {
+        const size_t m = std::min<size_t>(256, L.n - t0);
+        for (size_t i = 0; i < m * kDim; ++i) {
+          kb[i] = kvsdk::f16_to_f32(L.k16[h][t0 * kDim + i]);
+          vb[i] = kvsdk::f16_to_f32(L.v16[h][t0 * kDim + i]);
+        }
+        att.add_chunk(kb.data(), vb.data(), L.pos.data() + t0, m);
+      }
+      att.finish(out.data() + h * kGroup * kDim);
+    }
+    benchmark::DoNotOptimize(out.data());
+  });
+}
+
+template <int Bits>
+const std::vector<std::unique_ptr<KiviHeadStore>>& kivi_heads(const Layer& L) {
+  return Bits == 2 ? L.kivi2 : L.kivi4;
+}
+
+// Reference KIVI: read_rows (dequantize) in chunks + OnlineAttention.
+template <int Bits>
+void BM_ref_kivi(benchmark::State& state) {
+  std::vector<float> out(kQHeads * kDim);
+  const auto& heads = kivi_heads<Bits>(layer(size_t(state.range(0))));
+  run(state, Bits == 2 ? "ref_kivi2" : "ref_kivi4", kivi_bytes(heads), [&](const Layer& L) {
+    for (size_t h = 0; h < kKvHeads; ++h) {
+      OnlineAttention att(L.q.data() + h * kGroup * kDim, L.qpos.data(), kGroup, kDim, kScale);
+      kivi_attend(*heads[h], att);
+      att.finish(out.data() + h * kGroup * kDim);
+    }
+    benchmark::DoNotOptimize(out.data());
+  });
+}
+
+template <int Bits>
+void BM_fast_kivi(benchmark::State& state) {
+  std::vector<float> out(kQHeads * kDim);
+  fast::Scratch scratch;
+  scratch.reserve(kGroup, kDim, kDim / 32);
+  const auto& heads = kivi_heads<Bits>(layer(size_t(state.range(0))));
+  run(state, Bits == 2 ? "fast_kivi2" : "fast_kivi4", kivi_bytes(heads), [&](const Layer& L) {
+    for (size_t h = 0; h < kKvHeads; ++h) {
+      const fast::Queries q{L.q.data() + h * kGroup * kDim, L.qpos.data(), kGroup, kDim, kScale};
+      fast::attend_kivi(q, *heads[h], scratch, out.data() + h * kGroup * kDim);
+    }
+    benchmark::DoNotOptimize(out.data());
+  });
+}
+
+#define KVSDK_ATTN_BENCH(fn) \
+  BENCHMARK(fn)->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond)->MinTime(0.5)
+KVSDK_ATTN_BENCH(BM_ref_f32);
+KVSDK_ATTN_BENCH(BM_fast_f16);
+KVSDK_ATTN_BENCH(BM_ref_f16);
+KVSDK_ATTN_BENCH(BM_ref_kivi<2>);
+KVSDK_ATTN_BENCH(BM_ref_kivi<4>);
+KVSDK_ATTN_BENCH(BM_fast_kivi<2>);
+KVSDK_ATTN_BENCH(BM_fast_kivi<4>);
+
+}  // namespace
+
+BENCHMARK_MAIN();
