@@ -5,12 +5,12 @@
 #include <unordered_map>
 #include <utility>
 
-#include "util/error.h"
-#include "util/positions.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"
 #include "tier_schema.h"
 #include "tier_state.h"
+#include "util/error.h"
+#include "util/positions.h"
 #include "xxhash64.h"
 
 namespace kvsdk::format {

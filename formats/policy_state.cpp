@@ -4,9 +4,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "util/error.h"
 #include "core/store_view.h"
 #include "journal.h"
+#include "util/error.h"
 #include "xxhash64.h"
 
 namespace kvsdk::format {

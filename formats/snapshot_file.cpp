@@ -14,9 +14,9 @@
 #include <random>
 
 #include "container.h"
-#include "util/error.h"
 #include "frame_writer.h"
 #include "kvsdk_generated.h"
+#include "util/error.h"
 #include "xxhash64.h"
 #include "zstd_frame.h"
 

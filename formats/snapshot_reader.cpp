@@ -5,14 +5,14 @@
 #include <memory>
 
 #include "container.h"
-#include "util/error.h"
 #include "core/store_view.h"
-#include "util/positions.h"
 #include "journal.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"
 #include "tier_schema.h"
 #include "tier_state.h"
+#include "util/error.h"
+#include "util/positions.h"
 #include "xxhash64.h"
 #include "zstd_frame.h"
 

@@ -1,5 +1,5 @@
-#include "util/error.h"
 #include "snapshot_writer.h"
+#include "util/error.h"
 
 #include "xxhash64.h"
 
@@ -7,13 +7,13 @@
 #include <vector>
 
 #include "container.h"
-#include "util/options.h"
 #include "core/store_view.h"
 #include "frame_writer.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"
 #include "tier_schema.h"
 #include "tier_state.h"
+#include "util/options.h"
 #include "zstd_frame.h"
 
 namespace kvsdk::format {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <unordered_map>
 
-#include "util/error.h"
 #include "tier_schema.h"
+#include "util/error.h"
 #include "xxhash64.h"
 
 namespace kvsdk::format {

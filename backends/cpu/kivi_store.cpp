@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "kivi_quant.h"
 #include "util/error.h"
 #include "util/half.h"
-#include "kivi_quant.h"
 
 namespace kvsdk::cpu {
 

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <numeric>
 
+#include "portable_math.h"
 #include "util/error.h"
 #include "util/half.h"
-#include "portable_math.h"
 
 namespace kvsdk::cpu {
 

@@ -4,10 +4,10 @@
 #include <cmath>
 #include <limits>
 
-#include "util/error.h"
-#include "util/half.h"
 #include "portable_math.h"
 #include "smallkv.h"
+#include "util/error.h"
+#include "util/half.h"
 
 namespace kvsdk::cpu {
 

@@ -3,8 +3,8 @@
 // checking that the device exists.
 #include <cuda_runtime.h>
 
-#include "util/error.h"
 #include "kvsdk_cuda.h"
+#include "util/error.h"
 
 namespace kvsdk::cuda {
 

@@ -1,6 +1,6 @@
 // Built when KVSDK_ENABLE_CUDA is off: the CUDA backend reports that it is not compiled in.
-#include "util/error.h"
 #include "kvsdk_cuda.h"
+#include "util/error.h"
 
 namespace kvsdk::cuda {
 

@@ -5,12 +5,12 @@
 #include <memory>
 
 #include "core/cache.h"
-#include "util/dtype.h"
-#include "util/error.h"
 #include "core/geometry.h"
 #include "core/policy.h"
-#include "util/positions.h"
 #include "kvsdk.h"
+#include "util/dtype.h"
+#include "util/error.h"
+#include "util/positions.h"
 
 using namespace kvsdk;
 

@@ -5,11 +5,11 @@
 #include <vector>
 
 #include "core/cache.h"
+#include "kvsdk.h"
+#include "policy/allocation.h"
 #include "util/dtype.h"
 #include "util/error.h"
 #include "util/positions.h"
-#include "kvsdk.h"
-#include "policy/allocation.h"
 
 using namespace kvsdk;
 

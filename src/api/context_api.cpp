@@ -2,10 +2,10 @@
 #include <memory>
 
 #include "core/context.h"
-#include "util/error.h"
-#include "util/options.h"
 #include "kvsdk.h"
 #include "kvsdk_cuda.h"
+#include "util/error.h"
+#include "util/options.h"
 
 using namespace kvsdk;
 

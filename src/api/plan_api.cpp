@@ -3,13 +3,13 @@
 #include <vector>
 
 #include "core/cache.h"
-#include "util/dtype.h"
-#include "util/error.h"
 #include "core/geometry.h"
 #include "core/policy.h"
 #include "kvsdk.h"
 #include "policy/allocation_profile.h"
 #include "policy/planner.h"
+#include "util/dtype.h"
+#include "util/error.h"
 
 using namespace kvsdk;
 

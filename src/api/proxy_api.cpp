@@ -1,10 +1,10 @@
 // C ABI: SmallKV's proxy link (kvsdk_cache_set_proxy). The checks live here; the link itself is
 // src/repr/smallkv_proxy.h.
 #include "core/cache.h"
-#include "util/error.h"
 #include "core/policy.h"
 #include "kvsdk.h"
 #include "repr/smallkv_repr.h"
+#include "util/error.h"
 
 using namespace kvsdk;
 

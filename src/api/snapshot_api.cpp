@@ -4,13 +4,13 @@
 #include <string>
 
 #include "core/cache.h"
-#include "util/error.h"
 #include "core/geometry.h"
 #include "journal.h"
 #include "kvsdk.h"
 #include "snapshot_file.h"
 #include "snapshot_reader.h"
 #include "snapshot_writer.h"
+#include "util/error.h"
 
 using namespace kvsdk;
 using namespace kvsdk::format;

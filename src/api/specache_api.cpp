@@ -4,12 +4,12 @@
 #include <string>
 
 #include "core/cache.h"
-#include "util/dtype.h"
-#include "util/error.h"
 #include "core/policy.h"
-#include "util/positions.h"
 #include "core/representation.h"
 #include "kvsdk.h"
+#include "util/dtype.h"
+#include "util/error.h"
+#include "util/positions.h"
 
 using namespace kvsdk;
 

@@ -7,9 +7,10 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/pending_plan.h"
+#include "core/policy.h"
 #include "util/dtype.h"
 #include "util/error.h"
-#include "core/policy.h"
 #include "util/positions.h"
 
 namespace kvsdk {
@@ -102,23 +103,6 @@ uint64_t Cache::stored_bytes() const {
   return b;
 }
 
-namespace {
-
-// Drops a store's planned eviction unless it was committed.
-struct PlannedEviction {
-  Representation& store;
-  bool pending = true;
-  ~PlannedEviction() {
-    if (pending) store.drop_eviction();
-  }
-  void commit() noexcept {
-    store.commit_eviction();
-    pending = false;
-  }
-};
-
-}  // namespace
-
 void Cache::append_stored(uint32_t layer, size_t n_tokens, const void* k, const void* v,
                           const int32_t* positions) {
   // Everything that can fail comes before anything changes: an upper bound of the growth is
@@ -131,7 +115,7 @@ void Cache::append_stored(uint32_t layer, size_t n_tokens, const void* k, const 
   if (bound > 0 && !r.reserve(bound)) {
     const uint64_t target = target_bytes();
     const uint64_t want = charged_ + bound - std::min(target, charged_ + bound);
-    PlannedEviction plan{s};
+    PlannedEviction plan(s);
     const uint64_t freed = s.plan_eviction(want, layer, n_tokens);
     // The evicted bytes stay charged to the context and go to the append.
     bool reserved = freed >= bound || r.reserve(bound - freed);

@@ -8,8 +8,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/context.h"
 #include "core/budget_reservation.h"
+#include "core/context.h"
 #include "core/method_traits.h"
 #include "core/representation.h"
 #include "core/store_view.h"

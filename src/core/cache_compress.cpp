@@ -11,13 +11,14 @@
 #include <numeric>
 
 #include "core/cache.h"
-#include "util/dtype.h"
-#include "util/error.h"
+#include "core/pending_plan.h"
 #include "core/policy.h"
 #include "core/representation.h"
 #include "policy/allocation.h"
 #include "policy/importance.h"
 #include "policy/selection.h"
+#include "util/dtype.h"
+#include "util/error.h"
 
 namespace kvsdk {
 
@@ -197,23 +198,6 @@ std::vector<uint64_t> Cache::plan_caps(uint64_t capacity, const Append* in,
   return policy::allocate_uniform(lengths, capacity);
 }
 
-namespace {
-
-// Drops the row store's planned selection unless it was committed.
-struct PlannedKeep {
-  Representation& store;
-  bool pending = true;
-  ~PlannedKeep() {
-    if (pending) store.drop_keep();
-  }
-  void commit() noexcept {
-    store.commit_keep();
-    pending = false;
-  }
-};
-
-}  // namespace
-
 bool Cache::apply_caps(const std::vector<uint64_t>& caps, const Append* in,
                        std::vector<HeadScores>& scores, std::vector<bool>& scored,
                        uint64_t target, uint64_t* needed) {
@@ -253,7 +237,7 @@ bool Cache::apply_caps(const std::vector<uint64_t>& caps, const Append* in,
     }
   }
   // 2. Plan the row store's change aside and count its bytes exactly.
-  PlannedKeep plan{*rows_};
+  PlannedKeep plan(*rows_);
   uint64_t new_bytes = fixed_bytes() + new_tokens * n_heads * score_bytes_per_row();
   for (uint32_t l = 0; l < n_layers; ++l) {
     if (keep[l].empty()) {

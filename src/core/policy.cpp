@@ -3,8 +3,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "util/error.h"
 #include "core/method_traits.h"
+#include "util/error.h"
 #include "util/options.h"
 
 namespace kvsdk {

@@ -4,11 +4,11 @@
 #include <limits>
 #include <numeric>
 
+#include "policy/allocation.h"
+#include "policy/importance.h"
 #include "util/dtype.h"
 #include "util/error.h"
 #include "util/positions.h"
-#include "policy/allocation.h"
-#include "policy/importance.h"
 
 namespace kvsdk {
 std::vector<uint64_t> plan_xkv(const std::vector<std::vector<float>>& w, int32_t mode,

@@ -3,9 +3,9 @@
 #include <algorithm>
 
 #include "attention.h"
+#include "core/policy.h"
 #include "util/dtype.h"
 #include "util/error.h"
-#include "core/policy.h"
 
 namespace kvsdk {
 

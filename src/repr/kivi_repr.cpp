@@ -4,10 +4,10 @@
 #include <cmath>
 
 #include "attention.h"
-#include "util/dtype.h"
-#include "util/error.h"
 #include "kivi_attention.h"
 #include "repr/head_store.h"
+#include "util/dtype.h"
+#include "util/error.h"
 
 namespace kvsdk {
 

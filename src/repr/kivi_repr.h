@@ -11,8 +11,8 @@
 
 #include <vector>
 
-#include "core/representation.h"
 #include "attention.h"
+#include "core/representation.h"
 #include "kivi_store.h"
 
 namespace kvsdk {

@@ -3,7 +3,6 @@
 #include <iterator>
 #include <memory>
 
-#include "util/error.h"
 #include "core/method_traits.h"
 #include "repr/exact_rows.h"
 #include "repr/kivi_repr.h"
@@ -11,6 +10,7 @@
 #include "repr/smallkv_repr.h"
 #include "repr/specache_repr.h"
 #include "repr/spindlekv_repr.h"
+#include "util/error.h"
 
 namespace kvsdk {
 

@@ -3,9 +3,9 @@
 #include <algorithm>
 
 #include "attention.h"
+#include "repr/kivi_repr.h"
 #include "util/error.h"
 #include "util/half.h"
-#include "repr/kivi_repr.h"
 
 namespace kvsdk {
 

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <vector>
 
-#include "util/dtype.h"
-#include "util/error.h"
 #include "core/method_traits.h"
 #include "core/policy.h"
+#include "util/dtype.h"
+#include "util/error.h"
 
 namespace kvsdk {
 

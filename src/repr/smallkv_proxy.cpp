@@ -4,9 +4,9 @@
 #include <limits>
 
 #include "core/cache.h"
+#include "smallkv.h"
 #include "util/dtype.h"
 #include "util/error.h"
-#include "smallkv.h"
 
 namespace kvsdk {
 

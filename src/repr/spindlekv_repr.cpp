@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "attention.h"
-#include "util/error.h"
 #include "repr/head_store.h"
+#include "util/error.h"
 
 namespace kvsdk {
 

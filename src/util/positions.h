@@ -8,8 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "util/error.h"
 #include "kvsdk.h"
+#include "util/error.h"
 
 namespace kvsdk {
 

@@ -4,9 +4,9 @@
 #include <cstring>
 #include <vector>
 
-#include "util/half.h"
 #include "kvsdk.h"
 #include "test_util.h"
+#include "util/half.h"
 
 using namespace kvsdk_test;
 

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "util/half.h"
 #include "kvsdk.h"
 #include "test_util.h"
+#include "util/half.h"
 
 using namespace kvsdk_test;
 

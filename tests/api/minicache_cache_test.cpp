@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "../backends/cpu/reference_attention.h"
-#include "util/half.h"
 #include "kvsdk.h"
 #include "test_util.h"
+#include "util/half.h"
 
 using namespace kvsdk_test;
 

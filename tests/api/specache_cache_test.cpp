@@ -12,9 +12,9 @@
 #include <unistd.h>
 #include <vector>
 
-#include "util/half.h"
 #include "kvsdk.h"
 #include "test_util.h"
+#include "util/half.h"
 
 using namespace kvsdk_test;
 

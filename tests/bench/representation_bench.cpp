@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "attention.h"
-#include "util/half.h"
 #include "kivi_attention.h"
 #include "kivi_store.h"
 #include "minicache_kivi.h"
@@ -26,6 +25,7 @@
 #include "smallkv.h"
 #include "specache.h"
 #include "spindlekv_store.h"
+#include "util/half.h"
 
 using namespace kvsdk::cpu;
 

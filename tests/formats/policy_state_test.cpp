@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "util/error.h"
 #include "core/policy.h"
 #include "kvsdk.h"
 #include "policy_state.h"
 #include "snapshot_test_util.h"
 #include "test_util.h"
+#include "util/error.h"
 
 using namespace kvsdk_test;
 

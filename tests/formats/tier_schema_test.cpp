@@ -19,13 +19,13 @@
 
 #include "container.h"
 #include "core/cache.h"
-#include "util/error.h"
 #include "golden_content.h"
 #include "kvsdk.h"
 #include "kvsdk_generated.h"
 #include "test_util.h"
 #include "tier_delta.h"
 #include "tier_schema.h"
+#include "util/error.h"
 #include "zstd_frame.h"
 
 using namespace kvsdk_test;

@@ -26,11 +26,11 @@
 #include <string>
 #include <vector>
 
-#include "util/half.h"
+#include "container.h"
 #include "golden_content.h"
 #include "kvsdk.h"
 #include "test_util.h"
-#include "container.h"
+#include "util/half.h"
 #include "v1_2_expected.h"
 #include "v2_0_expected.h"
 #include "v3_0_expected.h"
@@ -39,6 +39,13 @@
 
 using namespace kvsdk_golden;
 using namespace kvsdk_test;
+
+namespace {
+
+// The policy a loaded golden cache reports equals the recorded one and its preset spec.
+void expect_policy(const kvsdk_cache* c, const V2Policy& w, const char* preset);
+
+}  // namespace
 
 namespace {
 
@@ -277,32 +284,8 @@ TEST(GoldenV2, EveryFileLoadsWithItsRecordedContent) {
     EXPECT_GE(info.journal_frames_applied, 1u);
     EXPECT_EQ(info.journal_frames_dropped, 0u);
 
-    kvsdk_policy p;
-    kvsdk_policy_init(&p, KVSDK_METHOD_FULL);
-    ASSERT_EQ(kvsdk_cache_policy(c.get(), &p), KVSDK_OK);
-    const V2Policy& w = e.policy;
-    EXPECT_EQ(p.method, w.method);
-    EXPECT_EQ(p.quant_bits, w.quant_bits);
-    EXPECT_EQ(p.quant_group, w.quant_group);
-    EXPECT_EQ(p.quant_residual, w.quant_residual);
-    EXPECT_EQ(p.sink_tokens, w.sink_tokens);
-    EXPECT_EQ(p.recent_tokens, w.recent_tokens);
-    EXPECT_EQ(p.obs_window, w.obs_window);
-    EXPECT_EQ(p.pool_kernel, w.pool_kernel);
-    EXPECT_EQ(p.pool_kind, w.pool_kind);
-    EXPECT_EQ(p.heavy_ratio, w.heavy_ratio);
-    EXPECT_EQ(p.schedule_alpha, w.schedule_alpha);
-    EXPECT_EQ(p.schedule_beta, w.schedule_beta);
-    EXPECT_EQ(p.boundary_layer, w.boundary_layer);
-    EXPECT_EQ(p.merge_t, w.merge_t);
-    EXPECT_EQ(p.retain_ratio, w.retain_ratio);
-    EXPECT_EQ(p.fetch_tokens, w.fetch_tokens);
-    EXPECT_EQ(p.match_tokens, w.match_tokens);
-    // The preset spec names the same method and KIVI bits.
-    kvsdk_policy parsed;
-    ASSERT_EQ(kvsdk_policy_parse(&parsed, e.preset), KVSDK_OK);
-    EXPECT_EQ(p.method, parsed.method);
-    EXPECT_EQ(p.quant_bits, parsed.quant_bits);
+    expect_policy(c.get(), e.policy, e.preset);
+    if (HasFatalFailure()) return;
 
     CachePtr proxy = v2_proxy(*cs, ctx.get(), kV2BaseSteps + kV2DeltaSteps);
     V2State got;

@@ -60,9 +60,9 @@
 
 #include "container.h"
 #include "core/cache.h"
-#include "util/half.h"
 #include "golden_content.h"
 #include "kvsdk.h"
+#include "util/half.h"
 #include "zstd_frame.h"
 
 using namespace kvsdk_golden;

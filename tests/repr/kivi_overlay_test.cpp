@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "core/cache.h"
-#include "util/error.h"
 #include "core/representation.h"
-#include "repr/kivi_repr.h"
 #include "kvsdk.h"
+#include "repr/kivi_repr.h"
 #include "test_util.h"
+#include "util/error.h"
 
 using namespace kvsdk_test;
 

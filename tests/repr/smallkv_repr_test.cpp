@@ -12,11 +12,11 @@
 
 #include "core/cache.h"
 #include "core/context.h"
-#include "util/error.h"
 #include "core/geometry.h"
 #include "core/policy.h"
 #include "repr/smallkv_repr.h"
 #include "test_util.h"
+#include "util/error.h"
 
 using namespace kvsdk;
 

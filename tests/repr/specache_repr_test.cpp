@@ -11,11 +11,11 @@
 #include <unistd.h>
 #include <vector>
 
-#include "util/error.h"
+#include "../backends/cpu/reference_attention.h"
 #include "core/geometry.h"
 #include "core/policy.h"
-#include "../backends/cpu/reference_attention.h"
 #include "repr/specache_repr.h"
+#include "util/error.h"
 
 using namespace kvsdk;
 using namespace kvsdk_test;

@@ -7,11 +7,11 @@
 #include <random>
 
 #include "../backends/cpu/reference_attention.h"
-#include "util/error.h"
-#include "util/half.h"
 #include "repr/spindlekv_repr.h"
 #include "rope.h"
 #include "test_util.h"
+#include "util/error.h"
+#include "util/half.h"
 
 using namespace kvsdk;
 using kvsdk_test::reference_attention;

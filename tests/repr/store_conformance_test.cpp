@@ -42,14 +42,14 @@
 #include "attention.h"
 #include "core/cache.h"
 #include "core/context.h"
-#include "util/error.h"
 #include "core/geometry.h"
-#include "util/half.h"
 #include "core/method_traits.h"
 #include "core/policy.h"
 #include "core/representation.h"
 #include "repr/smallkv_repr.h"
 #include "test_util.h"
+#include "util/error.h"
+#include "util/half.h"
 
 using namespace kvsdk;
 

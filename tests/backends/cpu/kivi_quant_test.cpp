@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <random>
 
-#include "util/half.h"
 #include "kivi_quant.h"
 #include "reference_attention.h"
+#include "util/half.h"
 
 using namespace kvsdk::cpu;
 using kvsdk::f16_to_f32;

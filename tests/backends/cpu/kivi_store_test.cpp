@@ -5,12 +5,12 @@
 #include <cmath>
 
 #include "attention.h"
-#include "util/error.h"
-#include "util/half.h"
 #include "kivi_attention.h"
 #include "kivi_quant.h"
 #include "kivi_store.h"
 #include "reference_attention.h"
+#include "util/error.h"
+#include "util/half.h"
 
 using namespace kvsdk::cpu;
 using namespace kvsdk_test;

@@ -7,10 +7,10 @@
 #include <numeric>
 
 #include "attention.h"
-#include "util/error.h"
-#include "util/half.h"
 #include "minicache_kivi.h"
 #include "reference_attention.h"
+#include "util/error.h"
+#include "util/half.h"
 
 using namespace kvsdk::cpu;
 using namespace kvsdk_test;

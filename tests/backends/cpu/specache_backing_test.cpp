@@ -9,10 +9,10 @@
 #include <unistd.h>
 #include <vector>
 
-#include "util/error.h"
 #include "reference_attention.h"
 #include "specache.h"
 #include "specache_backing.h"
+#include "util/error.h"
 
 using namespace kvsdk::cpu;
 using namespace kvsdk_test;

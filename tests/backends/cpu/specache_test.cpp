@@ -7,11 +7,11 @@
 #include <numeric>
 
 #include "attention.h"
-#include "util/error.h"
-#include "util/half.h"
 #include "kivi_attention.h"
 #include "reference_attention.h"
 #include "specache.h"
+#include "util/error.h"
+#include "util/half.h"
 
 using namespace kvsdk::cpu;
 using namespace kvsdk_test;

@@ -5,12 +5,12 @@
 #include <cmath>
 
 #include "attention.h"
-#include "util/error.h"
-#include "util/half.h"
 #include "reference_attention.h"
 #include "rope.h"
 #include "spindlekv_codebook.h"
 #include "spindlekv_store.h"
+#include "util/error.h"
+#include "util/half.h"
 
 using namespace kvsdk::cpu;
 using namespace kvsdk_test;

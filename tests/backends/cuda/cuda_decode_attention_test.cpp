@@ -12,11 +12,11 @@
 #include <string>
 
 #include "attention.h"
-#include "util/error.h"
-#include "util/half.h"
 #include "cuda_test_util.h"
 #include "kivi_attention.h"
 #include "kivi_store.h"
+#include "util/error.h"
+#include "util/half.h"
 
 namespace kvsdk::cuda {
 namespace {

@@ -5,8 +5,8 @@
 
 #include <cstring>
 
-#include "util/error.h"
 #include "cuda_test_util.h"
+#include "util/error.h"
 
 namespace kvsdk::cuda {
 namespace {

@@ -4,9 +4,9 @@
 
 #include <gtest/gtest.h>
 
-#include "util/error.h"
 #include "cuda_test_util.h"
 #include "kivi_quant.h"
+#include "util/error.h"
 
 namespace kvsdk::cuda {
 namespace {

@@ -8,9 +8,9 @@
 
 #include <cmath>
 
-#include "util/half.h"
 #include "cuda_test_util.h"
 #include "minicache_merge.h"
+#include "util/half.h"
 
 namespace kvsdk::cuda {
 namespace {

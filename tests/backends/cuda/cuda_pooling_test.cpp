@@ -3,8 +3,8 @@
 
 #include <gtest/gtest.h>
 
-#include "util/error.h"
 #include "cuda_test_util.h"
+#include "util/error.h"
 
 namespace kvsdk::cuda {
 namespace {

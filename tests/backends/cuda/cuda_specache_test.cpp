@@ -7,11 +7,11 @@
 
 #include <cstring>
 
-#include "util/half.h"
 #include "cuda_test_util.h"
 #include "cuda_topk.h"
 #include "smallkv.h"
 #include "specache.h"
+#include "util/half.h"
 
 namespace kvsdk::cuda {
 namespace {

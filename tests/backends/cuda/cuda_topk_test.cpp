@@ -3,9 +3,9 @@
 
 #include <gtest/gtest.h>
 
-#include "util/error.h"
 #include "cuda_test_util.h"
 #include "smallkv.h"
+#include "util/error.h"
 
 namespace kvsdk::cuda {
 namespace {

@@ -7,9 +7,9 @@
 
 #include <cmath>
 
+#include "cuda_test_util.h"
 #include "util/error.h"
 #include "util/half.h"
-#include "cuda_test_util.h"
 
 namespace kvsdk::cuda {
 namespace {

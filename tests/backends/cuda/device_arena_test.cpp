@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <functional>
 
-#include "util/error.h"
 #include "cuda_test_util.h"
+#include "util/error.h"
 
 namespace kvsdk::cuda {
 namespace {

@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "util/half.h"
 #include "error.h"
 #include "model.h"
 #include "model_paths.h"
@@ -17,6 +16,7 @@
 #include "session.h"
 #include "test_util.h"
 #include "tokenizer.h"
+#include "util/half.h"
 
 namespace {
 
