@@ -353,7 +353,7 @@ KVSDK_API kvsdk_status kvsdk_cache_geometry(const kvsdk_cache *cache, kvsdk_geom
  *          backing file cannot grow), KVSDK_E_NO_MEMORY.
  *  On any error the cache is unchanged: a smallkv cache that must evict first decides what it
  *  evicts (head matching included) and evicts only once the append fits. One exception:
- *  KVSDK_E_NO_MEMORY part-way through an append to a layer that kivi, specache, spindlekv (its
+ *  KVSDK_E_NO_MEMORY part-way through an append to a layer that specache, spindlekv (its
  *  codebook layers) or minicache (its merged layers) holds may leave the tokens appended to the
  *  KV heads already done; bytes and budget charge match what the cache then holds. */
 KVSDK_API kvsdk_status kvsdk_cache_append(kvsdk_cache *cache, uint32_t layer, size_t n_tokens,
