@@ -3,15 +3,15 @@
 #include <algorithm>
 #include <vector>
 
+#include "util/growth.h"
+
 namespace kvsdk::cpu {
 
 void kivi_attend(const KiviHeadStore& store, OnlineAttention& attn, AttentionScratch& scratch) {
   const size_t dim = store.head_dim();
   const size_t chunk = std::min(kKiviAttentionChunk, store.size()) * dim;
-  std::vector<float>& k = scratch.k_chunk;
-  std::vector<float>& v = scratch.v_chunk;
-  if (k.size() < chunk) k.resize(chunk);
-  if (v.size() < chunk) v.resize(chunk);
+  std::vector<float>& k = at_least(scratch.k_chunk, chunk);
+  std::vector<float>& v = at_least(scratch.v_chunk, chunk);
   for (size_t first = 0; first < store.size(); first += kKiviAttentionChunk) {
     const size_t n = std::min(kKiviAttentionChunk, store.size() - first);
     store.read_rows(first, n, k.data(), v.data());

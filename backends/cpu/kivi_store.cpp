@@ -5,6 +5,7 @@
 
 #include "kivi_quant.h"
 #include "util/error.h"
+#include "util/growth.h"
 #include "util/half.h"
 
 namespace kvsdk::cpu {
@@ -17,11 +18,6 @@ std::vector<float>& flush_scratch(size_t n) {
   thread_local std::vector<float> rows;
   if (rows.size() < n) rows.resize(n);
   return rows;
-}
-
-template <class T>
-void grow(std::vector<T>& v, size_t need) {
-  if (v.capacity() < need) v.reserve(std::max(need, v.capacity() + v.capacity() / 2));
 }
 
 }  // namespace
@@ -200,7 +196,7 @@ void KiviHeadStore::reserve(size_t n_more) {
   if (positions_.capacity() < size() + n_more) {
     // Every buffer grows at once, for the same number of tokens, so that the rare appends that
     // allocate are the same ones for all of them (and for every head of a layer).
-    const size_t t = std::max(size() + n_more, positions_.capacity() + positions_.capacity() / 2);
+    const size_t t = grown_capacity(positions_.capacity(), size() + n_more);
     positions_.reserve(t);
     res_k_.reserve(std::max(res_k_.capacity(), (size_t(cfg_.residual) + G + n_more) * dim_));
     res_v_.reserve(std::max(res_v_.capacity(), (size_t(cfg_.residual) + G + n_more) * dim_));
@@ -212,16 +208,16 @@ void KiviHeadStore::reserve(size_t n_more) {
     v_zero_.reserve(t * v_groups_);
   }
   // What the append needs exactly (ragged stores hold more blocks than t / G).
-  grow(positions_, size() + n_more);
-  grow(res_k_, peak_res * dim_);
-  grow(res_v_, peak_res * dim_);
-  grow(k_codes_, nq * row_bytes_);
-  grow(v_codes_, nq * row_bytes_);
-  grow(k_scale_, nb * dim_);
-  grow(k_zero_, nb * dim_);
-  grow(v_scale_, nq * v_groups_);
-  grow(v_zero_, nq * v_groups_);
-  if (!block_tokens_.empty()) grow(block_tokens_, nb);
+  reserve_for_growth(positions_, size() + n_more);
+  reserve_for_growth(res_k_, peak_res * dim_);
+  reserve_for_growth(res_v_, peak_res * dim_);
+  reserve_for_growth(k_codes_, nq * row_bytes_);
+  reserve_for_growth(v_codes_, nq * row_bytes_);
+  reserve_for_growth(k_scale_, nb * dim_);
+  reserve_for_growth(k_zero_, nb * dim_);
+  reserve_for_growth(v_scale_, nq * v_groups_);
+  reserve_for_growth(v_zero_, nq * v_groups_);
+  if (!block_tokens_.empty()) reserve_for_growth(block_tokens_, nb);
 }
 
 KiviBytes KiviHeadStore::projected_bytes(size_t n_more) const {

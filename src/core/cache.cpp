@@ -11,20 +11,10 @@
 #include "core/policy.h"
 #include "util/dtype.h"
 #include "util/error.h"
+#include "util/growth.h"
 #include "util/positions.h"
 
 namespace kvsdk {
-
-namespace {
-
-// `v` with at least `n` elements (its capacity reused; it never shrinks).
-template <class T>
-std::vector<T>& grown(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v;
-}
-
-}  // namespace
 
 Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk_policy& policy)
     : ctx_(std::move(ctx)),
@@ -183,8 +173,8 @@ void Cache::prefetch(uint32_t layer, size_t n_queries, const void* q,
          policy_spec(policy_), "' does not use it");
   }
   const size_t n_rows = n_queries * geometry_.group_size();
-  std::vector<float>& q_rows = grown(scratch_.q_rows, n_rows * geometry_.head_dim);
-  std::vector<int32_t>& row_pos = grown(scratch_.row_pos, n_rows);
+  std::vector<float>& q_rows = at_least(scratch_.q_rows, n_rows * geometry_.head_dim);
+  std::vector<int32_t>& row_pos = at_least(scratch_.row_pos, n_rows);
   // Fetched rows are budgeted (SpeCache): reserve every head's growth bound before fetching,
   // then charge the exact change and return the rest.
   uint64_t bound = 0;
@@ -217,13 +207,14 @@ void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_
   const uint32_t group = geometry_.group_size();
   const size_t n_rows = n_queries * group;
   // Work on private buffers; `out` is written only once everything succeeded.
-  std::vector<float>& q_rows = grown(scratch_.q_rows, n_rows * dim);
-  std::vector<float>& out_rows = grown(scratch_.out_rows, n_rows * dim);
-  std::vector<float>& result = grown(scratch_.result, n_queries * geometry_.q_elems_per_token());
-  std::vector<int32_t>& row_pos = grown(scratch_.row_pos, n_rows);
+  std::vector<float>& q_rows = at_least(scratch_.q_rows, n_rows * dim);
+  std::vector<float>& out_rows = at_least(scratch_.out_rows, n_rows * dim);
+  std::vector<float>& result =
+      at_least(scratch_.result, n_queries * geometry_.q_elems_per_token());
+  std::vector<int32_t>& row_pos = at_least(scratch_.row_pos, n_rows);
   // Every KV head's query rows for the attention tap, which sees them once all heads succeeded.
   std::vector<float>& tapped =
-      grown(scratch_.tapped, attention_tap_ ? geometry_.n_kv_heads * n_rows * dim : 0);
+      at_least(scratch_.tapped, attention_tap_ ? geometry_.n_kv_heads * n_rows * dim : 0);
   const Representation& s = store(layer);
   // State that attention updates (SmallKV's importance state, SpeCache's hit rate) is staged per
   // KV head and applied together at the end, so that a failure at any head changes nothing.

@@ -13,6 +13,7 @@
 #include "core/cache.h"
 #include "core/pending_plan.h"
 #include "core/policy.h"
+#include "util/growth.h"
 #include "core/representation.h"
 #include "policy/allocation.h"
 #include "policy/importance.h"
@@ -319,11 +320,7 @@ bool Cache::append_unselected(uint32_t layer, size_t n_tokens, const void* k, co
       s.append_bound(layer, n_tokens) + uint64_t(n_tokens) * L.scores.size() * sizeof(float);
   BudgetReservation r = reservation();
   if (bound > 0 && !r.reserve(bound)) return false;
-  for (std::vector<float>& sc : L.scores) {
-    if (sc.capacity() < sc.size() + n_tokens) {
-      sc.reserve(std::max(sc.size() + n_tokens, sc.capacity() + sc.capacity() / 2));
-    }
-  }
+  for (std::vector<float>& sc : L.scores) reserve_for_growth(sc, sc.size() + n_tokens);
   const auto bytes = [&] {
     uint64_t t[KVSDK_TIER_SLOTS];
     layer_bytes(layer, t);

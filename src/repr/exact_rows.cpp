@@ -6,6 +6,7 @@
 #include "core/policy.h"
 #include "util/dtype.h"
 #include "util/error.h"
+#include "util/growth.h"
 
 namespace kvsdk {
 
@@ -47,16 +48,11 @@ void ExactRows::append_rows(uint32_t layer, size_t n, kvsdk_dtype dtype, const v
                             const void* v, const int32_t* positions) {
   const uint32_t dim = geometry_.head_dim;
   std::vector<ExactStore>& L = heads_[layer];
-  // Reserve first so the copy below cannot fail half-way. Capacity grows by half at a time, so
-  // appending a token copies the head only now and then (amortized O(1) per token; exact-fit
-  // growth copied the whole head on every decode step).
-  const auto grow = [](auto& vec, size_t need) {
-    if (vec.capacity() < need) vec.reserve(std::max(need, vec.capacity() + vec.capacity() / 2));
-  };
+  // Reserve first (util/growth.h) so the copy below cannot fail half-way.
   for (ExactStore& h : L) {
-    grow(h.positions, h.size() + n);
-    grow(h.k, (h.size() + n) * dim);
-    grow(h.v, (h.size() + n) * dim);
+    reserve_for_growth(h.positions, h.size() + n);
+    reserve_for_growth(h.k, (h.size() + n) * dim);
+    reserve_for_growth(h.v, (h.size() + n) * dim);
   }
   const size_t row = geometry_.kv_elems_per_token();
   for (uint32_t head = 0; head < geometry_.n_kv_heads; ++head) {
@@ -78,10 +74,8 @@ void ExactRows::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
   const ExactStore& s = heads_[layer][kv_head];
   cpu::OnlineAttention att(q_rows, row_positions, n_rows, dim, geometry_.attn_scale, scratch_);
   const size_t chunk = std::min(kChunkTokens, s.size()) * dim;
-  std::vector<float>& kbuf = scratch_.k_chunk;
-  std::vector<float>& vbuf = scratch_.v_chunk;
-  if (kbuf.size() < chunk) kbuf.resize(chunk);
-  if (vbuf.size() < chunk) vbuf.resize(chunk);
+  std::vector<float>& kbuf = at_least(scratch_.k_chunk, chunk);
+  std::vector<float>& vbuf = at_least(scratch_.v_chunk, chunk);
   for (size_t t0 = 0; t0 < s.size(); t0 += kChunkTokens) {
     const size_t n = std::min(kChunkTokens, s.size() - t0);
     load_f32(KVSDK_DTYPE_F16, s.k.data(), t0 * dim, n * dim, kbuf.data());

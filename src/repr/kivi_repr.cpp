@@ -8,6 +8,7 @@
 #include "repr/head_store.h"
 #include "util/dtype.h"
 #include "util/error.h"
+#include "util/growth.h"
 
 namespace kvsdk {
 
@@ -79,10 +80,9 @@ uint64_t KiviRepresentation::append_bound(uint32_t layer, size_t n_tokens) const
 void KiviRepresentation::append(uint32_t layer, size_t n, const float* k, const float* v,
                                 const int32_t* positions) {
   const size_t dim = geometry_.head_dim;
-  std::vector<float>& kf = scratch_.k_chunk;  // one head's rows at a time, reused
-  std::vector<float>& vf = scratch_.v_chunk;
-  if (kf.size() < n * dim) kf.resize(n * dim);
-  if (vf.size() < n * dim) vf.resize(n * dim);
+  // One head's rows at a time, in reused scratch.
+  std::vector<float>& kf = at_least(scratch_.k_chunk, n * dim);
+  std::vector<float>& vf = at_least(scratch_.v_chunk, n * dim);
   // Room in every head first: the appends below then allocate nothing and cannot fail half-way.
   for (cpu::KiviHeadStore& s : heads_[layer]) s.reserve(n);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {

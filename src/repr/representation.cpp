@@ -7,6 +7,7 @@
 #include "core/policy.h"
 #include "util/dtype.h"
 #include "util/error.h"
+#include "util/growth.h"
 
 namespace kvsdk {
 
@@ -69,10 +70,8 @@ std::unique_ptr<Representation> make_representation(const Geometry& geometry,
 void Representation::append_host(uint32_t layer, size_t n_tokens, const void* k, const void* v,
                                  const int32_t* positions) {
   const size_t elems = n_tokens * geometry_.kv_elems_per_token();
-  if (host_k_.size() < elems) host_k_.resize(elems);
-  if (host_v_.size() < elems) host_v_.resize(elems);
-  load_f32(geometry_.dtype, k, 0, elems, host_k_.data());
-  load_f32(geometry_.dtype, v, 0, elems, host_v_.data());
+  load_f32(geometry_.dtype, k, 0, elems, at_least(host_k_, elems).data());
+  load_f32(geometry_.dtype, v, 0, elems, at_least(host_v_, elems).data());
   append(layer, n_tokens, host_k_.data(), host_v_.data(), positions);
 }
 

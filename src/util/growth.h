@@ -1,0 +1,32 @@
+// Capacity growth of stored rows: by half of the current capacity at a time (at least what is
+// needed), so that appending one token copies a store only now and then (amortized O(1) per
+// token) while the spare capacity stays below half of what is stored. Exact-fit growth would copy
+// the whole store on every decode step.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+namespace kvsdk {
+
+// The capacity to grow to when `need` elements do not fit `capacity`.
+inline size_t grown_capacity(size_t capacity, size_t need) {
+  return std::max(need, capacity + capacity / 2);
+}
+
+// Makes `v` hold `need` elements without reallocating (contents unchanged; may throw
+// std::bad_alloc, leaving `v` as it was).
+template <class T>
+void reserve_for_growth(std::vector<T>& v, size_t need) {
+  if (v.capacity() < need) v.reserve(grown_capacity(v.capacity(), need));
+}
+
+// `v` with at least `n` elements (scratch: its capacity is reused and it never shrinks).
+template <class T>
+std::vector<T>& at_least(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v;
+}
+
+}  // namespace kvsdk
