@@ -118,8 +118,15 @@ KVSDK_API const char *kvsdk_last_error(void);
 
 /** Where cache storage lives and attention runs. Numbers are never renumbered. */
 typedef enum kvsdk_backend {
+  /** The optimized CPU kernels: SIMD (AVX-512, AVX2, SSE4, NEON or scalar, whichever the CPU
+   *  runs best, chosen at run time). Every SIMD target gives the same bits on every machine, so
+   *  a snapshot continues identically wherever it is loaded. */
   KVSDK_BACKEND_CPU = 0,
-  KVSDK_BACKEND_CUDA = 1
+  KVSDK_BACKEND_CUDA = 1,
+  /** The scalar reference kernels, the oracle the optimized ones are tested against: slower;
+   *  for checking a result. Outputs differ from KVSDK_BACKEND_CPU's by rounding only (the
+   *  stored rows and snapshots are identical). */
+  KVSDK_BACKEND_CPU_REFERENCE = 2
 } kvsdk_backend;
 
 typedef struct kvsdk_context kvsdk_context;
@@ -139,7 +146,8 @@ KVSDK_API kvsdk_status kvsdk_context_options_init(kvsdk_context_options *options
 /** Creates a context. `options` may be NULL for defaults. On success `*out` owns a new context;
  *  the caller releases it with kvsdk_context_destroy (caches on it keep it alive until they are
  *  destroyed).
- *  In this version only KVSDK_BACKEND_CPU creates a context: KVSDK_BACKEND_CUDA fails with
+ *  In this version KVSDK_BACKEND_CPU and KVSDK_BACKEND_CPU_REFERENCE create a context:
+ *  KVSDK_BACKEND_CUDA fails with
  *  KVSDK_E_UNSUPPORTED (without CUDA compiled in; or, with it, after checking the device: the
  *  device cache backend is not implemented yet).
  *  Errors: KVSDK_E_INVALID_ARG (NULL out, bad struct_size, unknown backend, device ordinal not

@@ -39,7 +39,8 @@ KVSDK_API kvsdk_status kvsdk_context_create(kvsdk_context** out,
     const kvsdk_context_options o =
         options ? read_versioned(options, defaults, sizeof(kvsdk_context_options), "options")
                 : defaults;
-    KVSDK_REQUIRE(o.backend == KVSDK_BACKEND_CPU || o.backend == KVSDK_BACKEND_CUDA,
+    KVSDK_REQUIRE(o.backend == KVSDK_BACKEND_CPU || o.backend == KVSDK_BACKEND_CUDA ||
+                      o.backend == KVSDK_BACKEND_CPU_REFERENCE,
                   "options.backend is ", o.backend, " (not a kvsdk_backend)");
     if (o.backend == KVSDK_BACKEND_CUDA) cuda::require_backend(o.device);
     auto handle = std::make_unique<kvsdk_context>();

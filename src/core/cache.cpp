@@ -27,6 +27,8 @@ Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk
   }
   repr_ = make_representation(geometry_, policy_);
   rows_ = make_row_store(geometry_, policy_);
+  if (repr_) repr_->set_ops(ctx_->ops());
+  rows_->set_ops(ctx_->ops());
 }
 
 Cache::~Cache() { ctx_->release(charged_); }

@@ -6,16 +6,23 @@
 #include <memory>
 #include <mutex>
 
+#include "backend_ops.h"
 #include "kvsdk.h"
+#include "util/error.h"
 
 namespace kvsdk {
 
 class Context {
  public:
+  // Throws kvsdk::Error KVSDK_E_UNSUPPORTED for a backend without a kernel table in this build.
   Context(kvsdk_backend backend, int32_t device, uint64_t budget_bytes)
-      : backend_(backend), device_(device), budget_(budget_bytes) {}
+      : backend_(backend), device_(device), budget_(budget_bytes), ops_(backend::ops_for(backend)) {
+    if (!ops_) fail(KVSDK_E_UNSUPPORTED, "backend ", int(backend), " has no kernels in this build");
+  }
 
   kvsdk_backend backend() const { return backend_; }
+  // The kernel table every cache of this context runs (backends/backend_ops.h).
+  const backend::Ops& ops() const { return *ops_; }
   int32_t device() const { return device_; }
   uint64_t budget() const { return budget_; }  // 0 = unlimited
   uint64_t used() const;
@@ -30,6 +37,7 @@ class Context {
   const kvsdk_backend backend_;
   const int32_t device_;
   const uint64_t budget_;
+  const backend::Ops* const ops_;
   mutable std::mutex mutex_;
   uint64_t used_ = 0;
 };

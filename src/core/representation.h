@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_ops.h"
 #include "core/exact_store.h"
 #include "core/geometry.h"
 #include "core/tier_record.h"
@@ -190,7 +191,27 @@ class Representation {
   const Geometry& geometry() const { return geometry_; }
   const kvsdk_policy& policy() const { return policy_; }
 
+  // The kernel table this store runs (backends/backend_ops.h): the context's backend, which the
+  // cache sets at creation; the optimized CPU table until then.
+  void set_ops(const backend::Ops& ops) {
+    ops_ = &ops;
+    ws_.reset();
+  }
+  const backend::Ops& ops() const { return *ops_; }
+
  protected:
+  // The backend's working memory for this store's kernels, created on first use and then reused
+  // (one thread per cache).
+  backend::Workspace& workspace() const {
+    if (!ws_) ws_ = backend::WorkspaceHandle(*ops_);
+    return ws_.get();
+  }
+  // attend()'s queries as the backend takes them.
+  backend::QueryRows query_rows(const float* q_rows, const int32_t* row_positions,
+                                size_t n_rows) const {
+    return {q_rows, row_positions, n_rows, geometry_.head_dim, geometry_.attn_scale};
+  }
+
   // append_host()'s f32 rows, reused (one thread per cache).
   mutable std::vector<float> host_k_, host_v_;
   // Copies KV head `head`'s rows out of append()'s interleaved k/v [n][n_kv_heads][head_dim]
@@ -200,6 +221,8 @@ class Representation {
 
   Geometry geometry_;
   kvsdk_policy policy_;
+  const backend::Ops* ops_ = &backend::cpu_optimized();
+  mutable backend::WorkspaceHandle ws_;
 };
 
 // The store of the layers `policy` compresses (method_traits(policy).make_store), or null when

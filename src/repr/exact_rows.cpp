@@ -10,13 +10,6 @@
 
 namespace kvsdk {
 
-namespace {
-
-// Rows of f32 scratch per attention chunk: bounds the working set independent of cache length.
-constexpr size_t kChunkTokens = 256;
-
-}  // namespace
-
 ExactRows::ExactRows(const Geometry& g, const kvsdk_policy& p)
     : Representation(g, p),
       heads_(g.n_layers, std::vector<ExactStore>(g.n_kv_heads)),
@@ -70,19 +63,9 @@ void ExactRows::append_rows(uint32_t layer, size_t n, kvsdk_dtype dtype, const v
 
 void ExactRows::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                        const int32_t* row_positions, size_t n_rows, float* out) const {
-  const uint32_t dim = geometry_.head_dim;
   const ExactStore& s = heads_[layer][kv_head];
-  cpu::OnlineAttention att(q_rows, row_positions, n_rows, dim, geometry_.attn_scale, scratch_);
-  const size_t chunk = std::min(kChunkTokens, s.size()) * dim;
-  std::vector<float>& kbuf = at_least(scratch_.k_chunk, chunk);
-  std::vector<float>& vbuf = at_least(scratch_.v_chunk, chunk);
-  for (size_t t0 = 0; t0 < s.size(); t0 += kChunkTokens) {
-    const size_t n = std::min(kChunkTokens, s.size() - t0);
-    load_f32(KVSDK_DTYPE_F16, s.k.data(), t0 * dim, n * dim, kbuf.data());
-    load_f32(KVSDK_DTYPE_F16, s.v.data(), t0 * dim, n * dim, vbuf.data());
-    att.add_chunk(kbuf.data(), vbuf.data(), s.positions.data() + t0, n);
-  }
-  att.finish(out);
+  const backend::F16Rows rows{s.k.data(), s.v.data(), s.positions.data(), s.size()};
+  ops().attend_f16(query_rows(q_rows, row_positions, n_rows), rows, workspace(), out);
 }
 
 size_t ExactRows::head_tokens(uint32_t layer, uint32_t kv_head) const {

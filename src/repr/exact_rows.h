@@ -58,8 +58,6 @@ class ExactRows final : public Representation {
     IncomingRows incoming{};
     bool has_incoming = false;
   };
-  // Reused by attend() (one thread per cache): the decode path allocates nothing.
-  mutable cpu::AttentionScratch scratch_;
   std::vector<std::vector<ExactStore>> heads_;  // [layer][kv_head]
   std::vector<Plan> plans_;                     // [layer]
 };

@@ -93,11 +93,8 @@ void KiviRepresentation::append(uint32_t layer, size_t n, const float* k, const 
 
 void KiviRepresentation::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                                 const int32_t* row_positions, size_t n_rows, float* out) const {
-  // Dequantized chunk by chunk.
-  const auto add = [](const cpu::KiviHeadStore& s, cpu::OnlineAttention& a,
-                      cpu::AttentionScratch& scratch) { cpu::kivi_attend(s, a, scratch); };
-  attend_head_store(heads_[layer][kv_head], add, geometry_, q_rows, row_positions,
-                    n_rows, out, scratch_);
+  ops().attend_kivi(query_rows(q_rows, row_positions, n_rows), heads_[layer][kv_head],
+                    workspace(), out);
 }
 
 size_t KiviRepresentation::head_tokens(uint32_t layer, uint32_t kv_head) const {

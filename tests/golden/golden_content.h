@@ -11,6 +11,20 @@
 
 namespace kvsdk_golden {
 
+// The recorded attention outputs (content and continuation digests) are the reference kernels'
+// (the oracle's); the optimized backend's outputs differ by rounding and are checked against the
+// reference by tests/backends/backend_ops_test.cpp.
+constexpr kvsdk_backend kGoldenBackend = KVSDK_BACKEND_CPU_REFERENCE;
+
+// A context on kGoldenBackend (NULL on failure).
+inline kvsdk_context* golden_context() {
+  kvsdk_context_options o;
+  kvsdk_context_options_init(&o);
+  o.backend = kGoldenBackend;
+  kvsdk_context* ctx = nullptr;
+  return kvsdk_context_create(&ctx, &o) == KVSDK_OK ? ctx : nullptr;
+}
+
 // Key/value element d of token t (position t) in layer l, KV head h: multiples of 1/8 in
 // [-16, 16), distinct across (l, t, h, d) within the small golden geometries.
 inline float key_value(uint32_t l, uint32_t t, uint32_t h, uint32_t d, bool value) {

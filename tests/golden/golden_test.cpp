@@ -92,7 +92,7 @@ TEST(Golden, EveryGoldenSnapshotLoadsWithItsExactRows) {
   for (const Expected& e : expectations()) {
     SCOPED_TRACE(e.file);
     const std::string path = std::string(KVSDK_GOLDEN_DIR) + "/" + e.file;
-    auto ctx = make_context();
+    auto ctx = make_context(0, kGoldenBackend);
     const kvsdk_geometry want = golden_geometry(e.dtype);
     kvsdk_cache* raw = nullptr;
     kvsdk_load_info info{};
@@ -267,7 +267,7 @@ TEST(GoldenV2, EveryFileLoadsWithItsRecordedContent) {
     SCOPED_TRACE(e.file);
     const V2Case* cs = case_of(e);
     ASSERT_NE(cs, nullptr);
-    auto ctx = make_context();
+    auto ctx = make_context(0, kGoldenBackend);
     kvsdk_cache* raw = nullptr;
     kvsdk_load_info info{};
     info.struct_size = sizeof info;
@@ -300,7 +300,7 @@ TEST(GoldenV2, TheBaseAloneLoadsWithItsRecordedContent) {
     SCOPED_TRACE(e.file);
     const V2Case* cs = case_of(e);
     ASSERT_NE(cs, nullptr);
-    auto ctx = make_context();
+    auto ctx = make_context(0, kGoldenBackend);
     const std::vector<unsigned char> f = file_bytes(golden_path(e.file));
     ASSERT_EQ(f.size(), e.file_bytes);
     const std::vector<unsigned char> base(f.begin(), f.begin() + long(e.base_end));
@@ -333,7 +333,7 @@ TEST(GoldenV2, EveryFileContinuesLikeARebuiltCache) {
     SCOPED_TRACE(e.file);
     const V2Case* cs = case_of(e);
     ASSERT_NE(cs, nullptr);
-    auto ctx = make_context();
+    auto ctx = make_context(0, kGoldenBackend);
     CachePtr loaded;
     kvsdk_load_info info{};
     ASSERT_EQ(v2_load(ctx.get(), file_bytes(golden_path(e.file)), &loaded, &info), KVSDK_OK)
@@ -375,7 +375,7 @@ TEST(GoldenV2, EveryFileContinuesLikeARebuiltCache) {
 TEST(GoldenV2, DamagedCopiesAreRejectedNeverTrusted) {
   for (const V2Expected& e : v2_expected()) {
     SCOPED_TRACE(e.file);
-    auto ctx = make_context();
+    auto ctx = make_context(0, kGoldenBackend);
     const std::vector<unsigned char> f = file_bytes(golden_path(e.file));
     ASSERT_EQ(f.size(), e.file_bytes);
     const std::vector<uint64_t> base_rows = recorded_rows(e.base);
@@ -599,7 +599,7 @@ TEST(GoldenV3, EveryPartLoadsWithItsRecordedContent) {
     SCOPED_TRACE(e.file);
     const V3Case* cs = v3_case_of(e);
     ASSERT_NE(cs, nullptr);
-    auto ctx = make_context();
+    auto ctx = make_context(0, kGoldenBackend);
     const std::vector<unsigned char> f = file_bytes(golden_path(e.file));
     ASSERT_EQ(f.size(), e.file_bytes);
     struct Part {
@@ -674,7 +674,7 @@ TEST(GoldenV3, EveryFileContinuesLikeARebuiltCache) {
     const V3Case* cs = v3_case_of(e);
     ASSERT_NE(cs, nullptr);
     EXPECT_TRUE(e.continues_like_writer || !e.include_backing);
-    auto ctx = make_context();
+    auto ctx = make_context(0, kGoldenBackend);
     CachePtr loaded;
     kvsdk_load_info info{};
     ASSERT_EQ(v2_load(ctx.get(), file_bytes(golden_path(e.file)), &loaded, &info), KVSDK_OK)
@@ -875,7 +875,7 @@ TEST(GoldenMutation, EveryDamagedCopyIsRefusedOrLoadsWhatTheFileHolds) {
   size_t total = 0, refused = 0, refused_journal = 0, same_as_file = 0, journal_prefix = 0;
   for (const std::string& name : files) {
     SCOPED_TRACE(name);
-    auto ctx = make_context();
+    auto ctx = make_context(0, kGoldenBackend);
     const std::vector<unsigned char> f = file_bytes(golden_path(name.c_str()));
     ASSERT_GE(f.size(), 64u);
     const Layout lay = layout_of(f);

@@ -290,8 +290,8 @@ std::string policy_literal(const kvsdk_policy& p) {
 std::string write_v2(const V2Case& cs, const std::string& dir) {
   const std::string path = dir + "/" + cs.file;
   const uint32_t delta_end = kV2BaseSteps + kV2DeltaSteps;
-  kvsdk_context* ctx = nullptr;
-  check(kvsdk_context_create(&ctx, nullptr), "context");
+  kvsdk_context* ctx = golden_context();
+  check(ctx ? KVSDK_OK : KVSDK_E_INTERNAL, "context");
   kvsdk_policy want_policy = v2_policy(cs);
   kvsdk_policy parsed;
   check(kvsdk_policy_parse(&parsed, cs.preset), cs.preset);
@@ -481,8 +481,8 @@ std::string write_v3(const V3Case& cs, const std::string& dir, uint32_t major, u
   namespace fmt = kvsdk::format;
   const std::string file = cs.script.file;
   const std::string path = dir + "/" + file;
-  kvsdk_context* ctx = nullptr;
-  check(kvsdk_context_create(&ctx, nullptr), "context");
+  kvsdk_context* ctx = golden_context();
+  check(ctx ? KVSDK_OK : KVSDK_E_INTERNAL, "context");
   const kvsdk_policy want_policy = v2_policy(cs.script);
   kvsdk_policy parsed;
   check(kvsdk_policy_parse(&parsed, cs.script.preset), cs.script.preset);
@@ -727,8 +727,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1];
-  kvsdk_context* ctx = nullptr;
-  check(kvsdk_context_create(&ctx, nullptr), "context");
+  kvsdk_context* ctx = golden_context();
+  check(ctx ? KVSDK_OK : KVSDK_E_INTERNAL, "context");
   if (only.empty() || only == "v1_0") write_v1_files(ctx, dir);
   if (only.empty() || only == "v2_0") write_v2_files(dir);
   if (only.empty() || only == "v3_0") write_v3_files(dir, "v3_0");

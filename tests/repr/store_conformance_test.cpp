@@ -170,7 +170,7 @@ struct Rig {
   size_t chunk_index = 0;
 
   explicit Rig(const StoreCase& s, bool with_proxy = true) : sc(s), p(policy_of(s.spec)) {
-    store = s.row_store ? make_row_store(g, p) : make_representation(g, p);
+    store = fresh();
     if (!store) return;
     if (with_proxy && method_traits(p).needs_proxy) {
       const kvsdk_geometry pg = c_proxy_geometry();
@@ -179,8 +179,12 @@ struct Rig {
       dynamic_cast<SmallKvRepresentation&>(*store).set_proxy(proxy.get());
     }
   }
+  // On the reference backend, so attend() must equal the reference over read()'s rows bit for
+  // bit; backend_ops_test checks the optimized kernels against the reference ones.
   std::unique_ptr<Representation> fresh() const {
-    return sc.row_store ? make_row_store(g, p) : make_representation(g, p);
+    auto s = sc.row_store ? make_row_store(g, p) : make_representation(g, p);
+    if (s) s->set_ops(backend::cpu_reference());
+    return s;
   }
   std::vector<uint32_t> covered() const {
     std::vector<uint32_t> c;

@@ -31,10 +31,11 @@ inline kvsdk_geometry make_geometry(uint32_t layers, uint32_t q_heads, uint32_t 
   return g;
 }
 
-inline ContextPtr make_context(uint64_t budget = 0) {
+inline ContextPtr make_context(uint64_t budget = 0, kvsdk_backend backend = KVSDK_BACKEND_CPU) {
   kvsdk_context_options o;
   kvsdk_context_options_init(&o);
   o.budget_bytes = budget;
+  o.backend = backend;
   kvsdk_context* c = nullptr;
   if (kvsdk_context_create(&c, &o) != KVSDK_OK) return nullptr;
   return ContextPtr(c);

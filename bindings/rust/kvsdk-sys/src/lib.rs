@@ -42,6 +42,7 @@ pub const KVSDK_E_INTERNAL: kvsdk_status = 12;
 pub type kvsdk_backend = i32;
 pub const KVSDK_BACKEND_CPU: kvsdk_backend = 0;
 pub const KVSDK_BACKEND_CUDA: kvsdk_backend = 1;
+pub const KVSDK_BACKEND_CPU_REFERENCE: kvsdk_backend = 2;
 
 /// Opaque context handle.
 #[repr(C)]

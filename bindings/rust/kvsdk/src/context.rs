@@ -6,8 +6,11 @@ use std::ptr::NonNull;
 /// Where cache storage lives and attention runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
+    /// The optimized CPU kernels (SIMD chosen at run time; the same bits on every machine).
     Cpu,
     Cuda,
+    /// The scalar reference kernels (the oracle; slower).
+    CpuReference,
     Unknown(i32),
 }
 
@@ -16,6 +19,7 @@ impl Backend {
         match raw {
             sys::KVSDK_BACKEND_CPU => Backend::Cpu,
             sys::KVSDK_BACKEND_CUDA => Backend::Cuda,
+            sys::KVSDK_BACKEND_CPU_REFERENCE => Backend::CpuReference,
             other => Backend::Unknown(other),
         }
     }
@@ -23,6 +27,7 @@ impl Backend {
         match self {
             Backend::Cpu => sys::KVSDK_BACKEND_CPU,
             Backend::Cuda => sys::KVSDK_BACKEND_CUDA,
+            Backend::CpuReference => sys::KVSDK_BACKEND_CPU_REFERENCE,
             Backend::Unknown(v) => v,
         }
     }

@@ -1,6 +1,7 @@
 import CKVSDK
 
-public enum Backend: Int32 { case cpu = 0, cuda = 1 }
+/// cpu: the optimized kernels (SIMD chosen at run time); cpuReference: the scalar oracle.
+public enum Backend: Int32 { case cpu = 0, cuda = 1, cpuReference = 2 }
 
 /// Context options; defaults from kvsdk_context_options_init (CPU, device 0, no budget).
 public struct ContextOptions {

@@ -1,0 +1,163 @@
+// The backend seam (issue 15): every kernel the core runs goes through one table of function
+// pointers, in the manner of ggml's backend interface. A backend is one such table:
+//   - the CPU reference backend (backends/cpu/reference_ops.cpp): today's scalar kernels, the
+//     oracle every other backend is tested against (tests/backends/backend_ops_test.cpp);
+//   - the optimized CPU backend (backends/cpu/optimized_ops.cpp): the reference table with the
+//     entries that have a faster kernel replaced (Highway SIMD, runtime dispatch);
+//   - CUDA (a later issue) fills the same table with its kernels.
+//
+// Memory: each backend owns its buffers (alloc/free, copies to and from the host), and the
+// pointers that ops receive point into the backend's own memory: host memory for the CPU
+// backends, device memory for CUDA. The core never dereferences what a backend allocated. Working
+// memory that an op needs between calls (softmax state, dequantized chunks, SIMD scratch) lives
+// in a Workspace that the backend creates and the caller keeps per cache and per thread, so a
+// call on the decode path allocates nothing once the workspace has grown to its shape.
+//
+// Tier objects (KiviHeadStore, SpindleHeadStore, MiniCache pairs, SpeCache fetched rows) are the
+// CPU stores' layouts; they are host-side until the CUDA backend gives each a device twin.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kvsdk.h"
+
+namespace kvsdk::cpu {
+class KiviHeadStore;
+class SpindleHeadStore;
+class MiniCacheHeadPair;
+class MiniCacheKiviPair;
+struct SpeCacheFetched;
+}  // namespace kvsdk::cpu
+
+namespace kvsdk::backend {
+
+// A backend's working memory (each backend defines it). Not shared between threads.
+struct Workspace;
+
+// The queries of one call: n_rows rows [n_rows][dim] (one query of one query head each; all rows
+// share one KV head), each with its position for causal masking (a row sees tokens whose position
+// <= its own; INT32_MAX sees everything).
+struct QueryRows {
+  const float* q = nullptr;
+  const int32_t* positions = nullptr;
+  size_t n_rows = 0;
+  size_t dim = 0;
+  float scale = 1.0f;
+};
+
+// Dense IEEE binary16 rows of one KV head (the exact tier): k, v [n_tokens][dim], positions.
+struct F16Rows {
+  const uint16_t* k = nullptr;
+  const uint16_t* v = nullptr;
+  const int32_t* positions = nullptr;
+  size_t n_tokens = 0;
+};
+
+// Keys [first, first + n) as f32 rows [n][dim] into out (the window scoring's key source: stored
+// rows and a host's incoming buffer in any dtype, without concatenating them first).
+struct KeySource {
+  void (*load)(const void* self, size_t first, size_t n, float* out);
+  const void* self;
+};
+
+struct Ops {
+  const char* name;
+
+  // --- memory owned by the backend -------------------------------------------------------------
+  void* (*alloc)(size_t bytes);  // nullptr when out of memory
+  void (*free)(void* buffer);    // nullptr is a no-op
+  void (*to_backend)(void* dst, const void* host_src, size_t bytes);
+  void (*to_host)(void* host_dst, const void* src, size_t bytes);
+  Workspace* (*workspace_create)();  // nullptr when out of memory
+  void (*workspace_destroy)(Workspace* ws);
+
+  // --- append / convert --------------------------------------------------------------------------
+  void (*f32_to_f16)(const float* src, size_t n, uint16_t* dst);  // round to nearest even
+  void (*f16_to_f32)(const uint16_t* src, size_t n, float* dst);  // exact
+
+  // --- KIVI quantize / dequantize (layouts of backends/cpu/kivi_quant.h) -------------------------
+  void (*kivi_quantize_keys)(const float* k, size_t n_tokens, size_t dim, uint32_t bits,
+                             uint8_t* codes, uint16_t* scale, uint16_t* zero);
+  void (*kivi_dequantize_keys)(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
+                               size_t first, size_t count, size_t dim, uint32_t bits, float* out);
+  void (*kivi_quantize_values)(const float* v, size_t n_tokens, size_t dim, size_t group,
+                               uint32_t bits, uint8_t* codes, uint16_t* scale, uint16_t* zero);
+  void (*kivi_dequantize_values)(const uint8_t* codes, const uint16_t* scale,
+                                 const uint16_t* zero, size_t n_tokens, size_t dim, size_t group,
+                                 uint32_t bits, float* out);
+
+  // --- decode attention over each tier: out [n_rows][dim]; rows that see no token get zeros -----
+  void (*attend_f16)(const QueryRows& q, const F16Rows& rows, Workspace& ws, float* out);
+  void (*attend_kivi)(const QueryRows& q, const cpu::KiviHeadStore& store, Workspace& ws,
+                      float* out);
+  void (*attend_spindle)(const QueryRows& q, const cpu::SpindleHeadStore& store, Workspace& ws,
+                         float* out);
+  // Layer 0 or 1 of a MiniCache pair (f16 directions, or KIVI-quantized ones).
+  void (*attend_minicache)(const QueryRows& q, const cpu::MiniCacheHeadPair& pair, int layer,
+                           Workspace& ws, float* out);
+  void (*attend_minicache_kivi)(const QueryRows& q, const cpu::MiniCacheKiviPair& pair, int layer,
+                                Workspace& ws, float* out);
+  // SpeCache: the low-bit copy with fetched full-precision rows substituted.
+  void (*attend_specache)(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
+                          const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out);
+
+  // --- window scoring, pooling, top-k, gather/compaction -----------------------------------------
+  // Adds each row's softmax probabilities over the keys it may see to col_sums[n_keys].
+  void (*column_sums)(const QueryRows& q, const KeySource& keys, const int32_t* key_pos,
+                      size_t n_keys, float* col_sums);
+  // 1-D pooling of n scores with an odd kernel (max or average over the full kernel).
+  void (*pool)(const float* in, size_t n, int kernel, kvsdk_pool_kind kind, float* out);
+  // The rows that survive when k of n may stay: the first `sinks`, the newest `recent`, and the
+  // highest `scores` of the rest (ties: the older row); scores NULL = recency. Ascending indices.
+  void (*select_keep)(size_t n, size_t k, size_t sinks, size_t recent, const float* scores,
+                      std::vector<uint32_t>& keep);
+  // dst[i] = src[rows[i]] for rows of row_bytes bytes (compaction when dst == src and rows are
+  // ascending).
+  void (*gather_rows)(const void* src, size_t row_bytes, const uint32_t* rows, size_t n,
+                      void* dst);
+
+  // --- codebook reconstruction, merge/restore ----------------------------------------------------
+  // SpindleKV (Eq. 14): out[i] = entries[index[i]] * magnitude[i], for `count` rows.
+  void (*codebook_reconstruct)(const uint16_t* entries, const uint32_t* index,
+                               const float* magnitude, size_t count, size_t dim, float* out);
+  // MiniCache: the SLERP direction of a and b, and a row restored as magnitude * direction.
+  void (*merge_slerp)(const float* a, const float* b, size_t dim, float t, float* out);
+  void (*restore_row)(const uint16_t* direction, float magnitude, size_t dim, float* out);
+
+  // --- SpeCache selection -------------------------------------------------------------------------
+  // Group-averaged top-k over the low-bit keys for `group` query rows at one position (q.n_rows =
+  // group); ascending token indices into `tokens`, and the averaged probabilities when non-null.
+  void (*specache_select)(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_t k,
+                          std::vector<uint32_t>& tokens, std::vector<float>* avg_probs);
+};
+
+// The scalar reference backend (the oracle) and the optimized CPU backend.
+const Ops& cpu_reference();
+const Ops& cpu_optimized();
+
+// The table of a context's backend kind: KVSDK_BACKEND_CPU -> optimized, KVSDK_BACKEND_CPU_REFERENCE
+// -> reference; nullptr for kinds without a table in this build.
+const Ops* ops_for(kvsdk_backend kind);
+
+// Owns a workspace of one backend (move-only).
+class WorkspaceHandle {
+ public:
+  WorkspaceHandle() = default;
+  explicit WorkspaceHandle(const Ops& ops);  // throws kvsdk::Error KVSDK_E_NO_MEMORY
+  ~WorkspaceHandle() { reset(); }
+  WorkspaceHandle(WorkspaceHandle&& o) noexcept : ops_(o.ops_), ws_(o.ws_) { o.ws_ = nullptr; }
+  WorkspaceHandle& operator=(WorkspaceHandle&& o) noexcept;
+  WorkspaceHandle(const WorkspaceHandle&) = delete;
+  WorkspaceHandle& operator=(const WorkspaceHandle&) = delete;
+  Workspace& get() const { return *ws_; }
+  explicit operator bool() const { return ws_ != nullptr; }
+  void reset() noexcept;
+
+ private:
+  const Ops* ops_ = nullptr;
+  Workspace* ws_ = nullptr;
+};
+
+}  // namespace kvsdk::backend

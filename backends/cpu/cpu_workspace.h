@@ -1,0 +1,20 @@
+// The working memory of the CPU backends (backend_ops.h's Workspace): one per cache and thread,
+// grown to the largest shape seen and then reused, so the decode path allocates nothing.
+#pragma once
+
+#include <cstddef>
+
+#include "attention.h"
+#include "fast_attention.h"
+
+namespace kvsdk::backend {
+
+// Tokens the reference kernels convert to f32 at a time (bounded scratch, never a dense copy).
+constexpr size_t kReferenceChunk = 256;
+
+struct Workspace {
+  cpu::AttentionScratch attention;  // reference: OnlineAttention state and f32 chunks
+  cpu::fast::Scratch fast;          // optimized: SIMD kernels' state
+};
+
+}  // namespace kvsdk::backend

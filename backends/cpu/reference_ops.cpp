@@ -1,0 +1,180 @@
+// The CPU reference backend: today's scalar kernels behind the backend seam (backend_ops.h).
+// This table is the oracle: tests/backends/backend_ops_test.cpp runs every op of every other
+// backend against it. Its kernels are written for clarity and for the same bits on every
+// platform, not for speed.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "attention.h"
+#include "attention_scores.h"
+#include "backend_ops.h"
+#include "cpu_workspace.h"
+#include "kivi_attention.h"
+#include "kivi_quant.h"
+#include "minicache_kivi.h"
+#include "minicache_merge.h"
+#include "policy/importance.h"
+#include "policy/selection.h"
+#include "specache.h"
+#include "spindlekv_store.h"
+#include "util/error.h"
+#include "util/half.h"
+#include "util/half_array.h"
+
+namespace kvsdk::backend {
+namespace {
+
+void* host_alloc(size_t bytes) { return std::malloc(bytes ? bytes : 1); }
+void host_free(void* p) { std::free(p); }
+void host_copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+Workspace* workspace_create() { return new (std::nothrow) Workspace(); }
+void workspace_destroy(Workspace* ws) { delete ws; }
+
+void f32_to_f16(const float* src, size_t n, uint16_t* dst) {
+  for (size_t i = 0; i < n; ++i) dst[i] = kvsdk::f32_to_f16(src[i]);
+}
+void f16_to_f32(const uint16_t* src, size_t n, float* dst) {
+  f16_to_f32_array_scalar(src, dst, n);
+}
+
+// Runs `feed(attention)` over an OnlineAttention on the workspace's scratch and writes out.
+template <class Feed>
+void online(const QueryRows& q, Workspace& ws, float* out, Feed&& feed) {
+  cpu::OnlineAttention att(q.q, q.positions, q.n_rows, q.dim, q.scale, ws.attention);
+  feed(att);
+  att.finish(out);
+}
+
+void attend_f16(const QueryRows& q, const F16Rows& r, Workspace& ws, float* out) {
+  online(q, ws, out, [&](cpu::OnlineAttention& att) {
+    const size_t chunk = std::min(kReferenceChunk, r.n_tokens) * q.dim;
+    if (ws.attention.k_chunk.size() < chunk) ws.attention.k_chunk.resize(chunk);
+    if (ws.attention.v_chunk.size() < chunk) ws.attention.v_chunk.resize(chunk);
+    for (size_t t0 = 0; t0 < r.n_tokens; t0 += kReferenceChunk) {
+      const size_t n = std::min(kReferenceChunk, r.n_tokens - t0);
+      f16_to_f32_array_scalar(r.k + t0 * q.dim, ws.attention.k_chunk.data(), n * q.dim);
+      f16_to_f32_array_scalar(r.v + t0 * q.dim, ws.attention.v_chunk.data(), n * q.dim);
+      att.add_chunk(ws.attention.k_chunk.data(), ws.attention.v_chunk.data(), r.positions + t0, n);
+    }
+  });
+}
+
+void attend_kivi(const QueryRows& q, const cpu::KiviHeadStore& s, Workspace& ws, float* out) {
+  online(q, ws, out, [&](cpu::OnlineAttention& att) { cpu::kivi_attend(s, att, ws.attention); });
+}
+
+void attend_spindle(const QueryRows& q, const cpu::SpindleHeadStore& s, Workspace& ws,
+                    float* out) {
+  online(q, ws, out, [&](cpu::OnlineAttention& att) { cpu::spindlekv_attend(s, att); });
+}
+
+void attend_minicache(const QueryRows& q, const cpu::MiniCacheHeadPair& p, int layer,
+                      Workspace& ws, float* out) {
+  online(q, ws, out, [&](cpu::OnlineAttention& att) { cpu::minicache_attend(p, layer, att); });
+}
+
+void attend_minicache_kivi(const QueryRows& q, const cpu::MiniCacheKiviPair& p, int layer,
+                           Workspace& ws, float* out) {
+  online(q, ws, out,
+         [&](cpu::OnlineAttention& att) { cpu::minicache_kivi_attend(p, layer, att); });
+}
+
+void attend_specache(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
+                     const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out) {
+  online(q, ws, out,
+         [&](cpu::OnlineAttention& att) { cpu::specache_attend(lowbit, fetched, att); });
+}
+
+void column_sums(const QueryRows& q, const KeySource& keys, const int32_t* key_pos, size_t n_keys,
+                 float* col_sums) {
+  const cpu::KeyChunkLoader load = [&keys](size_t first, size_t n, float* o) {
+    keys.load(keys.self, first, n, o);
+  };
+  cpu::attention_column_sums(q.q, q.positions, q.n_rows, q.dim, q.scale, load, key_pos, n_keys,
+                             col_sums);
+}
+
+void select_keep(size_t n, size_t k, size_t sinks, size_t recent, const float* scores,
+                 std::vector<uint32_t>& keep) {
+  keep = policy::select_keep(n, k, sinks, recent, scores);
+}
+
+void gather_rows(const void* src, size_t row_bytes, const uint32_t* rows, size_t n, void* dst) {
+  const auto* s = static_cast<const unsigned char*>(src);
+  auto* d = static_cast<unsigned char*>(dst);
+  // memmove: compaction in place reads row rows[i] >= i after writing rows < i.
+  for (size_t i = 0; i < n; ++i) std::memmove(d + i * row_bytes, s + rows[i] * row_bytes, row_bytes);
+}
+
+// One f16 row times a magnitude: SpindleKV's reconstruction (Eq. 14) and MiniCache's restore.
+void restore_f16_row(const uint16_t* row, float magnitude, size_t dim, float* out) {
+  for (size_t d = 0; d < dim; ++d) out[d] = kvsdk::f16_to_f32(row[d]) * magnitude;
+}
+
+void codebook_reconstruct(const uint16_t* entries, const uint32_t* index, const float* magnitude,
+                          size_t count, size_t dim, float* out) {
+  for (size_t i = 0; i < count; ++i) {
+    restore_f16_row(entries + size_t(index[i]) * dim, magnitude[i], dim, out + i * dim);
+  }
+}
+
+void restore_row(const uint16_t* direction, float magnitude, size_t dim, float* out) {
+  restore_f16_row(direction, magnitude, dim, out);
+}
+
+void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_t k,
+                     std::vector<uint32_t>& tokens, std::vector<float>* avg_probs) {
+  tokens = cpu::specache_select(lowbit, q.q, q.n_rows, q.positions ? q.positions[0] : INT32_MAX,
+                                q.scale, k, avg_probs);
+}
+
+}  // namespace
+
+const Ops& cpu_reference() {
+  static const Ops ops = {
+      "cpu-reference",
+      host_alloc, host_free, host_copy, host_copy, workspace_create, workspace_destroy,
+      f32_to_f16, f16_to_f32,
+      cpu::kivi_quantize_keys, cpu::kivi_dequantize_keys, cpu::kivi_quantize_values,
+      cpu::kivi_dequantize_values,
+      attend_f16, attend_kivi, attend_spindle, attend_minicache, attend_minicache_kivi,
+      attend_specache,
+      column_sums, policy::pool_scores, select_keep, gather_rows,
+      codebook_reconstruct, cpu::minicache_slerp, restore_row,
+      specache_select,
+  };
+  return ops;
+}
+
+WorkspaceHandle::WorkspaceHandle(const Ops& ops) : ops_(&ops), ws_(ops.workspace_create()) {
+  if (!ws_) fail(KVSDK_E_NO_MEMORY, ops.name, ": no memory for a workspace");
+}
+
+WorkspaceHandle& WorkspaceHandle::operator=(WorkspaceHandle&& o) noexcept {
+  if (this != &o) {
+    reset();
+    ops_ = o.ops_;
+    ws_ = o.ws_;
+    o.ws_ = nullptr;
+  }
+  return *this;
+}
+
+void WorkspaceHandle::reset() noexcept {
+  if (ws_) ops_->workspace_destroy(ws_);
+  ws_ = nullptr;
+}
+
+const Ops* ops_for(kvsdk_backend kind) {
+  switch (kind) {
+    case KVSDK_BACKEND_CPU: return &cpu_optimized();
+    case KVSDK_BACKEND_CPU_REFERENCE: return &cpu_reference();
+    default: return nullptr;
+  }
+}
+
+}  // namespace kvsdk::backend

@@ -1,0 +1,440 @@
+// Every op of every backend against the reference backend (the oracle), in the manner of ggml's
+// test-backend-ops: random shapes, GQA ratios 1/4/8, head dims 64/128/256, every KIVI bit width,
+// ragged lengths (token counts that are not multiples of anything, KIVI stores with ragged key
+// blocks), each op with its stated tolerance. The optimized CPU backend runs once per SIMD target
+// this machine has (AVX-512, AVX2, SSE4 / NEON, scalar), forced one at a time.
+//
+// Tolerances: ops that the optimized backend takes from the reference table, and ops whose
+// kernels are exact (conversions, quantization, gathers, selection), must match bit for bit. The
+// SIMD attention kernels compute the same softmax attention over the same rows in another order
+// of summation (see fast_attention.h), so they match within kAttendRel of |reference| plus
+// kAttendAbs of max |v|: ~10x the largest gap measured, far below what a wrong code, scale, mask
+// or rescale does (> 1e-2 of max |v|).
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend_ops.h"
+#include "fast_attention.h"
+#include "kivi_quant.h"
+#include "kivi_store.h"
+#include "minicache_kivi.h"
+#include "minicache_merge.h"
+#include "specache.h"
+#include "spindlekv_store.h"
+
+namespace kvsdk::backend {
+namespace {
+
+constexpr float kAttendRel = 1e-5f;
+constexpr float kAttendAbs = 3e-5f;
+
+const size_t kDims[] = {64, 128, 256};
+const size_t kGroups[] = {1, 4, 8};      // query heads per KV head
+const size_t kTokens[] = {1, 37, 300, 613};
+const uint32_t kBits[] = {1, 2, 4, 8};
+
+std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<float> x(n);
+  for (float& f : x) f = d(rng);
+  return x;
+}
+
+std::vector<int32_t> iota_positions(size_t n) {
+  std::vector<int32_t> p(n);
+  for (size_t i = 0; i < n; ++i) p[i] = int32_t(i);
+  return p;
+}
+
+// Query rows of one KV head: `group` heads x 2 queries; the first query sees everything
+// (decode), the second a causal prefix (ragged visibility, possibly nothing at all).
+struct Queries {
+  std::vector<float> q;
+  std::vector<int32_t> pos;
+  QueryRows rows(size_t dim) const {
+    return {q.data(), pos.data(), pos.size(), dim, 1.0f / std::sqrt(float(dim))};
+  }
+};
+Queries make_queries(size_t group, size_t dim, size_t n_tokens, uint32_t seed) {
+  Queries qs;
+  qs.q = gaussian(2 * group * dim, seed);
+  for (size_t r = 0; r < 2 * group; ++r) {
+    qs.pos.push_back(r < group ? INT32_MAX : int32_t((n_tokens * 2) / 3) - 1);
+  }
+  return qs;
+}
+
+// A backend under test: its table and the SIMD target it is forced to (0 = any).
+struct Candidate {
+  const Ops* ops;
+  int64_t target;
+  std::string name;
+};
+std::vector<Candidate> candidates() {
+  std::vector<Candidate> c{{&cpu_reference(), 0, "cpu-reference"}};
+  for (const cpu::fast::Target& t : cpu::fast::available_targets()) {
+    c.push_back({&cpu_optimized(), t.bits, std::string("cpu-optimized/") + t.name});
+  }
+  return c;
+}
+
+// Runs `body` once per candidate with its target forced, and restores dispatch afterwards.
+void for_each_backend(const std::function<void(const Candidate&)>& body) {
+  for (const Candidate& c : candidates()) {
+    cpu::fast::force_target(c.target);
+    SCOPED_TRACE(c.name);
+    body(c);
+  }
+  cpu::fast::force_target(0);
+}
+
+void expect_bits(const std::vector<float>& got, const std::vector<float>& want,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0)
+        << what << ": element " << i << ": " << got[i] << " vs reference " << want[i];
+  }
+}
+
+void expect_attention(const std::vector<float>& got, const std::vector<float>& want,
+                      float max_abs_v, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float tol = kAttendRel * std::fabs(want[i]) + kAttendAbs * max_abs_v;
+    ASSERT_NEAR(got[i], want[i], tol) << what << ": element " << i;
+  }
+}
+
+float max_abs(const std::vector<float>& v) {
+  float m = 0.0f;
+  for (float x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+// Attention over a tier: reference and candidate outputs of `attend(ops, ws, out)`.
+template <class Attend>
+void check_attend(const Candidate& c, size_t out_size, float max_v, bool exact,
+                  const std::string& what, Attend&& attend) {
+  WorkspaceHandle ref_ws(cpu_reference()), ws(*c.ops);
+  std::vector<float> want(out_size, NAN), got(out_size, NAN);
+  attend(cpu_reference(), ref_ws.get(), want.data());
+  attend(*c.ops, ws.get(), got.data());
+  if (exact || c.ops == &cpu_reference()) {
+    expect_bits(got, want, what);
+  } else {
+    expect_attention(got, want, max_v, what);
+  }
+  // A reused workspace gives the same bits (no state leaks from one call into the next).
+  std::vector<float> again(out_size, NAN);
+  attend(*c.ops, ws.get(), again.data());
+  expect_bits(again, got, what + " (reused workspace)");
+}
+
+// ---- memory ----------------------------------------------------------------------------------
+
+TEST(BackendOps, MemoryRoundTripsThroughBackendBuffers) {
+  for_each_backend([](const Candidate& c) {
+    const std::vector<float> host = gaussian(1000, 1);
+    void* buf = c.ops->alloc(host.size() * 4);
+    ASSERT_NE(buf, nullptr);
+    c.ops->to_backend(buf, host.data(), host.size() * 4);
+    std::vector<float> back(host.size());
+    c.ops->to_host(back.data(), buf, back.size() * 4);
+    c.ops->free(buf);
+    c.ops->free(nullptr);
+    expect_bits(back, host, "round trip");
+  });
+}
+
+// ---- append / convert, quantize / dequantize -------------------------------------------------
+
+TEST(BackendOps, ConversionsMatchTheReferenceExactly) {
+  std::vector<float> x = gaussian(4099, 2, 100.0f);
+  x[0] = 65520.0f, x[1] = -1e-8f, x[2] = INFINITY, x[3] = 6.1e-5f;  // overflow, subnormal, inf
+  for_each_backend([&](const Candidate& c) {
+    std::vector<uint16_t> h(x.size()), href(x.size());
+    c.ops->f32_to_f16(x.data(), x.size(), h.data());
+    cpu_reference().f32_to_f16(x.data(), x.size(), href.data());
+    ASSERT_EQ(h, href);
+    for (size_t n : {size_t(1), size_t(15), size_t(4099)}) {  // ragged tails
+      std::vector<float> f(n), fref(n);
+      c.ops->f16_to_f32(h.data(), n, f.data());
+      cpu_reference().f16_to_f32(h.data(), n, fref.data());
+      expect_bits(f, fref, "f16_to_f32");
+    }
+  });
+}
+
+TEST(BackendOps, KiviQuantizationMatchesTheReferenceExactly) {
+  for_each_backend([](const Candidate& c) {
+    for (size_t dim : kDims) {
+      for (uint32_t bits : kBits) {
+        const size_t n = 37, group = 32, ng = cpu::kivi_value_groups(dim, group);
+        const size_t rb = cpu::kivi_packed_bytes(dim, bits);
+        const std::vector<float> x = gaussian(n * dim, uint32_t(dim + bits));
+        const Ops* both[] = {c.ops, &cpu_reference()};
+        std::vector<uint8_t> codes[2];
+        std::vector<uint16_t> ks[2], kz[2], vs[2], vz[2];
+        std::vector<float> kd[2], vd[2];
+        for (int i = 0; i < 2; ++i) {
+          codes[i].resize(n * rb), ks[i].resize(dim), kz[i].resize(dim);
+          both[i]->kivi_quantize_keys(x.data(), n, dim, bits, codes[i].data(), ks[i].data(),
+                                      kz[i].data());
+          kd[i].resize(5 * dim);
+          both[i]->kivi_dequantize_keys(codes[i].data(), ks[i].data(), kz[i].data(), 30, 5, dim,
+                                        bits, kd[i].data());
+          std::vector<uint8_t> vcodes(n * rb);
+          vs[i].resize(n * ng), vz[i].resize(n * ng), vd[i].resize(n * dim);
+          both[i]->kivi_quantize_values(x.data(), n, dim, group, bits, vcodes.data(),
+                                        vs[i].data(), vz[i].data());
+          both[i]->kivi_dequantize_values(vcodes.data(), vs[i].data(), vz[i].data(), n, dim,
+                                          group, bits, vd[i].data());
+        }
+        ASSERT_EQ(codes[0], codes[1]);
+        ASSERT_EQ(ks[0], ks[1]);
+        ASSERT_EQ(kz[0], kz[1]);
+        ASSERT_EQ(vs[0], vs[1]);
+        ASSERT_EQ(vz[0], vz[1]);
+        expect_bits(kd[0], kd[1], "dequantized keys");
+        expect_bits(vd[0], vd[1], "dequantized values");
+      }
+    }
+  });
+}
+
+// ---- attention over each tier ----------------------------------------------------------------
+
+TEST(BackendOps, AttendF16WithinToleranceOfTheReference) {
+  for_each_backend([](const Candidate& c) {
+    for (size_t dim : kDims) {
+      for (size_t group : kGroups) {
+        for (size_t n : kTokens) {
+          const uint32_t seed = uint32_t(dim * 7 + group * 3 + n);
+          std::vector<float> k = gaussian(n * dim, seed), v = gaussian(n * dim, seed + 1, 3.0f);
+          std::vector<uint16_t> k16(k.size()), v16(v.size());
+          cpu_reference().f32_to_f16(k.data(), k.size(), k16.data());
+          cpu_reference().f32_to_f16(v.data(), v.size(), v16.data());
+          const std::vector<int32_t> pos = iota_positions(n);
+          const Queries qs = make_queries(group, dim, n, seed + 2);
+          const F16Rows rows{k16.data(), v16.data(), pos.data(), n};
+          check_attend(c, qs.q.size(), max_abs(v), false,
+                       "attend_f16 dim " + std::to_string(dim) + " group " +
+                           std::to_string(group) + " tokens " + std::to_string(n),
+                       [&](const Ops& o, Workspace& ws, float* out) {
+                         o.attend_f16(qs.rows(dim), rows, ws, out);
+                       });
+        }
+      }
+    }
+  });
+}
+
+TEST(BackendOps, AttendKiviWithinToleranceOfTheReference) {
+  for_each_backend([](const Candidate& c) {
+    for (size_t dim : kDims) {
+      for (uint32_t bits : kBits) {
+        for (size_t n : {size_t(37), size_t(300)}) {
+          for (bool ragged : {false, true}) {
+            const uint32_t seed = uint32_t(dim + bits * 11 + n + ragged);
+            cpu::KiviHeadStore s(dim, cpu::KiviConfig{bits, 32, 64});
+            const std::vector<float> k = gaussian(n * dim, seed), v = gaussian(n * dim, seed + 1);
+            const std::vector<int32_t> pos = iota_positions(n);
+            s.append(k.data(), v.data(), pos.data(), n);
+            if (ragged) {  // drop every third token: ragged key blocks and a shorter residual
+              std::vector<uint32_t> keep;
+              for (uint32_t i = 0; i < n; ++i) {
+                if (i % 3 != 1) keep.push_back(i);
+              }
+              s.retain(keep);
+            }
+            for (size_t group : kGroups) {
+              if (dim != 128 && group != 4) continue;  // every GQA ratio at one head dim
+              const Queries qs = make_queries(group, dim, n, seed + 2);
+              check_attend(c, qs.q.size(), max_abs(v), false,
+                           "attend_kivi dim " + std::to_string(dim) + " bits " +
+                               std::to_string(bits) + " group " + std::to_string(group) +
+                               " tokens " + std::to_string(n) + (ragged ? " ragged" : ""),
+                           [&](const Ops& o, Workspace& ws, float* out) {
+                             o.attend_kivi(qs.rows(dim), s, ws, out);
+                           });
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(BackendOps, AttendOverCodebookMergedAndSpeculativeTiers) {
+  for_each_backend([](const Candidate& c) {
+    for (size_t dim : kDims) {
+      const size_t n = 300, group = 4;
+      const uint32_t seed = uint32_t(dim);
+      const std::vector<float> k = gaussian(n * dim, seed), v = gaussian(n * dim, seed + 1);
+      const std::vector<float> k2 = gaussian(n * dim, seed + 2), v2 = gaussian(n * dim, seed + 3);
+      const std::vector<int32_t> pos = iota_positions(n);
+      const Queries qs = make_queries(group, dim, n, seed + 4);
+      const std::string d = " dim " + std::to_string(dim);
+
+      cpu::SpindleHeadStore spindle(dim, 10000.0f, KVSDK_ROPE_HALF);
+      spindle.append(k.data(), v.data(), pos.data(), n);
+      check_attend(c, qs.q.size(), max_abs(v), true, "attend_spindle" + d,
+                   [&](const Ops& o, Workspace& ws, float* out) {
+                     o.attend_spindle(qs.rows(dim), spindle, ws, out);
+                   });
+
+      cpu::MiniCacheHeadPair pair(dim, cpu::MiniCacheConfig{});
+      pair.append(k.data(), v.data(), k2.data(), v2.data(), pos.data(), n);
+      cpu::MiniCacheKiviPair kpair(dim, cpu::MiniCacheConfig{}, cpu::KiviConfig{4, 32, 64});
+      kpair.append(k.data(), v.data(), k2.data(), v2.data(), pos.data(), n);
+      for (int layer : {0, 1}) {
+        check_attend(c, qs.q.size(), max_abs(v), true, "attend_minicache" + d,
+                     [&](const Ops& o, Workspace& ws, float* out) {
+                       o.attend_minicache(qs.rows(dim), pair, layer, ws, out);
+                     });
+        check_attend(c, qs.q.size(), max_abs(v), true, "attend_minicache_kivi" + d,
+                     [&](const Ops& o, Workspace& ws, float* out) {
+                       o.attend_minicache_kivi(qs.rows(dim), kpair, layer, ws, out);
+                     });
+      }
+
+      cpu::KiviHeadStore lowbit(dim, cpu::KiviConfig{2, 32, 64});
+      lowbit.append(k.data(), v.data(), pos.data(), n);
+      cpu::SpeCacheFetched fetched;
+      for (uint32_t t = 3; t < n; t += 17) {
+        fetched.tokens.push_back(t);
+        for (size_t i = 0; i < dim; ++i) {
+          fetched.k.push_back(0x3c00);  // 1.0 in f16: visibly different from the low-bit row
+          fetched.v.push_back(0xc000);  // -2.0
+        }
+      }
+      check_attend(c, qs.q.size(), 2.0f, true, "attend_specache" + d,
+                   [&](const Ops& o, Workspace& ws, float* out) {
+                     o.attend_specache(qs.rows(dim), lowbit, fetched, ws, out);
+                   });
+
+      // SpeCache selection: the group's rows of the decode query (one position).
+      const Queries sel = make_queries(group, dim, n, seed + 5);
+      QueryRows r = sel.rows(dim);
+      r.n_rows = group;
+      std::vector<uint32_t> want, got;
+      std::vector<float> want_p, got_p;
+      cpu_reference().specache_select(r, lowbit, 16, want, &want_p);
+      c.ops->specache_select(r, lowbit, 16, got, &got_p);
+      EXPECT_EQ(got, want);
+      expect_bits(got_p, want_p, "specache_select probabilities" + d);
+    }
+  });
+}
+
+// ---- window scoring, pooling, top-k, gather ---------------------------------------------------
+
+TEST(BackendOps, WindowScoringMatchesTheReference) {
+  for_each_backend([](const Candidate& c) {
+    for (size_t dim : kDims) {
+      for (size_t group : kGroups) {
+        for (size_t n : kTokens) {
+          const uint32_t seed = uint32_t(dim + group + n);
+          const std::vector<float> k = gaussian(n * dim, seed);
+          const std::vector<int32_t> pos = iota_positions(n);
+          const Queries qs = make_queries(group, dim, n, seed + 1);
+          struct Keys {
+            const float* k;
+            size_t dim;
+          } keys{k.data(), dim};
+          const KeySource src{[](const void* self, size_t first, size_t cnt, float* out) {
+                                const auto* s = static_cast<const Keys*>(self);
+                                std::memcpy(out, s->k + first * s->dim, cnt * s->dim * 4);
+                              },
+                              &keys};
+          std::vector<float> want(n, 0.5f), got(n, 0.5f);  // sums add to what is there
+          cpu_reference().column_sums(qs.rows(dim), src, pos.data(), n, want.data());
+          c.ops->column_sums(qs.rows(dim), src, pos.data(), n, got.data());
+          expect_attention(got, want, 1.0f, "column_sums");
+        }
+      }
+    }
+  });
+}
+
+TEST(BackendOps, PoolingSelectionAndGatherMatchTheReferenceExactly) {
+  for_each_backend([](const Candidate& c) {
+    for (size_t n : kTokens) {
+      const std::vector<float> s = gaussian(n, uint32_t(n));
+      for (int kernel : {1, 3, 7}) {
+        for (kvsdk_pool_kind kind : {KVSDK_POOL_MAX, KVSDK_POOL_AVG}) {
+          std::vector<float> want(n), got(n);
+          cpu_reference().pool(s.data(), n, kernel, kind, want.data());
+          c.ops->pool(s.data(), n, kernel, kind, got.data());
+          expect_bits(got, want, "pool");
+        }
+      }
+      for (size_t k : {size_t(0), n / 2, n}) {
+        std::vector<uint32_t> want, got;
+        cpu_reference().select_keep(n, k, 4, 8, s.data(), want);
+        c.ops->select_keep(n, k, 4, 8, s.data(), got);
+        EXPECT_EQ(got, want);
+        cpu_reference().select_keep(n, k, 4, 8, nullptr, want);
+        c.ops->select_keep(n, k, 4, 8, nullptr, got);
+        EXPECT_EQ(got, want);
+        // Compaction in place, as the stores do it.
+        std::vector<float> a = s, b = s;
+        cpu_reference().gather_rows(a.data(), 4, got.data(), got.size(), a.data());
+        c.ops->gather_rows(b.data(), 4, got.data(), got.size(), b.data());
+        expect_bits(b, a, "gather_rows");
+      }
+    }
+  });
+}
+
+// ---- codebook reconstruction, merge / restore -------------------------------------------------
+
+TEST(BackendOps, ReconstructionAndMergeMatchTheReferenceExactly) {
+  for_each_backend([](const Candidate& c) {
+    for (size_t dim : kDims) {
+      const size_t entries = 5, rows = 37;
+      const std::vector<float> e = gaussian(entries * dim, uint32_t(dim));
+      std::vector<uint16_t> e16(e.size());
+      cpu_reference().f32_to_f16(e.data(), e.size(), e16.data());
+      std::vector<uint32_t> index(rows);
+      std::vector<float> mag(rows);
+      for (size_t i = 0; i < rows; ++i) index[i] = uint32_t(i * 7 % entries), mag[i] = 0.5f + i;
+      std::vector<float> want(rows * dim), got(rows * dim);
+      cpu_reference().codebook_reconstruct(e16.data(), index.data(), mag.data(), rows, dim,
+                                           want.data());
+      c.ops->codebook_reconstruct(e16.data(), index.data(), mag.data(), rows, dim, got.data());
+      expect_bits(got, want, "codebook_reconstruct");
+
+      std::vector<float> w1(dim), g1(dim);
+      cpu_reference().restore_row(e16.data(), 3.25f, dim, w1.data());
+      c.ops->restore_row(e16.data(), 3.25f, dim, g1.data());
+      expect_bits(g1, w1, "restore_row");
+      for (float t : {0.0f, 0.6f, 1.0f}) {
+        cpu_reference().merge_slerp(e.data(), e.data() + dim, dim, t, w1.data());
+        c.ops->merge_slerp(e.data(), e.data() + dim, dim, t, g1.data());
+        expect_bits(g1, w1, "merge_slerp");
+      }
+    }
+  });
+}
+
+// The table names its backend, and every context backend kind maps to its table.
+TEST(BackendOps, ContextKindsSelectTheirTables) {
+  EXPECT_EQ(ops_for(KVSDK_BACKEND_CPU), &cpu_optimized());
+  EXPECT_EQ(ops_for(KVSDK_BACKEND_CPU_REFERENCE), &cpu_reference());
+  EXPECT_EQ(ops_for(KVSDK_BACKEND_CUDA), nullptr);
+  EXPECT_STREQ(cpu_reference().name, "cpu-reference");
+  EXPECT_STREQ(cpu_optimized().name, "cpu-optimized");
+}
+
+}  // namespace
+}  // namespace kvsdk::backend
