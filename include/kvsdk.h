@@ -137,9 +137,27 @@ typedef struct kvsdk_context_options {
   int32_t device;         /**< Device ordinal for KVSDK_BACKEND_CUDA; ignored on CPU. Default 0. */
   uint64_t budget_bytes;  /**< Hard limit on cache storage bytes, summed over every cache of this
                                context. 0 means unlimited. Default 0. */
+  int32_t n_threads;      /**< Threads the context's kernels run on, the calling thread included:
+                               0 = every core the system reports, 1 = the calling thread only,
+                               at most KVSDK_MAX_THREADS. Default 0. (Added in 1.x: an app built
+                               with a smaller struct_size gets the default.) See below. */
 } kvsdk_context_options;
 
-/** Fills `options` with defaults (CPU, unlimited budget) and sets struct_size.
+/** The largest kvsdk_context_options.n_threads. */
+#define KVSDK_MAX_THREADS 256
+
+/* Threads. A context owns a pool of n_threads - 1 worker threads, started by
+ *  kvsdk_context_create and joined when the context's memory is freed. Workers sleep between calls
+ *  (no spinning: an idle context costs no CPU). kvsdk_cache_attend splits a layer's KV heads over
+ *  the pool when the work is large enough (long caches; the exact tier and KIVI stores; other
+ *  stores attend on the calling thread) and returns when all are done; the calling thread works
+ *  too. Results do not depend on n_threads: each head is computed the same way on any thread.
+ *  An app with its own threads: calls on different caches may still run at the same time on
+ *  different app threads (one thread per cache at a time, as always); while one call has the
+ *  pool, a concurrent call on another cache runs on its own thread alone instead of waiting. An
+ *  app that already keeps every core busy sets n_threads = 1. */
+
+/** Fills `options` with defaults (CPU, unlimited budget, every core) and sets struct_size.
  *  Errors: KVSDK_E_INVALID_ARG if `options` is NULL. */
 KVSDK_API kvsdk_status kvsdk_context_options_init(kvsdk_context_options *options);
 

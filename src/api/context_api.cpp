@@ -1,4 +1,5 @@
 // C ABI: contexts.
+#include <cstddef>
 #include <memory>
 
 #include "core/context.h"
@@ -11,12 +12,16 @@ using namespace kvsdk;
 
 namespace {
 
+// The first published kvsdk_context_options ended at budget_bytes; n_threads came later.
+constexpr size_t kContextOptionsV1Size = offsetof(kvsdk_context_options, n_threads);
+
 kvsdk_context_options context_defaults() {
   kvsdk_context_options o{};
   o.struct_size = sizeof(o);
   o.backend = KVSDK_BACKEND_CPU;
   o.device = 0;
   o.budget_bytes = 0;
+  o.n_threads = 0;
   return o;
 }
 
@@ -37,14 +42,17 @@ KVSDK_API kvsdk_status kvsdk_context_create(kvsdk_context** out,
     KVSDK_REQUIRE(out != nullptr, "out is NULL");
     const kvsdk_context_options defaults = context_defaults();
     const kvsdk_context_options o =
-        options ? read_versioned(options, defaults, sizeof(kvsdk_context_options), "options")
+        options ? read_versioned(options, defaults, kContextOptionsV1Size, "options")
                 : defaults;
     KVSDK_REQUIRE(o.backend == KVSDK_BACKEND_CPU || o.backend == KVSDK_BACKEND_CUDA ||
                       o.backend == KVSDK_BACKEND_CPU_REFERENCE,
                   "options.backend is ", o.backend, " (not a kvsdk_backend)");
+    KVSDK_REQUIRE(o.n_threads >= 0 && o.n_threads <= KVSDK_MAX_THREADS, "options.n_threads is ",
+                  o.n_threads, " (0 = every core, or 1 .. ", KVSDK_MAX_THREADS, ")");
     if (o.backend == KVSDK_BACKEND_CUDA) cuda::require_backend(o.device);
     auto handle = std::make_unique<kvsdk_context>();
-    handle->impl = std::make_shared<Context>(kvsdk_backend(o.backend), o.device, o.budget_bytes);
+    handle->impl = std::make_shared<Context>(kvsdk_backend(o.backend), o.device, o.budget_bytes,
+                                             size_t(o.n_threads));
     *out = handle.release();
   });
 }

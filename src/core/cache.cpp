@@ -27,8 +27,8 @@ Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk
   }
   repr_ = make_representation(geometry_, policy_);
   rows_ = make_row_store(geometry_, policy_);
-  if (repr_) repr_->set_ops(ctx_->ops());
-  rows_->set_ops(ctx_->ops());
+  if (repr_) repr_->set_ops(ctx_->ops(), ctx_->pool().size());
+  rows_->set_ops(ctx_->ops(), ctx_->pool().size());
 }
 
 Cache::~Cache() { ctx_->release(charged_); }
@@ -207,16 +207,15 @@ void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_
   check_layer(layer);
   const uint32_t dim = geometry_.head_dim;
   const uint32_t group = geometry_.group_size();
-  const size_t n_rows = n_queries * group;
-  // Work on private buffers; `out` is written only once everything succeeded.
-  std::vector<float>& q_rows = at_least(scratch_.q_rows, n_rows * dim);
-  std::vector<float>& out_rows = at_least(scratch_.out_rows, n_rows * dim);
+  const uint32_t n_kv = geometry_.n_kv_heads;
+  const size_t n_rows = n_queries * group, head_elems = n_rows * dim;
+  // Work on private buffers; `out` is written only once everything succeeded. Every KV head's
+  // query rows are packed first (the attention tap sees them too), so heads can run in parallel.
+  std::vector<float>& q_rows = at_least(scratch_.q_rows, n_kv * head_elems);
+  std::vector<float>& out_rows = at_least(scratch_.out_rows, n_kv * head_elems);
   std::vector<float>& result =
       at_least(scratch_.result, n_queries * geometry_.q_elems_per_token());
   std::vector<int32_t>& row_pos = at_least(scratch_.row_pos, n_rows);
-  // Every KV head's query rows for the attention tap, which sees them once all heads succeeded.
-  std::vector<float>& tapped =
-      at_least(scratch_.tapped, attention_tap_ ? geometry_.n_kv_heads * n_rows * dim : 0);
   const Representation& s = store(layer);
   // State that attention updates (SmallKV's importance state, SpeCache's hit rate) is staged per
   // KV head and applied together at the end, so that a failure at any head changes nothing.
@@ -227,23 +226,32 @@ void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_
     }
   } tx{&s};
   s.begin_attend();
-  for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
-    pack_queries(g, n_queries, q, q_positions, q_rows.data(), row_pos.data());
-    if (attention_tap_) {
-      std::copy_n(q_rows.begin(), n_rows * dim, tapped.begin() + long(g * n_rows * dim));
-    }
-    s.attend(layer, g, q_rows.data(), row_pos.data(), n_rows, out_rows.data());
+  for (uint32_t g = 0; g < n_kv; ++g) {
+    pack_queries(g, n_queries, q, q_positions, q_rows.data() + g * head_elems, row_pos.data());
+  }
+  const auto head = [&](size_t g) {
+    s.attend(layer, uint32_t(g), q_rows.data() + g * head_elems, row_pos.data(), n_rows,
+             out_rows.data() + g * head_elems);
+  };
+  // Heads in parallel on the context's pool when the store allows it and the work outweighs a
+  // wake-up of the workers (~tens of microseconds). Each head's result does not depend on the
+  // thread that computes it, so outputs are the same for every n_threads.
+  if (s.attend_reentrant() && ctx_->pool().size() > 1 &&
+      s.head_tokens(layer, 0) * n_rows >= kParallelAttendWork) {
+    ctx_->pool().run(n_kv, head);
+  } else {
+    for (uint32_t g = 0; g < n_kv; ++g) head(g);
+  }
+  for (uint32_t g = 0; g < n_kv; ++g) {
     for (size_t i = 0; i < n_queries; ++i) {
       for (uint32_t j = 0; j < group; ++j) {
         const size_t h = size_t(g) * group + j;
-        std::copy_n(out_rows.data() + (i * group + j) * dim, dim,
+        std::copy_n(out_rows.data() + g * head_elems + (i * group + j) * dim, dim,
                     result.data() + i * geometry_.q_elems_per_token() + h * dim);
       }
     }
   }
-  if (attention_tap_) {
-    attention_tap_(layer, geometry_.n_kv_heads, tapped.data(), row_pos.data(), n_rows);
-  }
+  if (attention_tap_) attention_tap_(layer, n_kv, q_rows.data(), row_pos.data(), n_rows);
   tx.store = nullptr;
   s.commit_attend();
   store_f32(geometry_.dtype, result.data(), n_queries * geometry_.q_elems_per_token(), out, 0);

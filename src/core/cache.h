@@ -164,8 +164,11 @@ class Cache final : public StoreView {
   uint64_t charged_ = 0;  // bytes this cache holds charged to ctx_
   // Working memory of attend() and prefetch(), reused (one thread per cache): once grown to the
   // largest call, the decode path allocates nothing here.
+  // Row-tokens (query rows x stored tokens of a head) from which attend() runs KV heads on the
+  // context's threads.
+  static constexpr size_t kParallelAttendWork = 16384;
   struct Scratch {
-    std::vector<float> q_rows, out_rows, result, tapped;
+    std::vector<float> q_rows, out_rows, result;
     std::vector<int32_t> row_pos;
   };
   mutable Scratch scratch_;

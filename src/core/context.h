@@ -9,20 +9,23 @@
 #include "backend_ops.h"
 #include "kvsdk.h"
 #include "util/error.h"
+#include "util/thread_pool.h"
 
 namespace kvsdk {
 
 class Context {
  public:
   // Throws kvsdk::Error KVSDK_E_UNSUPPORTED for a backend without a kernel table in this build.
-  Context(kvsdk_backend backend, int32_t device, uint64_t budget_bytes)
-      : backend_(backend), device_(device), budget_(budget_bytes), ops_(backend::ops_for(backend)) {
-    if (!ops_) fail(KVSDK_E_UNSUPPORTED, "backend ", int(backend), " has no kernels in this build");
-  }
+  // n_threads: the pool's size including the caller's thread (0 = every core).
+  Context(kvsdk_backend backend, int32_t device, uint64_t budget_bytes, size_t n_threads = 1)
+      : backend_(backend), device_(device), budget_(budget_bytes), ops_(require_ops(backend)),
+        pool_(n_threads) {}
 
   kvsdk_backend backend() const { return backend_; }
   // The kernel table every cache of this context runs (backends/backend_ops.h).
   const backend::Ops& ops() const { return *ops_; }
+  // The threads kernels of this context's caches run on.
+  ThreadPool& pool() const { return pool_; }
   int32_t device() const { return device_; }
   uint64_t budget() const { return budget_; }  // 0 = unlimited
   uint64_t used() const;
@@ -38,6 +41,13 @@ class Context {
   const int32_t device_;
   const uint64_t budget_;
   const backend::Ops* const ops_;
+  mutable ThreadPool pool_;
+
+  static const backend::Ops* require_ops(kvsdk_backend kind) {
+    const backend::Ops* ops = backend::ops_for(kind);
+    if (!ops) fail(KVSDK_E_UNSUPPORTED, "backend ", int(kind), " has no kernels in this build");
+    return ops;
+  }
   mutable std::mutex mutex_;
   uint64_t used_ = 0;
 };

@@ -192,20 +192,23 @@ class Representation {
   const kvsdk_policy& policy() const { return policy_; }
 
   // The kernel table this store runs (backends/backend_ops.h): the context's backend, which the
-  // cache sets at creation; the optimized CPU table until then.
-  void set_ops(const backend::Ops& ops) {
+  // cache sets at creation; the optimized CPU table until then. `threads`: the size of the
+  // context's pool (one workspace per thread slot).
+  void set_ops(const backend::Ops& ops, size_t threads = 1) {
     ops_ = &ops;
-    ws_.reset();
+    ws_.clear();
+    ws_.resize(threads);
   }
   const backend::Ops& ops() const { return *ops_; }
+  // Whether attend() of different KV heads of one layer may run at the same time on different
+  // threads of the context's pool (ThreadPool slots): true for stores whose attend reads only
+  // their rows and works in workspace().
+  virtual bool attend_reentrant() const { return false; }
 
  protected:
-  // The backend's working memory for this store's kernels, created on first use and then reused
-  // (one thread per cache).
-  backend::Workspace& workspace() const {
-    if (!ws_) ws_ = backend::WorkspaceHandle(*ops_);
-    return ws_.get();
-  }
+  // The backend's working memory for this store's kernels on the calling thread's pool slot,
+  // created on first use and then reused.
+  backend::Workspace& workspace() const;
   // attend()'s queries as the backend takes them.
   backend::QueryRows query_rows(const float* q_rows, const int32_t* row_positions,
                                 size_t n_rows) const {
@@ -222,7 +225,7 @@ class Representation {
   Geometry geometry_;
   kvsdk_policy policy_;
   const backend::Ops* ops_ = &backend::cpu_optimized();
-  mutable backend::WorkspaceHandle ws_;
+  mutable std::vector<backend::WorkspaceHandle> ws_ = std::vector<backend::WorkspaceHandle>(1);
 };
 
 // The store of the layers `policy` compresses (method_traits(policy).make_store), or null when

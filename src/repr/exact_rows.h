@@ -23,6 +23,7 @@ class ExactRows final : public Representation {
               const int32_t* positions) override;
   void append_host(uint32_t layer, size_t n_tokens, const void* k, const void* v,
                    const int32_t* positions) override;
+  bool attend_reentrant() const override { return true; }  // reads rows, works in workspace()
   void attend(uint32_t layer, uint32_t kv_head, const float* q_rows, const int32_t* row_positions,
               size_t n_rows, float* out) const override;
   size_t head_tokens(uint32_t layer, uint32_t kv_head) const override;

@@ -8,8 +8,19 @@
 #include "util/dtype.h"
 #include "util/error.h"
 #include "util/growth.h"
+#include "util/thread_pool.h"
 
 namespace kvsdk {
+
+backend::Workspace& Representation::workspace() const {
+  const size_t slot = ThreadPool::current_slot();
+  if (slot >= ws_.size()) {
+    fail(KVSDK_E_INTERNAL, "attend on thread slot ", slot, " of a store set up for ", ws_.size());
+  }
+  backend::WorkspaceHandle& h = ws_[slot];
+  if (!h) h = backend::WorkspaceHandle(*ops_);
+  return h.get();
+}
 
 void Representation::prefetch(uint32_t /*layer*/, uint32_t /*kv_head*/, const float* /*q_rows*/,
                               const int32_t* /*row_positions*/, size_t /*n_rows*/) {

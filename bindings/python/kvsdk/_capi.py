@@ -25,7 +25,7 @@ KVSDK_OK = 0
 # ----- Context -------------------------------------------------------------------------------
 class kvsdk_context_options(Structure):
     _fields_ = [("struct_size", c_uint32), ("backend", c_int32), ("device", c_int32),
-                ("budget_bytes", c_uint64)]
+                ("budget_bytes", c_uint64), ("n_threads", c_int32)]
 
 # ----- Geometry ------------------------------------------------------------------------------
 class kvsdk_geometry(Structure):

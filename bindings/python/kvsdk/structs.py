@@ -15,6 +15,7 @@ from .errors import check, invalid
 class Backend(enum.IntEnum):
     CPU = 0
     CUDA = 1
+    CPU_REFERENCE = 2
 
 
 class Dtype(enum.IntEnum):
@@ -100,10 +101,11 @@ class ContextOptions:
     backend: Backend = None
     device: int = None
     budget_bytes: int = None
+    n_threads: int = None  # threads the kernels run on, the caller's included; 0 = every core
 
     def __post_init__(self):
         defaults = _initialised(_capi.kvsdk_context_options, lib.kvsdk_context_options_init)
-        for name in ("backend", "device", "budget_bytes"):
+        for name in ("backend", "device", "budget_bytes", "n_threads"):
             if getattr(self, name) is None:
                 setattr(self, name, getattr(defaults, name))
         try:

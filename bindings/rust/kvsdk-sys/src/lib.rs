@@ -43,6 +43,7 @@ pub type kvsdk_backend = i32;
 pub const KVSDK_BACKEND_CPU: kvsdk_backend = 0;
 pub const KVSDK_BACKEND_CUDA: kvsdk_backend = 1;
 pub const KVSDK_BACKEND_CPU_REFERENCE: kvsdk_backend = 2;
+pub const KVSDK_MAX_THREADS: i32 = 256;
 
 /// Opaque context handle.
 #[repr(C)]
@@ -57,6 +58,7 @@ pub struct kvsdk_context_options {
     pub backend: i32,
     pub device: i32,
     pub budget_bytes: u64,
+    pub n_threads: i32,
 }
 
 // ----- Geometry ----------------------------------------------------------------------------

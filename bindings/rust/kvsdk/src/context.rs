@@ -34,13 +34,15 @@ impl Backend {
 }
 
 /// Context options (`kvsdk_context_options`). `Default` is kvsdk_context_options_init's
-/// (CPU, device 0, unlimited budget).
+/// (CPU, device 0, unlimited budget, every core).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ContextOptions {
     pub backend: Backend,
     pub device: i32,
     /// Hard limit on cache storage bytes over every cache of the context; 0 = unlimited.
     pub budget_bytes: u64,
+    /// Threads the kernels run on, the caller's included: 0 = every core, 1 = the caller only.
+    pub n_threads: i32,
 }
 
 impl Default for ContextOptions {
@@ -59,6 +61,7 @@ impl ContextOptions {
             backend: Backend::from_raw(raw.backend),
             device: raw.device,
             budget_bytes: raw.budget_bytes,
+            n_threads: raw.n_threads,
         }
     }
     pub fn to_raw(&self) -> sys::kvsdk_context_options {
@@ -67,6 +70,7 @@ impl ContextOptions {
             backend: self.backend.raw(),
             device: self.device,
             budget_bytes: self.budget_bytes,
+            n_threads: self.n_threads,
         }
     }
 }

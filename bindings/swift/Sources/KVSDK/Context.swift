@@ -3,12 +3,15 @@ import CKVSDK
 /// cpu: the optimized kernels (SIMD chosen at run time); cpuReference: the scalar oracle.
 public enum Backend: Int32 { case cpu = 0, cuda = 1, cpuReference = 2 }
 
-/// Context options; defaults from kvsdk_context_options_init (CPU, device 0, no budget).
+/// Context options; defaults from kvsdk_context_options_init (CPU, device 0, no budget, every
+/// core).
 public struct ContextOptions {
     public var backend: Backend
     public var device: Int32
     /// Hard limit on cache storage bytes over every cache of the context; 0 = unlimited.
     public var budgetBytes: UInt64
+    /// Threads the kernels run on, the caller's included: 0 = every core, 1 = the caller only.
+    public var nThreads: Int32
 
     public init(budgetBytes: UInt64? = nil) {
         var raw = kvsdk_context_options()
@@ -16,6 +19,7 @@ public struct ContextOptions {
         backend = Backend(rawValue: raw.backend) ?? .cpu
         device = raw.device
         self.budgetBytes = budgetBytes ?? raw.budget_bytes
+        nThreads = raw.n_threads
     }
 
     var raw: kvsdk_context_options {
@@ -24,6 +28,7 @@ public struct ContextOptions {
         r.backend = backend.rawValue
         r.device = device
         r.budget_bytes = budgetBytes
+        r.n_threads = nThreads
         return r
     }
 }
