@@ -111,15 +111,19 @@ std::vector<uint32_t> KiviHeadStore::block_tokens() const {
 }
 
 void KiviHeadStore::retain(const std::vector<uint32_t>& keep) {
-  for (size_t i = 0; i < keep.size(); ++i) {
+  retain(keep.data(), keep.size());
+}
+
+void KiviHeadStore::retain(const uint32_t* keep, size_t n_keep) {
+  for (size_t i = 0; i < n_keep; ++i) {
     KVSDK_REQUIRE(keep[i] < size() && (i == 0 || keep[i] > keep[i - 1]), "retain: index ",
                   keep[i], " at ", i, " is out of range or not ascending (", size(), " tokens)");
   }
   const size_t n_blocks = blocks();
   // Whether a quantized token is dropped decides if block counts are needed at all.
   size_t kept_quant = 0;
-  while (kept_quant < keep.size() && keep[kept_quant] < n_quant_) ++kept_quant;
-  if (kept_quant == n_quant_ && keep.size() == size()) return;  // keeps everything
+  while (kept_quant < n_keep && keep[kept_quant] < n_quant_) ++kept_quant;
+  if (kept_quant == n_quant_ && n_keep == size()) return;  // keeps everything
   if (kept_quant < n_quant_ && block_tokens_.empty()) {
     // Becoming ragged: record the count of every block (the one allocation; nothing changed yet).
     block_tokens_.assign(n_blocks, uint32_t(cfg_.group));
@@ -152,7 +156,7 @@ void KiviHeadStore::retain(const std::vector<uint32_t>& keep) {
   const size_t new_quant = out;
   // Residual rows: exact f16, simply removed.
   size_t r_out = 0;
-  for (; i < keep.size(); ++i, ++r_out, ++out) {
+  for (; i < n_keep; ++i, ++r_out, ++out) {
     const size_t r = keep[i] - n_quant_;
     positions_[out] = positions_[keep[i]];
     if (r == r_out) continue;

@@ -78,6 +78,7 @@ class KiviHeadStore {
   // when the store first becomes ragged) happens before anything changes, so the store is
   // unchanged if that throws.
   void retain(const std::vector<uint32_t>& keep);
+  void retain(const uint32_t* keep, size_t n_keep);  // the same over an array
   // Whether the store records per-block token counts (a retain() dropped a quantized token).
   bool ragged() const { return !block_tokens_.empty(); }
   // Tokens held by each key block, oldest first.
