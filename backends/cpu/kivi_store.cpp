@@ -110,6 +110,19 @@ std::vector<uint32_t> KiviHeadStore::block_tokens() const {
   return std::vector<uint32_t>(blocks(), uint32_t(cfg_.group));
 }
 
+void KiviHeadStore::reserve_as(const KiviHeadStore& o) {
+  block_tokens_.reserve(o.block_tokens_.capacity());
+  positions_.reserve(o.positions_.capacity());
+  k_codes_.reserve(o.k_codes_.capacity());
+  v_codes_.reserve(o.v_codes_.capacity());
+  k_scale_.reserve(o.k_scale_.capacity());
+  k_zero_.reserve(o.k_zero_.capacity());
+  v_scale_.reserve(o.v_scale_.capacity());
+  v_zero_.reserve(o.v_zero_.capacity());
+  res_k_.reserve(o.res_k_.capacity());
+  res_v_.reserve(o.res_v_.capacity());
+}
+
 void KiviHeadStore::retain(const std::vector<uint32_t>& keep) {
   retain(keep.data(), keep.size());
 }

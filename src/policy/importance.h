@@ -12,6 +12,7 @@
 
 #include "attention_scores.h"
 #include "core/geometry.h"
+#include "policy/column_sums_scratch.h"
 #include "kvsdk.h"
 
 namespace kvsdk::policy {
@@ -29,12 +30,7 @@ void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv
                        const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
                        float* scores);
 
-// Working memory of the column sums below, reused across calls: once it has grown to the largest
-// call, scoring allocates nothing (the decode path of h2o and the window methods).
-struct ColumnSumsScratch {
-  std::vector<float> rows, sums, logits, keys;
-  std::vector<int32_t> pos;
-};
+using kvsdk::ColumnSumsScratch;  // policy/column_sums_scratch.h
 
 // group_column_sums over `scratch` (same results, bit for bit): no allocation once it has the
 // capacity. Defined in importance_columns.cpp.

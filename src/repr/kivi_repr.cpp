@@ -177,7 +177,8 @@ uint64_t KiviRepresentation::plan_keep(uint32_t layer,
     const size_t split =
         size_t(std::lower_bound(k.begin(), k.end(), uint32_t(held)) - k.begin());
     cpu::KiviHeadStore& out = built[h];
-    out = store;  // (copy-assigned: reuses the capacity of the stores the last commit replaced)
+    out.reserve_as(store);  // (then the copy reuses it: nothing allocates in a steady state)
+    out = store;
     out.retain(k.data(), split);
     const size_t n_new = k.size() - split;
     if (n_new > 0) {

@@ -109,7 +109,10 @@ void run_decode(const char* spec, uint64_t budget, float slack, DecodeRun* run) 
     pos += int32_t(n);
   };
   step(96);                              // prefill
-  for (int i = 0; i < 40; ++i) step(1);  // warm-up: scratch reaches its size, KIVI flushes once
+  // Warm-up: scratch reaches its size, KIVI flushes once; under a budget, long enough for the
+  // stores' capacities to settle through many evict/refill cycles (KIVI overlays alternate two
+  // store buffers whose quantized and residual parts shift with every flush).
+  for (int i = 0; i < (budget ? 200 : 40); ++i) step(1);
   run->before.struct_size = sizeof run->before;
   run->after.struct_size = sizeof run->after;
   ASSERT_EQ(kvsdk_cache_stats_get(c.get(), &run->before), KVSDK_OK);
@@ -185,7 +188,9 @@ const Evicting kEvicting[] = {
     {"streaming_llm", 0.0f}, {"streaming_llm", -1.0f}, {"h2o", 0.0f},   {"h2o", -1.0f},
     {"snapkv", 0.0f},        {"snapkv", -1.0f},        {"pyramidkv", 0.0f}, {"pyramidkv", -1.0f},
     {"xkv", 0.0f},           {"xkv", -1.0f},           {"xkv+kivi2", 0.0f}, {"xkv+kivi2", -1.0f},
-    {"h2o+kivi4", 0.0f},     {"h2o+kivi4", -1.0f},     {"spindlekv", 0.0f}, {"spindlekv", -1.0f},
+    {"h2o+kivi4", 0.0f},     {"h2o+kivi4", -1.0f},
+    // (spindlekv is not here: its codebook layers never evict, so its cache never stops growing;
+    // its deep layers evict through the same selection stage as the presets above.)
 };
 
 INSTANTIATE_TEST_SUITE_P(Presets, SteadyStateEviction, ::testing::ValuesIn(kEvicting),
