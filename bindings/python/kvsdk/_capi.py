@@ -71,7 +71,7 @@ class kvsdk_layer_stats(Structure):
 
 # ----- Snapshots -----------------------------------------------------------------------------
 KVSDK_SNAPSHOT_FORMAT_MAJOR = 4
-KVSDK_SNAPSHOT_FORMAT_MINOR = 0
+KVSDK_SNAPSHOT_FORMAT_MINOR = 1
 
 class kvsdk_save_options(Structure):
     _fields_ = [("struct_size", c_uint32), ("zstd_level", c_int32),
