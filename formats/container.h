@@ -33,10 +33,14 @@ namespace kvsdk::format {
 // TierStates, which a major-3 reader would not find: it must refuse such files. Everything else
 // is as in 3.1. Deltas continue a file in its own format (a 3.x file gets 3.x deltas); 1.x, 2.0
 // and 3.x files keep loading through the TierState path.
+// 4.1 (and 1.3 for major-1 files): Policy.evict_slack (field 17). An older reader ignores it and
+// continues with exact eviction (slack 0), which is still a correct cache; a newer reader gives
+// files without it slack 0.
 constexpr uint16_t kFormatMajor = 4;
-constexpr uint16_t kFormatMinor = 0;
+constexpr uint16_t kFormatMinor = 1;
 constexpr uint16_t kFormatMajorV1 = 1;
-constexpr uint16_t kFormatMinorV1 = 2;  // 1: eviction policy state; 2: policy fields 12..16
+constexpr uint16_t kFormatMinorV1 = 3;  // 1: eviction policy state; 2: policy fields 12..16;
+                                        // 3: policy field 17
 
 constexpr size_t kFileHeaderBytes = 32;
 constexpr size_t kFrameHeaderBytes = 32;

@@ -49,7 +49,7 @@ flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder&
                                        p.obs_window, p.pool_kernel, p.pool_kind, p.heavy_ratio,
                                        p.schedule_alpha, p.schedule_beta, p.boundary_layer,
                                        p.merge_t, p.retain_ratio, p.fetch_tokens,
-                                       p.match_tokens);
+                                       p.match_tokens, p.evict_slack);
   const auto policy_state = build_policy_state(fbb, cache);
   return fb::CreateMetadata(fbb, major, minor,
                             fbb.CreateString(kvsdk_version_string()), geometry, policy,

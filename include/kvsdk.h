@@ -307,6 +307,27 @@ typedef struct kvsdk_policy {
   int32_t fetch_tokens;     /**< SpeCache: top-k rows fetched per KV head for the next step. 64. */
   int32_t match_tokens;     /**< SmallKV: first tokens used for head matching, >= 1 (the paper
                                  uses 100..200). 128. */
+  /* Fields added after the first version of this struct (callers compiled against an older
+   * kvsdk.h pass a smaller struct_size and get the value noted "older structs"). */
+  float evict_slack;        /**< Amortized eviction, as a share of a layer's cap, 0..0.5 (other
+                                 values: KVSDK_E_INVALID_ARG). Eviction presets (streaming_llm,
+                                 h2o, snapkv, pyramidkv, xkv, their '+kiviN' overlays, and
+                                 spindlekv's evicting layers): when an append or observe makes a
+                                 layer evict, the layer evicts down to its cap minus
+                                 floor(evict_slack x cap) rows, and the following appends fill
+                                 that slack without selecting again. So a decode step selects
+                                 (scores and compacts the whole layer) about once per slack's
+                                 worth of tokens instead of on every token: append is amortized
+                                 O(1). Cost in fidelity: up to that many rows are evicted earlier
+                                 than the budget requires (on average the layer holds about
+                                 evict_slack / 2 x cap fewer rows than it could); the rows kept
+                                 are still the selection's best. Cost in memory: none; the cache
+                                 holds fewer bytes, never more than its budget. 0 = evict exactly
+                                 what each append needs (selection on every appended token once
+                                 full). Explicit compression (kvsdk_cache_compress, budgets,
+                                 allocations) always fits exactly. Default 0.0625 (1/16: a layer
+                                 capped at 512 rows selects once per 32 tokens); older structs
+                                 and snapshots written before this field: 0. */
 } kvsdk_policy;
 
 /** Fills `policy` with the defaults of `method` (a kvsdk_method value) and sets struct_size.
@@ -822,11 +843,12 @@ KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache *cache, kvsdk_cache *pr
  *  not find these records, so it refuses the file). Journal deltas describe compressed stores
  *  field by field and windows by the queries they kept (since format 3.0) and give H2O scores
  *  as differences against the scores before the delta (since 3.1). Other caches hold only exact
- *  rows and are written as format 1.2, so readers that know only major 1 keep loading them.
- *  Files of formats 1.x, 2.0, 3.0 and 3.1 written by earlier versions load, and their journals
+ *  rows and are written as format 1.3, so readers that know only major 1 keep loading them.
+ *  Minor 1 of format 4 (and 1.3) adds kvsdk_policy.evict_slack; files without it load with
+ *  slack 0, and older readers ignore it. Files of formats 1.x, 2.0, 3.0, 3.1 and 4.0 written by earlier versions load, and their journals
  *  continue in their own format. */
 #define KVSDK_SNAPSHOT_FORMAT_MAJOR 4
-#define KVSDK_SNAPSHOT_FORMAT_MINOR 0
+#define KVSDK_SNAPSHOT_FORMAT_MINOR 1
 
 typedef struct kvsdk_save_options {
   uint32_t struct_size;      /**< sizeof(kvsdk_save_options); set by kvsdk_save_options_init. */
@@ -973,7 +995,8 @@ KVSDK_API kvsdk_status kvsdk_cache_load_from_buffer(kvsdk_cache **out, kvsdk_con
                                                     kvsdk_load_info *info);
 
 /** Copies the cache's policy into `*out` (out->struct_size must be set, e.g. by
- *  kvsdk_policy_init), e.g. to see which policy a loaded snapshot carries.
+ *  kvsdk_policy_init), e.g. to see which policy a loaded snapshot carries. A struct of an
+ *  older kvsdk.h (smaller struct_size) receives the fields it has.
  *  Errors: KVSDK_E_INVALID_ARG (NULL, struct_size too small). */
 KVSDK_API kvsdk_status kvsdk_cache_policy(const kvsdk_cache *cache, kvsdk_policy *out);
 

@@ -110,16 +110,33 @@ std::vector<uint32_t> KiviHeadStore::block_tokens() const {
   return std::vector<uint32_t>(blocks(), uint32_t(cfg_.group));
 }
 
+void KiviHeadStore::reserve_as(const KiviHeadStore& o) {
+  block_tokens_.reserve(o.block_tokens_.capacity());
+  positions_.reserve(o.positions_.capacity());
+  k_codes_.reserve(o.k_codes_.capacity());
+  v_codes_.reserve(o.v_codes_.capacity());
+  k_scale_.reserve(o.k_scale_.capacity());
+  k_zero_.reserve(o.k_zero_.capacity());
+  v_scale_.reserve(o.v_scale_.capacity());
+  v_zero_.reserve(o.v_zero_.capacity());
+  res_k_.reserve(o.res_k_.capacity());
+  res_v_.reserve(o.res_v_.capacity());
+}
+
 void KiviHeadStore::retain(const std::vector<uint32_t>& keep) {
-  for (size_t i = 0; i < keep.size(); ++i) {
+  retain(keep.data(), keep.size());
+}
+
+void KiviHeadStore::retain(const uint32_t* keep, size_t n_keep) {
+  for (size_t i = 0; i < n_keep; ++i) {
     KVSDK_REQUIRE(keep[i] < size() && (i == 0 || keep[i] > keep[i - 1]), "retain: index ",
                   keep[i], " at ", i, " is out of range or not ascending (", size(), " tokens)");
   }
   const size_t n_blocks = blocks();
   // Whether a quantized token is dropped decides if block counts are needed at all.
   size_t kept_quant = 0;
-  while (kept_quant < keep.size() && keep[kept_quant] < n_quant_) ++kept_quant;
-  if (kept_quant == n_quant_ && keep.size() == size()) return;  // keeps everything
+  while (kept_quant < n_keep && keep[kept_quant] < n_quant_) ++kept_quant;
+  if (kept_quant == n_quant_ && n_keep == size()) return;  // keeps everything
   if (kept_quant < n_quant_ && block_tokens_.empty()) {
     // Becoming ragged: record the count of every block (the one allocation; nothing changed yet).
     block_tokens_.assign(n_blocks, uint32_t(cfg_.group));
@@ -152,7 +169,7 @@ void KiviHeadStore::retain(const std::vector<uint32_t>& keep) {
   const size_t new_quant = out;
   // Residual rows: exact f16, simply removed.
   size_t r_out = 0;
-  for (; i < keep.size(); ++i, ++r_out, ++out) {
+  for (; i < n_keep; ++i, ++r_out, ++out) {
     const size_t r = keep[i] - n_quant_;
     positions_[out] = positions_[keep[i]];
     if (r == r_out) continue;

@@ -58,6 +58,10 @@ class KiviHeadStore {
   // leaves the store as it was. A caller appending to several stores reserves in all of them
   // first, so that the appends themselves cannot fail half-way.
   void reserve(size_t n_more);
+  // Makes every buffer's capacity at least `other`'s (contents unchanged; may throw
+  // std::bad_alloc): a copy that replaces `other` then grows as `other` would have, so
+  // double-buffered plans (src/repr/kivi_repr.cpp) allocate no more often than one store.
+  void reserve_as(const KiviHeadStore& other);
 
   size_t size() const { return positions_.size(); }
   size_t quantized_tokens() const { return n_quant_; }
@@ -78,6 +82,7 @@ class KiviHeadStore {
   // when the store first becomes ragged) happens before anything changes, so the store is
   // unchanged if that throws.
   void retain(const std::vector<uint32_t>& keep);
+  void retain(const uint32_t* keep, size_t n_keep);  // the same over an array
   // Whether the store records per-block token counts (a retain() dropped a quantized token).
   bool ragged() const { return !block_tokens_.empty(); }
   // Tokens held by each key block, oldest first.

@@ -44,7 +44,23 @@ struct Options {
   std::string json, markdown, plot;
   bool mini_prefill = false;  // also run xkv with the XKV mini-prefill planner
   std::string proxy_model;    // smallkv's proxy; empty: llama::default_proxy_model
+  std::vector<double> slacks;  // evict_slack values for the eviction presets; empty: the default
 };
+
+// Whether a policy evicts rows by selection, the only ones policy.evict_slack changes.
+bool slack_applies(const kvsdk_policy& p) {
+  switch (p.method) {
+    case KVSDK_METHOD_STREAMING_LLM:
+    case KVSDK_METHOD_H2O:
+    case KVSDK_METHOD_SNAPKV:
+    case KVSDK_METHOD_PYRAMIDKV:
+    case KVSDK_METHOD_XKV:
+    case KVSDK_METHOD_SPINDLEKV:
+      return true;
+    default:
+      return false;
+  }
+}
 
 void usage(std::FILE* f) {
   std::fprintf(f,
@@ -60,6 +76,8 @@ void usage(std::FILE* f) {
                "  --shared-dir DIR    folder with models/ and data/ (default %s)\n"
                "  --seed N            seed of stories260K's self-generated text (default 42)\n"
                "  --mini-prefill      also measure xkv planned by a cache-free mini-prefill pass\n"
+               "  --slacks 0,0.0625   run each eviction preset once per evict_slack value (labels\n"
+               "                      'snapkv@slack0.0625'; default: once, with the policy default)\n"
                "  --proxy-model NAME  smallkv's proxy (a smaller model with the same tokenizer; default:\n"
                "                      shakespeare-small for shakespeare-base, none for other models,\n"
                "                      whose smallkv rows are skipped)\n"
@@ -103,6 +121,14 @@ Options parse(int argc, char** argv) {
     else if (a == "--markdown") o.markdown = v;
     else if (a == "--plot") o.plot = v;
     else if (a == "--proxy-model") o.proxy_model = v;
+    else if (a == "--slacks") {
+      for (const std::string& s : llama::split_list(v)) {
+        o.slacks.push_back(std::atof(s.c_str()));
+        if (!(o.slacks.back() >= 0.0 && o.slacks.back() <= 0.5)) {
+          throw llama::Error("--slacks values must be in [0, 0.5]");
+        }
+      }
+    }
     else {
       usage(stderr);
       throw llama::Error("unknown option " + a);
@@ -247,10 +273,20 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
     std::string no_proxy;
     if (policy.method == KVSDK_METHOD_SMALLKV) proxy = load_proxy(o, name, model, &no_proxy);
     const bool xkv = policy.method == KVSDK_METHOD_XKV && policy.quant_bits == 0;
+    const kvsdk_policy preset = policy;
+    const size_t n_slacks = slack_applies(preset) && !o.slacks.empty() ? o.slacks.size() : 1;
+    for (size_t si = 0; si < n_slacks; ++si)
     for (int variant = 0; variant < (o.mini_prefill && xkv ? 2 : 1); ++variant)
     for (int pct : o.budgets) {
       const bool planned = variant == 1;
-      const std::string label = planned ? spec + "+mini-prefill" : spec;
+      std::string label = planned ? spec + "+mini-prefill" : spec;
+      policy = preset;
+      if (n_slacks > 1 || (slack_applies(preset) && !o.slacks.empty())) {
+        policy.evict_slack = float(o.slacks[si]);  // the slack's effect: one row per value
+        char tag[32];
+        std::snprintf(tag, sizeof tag, "@slack%g", o.slacks[si]);
+        label += tag;
+      }
       eval::Record r;
       r.model = name;
       r.policy = label;

@@ -1,10 +1,12 @@
 // C ABI: snapshots (save to file/buffer, journal deltas, load from file/buffer). Checks the
 // arguments, then runs formats/ inside guard() so that errors become statuses.
+#include <cstring>
 #include <memory>
 #include <string>
 
 #include "core/cache.h"
 #include "core/geometry.h"
+#include "core/policy.h"
 #include "journal.h"
 #include "kvsdk.h"
 #include "snapshot_file.h"
@@ -198,11 +200,14 @@ KVSDK_API kvsdk_status kvsdk_cache_policy(const kvsdk_cache* cache, kvsdk_policy
   return guard("kvsdk_cache_policy", [&] {
     KVSDK_REQUIRE(cache != nullptr && cache->impl, "cache is NULL");
     KVSDK_REQUIRE(out != nullptr, "out is NULL");
-    KVSDK_REQUIRE(out->struct_size >= sizeof(kvsdk_policy), "out->struct_size is ",
-                  out->struct_size, " (set it to sizeof(kvsdk_policy))");
+    // Any version of the struct (kPolicySizeV1 and later): the fields it has are written.
+    KVSDK_REQUIRE(out->struct_size >= kPolicySizeV1, "out->struct_size is ", out->struct_size,
+                  " (set it to sizeof(kvsdk_policy), e.g. with kvsdk_policy_init)");
     const uint32_t size = out->struct_size;
-    *out = cache->impl->policy();
-    out->struct_size = size < sizeof(kvsdk_policy) ? size : uint32_t(sizeof(kvsdk_policy));
+    const uint32_t n = size < sizeof(kvsdk_policy) ? size : uint32_t(sizeof(kvsdk_policy));
+    kvsdk_policy p = cache->impl->policy();
+    p.struct_size = n;
+    std::memcpy(out, &p, n);
   });
 }
 

@@ -113,7 +113,7 @@ void Cache::append_stored(uint32_t layer, size_t n_tokens, const void* k, const 
     bool reserved = freed >= bound || r.reserve(bound - freed);
     if (!reserved && traits_.evicts() && target >= bound) {
       // SpindleKV (its codebooks free nothing): make room by evicting in the exact (deep) layers.
-      compress_to(target - bound);
+      compress_to(target - bound, /*slack=*/true);
       reserved = r.reserve(bound);
     }
     if (!reserved) {

@@ -14,6 +14,7 @@
 #include "core/representation.h"
 #include "core/store_view.h"
 #include "kvsdk.h"
+#include "policy/column_sums_scratch.h"
 
 namespace kvsdk {
 
@@ -95,6 +96,10 @@ class Cache final : public StoreView {
   void set_attention_tap(AttentionTap tap) { attention_tap_ = std::move(tap); }
   bool has_attention_tap() const { return static_cast<bool>(attention_tap_); }
   uint64_t charged_bytes() const { return charged_; }
+  // Selection passes so far: how many times the selection stage chose which rows to keep
+  // because a layer had to evict (tests and tools; with policy.evict_slack, about one per
+  // slack's worth of appended rows instead of one per appended row). Not saved in snapshots.
+  uint64_t selection_passes() const { return selection_passes_; }
 
  private:
   Representation& store(uint32_t layer);
@@ -116,7 +121,15 @@ class Cache final : public StoreView {
     uint32_t layer;
     Incoming rows;
   };
-  using HeadScores = std::vector<std::vector<float>>;  // per KV head; empty = recency only
+  // Scores of one layer's candidate rows, per KV head. Their buffers are reused from one
+  // selection pass to the next (SelectScratch), so `computed` and `recency_only` say what they
+  // hold now.
+  struct HeadScores {
+    bool computed = false;      // this pass scored the layer
+    bool recency_only = true;   // no signal: select by recency (the heads are stale)
+    std::vector<std::vector<float>> heads;  // [kv_head][row]
+    bool empty() const { return recency_only; }
+  };
   void append_compressing(uint32_t layer, size_t n_tokens, const void* k, const void* v,
                           const int32_t* positions);
   // Appends without selection when the budget takes the rows as they are; false: nothing changed.
@@ -127,23 +140,28 @@ class Cache final : public StoreView {
   uint64_t target_bytes() const;
   uint64_t layer_length(uint32_t layer, const Append* in) const;
   uint64_t protected_rows(uint32_t layer, uint64_t length) const;
-  HeadScores layer_scores(uint32_t layer, const Append* in) const;
+  // Scores the layer into scratch_.select.scores[layer] (once per pass).
+  void score_layer(uint32_t layer, const Append* in);
   std::vector<float> importance_vector(uint32_t layer, const HeadScores& scores,
                                        uint64_t length) const;
-  std::vector<uint64_t> plan_caps(uint64_t capacity, const Append* in,
-                                  std::vector<HeadScores>& scores,
-                                  std::vector<bool>& scored) const;
+  // The allocation stage's caps (tokens per KV head, per layer) into `caps`.
+  void plan_caps(uint64_t capacity, const Append* in, std::vector<uint64_t>& caps);
   // Returns false (nothing changed) only for a row store whose per-token bytes are an estimate
   // (KIVI) when the eviction would exceed the budget; fit_caps() then shrinks the caps and
   // retries. `needed` receives the bytes the eviction would have needed. Otherwise throws
   // KVSDK_E_BUDGET when the caps do not fit.
-  bool apply_caps(const std::vector<uint64_t>& caps, const Append* in,
-                  std::vector<HeadScores>& scores, std::vector<bool>& scored, uint64_t target,
+  bool apply_caps(const std::vector<uint64_t>& caps, const Append* in, uint64_t target,
                   uint64_t* needed);
-  void fit_caps(std::vector<uint64_t>& caps, const Append* in, std::vector<HeadScores>& scores,
-                std::vector<bool>& scored, uint64_t target);
+  void fit_caps(std::vector<uint64_t>& caps, const Append* in, uint64_t target);
   uint64_t capacity_for(uint64_t bytes) const;  // layer-tokens `bytes` can hold
-  void compress_to(uint64_t target);
+  // Rows a layer that must evict down to `cap` rows evicts beyond that (policy.evict_slack).
+  uint64_t slack_rows(uint64_t cap) const;
+  // Evicts until the cache holds at most `target` bytes. `slack`: layers that evict go down to
+  // their cap minus slack_rows() (automatic compression on append and observe); explicit
+  // compression (kvsdk_cache_compress, budgets, allocations) fits exactly.
+  void compress_to(uint64_t target, bool slack = false);
+  // Starts a selection pass: no layer is scored yet.
+  void begin_pass();
   // Whether the selection stage evicts the rows of `layer` (an eviction preset's row store).
   bool selects(uint32_t layer) const;
 
@@ -170,8 +188,27 @@ class Cache final : public StoreView {
   struct Scratch {
     std::vector<float> q_rows, out_rows, result;
     std::vector<int32_t> row_pos;
+    // observe(): the queries as f32, their positions, H2O's added scores per KV head.
+    std::vector<float> obs_q;
+    std::vector<int32_t> obs_pos;
+    std::vector<std::vector<float>> h2o_added;
+    ColumnSumsScratch sums;  // importance signals (observe, score_layer)
   };
   mutable Scratch scratch_;
+  // Working memory of the selection stage (append_compressing, compress_to), reused: once grown
+  // to the cache's size, a decode step that evicts allocates nothing (the allocation stage's
+  // global re-plans aside, which XKV and profiles compute afresh).
+  struct SelectScratch {
+    std::vector<HeadScores> scores;                        // [layer]
+    std::vector<uint64_t> lengths, prot, caps, plan, slack;  // [layer]
+    std::vector<std::vector<std::vector<uint32_t>>> keep;  // [layer][kv_head]
+    std::vector<char> planned;                             // [layer]: keep[layer] is a plan
+    std::vector<uint32_t> mid;                             // select_keep's middle range
+    std::vector<int32_t> pos;                              // candidate positions of one head
+    std::vector<float> raw;                                // window scores of one head
+  };
+  SelectScratch select_;
+  uint64_t selection_passes_ = 0;
 };
 
 }  // namespace kvsdk

@@ -13,8 +13,8 @@
 #include "core/cache.h"
 #include "core/pending_plan.h"
 #include "core/policy.h"
-#include "util/growth.h"
 #include "core/representation.h"
+#include "util/growth.h"
 #include "policy/allocation.h"
 #include "policy/importance.h"
 #include "policy/selection.h"
@@ -96,47 +96,75 @@ void Cache::restore_policy_runtime(PolicyRuntime rt) {
   last_caps_ = std::move(rt.last_caps);
 }
 
-// Scores of every candidate row (stored rows, then the incoming ones) per KV head.
-Cache::HeadScores Cache::layer_scores(uint32_t layer, const Append* in) const {
+uint64_t Cache::slack_rows(uint64_t cap) const {
+  return uint64_t(double(policy_.evict_slack) * double(cap));
+}
+
+void Cache::begin_pass() {
+  if (select_.scores.size() != geometry_.n_layers) select_.scores.resize(geometry_.n_layers);
+  for (HeadScores& h : select_.scores) h.computed = false;
+}
+
+// Scores of every candidate row (stored rows, then the incoming ones) per KV head, into reused
+// buffers.
+void Cache::score_layer(uint32_t layer, const Append* in) {
+  HeadScores& out = select_.scores[layer];
+  if (out.computed) return;
   const LayerPolicyState& L = layers_[layer];
   const uint32_t dim = geometry_.head_dim;
   const size_t held = rows_->head_tokens(layer, 0);
   const size_t n = layer_length(layer, in);
-  HeadScores out;
+  out.computed = true;
+  out.recency_only = true;
   if (traits_.scores_rows()) {
-    out.resize(geometry_.n_kv_heads);
+    out.heads.resize(geometry_.n_kv_heads);
     for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-      out[h] = L.scores[h];
-      out[h].resize(n, 0.0f);  // incoming tokens have not been attended to yet
+      reserve_for_growth(out.heads[h], n);
+      out.heads[h].assign(L.scores[h].begin(), L.scores[h].end());
+      out.heads[h].resize(n, 0.0f);  // incoming tokens have not been attended to yet
     }
-    return out;
+    out.recency_only = false;
+    return;
   }
-  if (!traits_.uses_window() || L.window_pos.empty() || n == 0) return out;  // recency only
+  if (!traits_.uses_window() || L.window_pos.empty() || n == 0) return;  // recency only
   const policy::QueryBlock window{L.window_q.data(), L.window_pos.data(), L.window_pos.size()};
   const size_t prot = size_t(protected_rows(layer, n));
-  out.resize(geometry_.n_kv_heads);
-  std::vector<int32_t> pos(n);
+  out.heads.resize(geometry_.n_kv_heads);
+  int32_t* pos = at_least(select_.pos, n).data();
+  float* raw = at_least(select_.raw, n).data();
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-    std::copy_n(rows_->row_positions(layer, h), held, pos.begin());
-    if (n > held) std::copy_n(in->rows.positions, in->rows.n, pos.begin() + held);
-    const size_t row = geometry_.kv_elems_per_token();
-    auto load = [&](size_t first, size_t count, float* dst) {
-      // Held rows as attention sees them (dequantized under a KIVI overlay), then incoming rows.
-      const size_t from_held = first < held ? std::min(count, held - first) : 0;
-      if (from_held) rows_->load_keys(layer, h, first, from_held, dst);
-      dst += from_held * dim;
-      for (size_t t = first + from_held; t < first + count; ++t, dst += dim) {
-        load_f32(geometry_.dtype, in->rows.k, (t - held) * row + size_t(h) * dim, dim, dst);
+    std::copy_n(rows_->row_positions(layer, h), held, pos);
+    if (n > held) std::copy_n(in->rows.positions, in->rows.n, pos + held);
+    // Held rows as attention sees them (dequantized under a KIVI overlay), then incoming rows.
+    // The loader captures one pointer, so std::function keeps it inline (no allocation).
+    struct Source {
+      const Representation* rows;
+      const Append* in;
+      const Geometry* g;
+      uint32_t layer, head;
+      size_t held;
+    } src{rows_.get(), in, &geometry_, layer, h, held};
+    auto load = [&src](size_t first, size_t count, float* dst) {
+      const size_t d = src.g->head_dim, row = src.g->kv_elems_per_token();
+      const size_t from_held = first < src.held ? std::min(count, src.held - first) : 0;
+      if (from_held) src.rows->load_keys(src.layer, src.head, first, from_held, dst);
+      dst += from_held * d;
+      for (size_t t = first + from_held; t < first + count; ++t, dst += d) {
+        load_f32(src.g->dtype, src.in->rows.k, (t - src.held) * row + size_t(src.head) * d, d,
+                 dst);
       }
     };
-    std::vector<float> raw = policy::window_scores(window, geometry_, h, load, pos.data(), n);
+    std::fill_n(raw, n, 0.0f);
+    policy::group_column_sums(window, geometry_, h, load, pos, n, raw, scratch_.sums);
     // Pool the context part (everything before the observation window); the window itself is
     // always kept, so its scores are never compared.
-    out[h].assign(n, 0.0f);
-    policy::pool_scores(raw.data(), n - prot, policy_.pool_kernel,
-                        kvsdk_pool_kind(policy_.pool_kind), out[h].data());
+    reserve_for_growth(out.heads[h], n);
+    out.heads[h].assign(n, 0.0f);
+    policy::pool_scores(raw, n - prot, policy_.pool_kernel, kvsdk_pool_kind(policy_.pool_kind),
+                        out.heads[h].data());
   }
-  return out;
+  (void)dim;
+  out.recency_only = false;
 }
 
 // XKV importance vector w_i of one layer (XKV Eq. (3), Fig. 8): the pooled window attention of
@@ -145,27 +173,36 @@ std::vector<float> Cache::importance_vector(uint32_t layer, const HeadScores& sc
                                             uint64_t length) const {
   const size_t prot = size_t(protected_rows(layer, length));
   std::vector<float> w(length - prot, scores.empty() ? 1.0f : 0.0f);
-  for (const std::vector<float>& hs : scores) {
-    for (size_t t = 0; t < w.size(); ++t) w[t] += hs[t] / float(scores.size());
+  if (scores.empty()) return w;
+  for (const std::vector<float>& hs : scores.heads) {
+    for (size_t t = 0; t < w.size(); ++t) w[t] += hs[t] / float(scores.heads.size());
   }
   return w;
 }
 
-std::vector<uint64_t> Cache::plan_caps(uint64_t capacity, const Append* in,
-                                       std::vector<HeadScores>& scores,
-                                       std::vector<bool>& scored) const {
+void Cache::plan_caps(uint64_t capacity, const Append* in, std::vector<uint64_t>& caps) {
   const uint32_t n_layers = geometry_.n_layers;
-  std::vector<uint64_t> lengths(n_layers), prot(n_layers);
+  std::vector<uint64_t>& lengths = select_.lengths;
+  std::vector<uint64_t>& prot = select_.prot;
+  lengths.resize(n_layers);
+  prot.resize(n_layers);
   for (uint32_t l = 0; l < n_layers; ++l) {
     lengths[l] = layer_length(l, in);
     prot[l] = protected_rows(l, lengths[l]);
   }
-  if (!fixed_alloc_.empty()) return fixed_alloc_;
-  if (!profile_shares_.empty()) return policy::allocate_by_shares(profile_shares_, capacity);
+  if (!fixed_alloc_.empty()) {
+    caps.assign(fixed_alloc_.begin(), fixed_alloc_.end());
+    return;
+  }
+  if (!profile_shares_.empty()) {
+    caps = policy::allocate_by_shares(profile_shares_, capacity);
+    return;
+  }
   switch (traits_.allocation) {
     case Allocation::kPyramid:
-      return policy::allocate_pyramid(lengths, prot, capacity, policy_.schedule_alpha,
+      caps = policy::allocate_pyramid(lengths, prot, capacity, policy_.schedule_alpha,
                                       policy_.schedule_beta);
+      return;
     case Allocation::kPyramidUncovered: {
       // SpindleKV §3.3, Eq. (5) and (6) over the deep (evicting) layers only: layer 0 of the
       // schedule is the boundary layer. Codebook layers keep their (empty) exact length.
@@ -175,48 +212,57 @@ std::vector<uint64_t> Cache::plan_caps(uint64_t capacity, const Append* in,
       }
       const std::vector<uint64_t> deep = policy::allocate_pyramid(
           deep_len, deep_prot, capacity, policy_.schedule_alpha, policy_.schedule_beta);
-      std::vector<uint64_t> caps(lengths);
+      caps.assign(lengths.begin(), lengths.end());
       for (uint32_t l = 0, i = 0; l < n_layers; ++l) {
         if (!covered(l)) caps[l] = deep[i++];
       }
-      return caps;
+      return;
     }
     case Allocation::kXkv: {
       const uint64_t total_prot = std::accumulate(prot.begin(), prot.end(), uint64_t(0));
-      if (capacity <= total_prot) return policy::allocate_uniform(prot, capacity);
+      if (capacity <= total_prot) {
+        caps = policy::allocate_uniform(prot, capacity);
+        return;
+      }
       std::vector<std::vector<float>> w(n_layers);
       for (uint32_t l = 0; l < n_layers; ++l) {
-        if (!scored[l]) scores[l] = layer_scores(l, in), scored[l] = true;
-        w[l] = importance_vector(l, scores[l], lengths[l]);
+        score_layer(l, in);
+        w[l] = importance_vector(l, select_.scores[l], lengths[l]);
       }
-      std::vector<uint64_t> caps = policy::xkv_allocate_total(w, capacity - total_prot);
+      caps = policy::xkv_allocate_total(w, capacity - total_prot);
       for (uint32_t l = 0; l < n_layers; ++l) caps[l] += prot[l];
-      return caps;
+      return;
     }
     case Allocation::kUniform:
       break;
   }
-  return policy::allocate_uniform(lengths, capacity);
+  caps = policy::allocate_uniform(lengths, capacity);
 }
 
-bool Cache::apply_caps(const std::vector<uint64_t>& caps, const Append* in,
-                       std::vector<HeadScores>& scores, std::vector<bool>& scored,
-                       uint64_t target, uint64_t* needed) {
+bool Cache::apply_caps(const std::vector<uint64_t>& caps, const Append* in, uint64_t target,
+                       uint64_t* needed) {
   const uint32_t n_layers = geometry_.n_layers;
   const uint32_t n_heads = geometry_.n_kv_heads;
-  // 1. Select: which rows every head keeps (nothing changes yet).
-  std::vector<std::vector<std::vector<uint32_t>>> keep(n_layers);
+  // 1. Select: which rows every head keeps (nothing changes yet), into reused buffers.
+  std::vector<std::vector<std::vector<uint32_t>>>& keep = select_.keep;
+  if (keep.size() != n_layers) keep.resize(n_layers);
+  std::vector<char>& planned = select_.planned;
+  planned.assign(n_layers, 0);
   uint64_t new_tokens = 0;
+  bool evicts = false;
   for (uint32_t l = 0; l < n_layers; ++l) {
     const uint64_t n = layer_length(l, in);
     const uint64_t k = std::min(n, caps[l]);
     new_tokens += k;
     const bool incoming_here = in && in->layer == l;
     if (k == n && !incoming_here) continue;  // untouched layer
-    if (k < n && !scored[l]) scores[l] = layer_scores(l, in), scored[l] = true;
+    if (k < n) score_layer(l, in), evicts = true;
+    const HeadScores& scores = select_.scores[l];
+    planned[l] = 1;
     keep[l].resize(n_heads);
     for (uint32_t h = 0; h < n_heads; ++h) {
-      const float* sc = scores[l].empty() ? nullptr : scores[l][h].data();
+      const float* sc =
+          scores.computed && !scores.recency_only ? scores.heads[h].data() : nullptr;
       size_t sinks = 0, recent = size_t(k);
       switch (traits_.selection) {
         case Selection::kSinksAndRecent:
@@ -234,14 +280,14 @@ bool Cache::apply_caps(const std::vector<uint64_t>& caps, const Append* in,
         case Selection::kNone:
           break;
       }
-      keep[l][h] = policy::select_keep(size_t(n), size_t(k), sinks, recent, sc);
+      policy::select_keep(size_t(n), size_t(k), sinks, recent, sc, keep[l][h], select_.mid);
     }
   }
   // 2. Plan the row store's change aside and count its bytes exactly.
   PlannedKeep plan(*rows_);
   uint64_t new_bytes = fixed_bytes() + new_tokens * n_heads * score_bytes_per_row();
   for (uint32_t l = 0; l < n_layers; ++l) {
-    if (keep[l].empty()) {
+    if (!planned[l]) {
       new_bytes += rows_->layer_bytes(l);
       continue;
     }
@@ -258,14 +304,15 @@ bool Cache::apply_caps(const std::vector<uint64_t>& caps, const Append* in,
          target_bytes(), " are available to it (budget too small for the policy's minimum)");
   }
   for (uint32_t l = 0; l < n_layers; ++l) {
-    if (keep[l].empty() || layers_[l].scores.empty()) continue;
+    if (!planned[l] || layers_[l].scores.empty()) continue;
     for (uint32_t h = 0; h < n_heads; ++h) layers_[l].scores[h].reserve(keep[l][h].size());
   }
   // 4. Mutate (no allocation from here on): the row store keeps the selected rows, and H2O's
   // scores follow them (kept incoming rows start at 0: nothing attended to them yet).
   plan.commit();
+  selection_passes_ += evicts;
   for (uint32_t l = 0; l < n_layers; ++l) {
-    if (keep[l].empty() || layers_[l].scores.empty()) continue;
+    if (!planned[l] || layers_[l].scores.empty()) continue;
     for (uint32_t h = 0; h < n_heads; ++h) {
       std::vector<float>& sc = layers_[l].scores[h];
       const size_t held = sc.size();
@@ -282,15 +329,14 @@ bool Cache::apply_caps(const std::vector<uint64_t>& caps, const Append* in,
   return true;
 }
 
-void Cache::fit_caps(std::vector<uint64_t>& caps, const Append* in,
-                     std::vector<HeadScores>& scores, std::vector<bool>& scored, uint64_t target) {
+void Cache::fit_caps(std::vector<uint64_t>& caps, const Append* in, uint64_t target) {
   // Only a row store whose per-token cost is an estimate can miss (KIVI: residual windows, ragged
   // key blocks). Then every layer's cap shrinks in proportion to the overshoot and the eviction is
   // planned again; each round drops at least 5% of the rows (and at least one), so this ends, at
   // worst with no rows, which fits whenever the fixed bytes do.
   for (;;) {
     uint64_t needed = 0;
-    if (apply_caps(caps, in, scores, scored, target, &needed)) return;
+    if (apply_caps(caps, in, target, &needed)) return;
     const uint64_t fixed = fixed_bytes();
     const double room = target > fixed ? double(target - fixed) : 0.0;
     const double ratio = std::min(0.95, needed > fixed ? room / double(needed - fixed) : 0.0);
@@ -353,47 +399,80 @@ void Cache::append_compressing(uint32_t layer, size_t n_tokens, const void* k, c
   for (uint32_t l = 0; l < n_layers; ++l) total += layer_length(l, &in);
   const uint64_t target = target_bytes();
   const uint64_t fixed = fixed_bytes();
-  // While the append fits the budget's token capacity (and no host allocation holds layers to
-  // their shares), nothing is selected: the rows are appended as they come, so a decode step
-  // costs O(1) instead of planning the whole layer.
+  const uint64_t length = layer_length(layer, &in);
+  const bool fits =
+      target == kUnlimited || (fixed <= target && total <= capacity_for(target - fixed));
+  // While the append fits the budget's token capacity (and, under a host allocation, the layer's
+  // share of it), nothing is selected: the rows are appended as they come, so a decode step
+  // costs O(1) instead of planning the whole layer. After an eviction with a slack
+  // (policy.evict_slack) the following appends take this path until the slack is used up.
   const bool shares = !fixed_alloc_.empty() || (!profile_shares_.empty() && target != kUnlimited);
-  if (!shares && (target == kUnlimited ||
-                  (fixed <= target && total <= capacity_for(target - fixed)))) {
+  const bool within_share = fixed_alloc_.empty() ? !shares : length <= fixed_alloc_[layer];
+  // With a slack, a nearly full cache (less free room than the slack of the whole capacity) holds
+  // every layer to its share of the last allocation: a layer past its share evicts down to its
+  // share minus the slack by itself, so layers do not drift past their shares and force global
+  // re-plans, and each layer selects once per slack's worth of its own appends.
+  bool over_share = false;
+  if (fits && within_share && !shares && policy_.evict_slack > 0.0f && !last_caps_.empty() &&
+      target != kUnlimited && length > last_caps_[layer]) {
+    const uint64_t cap = capacity_for(target - fixed);
+    over_share = total > cap - slack_rows(cap);
+  }
+  if (fits && within_share && !over_share) {
     if (append_unselected(layer, n_tokens, k, v, positions)) return;
   }
-  std::vector<HeadScores> scores(n_layers);
-  std::vector<bool> scored(n_layers, false);
-  std::vector<uint64_t> lengths(n_layers);
-  for (uint32_t l = 0; l < n_layers; ++l) lengths[l] = layer_length(l, &in);
-  std::vector<uint64_t> caps = lengths;
+  begin_pass();
+  std::vector<uint64_t>& caps = select_.caps;
+  caps.resize(n_layers);
+  for (uint32_t l = 0; l < n_layers; ++l) caps[l] = layer_length(l, &in);
   if (target != kUnlimited && fixed > target) {
     fail(KVSDK_E_BUDGET, "the observation windows and compressed layers alone (", fixed,
          " bytes) exceed the ", target, " bytes available");
   }
   const uint64_t capacity = target == kUnlimited ? kUnlimited : capacity_for(target - fixed);
+  // A layer that must evict goes down to its cap minus the slack (none by default for explicit
+  // compression; policy.evict_slack here), so that the next appends fit without selecting.
+  const auto with_slack = [this](uint64_t cap, uint64_t len) {
+    return cap < len ? cap - slack_rows(cap) : cap;
+  };
   if (!fixed_alloc_.empty() || (!profile_shares_.empty() && capacity != kUnlimited)) {
     // A known allocation (planner or profile): hold each layer to its own share right away, so
     // that prefill never holds more than one layer's incoming tokens beyond the budget plan.
-    const std::vector<uint64_t> plan = plan_caps(capacity, &in, scores, scored);
-    caps[layer] = std::min(lengths[layer], plan[layer]);
+    std::vector<uint64_t>& plan = select_.plan;
+    plan_caps(capacity, &in, plan);
+    caps[layer] = with_slack(std::min(length, plan[layer]), length);
     const uint64_t sum = std::accumulate(caps.begin(), caps.end(), uint64_t(0));
-    if (capacity != kUnlimited && sum > capacity) caps = plan;  // other layers over their share
+    if (capacity != kUnlimited && sum > capacity) {
+      for (uint32_t l = 0; l < n_layers; ++l) {
+        caps[l] = with_slack(plan[l], layer_length(l, &in));  // other layers over their share
+      }
+    }
+  } else if (over_share && total <= capacity) {
+    caps[layer] = with_slack(last_caps_[layer], length);  // past its share: evict locally
   } else if (capacity != kUnlimited && total > capacity) {
     const uint64_t excess = total - capacity;
-    if (!last_caps_.empty() && lengths[layer] >= excess &&
-        lengths[layer] - excess >= last_caps_[layer]) {
-      caps[layer] = lengths[layer] - excess;  // this layer alone is over its share: evict locally
+    if (!last_caps_.empty() && length >= excess && length - excess >= last_caps_[layer]) {
+      caps[layer] = with_slack(length - excess, length);  // this layer alone is over its share
     } else {
-      caps = plan_caps(capacity, &in, scores, scored);  // re-plan every layer
-      fit_caps(caps, &in, scores, scored, target);
+      plan_caps(capacity, &in, caps);  // re-plan every layer
+      std::vector<uint64_t>& slack = select_.slack;
+      slack.resize(n_layers);
+      for (uint32_t l = 0; l < n_layers; ++l) {
+        const uint64_t len = layer_length(l, &in);
+        slack[l] = caps[l] < len ? slack_rows(caps[l]) : 0;
+        caps[l] -= slack[l];
+      }
+      fit_caps(caps, &in, target);
+      // The allocation the layers hold to is their share, slack included.
+      for (uint32_t l = 0; l < n_layers; ++l) caps[l] += slack[l];
       last_caps_.swap(caps);  // no allocation once the cache changed
       return;
     }
   }
-  fit_caps(caps, &in, scores, scored, target);
+  fit_caps(caps, &in, target);
 }
 
-void Cache::compress_to(uint64_t target) {
+void Cache::compress_to(uint64_t target, bool slack) {
   if (!traits_.evicts()) {
     if (repr_ && charged_ > target) {
       // An evicting representation (SmallKV) plans aside; the plan is committed only when it
@@ -420,10 +499,19 @@ void Cache::compress_to(uint64_t target) {
          " bytes) exceed the ", target, " bytes allowed");
   }
   const uint32_t n_layers = geometry_.n_layers;
-  std::vector<HeadScores> scores(n_layers);
-  std::vector<bool> scored(n_layers, false);
-  std::vector<uint64_t> caps = plan_caps(capacity_for(target - fixed), nullptr, scores, scored);
-  fit_caps(caps, nullptr, scores, scored, target);
+  begin_pass();
+  std::vector<uint64_t>& caps = select_.caps;
+  plan_caps(capacity_for(target - fixed), nullptr, caps);
+  std::vector<uint64_t>& extra = select_.slack;
+  extra.assign(n_layers, 0);
+  if (slack) {
+    for (uint32_t l = 0; l < n_layers; ++l) {
+      if (caps[l] < select_.lengths[l]) extra[l] = slack_rows(caps[l]);
+      caps[l] -= extra[l];
+    }
+  }
+  fit_caps(caps, nullptr, target);
+  for (uint32_t l = 0; l < n_layers; ++l) caps[l] += extra[l];
   last_caps_.swap(caps);  // no allocation once the cache changed
 }
 
@@ -499,24 +587,37 @@ void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32
   if (!h2o && !traits_.uses_window()) return;  // no attention signal (full, streaming_llm, ...)
   if (!selects(layer)) return;  // SpindleKV's codebook layers never evict: no window to keep
   const size_t qe = geometry_.q_elems_per_token();
-  std::vector<float> rows(n_queries * qe);
-  load_f32(geometry_.dtype, q, 0, rows.size(), rows.data());
-  std::vector<int32_t> pos(n_queries, std::numeric_limits<int32_t>::max());
-  if (q_positions) std::copy_n(q_positions, n_queries, pos.begin());
+  // The queries as f32 in reused scratch (observe runs on every decode step).
+  float* rows = at_least(scratch_.obs_q, n_queries * qe).data();
+  load_f32(geometry_.dtype, q, 0, n_queries * qe, rows);
+  int32_t* pos = at_least(scratch_.obs_pos, n_queries).data();
+  for (size_t i = 0; i < n_queries; ++i) {
+    pos[i] = q_positions ? q_positions[i] : std::numeric_limits<int32_t>::max();
+  }
   LayerPolicyState& L = layers_[layer];
   if (h2o) {
-    const policy::QueryBlock qb{rows.data(), pos.data(), n_queries};
-    const uint32_t dim = geometry_.head_dim;
-    // Compute every head first so that a failure (allocation) leaves all scores unchanged.
-    std::vector<std::vector<float>> updated(L.scores);
+    const policy::QueryBlock qb{rows, pos, n_queries};
+    // Compute every head's addition first (into reused scratch), so that a failure (allocation)
+    // leaves all scores unchanged; then add them (no-throw).
+    std::vector<std::vector<float>>& added = scratch_.h2o_added;
+    if (added.size() != geometry_.n_kv_heads) added.resize(geometry_.n_kv_heads);
     for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-      auto load = [&](size_t first, size_t count, float* dst) {
-        rows_->load_keys(layer, h, first, count, dst);  // dequantized under a KIVI overlay
+      const Representation* store = rows_.get();
+      // (Captures 16 bytes: std::function keeps the loader inline, no allocation.)
+      auto load = [store, layer, h](size_t first, size_t count, float* dst) {
+        store->load_keys(layer, h, first, count, dst);  // dequantized under a KIVI overlay
       };
-      policy::h2o_accumulate(qb, geometry_, h, load, rows_->row_positions(layer, h),
-                             rows_->head_tokens(layer, h), updated[h].data());
+      const size_t n = store->head_tokens(layer, h);
+      reserve_for_growth(added[h], n);  // (the layer grows by a row per decode step)
+      added[h].assign(n, 0.0f);
+      policy::h2o_accumulate(qb, geometry_, h, load, store->row_positions(layer, h), n,
+                             added[h].data(), scratch_.sums);
     }
-    L.scores.swap(updated);
+    for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+      float* sc = L.scores[h].data();
+      const float* add = added[h].data();
+      for (size_t t = 0; t < L.scores[h].size(); ++t) sc[t] += add[t];
+    }
     return;
   }
   // Window methods: the rolling window keeps the newest obs_window observed queries, but never
@@ -531,20 +632,15 @@ void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32
   }
   const size_t old_n = L.window_pos.size();
   const size_t new_n = std::min(w, old_n + n_queries);  // may shrink when the budget did
-  std::vector<float> wq;
-  std::vector<int32_t> wp;
-  wq.reserve(new_n * qe);
-  wp.reserve(new_n);
   const size_t drop = old_n + n_queries - new_n;  // oldest rows of (old window + new queries)
-  for (size_t i = drop; i < old_n + n_queries; ++i) {
-    if (i < old_n) {
-      wq.insert(wq.end(), L.window_q.begin() + i * qe, L.window_q.begin() + (i + 1) * qe);
-      wp.push_back(L.window_pos[i]);
-    } else {
-      wq.insert(wq.end(), rows.begin() + (i - old_n) * qe, rows.begin() + (i - old_n + 1) * qe);
-      wp.push_back(pos[i - old_n]);
-    }
-  }
+  // Room first (the only allocation, before anything changes; the window's capacity grows
+  // geometrically up to obs_window and then slides in place).
+  const auto room = [](auto& v, size_t need, size_t most) {
+    if (v.capacity() < need) v.reserve(std::min(grown_capacity(v.capacity(), need), most));
+  };
+  const size_t most = std::max(new_n, size_t(policy_.obs_window));
+  room(L.window_q, new_n * qe, most * qe);
+  room(L.window_pos, new_n, most);
   BudgetReservation r = reservation();
   if (new_n > old_n) {
     const uint64_t delta = (new_n - old_n) * row_bytes;
@@ -552,16 +648,27 @@ void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32
       // Make room by evicting tokens, then charge the larger window.
       const uint64_t target = target_bytes();
       if (target < delta) fail(KVSDK_E_BUDGET, "the observation window does not fit the budget");
-      compress_to(target - delta);
+      compress_to(target - delta, /*slack=*/true);
       if (!r.reserve(delta)) {
         fail(KVSDK_E_BUDGET, "the observation window (", delta, " more bytes) does not fit the ",
              "budget even after compression");
       }
     }
   }
+  // Slide (no allocation: the capacity is there).
   const uint64_t before = (old_n) * row_bytes;
-  L.window_q.swap(wq);
-  L.window_pos.swap(wp);
+  if (drop >= old_n) {
+    const size_t skip = drop - old_n;  // new queries that fall out as well
+    L.window_q.assign(rows + skip * qe, rows + n_queries * qe);
+    L.window_pos.assign(pos + skip, pos + n_queries);
+  } else {
+    std::copy(L.window_q.begin() + long(drop * qe), L.window_q.end(), L.window_q.begin());
+    L.window_q.resize((old_n - drop) * qe);
+    L.window_q.insert(L.window_q.end(), rows, rows + n_queries * qe);
+    std::copy(L.window_pos.begin() + long(drop), L.window_pos.end(), L.window_pos.begin());
+    L.window_pos.resize(old_n - drop);
+    L.window_pos.insert(L.window_pos.end(), pos, pos + n_queries);
+  }
   r.settle(before, new_n * row_bytes);
 }
 

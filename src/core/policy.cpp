@@ -29,6 +29,7 @@ kvsdk_policy policy_defaults(kvsdk_method method) {
   p.retain_ratio = 0.05f;     // MiniCache: ~5% of tokens per head stay unmerged
   p.fetch_tokens = 64;        // SpeCache: top-k fetched rows per KV head
   p.match_tokens = 128;       // SmallKV: 100-200 prompt tokens for head matching
+  p.evict_slack = kDefaultEvictSlack;
   p.quant_bits = method_traits(method).default_quant_bits;
   return p;
 }
@@ -39,8 +40,10 @@ kvsdk_policy policy_from_c(const kvsdk_policy* caller) {
                 caller->struct_size, " (too small; call kvsdk_policy_init first)");
   KVSDK_REQUIRE(method_valid(caller->method), "policy.method is ", caller->method,
                 " (not a kvsdk_method)");
-  const kvsdk_policy p = read_versioned(caller, policy_defaults(kvsdk_method(caller->method)),
-                                        sizeof(kvsdk_policy), "policy");
+  kvsdk_policy defaults = policy_defaults(kvsdk_method(caller->method));
+  // A struct from before evict_slack existed keeps evicting as it did then: exactly.
+  if (caller->struct_size < kPolicySizeV2) defaults.evict_slack = 0.0f;
+  const kvsdk_policy p = read_versioned(caller, defaults, kPolicySizeV1, "policy");
   KVSDK_REQUIRE(p.quant_bits == 0 || p.quant_bits == 1 || p.quant_bits == 2 ||
                     p.quant_bits == 4 || p.quant_bits == 8,
                 "policy.quant_bits is ", p.quant_bits, " (must be 0, 1, 2, 4 or 8)");
@@ -67,6 +70,10 @@ kvsdk_policy policy_from_c(const kvsdk_policy* caller) {
   KVSDK_REQUIRE(p.fetch_tokens >= 0, "policy.fetch_tokens is negative");
   KVSDK_REQUIRE(p.match_tokens >= 1, "policy.match_tokens is ", p.match_tokens,
                 " (must be >= 1)");
+  KVSDK_REQUIRE(std::isfinite(p.evict_slack) && p.evict_slack >= 0.0f &&
+                    p.evict_slack <= kMaxEvictSlack,
+                "policy.evict_slack is ", p.evict_slack, " (must be in [0, ", kMaxEvictSlack,
+                "]: a share of a layer's cap)");
   return p;
 }
 

@@ -3,12 +3,21 @@
 // validation.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "core/method_traits.h"
 #include "kvsdk.h"
 
 namespace kvsdk {
+
+// kvsdk_policy's sizes by version: the first (up to match_tokens), and with evict_slack. A
+// caller's struct_size below kPolicySizeV1 is refused; fields past its size take the defaults.
+constexpr size_t kPolicySizeV1 = offsetof(kvsdk_policy, evict_slack);
+constexpr size_t kPolicySizeV2 = offsetof(kvsdk_policy, evict_slack) + sizeof(float);
+// evict_slack: default (1/16 of a layer's cap, see kvsdk.h) and largest value.
+constexpr float kDefaultEvictSlack = 0.0625f;
+constexpr float kMaxEvictSlack = 0.5f;
 
 kvsdk_policy policy_defaults(kvsdk_method method);
 // Validates a caller's struct (any struct_size) and returns the known version.

@@ -12,6 +12,7 @@
 
 #include "attention_scores.h"
 #include "core/geometry.h"
+#include "policy/column_sums_scratch.h"
 #include "kvsdk.h"
 
 namespace kvsdk::policy {
@@ -29,6 +30,14 @@ void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv
                        const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
                        float* scores);
 
+using kvsdk::ColumnSumsScratch;  // policy/column_sums_scratch.h
+
+// group_column_sums over `scratch` (same results, bit for bit): no allocation once it has the
+// capacity. Defined in importance_columns.cpp.
+void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv_head,
+                       const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
+                       float* scores, ColumnSumsScratch& scratch);
+
 // SnapKV (Li et al. 2024; docs/papers.md): for every key, the f32 softmax
 // probability each window query gives it (causal inside the window), summed over the window
 // queries and averaged over the query heads of `kv_head`'s group. Returns n_keys scores.
@@ -41,6 +50,10 @@ std::vector<float> window_scores(const QueryBlock& window, const Geometry& g, ui
 void h2o_accumulate(const QueryBlock& queries, const Geometry& g, uint32_t kv_head,
                     const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
                     float* scores);
+// The same over reusable scratch (the decode path: no allocation once it has the capacity).
+void h2o_accumulate(const QueryBlock& queries, const Geometry& g, uint32_t kv_head,
+                    const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
+                    float* scores, ColumnSumsScratch& scratch);
 
 // SnapKV 1-D pooling over `n` scores with an odd `kernel` centred on each token: max over the
 // tokens inside the kernel, or their sum divided by `kernel` (zero padding at the ends, like a

@@ -12,4 +12,10 @@ void h2o_accumulate(const QueryBlock& queries, const Geometry& g, uint32_t kv_he
   group_column_sums(queries, g, kv_head, keys, key_pos, n_keys, scores);
 }
 
+void h2o_accumulate(const QueryBlock& queries, const Geometry& g, uint32_t kv_head,
+                    const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
+                    float* scores, ColumnSumsScratch& scratch) {
+  group_column_sums(queries, g, kv_head, keys, key_pos, n_keys, scores, scratch);
+}
+
 }  // namespace kvsdk::policy

@@ -9,11 +9,18 @@ namespace kvsdk::policy {
 
 std::vector<uint32_t> select_keep(size_t n, size_t k, size_t sinks, size_t recent,
                                   const float* scores) {
-  std::vector<uint32_t> keep;
+  std::vector<uint32_t> keep, mid;
+  select_keep(n, k, sinks, recent, scores, keep, mid);
+  return keep;
+}
+
+void select_keep(size_t n, size_t k, size_t sinks, size_t recent, const float* scores,
+                 std::vector<uint32_t>& keep, std::vector<uint32_t>& mid) {
+  keep.clear();
   if (k >= n) {
     keep.resize(n);
     std::iota(keep.begin(), keep.end(), 0u);
-    return keep;
+    return;
   }
   const size_t s = std::min(sinks, k);
   const size_t r = std::min(recent, k - s);
@@ -22,9 +29,9 @@ std::vector<uint32_t> select_keep(size_t n, size_t k, size_t sinks, size_t recen
   keep.reserve(k);
   for (size_t i = 0; i < s; ++i) keep.push_back(uint32_t(i));
   if (take > 0) {
-    std::vector<uint32_t> mid(mid_end - mid_begin);
-    std::iota(mid.begin(), mid.end(), uint32_t(mid_begin));
     if (scores) {
+      mid.resize(mid_end - mid_begin);
+      std::iota(mid.begin(), mid.end(), uint32_t(mid_begin));
       // Highest score first; the older row wins a tie, so the order is total and deterministic.
       std::nth_element(mid.begin(), mid.begin() + (take - 1), mid.end(),
                        [&](uint32_t a, uint32_t b) {
@@ -34,11 +41,10 @@ std::vector<uint32_t> select_keep(size_t n, size_t k, size_t sinks, size_t recen
       std::sort(mid.begin(), mid.end());
       keep.insert(keep.end(), mid.begin(), mid.end());
     } else {
-      keep.insert(keep.end(), mid.end() - take, mid.end());
+      for (size_t i = mid_end - take; i < mid_end; ++i) keep.push_back(uint32_t(i));
     }
   }
   for (size_t i = mid_end; i < n; ++i) keep.push_back(uint32_t(i));
-  return keep;
 }
 
 }  // namespace kvsdk::policy

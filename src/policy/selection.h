@@ -16,5 +16,9 @@ namespace kvsdk::policy {
 // exactly min(k, n) of them.
 std::vector<uint32_t> select_keep(size_t n, size_t k, size_t sinks, size_t recent,
                                   const float* scores);
+// The same into `keep` (replaced), with `mid` as working memory: both keep their capacity, so a
+// selection pass of the decode path allocates nothing once they have grown to the layer's rows.
+void select_keep(size_t n, size_t k, size_t sinks, size_t recent, const float* scores,
+                 std::vector<uint32_t>& keep, std::vector<uint32_t>& mid);
 
 }  // namespace kvsdk::policy

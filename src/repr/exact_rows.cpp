@@ -106,9 +106,14 @@ uint64_t ExactRows::plan_keep(uint32_t layer, const std::vector<std::vector<uint
   if (keep.size() != geometry_.n_kv_heads) {
     fail(KVSDK_E_INTERNAL, "plan_keep: ", keep.size(), " heads for ", geometry_.n_kv_heads);
   }
-  Plan next;
-  next.keep = keep;  // (the only allocation besides the reservations below)
-  if (incoming) next.incoming = *incoming, next.has_incoming = true;
+  Plan& next = plans_[layer];
+  next.active = false;  // (replaced: a throw below leaves nothing planned for the layer)
+  next.keep.resize(geometry_.n_kv_heads);
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    next.keep[h].assign(keep[h].begin(), keep[h].end());  // capacity reused
+  }
+  next.has_incoming = incoming != nullptr;
+  next.incoming = incoming ? *incoming : IncomingRows{};
   uint64_t rows = 0;
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     ExactStore& s = heads_[layer][h];
@@ -119,7 +124,7 @@ uint64_t ExactRows::plan_keep(uint32_t layer, const std::vector<std::vector<uint
     s.k.reserve(k * dim);
     s.v.reserve(k * dim);
   }
-  plans_[layer] = std::move(next);
+  next.active = true;
   return rows * ExactStore::bytes_per_token(dim);
 }
 
@@ -128,7 +133,7 @@ void ExactRows::commit_keep() noexcept {
   const size_t row = geometry_.kv_elems_per_token();
   for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
     Plan& plan = plans_[l];
-    if (plan.keep.empty()) continue;
+    if (!plan.active) continue;
     for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
       ExactStore& s = heads_[l][h];
       const std::vector<uint32_t>& keep = plan.keep[h];
@@ -161,12 +166,12 @@ void ExactRows::commit_keep() noexcept {
                  s.v.data() + s.v.size() - dim);
       }
     }
-    plan = Plan{};
+    plan.active = false;
   }
 }
 
 void ExactRows::drop_keep() noexcept {
-  for (Plan& p : plans_) p = Plan{};
+  for (Plan& p : plans_) p.active = false;
 }
 
 uint64_t ExactRows::layer_token_bytes(uint64_t extra_per_row) const {

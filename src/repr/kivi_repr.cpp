@@ -51,7 +51,11 @@ cpu::KiviHeadStore kivi_store_from_record(size_t head_dim, const cpu::KiviConfig
 }
 
 KiviRepresentation::KiviRepresentation(const Geometry& g, const kvsdk_policy& p)
-    : Representation(g, p), config_(kivi_config(p)), heads_(g.n_layers), planned_(g.n_layers) {
+    : Representation(g, p),
+      config_(kivi_config(p)),
+      heads_(g.n_layers),
+      planned_(g.n_layers),
+      planned_active_(g.n_layers, 0) {
   KVSDK_REQUIRE(p.quant_bits != 0, "KIVI stores need quant_bits 1, 2, 4 or 8 (got 0)");
   for (auto& layer : heads_) {
     for (uint32_t h = 0; h < g.n_kv_heads; ++h) layer.emplace_back(g.head_dim, config_);
@@ -156,8 +160,12 @@ uint64_t KiviRepresentation::plan_keep(uint32_t layer,
   if (keep.size() != geometry_.n_kv_heads) {
     fail(KVSDK_E_INTERNAL, "plan_keep: ", keep.size(), " heads for ", geometry_.n_kv_heads);
   }
-  std::vector<cpu::KiviHeadStore> built;
-  built.reserve(geometry_.n_kv_heads);
+  std::vector<cpu::KiviHeadStore>& built = planned_[layer];
+  planned_active_[layer] = 0;  // (replaced: a throw below leaves nothing planned)
+  if (built.size() != geometry_.n_kv_heads) {
+    built.clear();
+    for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) built.emplace_back(dim, config_);
+  }
   uint64_t bytes = 0;
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     const cpu::KiviHeadStore& store = heads_[layer][h];
@@ -165,38 +173,41 @@ uint64_t KiviRepresentation::plan_keep(uint32_t layer,
     const size_t held = store.size();
     const size_t split =
         size_t(std::lower_bound(k.begin(), k.end(), uint32_t(held)) - k.begin());
-    cpu::KiviHeadStore out = store;
-    out.retain(std::vector<uint32_t>(k.begin(), k.begin() + long(split)));
+    cpu::KiviHeadStore& out = built[h];
+    out.reserve_as(store);  // (then the copy reuses it: nothing allocates in a steady state)
+    out = store;
+    out.retain(k.data(), split);
     const size_t n_new = k.size() - split;
     if (n_new > 0) {
       if (!in) fail(KVSDK_E_INTERNAL, "plan_keep: incoming rows kept without an append");
-      std::vector<float> kf(n_new * dim), vf(n_new * dim);
-      std::vector<int32_t> pos(n_new);
+      float* kf = at_least(plan_k_, n_new * dim).data();
+      float* vf = at_least(plan_v_, n_new * dim).data();
+      int32_t* pos = at_least(plan_pos_, n_new).data();
       for (size_t j = 0; j < n_new; ++j) {
         const size_t t = k[split + j] - held;
-        load_f32(geometry_.dtype, in->k, t * row + size_t(h) * dim, dim, kf.data() + j * dim);
-        load_f32(geometry_.dtype, in->v, t * row + size_t(h) * dim, dim, vf.data() + j * dim);
+        load_f32(geometry_.dtype, in->k, t * row + size_t(h) * dim, dim, kf + j * dim);
+        load_f32(geometry_.dtype, in->v, t * row + size_t(h) * dim, dim, vf + j * dim);
         pos[j] = in->positions[t];
       }
-      out.append(kf.data(), vf.data(), pos.data(), n_new);
+      out.reserve(n_new);
+      out.append(kf, vf, pos, n_new);
     }
     bytes += out.bytes().total();
-    built.push_back(std::move(out));
   }
-  planned_[layer] = std::move(built);
+  planned_active_[layer] = 1;
   return bytes;
 }
 
 void KiviRepresentation::commit_keep() noexcept {
   for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
-    if (planned_[l].empty()) continue;
-    heads_[l].swap(planned_[l]);
-    planned_[l].clear();
+    if (!planned_active_[l]) continue;
+    heads_[l].swap(planned_[l]);  // the replaced stores keep their capacity for the next plan
+    planned_active_[l] = 0;
   }
 }
 
 void KiviRepresentation::drop_keep() noexcept {
-  for (auto& p : planned_) p.clear();
+  for (char& a : planned_active_) a = 0;
 }
 
 uint64_t KiviRepresentation::layer_token_bytes(uint64_t extra_per_row) const {

@@ -62,7 +62,14 @@ class KiviRepresentation final : public Representation {
   // Reused by attend() and append() (one thread per cache): the decode path allocates nothing.
   mutable cpu::AttentionScratch scratch_;
   std::vector<std::vector<cpu::KiviHeadStore>> heads_;  // [layer][kv_head]
-  std::vector<std::vector<cpu::KiviHeadStore>> planned_;  // [layer]: kept stores; empty = none
+  // [layer]: the kept stores of a plan. Double buffers: commit_keep() swaps them with heads_,
+  // so the next plan copies into the previous stores' capacity and a selection pass of the
+  // decode path allocates nothing once they have grown (at the cost of host memory, off budget,
+  // for a second copy of each evicting layer's stores).
+  std::vector<std::vector<cpu::KiviHeadStore>> planned_;
+  std::vector<char> planned_active_;  // [layer]
+  std::vector<float> plan_k_, plan_v_;  // plan_keep(): one head's kept incoming rows
+  std::vector<int32_t> plan_pos_;
 };
 
 }  // namespace kvsdk

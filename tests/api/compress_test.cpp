@@ -260,7 +260,8 @@ TEST(Compress, AppendOverBudgetStoresOnlyWhatFits) {
 
 TEST(Compress, ProfileAndPlannerHoldEachLayerToItsShare) {
   const kvsdk_geometry g = make_geometry(3, 4, 2, 8);
-  const kvsdk_policy p = preset("xkv");
+  kvsdk_policy p = preset("xkv");
+  p.evict_slack = 0.0f;  // each layer holds exactly its share (a slack evicts below it)
   const size_t n = 120;
   // Mini-prefill: score every layer without a cache.
   kvsdk_planner* planner = nullptr;

@@ -180,7 +180,7 @@ TEST(PolicyStateSnapshot, ScoreDifferencesReplayThroughEviction) {
       << kvsdk_last_error();
   CachePtr b(raw);
   EXPECT_EQ(info.format_major, 4u);  // score differences in deltas: 3.1 and every later format
-  EXPECT_EQ(info.format_minor, 0u);
+  EXPECT_EQ(info.format_minor, 1u);
   EXPECT_EQ(info.journal_frames_applied, 4u);
   EXPECT_EQ(save_buffer(a.get()), save_buffer(b.get()));  // every score, bit for bit
   continue_alike(a.get(), b.get(), pos);

@@ -46,9 +46,9 @@ TEST(SnapshotRoundTrip, FileRoundTripGivesBackEveryRowAndStat) {
   ASSERT_EQ(kvsdk_cache_load(&raw, ctx.get(), path.c_str(), &g, &info), KVSDK_OK)
       << kvsdk_last_error();
   CachePtr b(raw);
-  // Exact caches are written as format 1.2 so that major-1 readers keep loading them.
+  // Exact caches are written as format 1.3 so that major-1 readers keep loading them.
   EXPECT_EQ(info.format_major, 1u);
-  EXPECT_EQ(info.format_minor, 2u);
+  EXPECT_EQ(info.format_minor, 3u);
   EXPECT_EQ(info.journal_frames_applied, 0u);
   EXPECT_EQ(info.journal_frames_dropped, 0u);
   EXPECT_TRUE(dump(a.get()) == dump(b.get()));

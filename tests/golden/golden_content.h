@@ -174,6 +174,7 @@ inline kvsdk_policy v2_policy(const V2Case& c) {
   p.pool_kernel = 3;
   p.fetch_tokens = 6;
   p.match_tokens = 8;
+  p.evict_slack = 0.0f;  // the files were written with exact eviction (before the field)
   return p;
 }
 

@@ -43,7 +43,8 @@ class kvsdk_policy(Structure):
                 ("pool_kernel", c_int32), ("pool_kind", c_int32), ("heavy_ratio", c_float),
                 ("schedule_alpha", c_float), ("schedule_beta", c_float),
                 ("boundary_layer", c_int32), ("merge_t", c_float), ("retain_ratio", c_float),
-                ("fetch_tokens", c_int32), ("match_tokens", c_int32)]
+                ("fetch_tokens", c_int32), ("match_tokens", c_int32),
+                ("evict_slack", c_float)]
 
 # ----- Cache ---------------------------------------------------------------------------------
 KVSDK_MAX_POSITION = 2147483646  # every position lies in 0 .. KVSDK_MAX_POSITION
@@ -70,7 +71,7 @@ class kvsdk_layer_stats(Structure):
 
 # ----- Snapshots -----------------------------------------------------------------------------
 KVSDK_SNAPSHOT_FORMAT_MAJOR = 4
-KVSDK_SNAPSHOT_FORMAT_MINOR = 0
+KVSDK_SNAPSHOT_FORMAT_MINOR = 1
 
 class kvsdk_save_options(Structure):
     _fields_ = [("struct_size", c_uint32), ("zstd_level", c_int32),

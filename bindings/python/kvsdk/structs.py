@@ -176,6 +176,7 @@ class Policy:
     retain_ratio: float
     fetch_tokens: int
     match_tokens: int
+    evict_slack: float  # amortized eviction: share of a layer's cap evicted beyond it, 0..0.5
 
     @classmethod
     def defaults(cls, method):

@@ -128,6 +128,7 @@ pub struct kvsdk_policy {
     pub retain_ratio: f32,
     pub fetch_tokens: i32,
     pub match_tokens: i32,
+    pub evict_slack: f32,
 }
 
 // ----- Cache -------------------------------------------------------------------------------

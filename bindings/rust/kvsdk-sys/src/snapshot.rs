@@ -3,7 +3,7 @@ use crate::{kvsdk_cache, kvsdk_context, kvsdk_geometry, kvsdk_policy, kvsdk_stat
 use core::ffi::{c_char, c_void};
 
 pub const KVSDK_SNAPSHOT_FORMAT_MAJOR: u32 = 4;
-pub const KVSDK_SNAPSHOT_FORMAT_MINOR: u32 = 0;
+pub const KVSDK_SNAPSHOT_FORMAT_MINOR: u32 = 1;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

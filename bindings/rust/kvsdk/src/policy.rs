@@ -108,6 +108,9 @@ pub struct Policy {
     pub retain_ratio: f32,
     pub fetch_tokens: i32,
     pub match_tokens: i32,
+    /// Amortized eviction: a layer that must evict goes down to its cap minus this share of it
+    /// (0..=0.5; 0 = exact eviction on every token). Default 0.0625.
+    pub evict_slack: f32,
 }
 
 impl Policy {
@@ -147,6 +150,7 @@ impl Policy {
             retain_ratio: raw.retain_ratio,
             fetch_tokens: raw.fetch_tokens,
             match_tokens: raw.match_tokens,
+            evict_slack: raw.evict_slack,
         }
     }
 
@@ -170,6 +174,7 @@ impl Policy {
             retain_ratio: self.retain_ratio,
             fetch_tokens: self.fetch_tokens,
             match_tokens: self.match_tokens,
+            evict_slack: self.evict_slack,
         }
     }
 }

@@ -136,3 +136,20 @@ fn planner_feeds_layers_and_plans() {
     cache.set_allocation(Some(&plan)).unwrap();
     assert_eq!(cache.allocation().unwrap(), plan);
 }
+
+#[test]
+fn evict_slack_defaults_round_trips_and_is_checked() {
+    let p = Policy::parse("h2o").unwrap();
+    assert_eq!(p.evict_slack, 0.0625, "the header's default");
+    let ctx = Context::with_budget(0).unwrap();
+    let g = geometry();
+    let mut exact = p;
+    exact.evict_slack = 0.0;
+    let cache = Cache::new(&ctx, &g, &exact).unwrap();
+    assert_eq!(cache.policy().unwrap().evict_slack, 0.0);
+    let mut bad = p;
+    bad.evict_slack = 0.75;
+    assert_eq!(Cache::new(&ctx, &g, &bad).unwrap_err().status, Status::InvalidArg);
+    bad.evict_slack = f32::NAN;
+    assert_eq!(Cache::new(&ctx, &g, &bad).unwrap_err().status, Status::InvalidArg);
+}

@@ -47,8 +47,8 @@ fn save_load_round_trip_is_bit_identical() {
 
     let (mut from_file, info) = Cache::load(&ctx, &path, Some(&geometry())).unwrap();
     // Caches of exact rows only are written as 1.2 (kvsdk.h); the newest format is 4.0.
-    assert_eq!((info.format_major, info.format_minor), (1, 2));
-    assert_eq!(kvsdk::SNAPSHOT_FORMAT, (4, 0));
+    assert_eq!((info.format_major, info.format_minor), (1, 3));
+    assert_eq!(kvsdk::SNAPSHOT_FORMAT, (4, 1));
     let (mut from_buf, _) = Cache::load_from_buffer(&ctx, &bytes, None).unwrap();
     assert_eq!(from_file.policy().unwrap(), cache.policy().unwrap());
     let q = draw(&mut rng, 2 * 32);

@@ -66,4 +66,7 @@ public struct Policy {
     }
     public var fetchTokens: Int32 { get { raw.fetch_tokens } set { raw.fetch_tokens = newValue } }
     public var matchTokens: Int32 { get { raw.match_tokens } set { raw.match_tokens = newValue } }
+    /// Amortized eviction: a layer that must evict goes down to its cap minus this share of it
+    /// (0...0.5; 0 = exact eviction on every token). Default 0.0625.
+    public var evictSlack: Float { get { raw.evict_slack } set { raw.evict_slack = newValue } }
 }

@@ -45,6 +45,17 @@ final class CompressionTests: XCTestCase {
         try cache.setAllocation(nil)
     }
 
+    func testEvictSlackDefaultsRoundTripsAndIsChecked() throws {
+        var p = try Policy(parsing: "h2o")
+        XCTAssertEqual(p.evictSlack, 0.0625)
+        let context = try Context()
+        p.evictSlack = 0
+        let cache = try Cache(context: context, geometry: geometry, policy: p)
+        XCTAssertEqual(try cache.policy().evictSlack, 0)
+        p.evictSlack = 0.75
+        XCTAssertThrowsError(try Cache(context: context, geometry: geometry, policy: p))
+    }
+
     func testPlanAllocationAndProfiles() throws {
         XCTAssertEqual(try planAllocation(importance: [[1, 0, 0, 0], [1, 1, 1]],
                                           target: .totalTokens(4)), [1, 3])

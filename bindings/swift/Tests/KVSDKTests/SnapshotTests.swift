@@ -18,7 +18,7 @@ final class SnapshotTests: XCTestCase {
         XCTAssertEqual(info.formatMajor, 1)
         XCTAssertEqual(info.formatMinor, 2)
         XCTAssertEqual(snapshotFormat.major, 4)
-        XCTAssertEqual(snapshotFormat.minor, 0)
+        XCTAssertEqual(snapshotFormat.minor, 1)
         let q = [Float](repeating: 0.5, count: geometry.qElementsPerQuery)
         XCTAssertEqual(try loaded.attend(layer: 1, queries: q),
                        try cache.attend(layer: 1, queries: q))
