@@ -116,6 +116,8 @@ Cache::HeadScores Cache::layer_scores(uint32_t layer, const Append* in) const {
   const size_t prot = size_t(protected_rows(layer, n));
   out.resize(geometry_.n_kv_heads);
   std::vector<int32_t> pos(n);
+  std::vector<float> raw(n);
+  policy::ScoreScratch scratch;  // one allocation of the kernel's logits for every head
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     std::copy_n(rows_->row_positions(layer, h), held, pos.begin());
     if (n > held) std::copy_n(in->rows.positions, in->rows.n, pos.begin() + held);
@@ -129,7 +131,7 @@ Cache::HeadScores Cache::layer_scores(uint32_t layer, const Append* in) const {
         load_f32(geometry_.dtype, in->rows.k, (t - held) * row + size_t(h) * dim, dim, dst);
       }
     };
-    std::vector<float> raw = policy::window_scores(window, geometry_, h, load, pos.data(), n);
+    policy::window_scores(window, geometry_, h, load, pos.data(), n, raw.data(), scratch);
     // Pool the context part (everything before the observation window); the window itself is
     // always kept, so its scores are never compared.
     out[h].assign(n, 0.0f);

@@ -23,8 +23,21 @@ struct QueryBlock {
   size_t n = 0;
 };
 
+// Working memory of the scores below, reused across calls (heads, layers): the group's gathered
+// query rows, one call's column sums and the kernel's logits. Calls with a shape no larger than
+// an earlier one allocate nothing. Not shared between threads.
+struct ScoreScratch {
+  std::vector<float> rows, sums;
+  std::vector<int32_t> pos;
+  cpu::ColumnSumsScratch kernel;
+};
+
 // The shared primitive: adds to scores[t] the f32 softmax probabilities the queries give key t
 // (causal), summed over the queries and averaged over the query heads of `kv_head`'s group.
+// The kernel is cpu::attention_column_sums (SIMD, the scalar reference's bits).
+void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv_head,
+                       const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
+                       float* scores, ScoreScratch& scratch);
 void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv_head,
                        const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
                        float* scores);
@@ -35,6 +48,10 @@ void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv
 std::vector<float> window_scores(const QueryBlock& window, const Geometry& g, uint32_t kv_head,
                                  const cpu::KeyChunkLoader& keys, const int32_t* key_pos,
                                  size_t n_keys);
+// The same into out[0, n_keys) (overwritten) with reused working memory.
+void window_scores(const QueryBlock& window, const Geometry& g, uint32_t kv_head,
+                   const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
+                   float* out, ScoreScratch& scratch);
 
 // H2O (Zhang et al. 2023): adds the same group-averaged column sums of `queries` to the
 // accumulated per-token scores (`scores` has n_keys entries and persists for kept tokens).
