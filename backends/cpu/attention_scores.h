@@ -37,7 +37,6 @@ struct ColumnSumsScratch {
   std::vector<float> keys_t;    // the chunk transposed [head_dim][256]
   std::vector<int32_t> key_pos; // the chunk's positions, padded
   std::vector<float> row_max;   // per row: one vector of running maxima
-  std::vector<float> row_inv;   // per row: 1 / sum of its probabilities (0: sees no key)
 };
 
 // For `n_rows` query rows (f32 [n_rows][head_dim], row r at position row_pos[r]; INT32_MAX sees
@@ -62,5 +61,13 @@ void attention_column_sums_reference(const float* q_rows, const int32_t* row_pos
 
 // out[i] = pmath::exp_f32(x[i]) bit for bit (NaN in gives NaN out), in SIMD lanes.
 void portable_exp_f32_array(const float* x, size_t n, float* out);
+
+// --- benchmarking hook (not for production code) ---------------------------------------------
+// Pass 1 of attention_column_sums alone: the logits (q . k) * scale of every row and key,
+// unmasked, computed exactly as the kernel computes them, left in scratch.logits (row r at
+// r * *stride). tests/bench/scoring_gemm_bench.cpp compares it with a BLAS sgemm.
+const float* attention_logits(const float* q_rows, size_t n_rows, size_t head_dim, float scale,
+                              const KeyChunkLoader& load_keys, size_t n_keys,
+                              ColumnSumsScratch& scratch, size_t* stride);
 
 }  // namespace kvsdk::cpu

@@ -13,6 +13,7 @@
 //     and each row's sum of p key by key, in key order, as the reference adds them (8 rows at
 //     once, one scalar chain each).
 //  3. columns: col_sums[t] += p * (1 / sum), row after row in row order, keys in SIMD lanes.
+//  Passes 2 and 3 run 8 rows at a time, so the rows' probabilities stay in L2 between them.
 // Compiled once per Highway target (hwy/foreach_target.h re-includes this file), with the same
 // target set as fast_attention.cpp; HWY_DYNAMIC_DISPATCH picks the best one at run time.
 #ifndef HWY_COMPILE_ALL_ATTAINABLE
@@ -135,7 +136,9 @@ void ExpArrayImpl(const float* x, size_t n, float* out) { ExpShifted(x, 0.0f, n,
 #if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
 constexpr size_t kRT = 2, kKB = 1;
 #elif HWY_CAP_GE512 || HWY_ARCH_ARM
-constexpr size_t kRT = 3, kKB = 2;  // 32 vector registers: 24 accumulators
+// 32 vector registers: 16 accumulators. (Measured on the 2-core AVX-512 build machine: 4 x 1
+// was at least as fast as 3 x 2, 2 x 2 and 6 x 1; the machine was too shared to rank them finer.)
+constexpr size_t kRT = 4, kKB = 1;
 #else
 constexpr size_t kRT = 3, kKB = 1;  // 16 vector registers (AVX2, SSE4): 12 accumulators
 #endif
@@ -219,6 +222,61 @@ HWY_INLINE void Transpose(const float* keys, size_t n, size_t dim, float* kt) {
 }
 
 // ---- the kernel --------------------------------------------------------------------------------
+// Floats per logits row: whole key chunks (tiles store whole vectors), plus 16 so that rows are
+// not 4 KiB apart (a power-of-two stride maps every row's stores to the same cache set).
+HWY_INLINE size_t LogitsStride(size_t n_keys) {
+  return (n_keys + kChunkKeys - 1) / kChunkKeys * kChunkKeys + 16;
+}
+
+// Sizes the scratch for blocks of `rows` rows of `stride` logits.
+HWY_INLINE void FitScratch(ColumnSumsScratch& s, size_t rows, size_t stride, size_t dim) {
+  const auto fit = [](auto& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+  };
+  fit(s.logits, rows * stride);
+  fit(s.keys, kChunkKeys * dim);
+  fit(s.keys_t, kChunkKeys * dim);
+  fit(s.key_pos, kChunkKeys);
+  fit(s.row_max, rows * hn::Lanes(DF()));
+}
+
+// Pass 1: logits of rows q[0, nr) into s.logits (row r at r * stride), one key chunk at a time
+// (each key loaded and transposed once for all rows), and the rows' maxima into s.row_max.
+void Logits(const float* q, const int32_t* rpos, size_t nr, size_t dim, float scale,
+            const KeyChunkLoader& load_keys, const int32_t* key_pos, size_t n_keys,
+            size_t stride, ColumnSumsScratch& s) {
+  const size_t N = hn::Lanes(DF());
+  std::fill(s.row_max.begin(), s.row_max.begin() + nr * N,
+            -std::numeric_limits<float>::infinity());
+  for (size_t t0 = 0; t0 < n_keys; t0 += kChunkKeys) {
+    const size_t nt = std::min(kChunkKeys, n_keys - t0);
+    load_keys(t0, nt, s.keys.data());
+    Transpose(s.keys.data(), nt, dim, s.keys_t.data());
+    if (key_pos) {
+      std::copy_n(key_pos + t0, nt, s.key_pos.begin());
+    } else {
+      std::fill_n(s.key_pos.begin(), nt, 0);
+    }
+    std::fill(s.key_pos.begin() + nt, s.key_pos.begin() + kChunkKeys,
+              std::numeric_limits<int32_t>::max());
+    for (size_t i0 = 0; i0 < nt; i0 += kKB * N) {
+      ForRowTiles(nr, [&](size_t r, auto rt) {
+        constexpr size_t RT = decltype(rt)::value;
+        const float* qr[RT];
+        float* out[RT];
+        float* mx[RT];
+        for (size_t i = 0; i < RT; ++i) {
+          qr[i] = q + (r + i) * dim;
+          out[i] = s.logits.data() + (r + i) * stride + t0 + i0;
+          mx[i] = s.row_max.data() + (r + i) * N;
+        }
+        LogitsTile<RT, kKB>(qr, rpos + r, dim, scale, s.keys_t.data() + i0,
+                            s.key_pos.data() + i0, nt - i0, out, mx);
+      });
+    }
+  }
+}
+
 void ColumnSumsImpl(const float* q_rows, const int32_t* row_pos, size_t n_rows, size_t dim,
                     float scale, const KeyChunkLoader& load_keys, const int32_t* key_pos,
                     size_t n_keys, float* col_sums, ColumnSumsScratch& s) {
@@ -226,97 +284,73 @@ void ColumnSumsImpl(const float* q_rows, const int32_t* row_pos, size_t n_rows, 
   const size_t N = hn::Lanes(d);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const size_t rows_per_block = std::max<size_t>(1, std::min(n_rows, kMaxLogits / n_keys));
-  const size_t stride = (n_keys + kChunkKeys - 1) / kChunkKeys * kChunkKeys;  // logits row
-  const auto fit = [](auto& v, size_t n) {
-    if (v.size() < n) v.resize(n);
-  };
-  fit(s.logits, rows_per_block * stride);
-  fit(s.keys, kChunkKeys * dim);
-  fit(s.keys_t, kChunkKeys * dim);
-  fit(s.key_pos, kChunkKeys);
-  fit(s.row_max, rows_per_block * N);
-  fit(s.row_inv, rows_per_block);
-  float* logits = s.logits.data();
+  const size_t stride = LogitsStride(n_keys);
+  FitScratch(s, rows_per_block, stride, dim);
   static const float kZeros[kSliceKeys] = {};
 
   for (size_t r0 = 0; r0 < n_rows; r0 += rows_per_block) {
     const size_t nr = std::min(rows_per_block, n_rows - r0);
-    const float* q = q_rows + r0 * dim;
-    const int32_t* rpos = row_pos + r0;
-    std::fill(s.row_max.begin(), s.row_max.begin() + nr * N, neg_inf);
-
-    // Pass 1: logits of every row of the block, one key chunk at a time (keys loaded once).
-    for (size_t t0 = 0; t0 < n_keys; t0 += kChunkKeys) {
-      const size_t nt = std::min(kChunkKeys, n_keys - t0);
-      load_keys(t0, nt, s.keys.data());
-      Transpose(s.keys.data(), nt, dim, s.keys_t.data());
-      std::copy_n(key_pos + t0, nt, s.key_pos.begin());
-      std::fill(s.key_pos.begin() + nt, s.key_pos.begin() + kChunkKeys,
-                std::numeric_limits<int32_t>::max());
-      const size_t step = kKB * N;
-      for (size_t i0 = 0; i0 < nt; i0 += step) {
-        ForRowTiles(nr, [&](size_t r, auto rt) {
-          constexpr size_t RT = decltype(rt)::value;
-          const float* qr[RT];
-          float* out[RT];
-          float* mx[RT];
-          for (size_t i = 0; i < RT; ++i) {
-            qr[i] = q + (r + i) * dim;
-            out[i] = logits + (r + i) * stride + t0 + i0;
-            mx[i] = s.row_max.data() + (r + i) * N;
-          }
-          LogitsTile<RT, kKB>(qr, rpos + r, dim, scale, s.keys_t.data() + i0,
-                              s.key_pos.data() + i0, nt - i0, out, mx);
-        });
-      }
-    }
-
-    // Pass 2: p = exp(logit - max) in place, and each row's sum key by key.
+    Logits(q_rows + r0 * dim, row_pos + r0, nr, dim, scale, load_keys, key_pos, n_keys, stride,
+           s);
+    // Passes 2 and 3, kSumRows rows at a time (their probabilities stay in L2 between the two).
     for (size_t r = 0; r < nr; r += kSumRows) {
-      float m[kSumRows], sum[kSumRows] = {};
-      const float* p[kSumRows];
+      const size_t rows = std::min(kSumRows, nr - r);
+      float* p[kSumRows];
+      float m[kSumRows], sum[kSumRows] = {}, inv[kSumRows];
       for (size_t i = 0; i < kSumRows; ++i) {
         m[i] = neg_inf;
-        if (r + i >= nr) continue;
+        p[i] = i < rows ? s.logits.data() + (r + i) * stride : nullptr;
+        if (i >= rows) continue;
         const float* v = s.row_max.data() + (r + i) * N;
         for (size_t l = 0; l < N; ++l) m[i] = std::max(m[i], v[l]);
       }
+      // Pass 2: p = exp(logit - max) in place, and each row's sum key by key.
       for (size_t t0 = 0; t0 < n_keys; t0 += kSliceKeys) {
         const size_t nt = std::min(kSliceKeys, n_keys - t0);
+        const float* ps[kSumRows];
         for (size_t i = 0; i < kSumRows; ++i) {
-          p[i] = kZeros;  // rows past the block, or that see no key: sums of zeros, unused
-          if (r + i >= nr || m[i] == neg_inf) continue;
-          float* row = logits + (r + i) * stride + t0;
-          ExpShifted(row, m[i], nt, row);
-          p[i] = row;
+          ps[i] = kZeros;  // rows past the block, or that see no key: sums of zeros, unused
+          if (i >= rows || m[i] == neg_inf) continue;
+          ExpShifted(p[i] + t0, m[i], nt, p[i] + t0);
+          ps[i] = p[i] + t0;
         }
         for (size_t t = 0; t < nt; ++t) {
-          for (size_t i = 0; i < kSumRows; ++i) sum[i] += p[i][t];
+          for (size_t i = 0; i < kSumRows; ++i) sum[i] += ps[i][t];
         }
       }
-      for (size_t i = 0; i < kSumRows && r + i < nr; ++i) {
-        s.row_inv[r + i] = m[i] == neg_inf ? 0.0f : 1.0f / sum[i];
+      // Pass 3: into the columns, row after row in row order (rows that see no key skipped).
+      size_t n_seeing = 0;
+      const float* pr[kSumRows];
+      for (size_t i = 0; i < rows; ++i) {
+        if (m[i] == neg_inf) continue;
+        pr[n_seeing] = p[i];
+        inv[n_seeing++] = 1.0f / sum[i];
       }
-    }
-
-    // Pass 3: probabilities into the columns, row after row (rows that see no key skipped).
-    for (size_t t0 = 0; t0 < n_keys; t0 += kSliceKeys) {
-      const size_t nt = std::min(kSliceKeys, n_keys - t0);
-      float* col = col_sums + t0;
-      for (size_t r = 0; r < nr; ++r) {
-        const float inv = s.row_inv[r];
-        if (inv == 0.0f) continue;
-        const float* pr = logits + r * stride + t0;
-        const VF vinv = hn::Set(d, inv);
-        size_t t = 0;
-        for (; t + N <= nt; t += N) {
-          hn::StoreU(hn::Add(hn::LoadU(d, col + t), hn::Mul(hn::LoadU(d, pr + t), vinv)), d,
-                     col + t);
-        }
-        for (; t < nt; ++t) col[t] += pr[t] * inv;
+      if (n_seeing == 0) continue;
+      VF vinv[kSumRows];
+      for (size_t i = 0; i < n_seeing; ++i) vinv[i] = hn::Set(d, inv[i]);
+      size_t t = 0;
+      for (; t + N <= n_keys; t += N) {
+        VF c = hn::LoadU(d, col_sums + t);
+        for (size_t i = 0; i < n_seeing; ++i) c = hn::Add(c, hn::Mul(hn::LoadU(d, pr[i] + t), vinv[i]));
+        hn::StoreU(c, d, col_sums + t);
+      }
+      for (; t < n_keys; ++t) {
+        for (size_t i = 0; i < n_seeing; ++i) col_sums[t] += pr[i][t] * inv[i];
       }
     }
   }
+}
+
+// Benchmark hook: pass 1 alone, unmasked, every row in one block.
+const float* LogitsImpl(const float* q_rows, size_t n_rows, size_t dim, float scale,
+                        const KeyChunkLoader& load_keys, size_t n_keys, ColumnSumsScratch& s,
+                        size_t* stride) {
+  *stride = LogitsStride(n_keys);
+  FitScratch(s, n_rows, *stride, dim);
+  const std::vector<int32_t> sees_all(n_rows, std::numeric_limits<int32_t>::max());
+  Logits(q_rows, sees_all.data(), n_rows, dim, scale, load_keys, nullptr, n_keys, *stride, s);
+  return s.logits.data();
 }
 
 }  // namespace HWY_NAMESPACE
@@ -331,6 +365,7 @@ namespace kvsdk::cpu {
 namespace colsum {
 HWY_EXPORT(ColumnSumsImpl);
 HWY_EXPORT(ExpArrayImpl);
+HWY_EXPORT(LogitsImpl);
 }  // namespace colsum
 
 void attention_column_sums(const float* q_rows, const int32_t* row_pos, size_t n_rows,
@@ -352,6 +387,13 @@ void attention_column_sums(const float* q_rows, const int32_t* row_pos, size_t n
 
 void portable_exp_f32_array(const float* x, size_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(colsum::ExpArrayImpl)(x, n, out);
+}
+
+const float* attention_logits(const float* q_rows, size_t n_rows, size_t head_dim, float scale,
+                              const KeyChunkLoader& load_keys, size_t n_keys,
+                              ColumnSumsScratch& scratch, size_t* stride) {
+  return HWY_DYNAMIC_DISPATCH(colsum::LogitsImpl)(q_rows, n_rows, head_dim, scale, load_keys,
+                                                  n_keys, scratch, stride);
 }
 
 }  // namespace kvsdk::cpu

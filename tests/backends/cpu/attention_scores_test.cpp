@@ -224,14 +224,14 @@ TEST(AttentionScores, ScratchIsReusedWithoutGrowth) {
   ColumnSumsScratch s;
   const std::vector<float> first = big.run(false, &s);
   const size_t caps[] = {s.logits.capacity(), s.keys.capacity(), s.keys_t.capacity(),
-                         s.key_pos.capacity(), s.row_max.capacity(), s.row_inv.capacity()};
+                         s.key_pos.capacity(), s.row_max.capacity()};
   const float* logits = s.logits.data();
   expect_same(big.run(false, &s), first, "second call");
   const Case small = random_case(rng, 17, 64, 999, 1.0f);
   expect_same(small.run(false, &s), small.run(true), "smaller shape");
   const size_t after[] = {s.logits.capacity(), s.keys.capacity(), s.keys_t.capacity(),
-                          s.key_pos.capacity(), s.row_max.capacity(), s.row_inv.capacity()};
-  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(after[i], caps[i]) << "buffer " << i;
+                          s.key_pos.capacity(), s.row_max.capacity()};
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(after[i], caps[i]) << "buffer " << i;
   EXPECT_EQ(s.logits.data(), logits);
 }
 
