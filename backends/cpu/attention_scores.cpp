@@ -1,3 +1,5 @@
+// The scalar reference of the scoring kernel (the oracle of attention_scores_simd.cpp, which
+// must give the same bits: change both or neither).
 #include "attention_scores.h"
 
 #include <algorithm>
@@ -14,14 +16,16 @@ namespace {
 
 constexpr size_t kChunkKeys = 256;
 // Largest logits block held at once (floats): rows are processed in blocks so that scratch stays
-// bounded (64 MiB) whatever the sequence length.
+// bounded (64 MiB) whatever the sequence length. (Blocking never changes a result: rows are
+// independent and add to the columns in row order either way.)
 constexpr size_t kMaxLogits = size_t(16) << 20;
 
 }  // namespace
 
-void attention_column_sums(const float* q_rows, const int32_t* row_pos, size_t n_rows,
-                           size_t head_dim, float scale, const KeyChunkLoader& load_keys,
-                           const int32_t* key_pos, size_t n_keys, float* col_sums) {
+void attention_column_sums_reference(const float* q_rows, const int32_t* row_pos, size_t n_rows,
+                                     size_t head_dim, float scale,
+                                     const KeyChunkLoader& load_keys, const int32_t* key_pos,
+                                     size_t n_keys, float* col_sums) {
   if (n_rows == 0 || n_keys == 0) return;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const size_t rows_per_block = std::max<size_t>(1, std::min(n_rows, kMaxLogits / n_keys));

@@ -14,7 +14,7 @@
 #include "core/representation.h"
 #include "core/store_view.h"
 #include "kvsdk.h"
-#include "policy/column_sums_scratch.h"
+#include "policy/score_scratch.h"
 
 namespace kvsdk {
 
@@ -192,7 +192,7 @@ class Cache final : public StoreView {
     std::vector<float> obs_q;
     std::vector<int32_t> obs_pos;
     std::vector<std::vector<float>> h2o_added;
-    ColumnSumsScratch sums;  // importance signals (observe, score_layer)
+    ScoreScratch sums;  // importance signals (observe, score_layer)
   };
   mutable Scratch scratch_;
   // Working memory of the selection stage (append_compressing, compress_to), reused: once grown

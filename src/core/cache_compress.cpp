@@ -154,8 +154,7 @@ void Cache::score_layer(uint32_t layer, const Append* in) {
                  dst);
       }
     };
-    std::fill_n(raw, n, 0.0f);
-    policy::group_column_sums(window, geometry_, h, load, pos, n, raw, scratch_.sums);
+    policy::window_scores(window, geometry_, h, load, pos, n, raw, scratch_.sums);
     // Pool the context part (everything before the observation window); the window itself is
     // always kept, so its scores are never compared.
     reserve_for_growth(out.heads[h], n);

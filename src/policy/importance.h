@@ -12,10 +12,12 @@
 
 #include "attention_scores.h"
 #include "core/geometry.h"
-#include "policy/column_sums_scratch.h"
+#include "policy/score_scratch.h"
 #include "kvsdk.h"
 
 namespace kvsdk::policy {
+
+using kvsdk::ScoreScratch;  // policy/score_scratch.h
 
 // Observed queries of one layer: n rows of n_q_heads x head_dim f32, with positions.
 struct QueryBlock {
@@ -26,17 +28,13 @@ struct QueryBlock {
 
 // The shared primitive: adds to scores[t] the f32 softmax probabilities the queries give key t
 // (causal), summed over the queries and averaged over the query heads of `kv_head`'s group.
+// The kernel is cpu::attention_column_sums (SIMD, the scalar reference's bits).
+void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv_head,
+                       const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
+                       float* scores, ScoreScratch& scratch);
 void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv_head,
                        const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
                        float* scores);
-
-using kvsdk::ColumnSumsScratch;  // policy/column_sums_scratch.h
-
-// group_column_sums over `scratch` (same results, bit for bit): no allocation once it has the
-// capacity. Defined in importance_columns.cpp.
-void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv_head,
-                       const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
-                       float* scores, ColumnSumsScratch& scratch);
 
 // SnapKV (Li et al. 2024; docs/papers.md): for every key, the f32 softmax
 // probability each window query gives it (causal inside the window), summed over the window
@@ -44,6 +42,10 @@ void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv
 std::vector<float> window_scores(const QueryBlock& window, const Geometry& g, uint32_t kv_head,
                                  const cpu::KeyChunkLoader& keys, const int32_t* key_pos,
                                  size_t n_keys);
+// The same into out[0, n_keys) (overwritten) with reused working memory.
+void window_scores(const QueryBlock& window, const Geometry& g, uint32_t kv_head,
+                   const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
+                   float* out, ScoreScratch& scratch);
 
 // H2O (Zhang et al. 2023): adds the same group-averaged column sums of `queries` to the
 // accumulated per-token scores (`scores` has n_keys entries and persists for kept tokens).
@@ -53,7 +55,7 @@ void h2o_accumulate(const QueryBlock& queries, const Geometry& g, uint32_t kv_he
 // The same over reusable scratch (the decode path: no allocation once it has the capacity).
 void h2o_accumulate(const QueryBlock& queries, const Geometry& g, uint32_t kv_head,
                     const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
-                    float* scores, ColumnSumsScratch& scratch);
+                    float* scores, ScoreScratch& scratch);
 
 // SnapKV 1-D pooling over `n` scores with an odd `kernel` centred on each token: max over the
 // tokens inside the kernel, or their sum divided by `kernel` (zero padding at the ends, like a

@@ -14,7 +14,7 @@ void h2o_accumulate(const QueryBlock& queries, const Geometry& g, uint32_t kv_he
 
 void h2o_accumulate(const QueryBlock& queries, const Geometry& g, uint32_t kv_head,
                     const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
-                    float* scores, ColumnSumsScratch& scratch) {
+                    float* scores, ScoreScratch& scratch) {
   group_column_sums(queries, g, kv_head, keys, key_pos, n_keys, scores, scratch);
 }
 

@@ -31,21 +31,37 @@ void gather_group_rows(const QueryBlock& qb, const Geometry& g, uint32_t kv_head
 std::vector<float> window_scores(const QueryBlock& window, const Geometry& g, uint32_t kv_head,
                                  const cpu::KeyChunkLoader& keys, const int32_t* key_pos,
                                  size_t n_keys) {
-  std::vector<float> scores(n_keys, 0.0f);
-  group_column_sums(window, g, kv_head, keys, key_pos, n_keys, scores.data());
+  std::vector<float> scores(n_keys);
+  ScoreScratch scratch;
+  window_scores(window, g, kv_head, keys, key_pos, n_keys, scores.data(), scratch);
   return scores;
 }
 
+void window_scores(const QueryBlock& window, const Geometry& g, uint32_t kv_head,
+                   const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
+                   float* out, ScoreScratch& scratch) {
+  std::fill_n(out, n_keys, 0.0f);
+  group_column_sums(window, g, kv_head, keys, key_pos, n_keys, out, scratch);
+}
+
 void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv_head,
-                    const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
-                    float* scores) {
+                       const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
+                       float* scores) {
+  ScoreScratch scratch;
+  group_column_sums(queries, g, kv_head, keys, key_pos, n_keys, scores, scratch);
+}
+
+void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv_head,
+                       const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
+                       float* scores, ScoreScratch& scratch) {
   if (queries.n == 0 || n_keys == 0) return;
-  std::vector<float> rows;
-  std::vector<int32_t> pos;
-  gather_group_rows(queries, g, kv_head, rows, pos);
-  std::vector<float> sums(n_keys, 0.0f);
-  cpu::attention_column_sums(rows.data(), pos.data(), pos.size(), g.head_dim, g.attn_scale, keys,
-                             key_pos, n_keys, sums.data());
+  gather_group_rows(queries, g, kv_head, scratch.rows, scratch.pos);
+  std::vector<float>& sums = scratch.sums;
+  if (sums.size() < n_keys) sums.resize(n_keys);
+  std::fill_n(sums.begin(), n_keys, 0.0f);
+  cpu::attention_column_sums(scratch.rows.data(), scratch.pos.data(), scratch.pos.size(),
+                             g.head_dim, g.attn_scale, keys, key_pos, n_keys, sums.data(),
+                             scratch.kernel);
   // Sum over queries (inside the kernel), average over the group's query heads.
   const float inv_group = 1.0f / float(g.group_size());
   for (size_t t = 0; t < n_keys; ++t) scores[t] += sums[t] * inv_group;

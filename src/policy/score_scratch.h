@@ -1,0 +1,22 @@
+// Working memory of the importance signals' column sums (policy/importance.h), reused across
+// calls (heads, layers, decode steps): the group's gathered query rows, one call's column sums
+// and the scoring kernel's logits. Once it has grown to the largest call, scoring allocates
+// nothing (the decode path of h2o and the window methods). Not shared between threads. Apart
+// from importance.h, and in namespace kvsdk rather than kvsdk::policy, so that holders such as
+// Cache keep one without bringing the policy namespace into their includers.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "attention_scores.h"
+
+namespace kvsdk {
+
+struct ScoreScratch {
+  std::vector<float> rows, sums;
+  std::vector<int32_t> pos;
+  cpu::ColumnSumsScratch kernel;
+};
+
+}  // namespace kvsdk
