@@ -84,7 +84,10 @@ struct Cache {
     const kvsdk_geometry g = geometry();
     kvsdk_policy p;
     kvsdk_policy_parse(&p, preset);
-    kvsdk_context_create(&ctx, nullptr);
+    kvsdk_context_options o;
+    kvsdk_context_options_init(&o);
+    o.n_threads = 1;  // one thread, like the optimized baseline
+    kvsdk_context_create(&ctx, &o);
     if (kvsdk_cache_create(&cache, ctx, &g, &p) != KVSDK_OK) std::abort();
     for (uint32_t l = 0; l < kLayers; ++l) {
       if (kvsdk_cache_append(cache, l, kTokens, in.kv.data(), in.kv.data(), in.pos.data(),
