@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention_scores.h"
 #include "kvsdk.h"
 
 namespace kvsdk::cpu {
@@ -53,13 +54,6 @@ struct F16Rows {
   const uint16_t* v = nullptr;
   const int32_t* positions = nullptr;
   size_t n_tokens = 0;
-};
-
-// Keys [first, first + n) as f32 rows [n][dim] into out (the window scoring's key source: stored
-// rows and a host's incoming buffer in any dtype, without concatenating them first).
-struct KeySource {
-  void (*load)(const void* self, size_t first, size_t n, float* out);
-  const void* self;
 };
 
 struct Ops {
@@ -104,15 +98,17 @@ struct Ops {
                           const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out);
 
   // --- window scoring, pooling, top-k, gather/compaction -----------------------------------------
-  // Adds each row's softmax probabilities over the keys it may see to col_sums[n_keys].
-  void (*column_sums)(const QueryRows& q, const KeySource& keys, const int32_t* key_pos,
-                      size_t n_keys, float* col_sums);
+  // Adds each row's softmax probabilities over the keys it may see to col_sums[n_keys]; keys
+  // come in chunks from `keys` (stored rows and a host's incoming buffer in any dtype, without
+  // concatenating them first).
+  void (*column_sums)(const QueryRows& q, const cpu::KeyChunkLoader& keys, const int32_t* key_pos,
+                      size_t n_keys, Workspace& ws, float* col_sums);
   // 1-D pooling of n scores with an odd kernel (max or average over the full kernel).
   void (*pool)(const float* in, size_t n, int kernel, kvsdk_pool_kind kind, float* out);
   // The rows that survive when k of n may stay: the first `sinks`, the newest `recent`, and the
   // highest `scores` of the rest (ties: the older row); scores NULL = recency. Ascending indices.
   void (*select_keep)(size_t n, size_t k, size_t sinks, size_t recent, const float* scores,
-                      std::vector<uint32_t>& keep);
+                      Workspace& ws, std::vector<uint32_t>& keep);
   // dst[i] = src[rows[i]] for rows of row_bytes bytes (compaction when dst == src and rows are
   // ascending).
   void (*gather_rows)(const void* src, size_t row_bytes, const uint32_t* rows, size_t n,

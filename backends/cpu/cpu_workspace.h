@@ -4,7 +4,11 @@
 
 #include <cstddef>
 
+#include <cstdint>
+#include <vector>
+
 #include "attention.h"
+#include "attention_scores.h"
 #include "fast_attention.h"
 
 namespace kvsdk::backend {
@@ -15,6 +19,8 @@ constexpr size_t kReferenceChunk = 256;
 struct Workspace {
   cpu::AttentionScratch attention;  // reference: OnlineAttention state and f32 chunks
   cpu::fast::Scratch fast;          // optimized: SIMD kernels' state
+  cpu::ColumnSumsScratch scores;    // optimized window scoring: logits and key chunks
+  std::vector<uint32_t> select_mid; // select_keep's middle range
 };
 
 }  // namespace kvsdk::backend

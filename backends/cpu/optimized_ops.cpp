@@ -32,12 +32,20 @@ void attend_kivi(const QueryRows& q, const cpu::KiviHeadStore& s, Workspace& ws,
   cpu::fast::attend_kivi(queries(q), s, ws.fast, out);
 }
 
+// SIMD window scoring with the reference's bits (attention_scores.h), in reused scratch.
+void column_sums(const QueryRows& q, const cpu::KeyChunkLoader& keys, const int32_t* key_pos,
+                 size_t n_keys, Workspace& ws, float* col_sums) {
+  cpu::attention_column_sums(q.q, q.positions, q.n_rows, q.dim, q.scale, keys, key_pos, n_keys,
+                             col_sums, ws.scores);
+}
+
 Ops make_optimized() {
   Ops ops = cpu_reference();
   ops.name = "cpu-optimized";
   ops.f16_to_f32 = f16_to_f32;
   ops.attend_f16 = attend_f16;
   ops.attend_kivi = attend_kivi;
+  ops.column_sums = column_sums;
   return ops;
 }
 

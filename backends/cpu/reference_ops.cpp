@@ -89,18 +89,15 @@ void attend_specache(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
          [&](cpu::OnlineAttention& att) { cpu::specache_attend(lowbit, fetched, att); });
 }
 
-void column_sums(const QueryRows& q, const KeySource& keys, const int32_t* key_pos, size_t n_keys,
-                 float* col_sums) {
-  const cpu::KeyChunkLoader load = [&keys](size_t first, size_t n, float* o) {
-    keys.load(keys.self, first, n, o);
-  };
-  cpu::attention_column_sums(q.q, q.positions, q.n_rows, q.dim, q.scale, load, key_pos, n_keys,
-                             col_sums);
+void column_sums(const QueryRows& q, const cpu::KeyChunkLoader& keys, const int32_t* key_pos,
+                 size_t n_keys, Workspace&, float* col_sums) {
+  cpu::attention_column_sums_reference(q.q, q.positions, q.n_rows, q.dim, q.scale, keys, key_pos,
+                                       n_keys, col_sums);
 }
 
 void select_keep(size_t n, size_t k, size_t sinks, size_t recent, const float* scores,
-                 std::vector<uint32_t>& keep) {
-  keep = policy::select_keep(n, k, sinks, recent, scores);
+                 Workspace& ws, std::vector<uint32_t>& keep) {
+  policy::select_keep(n, k, sinks, recent, scores, keep, ws.select_mid);
 }
 
 void gather_rows(const void* src, size_t row_bytes, const uint32_t* rows, size_t n, void* dst) {

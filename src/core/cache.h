@@ -203,7 +203,6 @@ class Cache final : public StoreView {
     std::vector<uint64_t> lengths, prot, caps, plan, slack;  // [layer]
     std::vector<std::vector<std::vector<uint32_t>>> keep;  // [layer][kv_head]
     std::vector<char> planned;                             // [layer]: keep[layer] is a plan
-    std::vector<uint32_t> mid;                             // select_keep's middle range
     std::vector<int32_t> pos;                              // candidate positions of one head
     std::vector<float> raw;                                // window scores of one head
   };

@@ -159,8 +159,8 @@ void Cache::score_layer(uint32_t layer, const Append* in) {
     // always kept, so its scores are never compared.
     reserve_for_growth(out.heads[h], n);
     out.heads[h].assign(n, 0.0f);
-    policy::pool_scores(raw, n - prot, policy_.pool_kernel, kvsdk_pool_kind(policy_.pool_kind),
-                        out.heads[h].data());
+    ctx_->ops().pool(raw, n - prot, policy_.pool_kernel, kvsdk_pool_kind(policy_.pool_kind),
+                     out.heads[h].data());
   }
   (void)dim;
   out.recency_only = false;
@@ -279,7 +279,8 @@ bool Cache::apply_caps(const std::vector<uint64_t>& caps, const Append* in, uint
         case Selection::kNone:
           break;
       }
-      policy::select_keep(size_t(n), size_t(k), sinks, recent, sc, keep[l][h], select_.mid);
+      ctx_->ops().select_keep(size_t(n), size_t(k), sinks, recent, sc, scratch_.sums.workspace(),
+                              keep[l][h]);
     }
   }
   // 2. Plan the row store's change aside and count its bytes exactly.

@@ -28,7 +28,8 @@ struct QueryBlock {
 
 // The shared primitive: adds to scores[t] the f32 softmax probabilities the queries give key t
 // (causal), summed over the queries and averaged over the query heads of `kv_head`'s group.
-// The kernel is cpu::attention_column_sums (SIMD, the scalar reference's bits).
+// The kernel is scratch.ops->column_sums (the backend seam: the reference's scalar kernel, or the
+// optimized backend's SIMD one with the same bits).
 void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv_head,
                        const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
                        float* scores, ScoreScratch& scratch);

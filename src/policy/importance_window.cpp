@@ -59,9 +59,9 @@ void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv
   std::vector<float>& sums = scratch.sums;
   if (sums.size() < n_keys) sums.resize(n_keys);
   std::fill_n(sums.begin(), n_keys, 0.0f);
-  cpu::attention_column_sums(scratch.rows.data(), scratch.pos.data(), scratch.pos.size(),
-                             g.head_dim, g.attn_scale, keys, key_pos, n_keys, sums.data(),
-                             scratch.kernel);
+  const backend::QueryRows rows{scratch.rows.data(), scratch.pos.data(), scratch.pos.size(),
+                                g.head_dim, g.attn_scale};
+  scratch.ops->column_sums(rows, keys, key_pos, n_keys, scratch.workspace(), sums.data());
   // Sum over queries (inside the kernel), average over the group's query heads.
   const float inv_group = 1.0f / float(g.group_size());
   for (size_t t = 0; t < n_keys; ++t) scores[t] += sums[t] * inv_group;

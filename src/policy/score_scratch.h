@@ -9,14 +9,26 @@
 #include <cstdint>
 #include <vector>
 
-#include "attention_scores.h"
+#include "backend_ops.h"
 
 namespace kvsdk {
 
 struct ScoreScratch {
   std::vector<float> rows, sums;
   std::vector<int32_t> pos;
-  cpu::ColumnSumsScratch kernel;
+  // The kernels scoring runs (the cache's backend; the optimized CPU one by default) and their
+  // working memory (created on first use).
+  const backend::Ops* ops = &backend::cpu_optimized();
+  backend::WorkspaceHandle ws;
+
+  void set_ops(const backend::Ops& o) {
+    ops = &o;
+    ws.reset();
+  }
+  backend::Workspace& workspace() {
+    if (!ws) ws = backend::WorkspaceHandle(*ops);
+    return ws.get();
+  }
 };
 
 }  // namespace kvsdk

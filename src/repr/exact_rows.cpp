@@ -138,17 +138,12 @@ void ExactRows::commit_keep() noexcept {
       ExactStore& s = heads_[l][h];
       const std::vector<uint32_t>& keep = plan.keep[h];
       const size_t held = s.size();
-      // Kept stored rows, compacted in order (indices ascend, so j <= i).
-      size_t j = 0;
-      for (uint32_t i : keep) {
-        if (i >= held) break;
-        if (i != j) {
-          s.positions[j] = s.positions[i];
-          std::copy_n(s.k.data() + size_t(i) * dim, dim, s.k.data() + j * dim);
-          std::copy_n(s.v.data() + size_t(i) * dim, dim, s.v.data() + j * dim);
-        }
-        ++j;
-      }
+      // Kept stored rows, compacted in place and in order (indices ascend, so row j is read
+      // from a row >= j): the backend's gather.
+      const size_t j = size_t(std::lower_bound(keep.begin(), keep.end(), uint32_t(held)) - keep.begin());
+      ops().gather_rows(s.positions.data(), sizeof(int32_t), keep.data(), j, s.positions.data());
+      ops().gather_rows(s.k.data(), dim * sizeof(uint16_t), keep.data(), j, s.k.data());
+      ops().gather_rows(s.v.data(), dim * sizeof(uint16_t), keep.data(), j, s.v.data());
       s.positions.resize(j);
       s.k.resize(j * dim);
       s.v.resize(j * dim);
