@@ -6,6 +6,8 @@
 
 #include "attention.h"
 #include "fast_attention.h"
+#include "minicache_merge.h"
+#include "specache.h"
 
 namespace kvsdk::backend {
 
@@ -15,6 +17,8 @@ constexpr size_t kReferenceChunk = 256;
 struct Workspace {
   cpu::AttentionScratch attention;  // reference: OnlineAttention state and f32 chunks
   cpu::fast::Scratch fast;          // optimized: SIMD kernels' state
+  cpu::MiniCacheScratch minicache;  // MiniCache+KIVI: dequantized directions of a chunk
+  cpu::SpeCacheSelectScratch specache;  // SpeCache selection: scores, probabilities, top-k
 };
 
 }  // namespace kvsdk::backend

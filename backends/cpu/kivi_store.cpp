@@ -111,7 +111,11 @@ std::vector<uint32_t> KiviHeadStore::block_tokens() const {
 }
 
 void KiviHeadStore::reserve_as(const KiviHeadStore& o) {
-  block_tokens_.reserve(o.block_tokens_.capacity());
+  // A ragged store holds at most one block per token: block counts then never outgrow the token
+  // capacity, so the double-buffered plans of an evicting cache stop allocating once their
+  // token capacities have settled.
+  block_tokens_.reserve(std::max(o.block_tokens_.capacity(),
+                                 o.block_tokens_.empty() ? size_t(0) : o.positions_.capacity()));
   positions_.reserve(o.positions_.capacity());
   k_codes_.reserve(o.k_codes_.capacity());
   v_codes_.reserve(o.v_codes_.capacity());
@@ -234,7 +238,12 @@ void KiviHeadStore::reserve(size_t n_more) {
   reserve_for_growth(k_zero_, nb * dim_);
   reserve_for_growth(v_scale_, nq * v_groups_);
   reserve_for_growth(v_zero_, nq * v_groups_);
-  if (!block_tokens_.empty()) reserve_for_growth(block_tokens_, nb);
+  if (!block_tokens_.empty()) {
+    reserve_for_growth(block_tokens_, nb);
+    // At most one block per token (see reserve_as): grows with the token capacity, not with
+    // every new maximum of the block count.
+    if (block_tokens_.capacity() < positions_.capacity()) block_tokens_.reserve(positions_.capacity());
+  }
 }
 
 KiviBytes KiviHeadStore::projected_bytes(size_t n_more) const {

@@ -35,7 +35,16 @@ void Rope::rotate(float* x, int32_t position, double sign) const {
 void Rope::apply_rows(float* x, const int32_t* positions, size_t n) const {
   if (style_ == KVSDK_ROPE_NONE || n == 0) return;
   const size_t half = dim_ / 2;
-  std::vector<double> c(half), s(half), step_c(half), step_s(half);
+  // On the stack for head dims up to 2 * kStackHalf (every model we know), so that attention
+  // over SpindleKV rows allocates nothing; larger heads fall back to the heap.
+  constexpr size_t kStackHalf = 256;
+  double stack[4 * kStackHalf];
+  std::vector<double> heap(half > kStackHalf ? 4 * half : 0);
+  double* base = half > kStackHalf ? heap.data() : stack;
+  double* c = base;
+  double* s = base + half;
+  double* step_c = base + 2 * half;
+  double* step_s = base + 3 * half;
   for (size_t i = 0; i < half; ++i) {
     pmath::sincos(freq_[i], &step_s[i], &step_c[i]);
   }

@@ -299,11 +299,11 @@ TEST(BackendOps, AttendOverCodebookMergedAndSpeculativeTiers) {
       for (int layer : {0, 1}) {
         check_attend(c, qs.q.size(), max_abs(v), true, "attend_minicache" + d,
                      [&](const Ops& o, Workspace& ws, float* out) {
-                       o.attend_minicache(qs.rows(dim), pair, layer, ws, out);
+                       o.attend_minicache(qs.rows(dim), pair, layer, F16Rows{}, ws, out);
                      });
         check_attend(c, qs.q.size(), max_abs(v), true, "attend_minicache_kivi" + d,
                      [&](const Ops& o, Workspace& ws, float* out) {
-                       o.attend_minicache_kivi(qs.rows(dim), kpair, layer, ws, out);
+                       o.attend_minicache_kivi(qs.rows(dim), kpair, layer, F16Rows{}, ws, out);
                      });
       }
 
@@ -328,8 +328,9 @@ TEST(BackendOps, AttendOverCodebookMergedAndSpeculativeTiers) {
       r.n_rows = group;
       std::vector<uint32_t> want, got;
       std::vector<float> want_p, got_p;
-      cpu_reference().specache_select(r, lowbit, 16, want, &want_p);
-      c.ops->specache_select(r, lowbit, 16, got, &got_p);
+      WorkspaceHandle ref_ws(cpu_reference()), ws(*c.ops);
+      cpu_reference().specache_select(r, lowbit, 16, ref_ws.get(), want, &want_p);
+      c.ops->specache_select(r, lowbit, 16, ws.get(), got, &got_p);
       EXPECT_EQ(got, want);
       expect_bits(got_p, want_p, "specache_select probabilities" + d);
     }
