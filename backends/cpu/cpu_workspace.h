@@ -6,6 +6,7 @@
 
 #include "attention.h"
 #include "fast_attention.h"
+#include "fast_chunk_attention.h"
 #include "minicache_merge.h"
 #include "specache.h"
 
@@ -17,6 +18,7 @@ constexpr size_t kReferenceChunk = 256;
 struct Workspace {
   cpu::AttentionScratch attention;  // reference: OnlineAttention state and f32 chunks
   cpu::fast::Scratch fast;          // optimized: SIMD kernels' state
+  cpu::fast::ChunkScratch chunk;    // optimized: the chunk-fed tiers' online softmax
   cpu::MiniCacheScratch minicache;  // MiniCache+KIVI: dequantized directions of a chunk
   cpu::SpeCacheSelectScratch specache;  // SpeCache selection: scores, probabilities, top-k
 };

@@ -6,6 +6,7 @@
 #include "kivi_quant.h"
 #include "util/error.h"
 #include "util/growth.h"
+#include "util/half_array.h"
 #include "util/half.h"
 
 namespace kvsdk::cpu {
@@ -96,12 +97,10 @@ void KiviHeadStore::read_rows(size_t first, size_t count, float* k, float* v) co
     t += n;
     if (t == block_first + in_block) block_first += in_block, ++block;
   }
-  for (; t < end; ++t) {
-    const size_t r = (t - n_quant_) * dim_;
-    for (size_t c = 0; c < dim_; ++c) {
-      if (k) k[(t - first) * dim_ + c] = f16_to_f32(res_k_[r + c]);
-      if (v) v[(t - first) * dim_ + c] = f16_to_f32(res_v_[r + c]);
-    }
+  if (t < end) {  // the f16 residual rows, contiguous: converted in bulk (exact)
+    const size_t r = (t - n_quant_) * dim_, o = (t - first) * dim_, len = (end - t) * dim_;
+    if (k) f16_to_f32_array(res_k_.data() + r, k + o, len);
+    if (v) f16_to_f32_array(res_v_.data() + r, v + o, len);
   }
 }
 

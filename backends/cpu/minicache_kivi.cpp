@@ -6,6 +6,7 @@
 
 #include "util/error.h"
 #include "util/half.h"
+#include "util/half_array.h"
 
 namespace kvsdk::cpu {
 
@@ -143,10 +144,8 @@ void MiniCacheKiviPair::read_rows(int layer, size_t first, size_t count, float* 
       const size_t r = size_t(s & ~kRetainedBit) * dim_;
       const std::vector<uint16_t>& rk = layer == 0 ? retained_k_prev_ : retained_k_cur_;
       const std::vector<uint16_t>& rv = layer == 0 ? retained_v_prev_ : retained_v_cur_;
-      for (size_t d = 0; d < dim_; ++d) {
-        ko[d] = f16_to_f32(rk[r + d]);
-        vo[d] = f16_to_f32(rv[r + d]);
-      }
+      f16_to_f32_array(&rk[r], ko, dim_);  // exact
+      f16_to_f32_array(&rv[r], vo, dim_);
     } else {
       const size_t m = s, o = (m - m_begin) * dim_;
       restore_row(&ek[o], layer == 0 ? norm_k_prev_[m] : norm_k_cur_[m], dim_, ko);

@@ -7,6 +7,7 @@
 #include "portable_math.h"
 #include "util/error.h"
 #include "util/half.h"
+#include "util/half_array.h"
 
 namespace kvsdk::cpu {
 
@@ -149,12 +150,11 @@ void MergedLayerPair::reconstruct(int layer, size_t first, size_t count, float* 
     float* o = out + t * dim_;
     if (s & kRetainedBit) {
       const std::vector<uint16_t>& src = layer == 0 ? retained_prev_ : retained_cur_;
-      const uint16_t* r = &src[size_t(s & ~kRetainedBit) * dim_];
-      for (size_t i = 0; i < dim_; ++i) o[i] = f16_to_f32(r[i]);
+      f16_to_f32_array(&src[size_t(s & ~kRetainedBit) * dim_], o, dim_);  // exact
     } else {
       const float m = layer == 0 ? mag_prev_[s] : mag_cur_[s];
-      const uint16_t* e = &direction_[size_t(s) * dim_];
-      for (size_t i = 0; i < dim_; ++i) o[i] = f16_to_f32(e[i]) * m;
+      f16_to_f32_array(&direction_[size_t(s) * dim_], o, dim_);  // exact: f16_to_f32(e) * m
+      for (size_t i = 0; i < dim_; ++i) o[i] *= m;
     }
   }
 }

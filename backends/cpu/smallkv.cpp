@@ -87,10 +87,13 @@ void smallkv_topk(const float* scores, size_t n, size_t k, std::vector<uint32_t>
   k = std::min(k, n);
   idx.resize(n);
   std::iota(idx.begin(), idx.end(), 0u);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](uint32_t a, uint32_t b) {
+  // The comparator is a strict total order (ties: lower index), so the k first elements after
+  // nth_element are exactly partial_sort's, in another order; they are sorted by index below.
+  const auto before = [&](uint32_t a, uint32_t b) {
     const float sa = rank_key(scores[a]), sb = rank_key(scores[b]);
     return sa > sb || (sa == sb && a < b);
-  });
+  };
+  if (k > 0 && k < n) std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), before);
   out.assign(idx.begin(), idx.begin() + k);
   std::sort(out.begin(), out.end());
 }

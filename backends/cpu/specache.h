@@ -16,7 +16,7 @@
 #include "kivi_store.h"
 #include "specache_backing.h"
 #include "util/growth.h"
-#include "util/half.h"
+#include "util/half_array.h"
 
 namespace kvsdk::cpu {
 
@@ -111,10 +111,8 @@ void specache_attend(const KiviHeadStore& lowbit, const SpeCacheFetched& fetched
     lowbit.read_rows(first, c, k.data(), v.data());
     while (next < fetched.tokens.size() && fetched.tokens[next] < first + c) {
       const size_t t = fetched.tokens[next] - first;
-      for (size_t d = 0; d < dim; ++d) {
-        k[t * dim + d] = f16_to_f32(fetched.k[next * dim + d]);
-        v[t * dim + d] = f16_to_f32(fetched.v[next * dim + d]);
-      }
+      f16_to_f32_array(&fetched.k[next * dim], &k[t * dim], dim);  // exact
+      f16_to_f32_array(&fetched.v[next * dim], &v[t * dim], dim);
       ++next;
     }
     attn.add_chunk(k.data(), v.data(), lowbit.positions().data() + first, c);

@@ -7,6 +7,7 @@
 #include "util/error.h"
 #include "util/growth.h"
 #include "util/half.h"
+#include "util/half_array.h"
 
 namespace kvsdk::cpu {
 
@@ -177,7 +178,9 @@ void SpindleCodebook::reconstruct(size_t first, size_t count, float* out) const 
   for (size_t i = 0; i < count; ++i) {
     const uint16_t* c = entries_.data() + size_t(index_[first + i]) * dim_;
     const float m = magnitude_[first + i];
-    for (size_t d = 0; d < dim_; ++d) out[i * dim_ + d] = f16_to_f32(c[d]) * m;
+    float* o = out + i * dim_;
+    f16_to_f32_array(c, o, dim_);  // exact, as f16_to_f32: the same bits, converted in bulk
+    for (size_t d = 0; d < dim_; ++d) o[d] *= m;
   }
 }
 
