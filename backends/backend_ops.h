@@ -88,11 +88,12 @@ struct Ops {
                       float* out);
   void (*attend_spindle)(const QueryRows& q, const cpu::SpindleHeadStore& store, Workspace& ws,
                          float* out);
-  // Layer 0 or 1 of a MiniCache pair (f16 directions, or KIVI-quantized ones).
+  // Layer 0 or 1 of a MiniCache pair (f16 directions, or KIVI-quantized ones), then `pending`:
+  // the layer's exact rows still waiting for the partner layer (n_tokens 0: none), in one softmax.
   void (*attend_minicache)(const QueryRows& q, const cpu::MiniCacheHeadPair& pair, int layer,
-                           Workspace& ws, float* out);
+                           const F16Rows& pending, Workspace& ws, float* out);
   void (*attend_minicache_kivi)(const QueryRows& q, const cpu::MiniCacheKiviPair& pair, int layer,
-                                Workspace& ws, float* out);
+                                const F16Rows& pending, Workspace& ws, float* out);
   // SpeCache: the low-bit copy with fetched full-precision rows substituted.
   void (*attend_specache)(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
                           const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out);
@@ -125,8 +126,10 @@ struct Ops {
   // --- SpeCache selection -------------------------------------------------------------------------
   // Group-averaged top-k over the low-bit keys for `group` query rows at one position (q.n_rows =
   // group); ascending token indices into `tokens`, and the averaged probabilities when non-null.
+  // Both reuse their capacity, and the working memory lives in ws: no allocation once grown.
   void (*specache_select)(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_t k,
-                          std::vector<uint32_t>& tokens, std::vector<float>* avg_probs);
+                          Workspace& ws, std::vector<uint32_t>& tokens,
+                          std::vector<float>* avg_probs);
 };
 
 // The scalar reference backend (the oracle) and the optimized CPU backend.

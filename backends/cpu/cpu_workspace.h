@@ -10,6 +10,9 @@
 #include "attention.h"
 #include "attention_scores.h"
 #include "fast_attention.h"
+#include "fast_chunk_attention.h"
+#include "minicache_merge.h"
+#include "specache.h"
 
 namespace kvsdk::backend {
 
@@ -21,6 +24,9 @@ struct Workspace {
   cpu::fast::Scratch fast;          // optimized: SIMD kernels' state
   cpu::ColumnSumsScratch scores;    // optimized window scoring: logits and key chunks
   std::vector<uint32_t> select_mid; // select_keep's middle range
+  cpu::fast::ChunkScratch chunk;    // optimized: the chunk-fed tiers' online softmax
+  cpu::MiniCacheScratch minicache;  // MiniCache+KIVI: dequantized directions of a chunk
+  cpu::SpeCacheSelectScratch specache;  // SpeCache selection: scores, probabilities, top-k
 };
 
 }  // namespace kvsdk::backend

@@ -31,8 +31,18 @@ uint32_t levels(uint32_t bits) { return bits == 1 ? 1u : (1u << bits) - 1u; }
 template <uint32_t B>
 void dequant_row(const uint8_t* packed, size_t dim, const float* s, const float* z, float* out) {
   constexpr uint32_t per_byte = 8 / B, mask = (1u << B) - 1u;
-  size_t c = 0;
-  for (size_t byte = 0; c < dim; ++byte) {
+  // Whole bytes first (a fixed inner trip count the compiler unrolls and vectorizes), then the
+  // last partial byte; every element is computed as before.
+  const size_t whole = dim / per_byte;
+  for (size_t byte = 0; byte < whole; ++byte) {
+    const uint32_t bits = packed[byte];
+    for (uint32_t j = 0; j < per_byte; ++j) {
+      const size_t ch = byte * per_byte + j;
+      out[ch] = kivi_dequant((bits >> (j * B)) & mask, s[ch], z[ch]);
+    }
+  }
+  size_t c = whole * per_byte;
+  for (size_t byte = whole; c < dim; ++byte) {
     const uint32_t bits = packed[byte];
     for (uint32_t j = 0; j < per_byte && c < dim; ++j, ++c) {
       out[c] = kivi_dequant((bits >> (j * B)) & mask, s[c], z[c]);
@@ -179,10 +189,16 @@ void kivi_dequantize_values(const uint8_t* codes, const uint16_t* scale, const u
   for (size_t t = 0; t < n_tokens; ++t) {
     for (size_t c0 = 0; c0 < dim; c0 += kTile) {
       const size_t n = std::min(kTile, dim - c0);
-      for (size_t c = 0; c < n; ++c) {
+      // Each group's parameters converted once, then spread over its channels.
+      for (size_t c = 0; c < n;) {
         const size_t g = (c0 + c) / group;
-        s[c] = f16_to_f32(scale[t * n_groups + g]);
-        z[c] = f16_to_f32(zero[t * n_groups + g]);
+        const size_t end = std::min(n, (g + 1) * group - c0);
+        const float sg = f16_to_f32(scale[t * n_groups + g]);
+        const float zg = f16_to_f32(zero[t * n_groups + g]);
+        for (; c < end; ++c) {
+          s[c] = sg;
+          z[c] = zg;
+        }
       }
       dequant_row(bits, codes + t * row_bytes + c0 * bits / 8, n, s, z, out + t * dim + c0);
     }

@@ -6,6 +6,7 @@
 #include "kivi_quant.h"
 #include "util/error.h"
 #include "util/growth.h"
+#include "util/half_array.h"
 #include "util/half.h"
 
 namespace kvsdk::cpu {
@@ -96,12 +97,10 @@ void KiviHeadStore::read_rows(size_t first, size_t count, float* k, float* v) co
     t += n;
     if (t == block_first + in_block) block_first += in_block, ++block;
   }
-  for (; t < end; ++t) {
-    const size_t r = (t - n_quant_) * dim_;
-    for (size_t c = 0; c < dim_; ++c) {
-      if (k) k[(t - first) * dim_ + c] = f16_to_f32(res_k_[r + c]);
-      if (v) v[(t - first) * dim_ + c] = f16_to_f32(res_v_[r + c]);
-    }
+  if (t < end) {  // the f16 residual rows, contiguous: converted in bulk (exact)
+    const size_t r = (t - n_quant_) * dim_, o = (t - first) * dim_, len = (end - t) * dim_;
+    if (k) f16_to_f32_array(res_k_.data() + r, k + o, len);
+    if (v) f16_to_f32_array(res_v_.data() + r, v + o, len);
   }
 }
 
@@ -111,7 +110,11 @@ std::vector<uint32_t> KiviHeadStore::block_tokens() const {
 }
 
 void KiviHeadStore::reserve_as(const KiviHeadStore& o) {
-  block_tokens_.reserve(o.block_tokens_.capacity());
+  // A ragged store holds at most one block per token: block counts then never outgrow the token
+  // capacity, so the double-buffered plans of an evicting cache stop allocating once their
+  // token capacities have settled.
+  block_tokens_.reserve(std::max(o.block_tokens_.capacity(),
+                                 o.block_tokens_.empty() ? size_t(0) : o.positions_.capacity()));
   positions_.reserve(o.positions_.capacity());
   k_codes_.reserve(o.k_codes_.capacity());
   v_codes_.reserve(o.v_codes_.capacity());
@@ -234,7 +237,12 @@ void KiviHeadStore::reserve(size_t n_more) {
   reserve_for_growth(k_zero_, nb * dim_);
   reserve_for_growth(v_scale_, nq * v_groups_);
   reserve_for_growth(v_zero_, nq * v_groups_);
-  if (!block_tokens_.empty()) reserve_for_growth(block_tokens_, nb);
+  if (!block_tokens_.empty()) {
+    reserve_for_growth(block_tokens_, nb);
+    // At most one block per token (see reserve_as): grows with the token capacity, not with
+    // every new maximum of the block count.
+    if (block_tokens_.capacity() < positions_.capacity()) block_tokens_.reserve(positions_.capacity());
+  }
 }
 
 KiviBytes KiviHeadStore::projected_bytes(size_t n_more) const {

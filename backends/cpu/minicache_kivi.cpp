@@ -6,12 +6,11 @@
 
 #include "util/error.h"
 #include "util/half.h"
+#include "util/half_array.h"
 
 namespace kvsdk::cpu {
 
 namespace {
-
-constexpr size_t kChunk = 256;
 
 float norm(const float* x, size_t n) {
   double s = 0;
@@ -41,13 +40,35 @@ MiniCacheKiviPair::MiniCacheKiviPair(size_t dim, const MiniCacheConfig& merge,
 
 void MiniCacheKiviPair::append(const float* k_prev, const float* v_prev, const float* k_cur,
                                const float* v_cur, const int32_t* positions, size_t n) {
+  MiniCacheScratch scratch;
+  append(k_prev, v_prev, k_cur, v_cur, positions, n, scratch);
+}
+
+void MiniCacheKiviPair::append(const float* k_prev, const float* v_prev, const float* k_cur,
+                               const float* v_cur, const int32_t* positions, size_t n,
+                               MiniCacheScratch& scratch) {
   if (n == 0) return;
-  std::vector<float> dist(n);
+  if (slot_.capacity() < size() + n) {
+    // As MergedLayerPair::append: every buffer grows with the tokens, by one schedule.
+    const size_t cap = grown_capacity(slot_.capacity(), size() + n), more = cap - size();
+    slot_.reserve(cap);
+    positions_.reserve(cap);
+    for (std::vector<float>* v : {&norm_k_prev_, &norm_k_cur_, &norm_v_prev_, &norm_v_cur_}) {
+      v->reserve(std::max(v->capacity(), v->size() + more));
+    }
+    for (std::vector<uint16_t>* v :
+         {&retained_k_prev_, &retained_k_cur_, &retained_v_prev_, &retained_v_cur_}) {
+      v->reserve(std::max(v->capacity(), v->size() + more * dim_));
+    }
+    directions_.reserve(more);
+  }
+  std::vector<float>& dist = at_least(scratch.dist, n);
   for (size_t i = 0; i < n; ++i) {
     dist[i] = std::max(minicache_angular_distance(k_prev + i * dim_, k_cur + i * dim_, dim_),
                        minicache_angular_distance(v_prev + i * dim_, v_cur + i * dim_, dim_));
   }
-  std::vector<char> keep(n, 0);
+  std::vector<char>& keep = at_least(scratch.keep, n);
+  std::fill(keep.begin(), keep.begin() + n, char(0));
   if (!threshold_set_) {
     const size_t n_keep =
         std::min(n, size_t(std::ceil(double(cfg_.gamma) * double(n) - 1e-6)));
@@ -61,8 +82,12 @@ void MiniCacheKiviPair::append(const float* k_prev, const float* v_prev, const f
   } else {
     for (size_t i = 0; i < n; ++i) keep[i] = dist[i] >= threshold_;
   }
-  std::vector<float> ek, ev;
-  std::vector<int32_t> merged_pos;
+  std::vector<float>& ek = scratch.ek;
+  std::vector<float>& ev = scratch.ev;
+  std::vector<int32_t>& merged_pos = scratch.merged_pos;
+  ek.clear();
+  ev.clear();
+  merged_pos.clear();
   for (size_t i = 0; i < n; ++i) {
     const size_t o = i * dim_;
     if (keep[i] || dist[i] >= 1.0f) {
@@ -91,6 +116,12 @@ void MiniCacheKiviPair::append(const float* k_prev, const float* v_prev, const f
 
 void MiniCacheKiviPair::read_rows(int layer, size_t first, size_t count, float* k,
                                   float* v) const {
+  MiniCacheScratch scratch;
+  read_rows(layer, first, count, k, v, scratch);
+}
+
+void MiniCacheKiviPair::read_rows(int layer, size_t first, size_t count, float* k, float* v,
+                                  MiniCacheScratch& scratch) const {
   // Merged tokens of a token range have consecutive merged indices: one KIVI read covers them.
   size_t m_begin = SIZE_MAX, m_end = 0;
   for (size_t t = first; t < first + count; ++t) {
@@ -98,10 +129,11 @@ void MiniCacheKiviPair::read_rows(int layer, size_t first, size_t count, float* 
     m_begin = std::min<size_t>(m_begin, slot_[t]);
     m_end = std::max<size_t>(m_end, size_t(slot_[t]) + 1);
   }
-  std::vector<float> ek, ev;
+  std::vector<float>& ek = scratch.ek;
+  std::vector<float>& ev = scratch.ev;
   if (m_end > 0) {
-    ek.resize((m_end - m_begin) * dim_);
-    ev.resize((m_end - m_begin) * dim_);
+    at_least(ek, (m_end - m_begin) * dim_);
+    at_least(ev, (m_end - m_begin) * dim_);
     directions_.read_rows(m_begin, m_end - m_begin, ek.data(), ev.data());
   }
   for (size_t i = 0; i < count; ++i) {
@@ -112,10 +144,8 @@ void MiniCacheKiviPair::read_rows(int layer, size_t first, size_t count, float* 
       const size_t r = size_t(s & ~kRetainedBit) * dim_;
       const std::vector<uint16_t>& rk = layer == 0 ? retained_k_prev_ : retained_k_cur_;
       const std::vector<uint16_t>& rv = layer == 0 ? retained_v_prev_ : retained_v_cur_;
-      for (size_t d = 0; d < dim_; ++d) {
-        ko[d] = f16_to_f32(rk[r + d]);
-        vo[d] = f16_to_f32(rv[r + d]);
-      }
+      f16_to_f32_array(&rk[r], ko, dim_);  // exact
+      f16_to_f32_array(&rv[r], vo, dim_);
     } else {
       const size_t m = s, o = (m - m_begin) * dim_;
       restore_row(&ek[o], layer == 0 ? norm_k_prev_[m] : norm_k_cur_[m], dim_, ko);
@@ -186,13 +216,9 @@ MiniCacheKiviBytes MiniCacheKiviPair::bytes() const {
 }
 
 void minicache_kivi_attend(const MiniCacheKiviPair& pair, int layer, OnlineAttention& attn) {
-  const size_t dim = pair.dim();
-  std::vector<float> k(kChunk * dim), v(kChunk * dim);
-  for (size_t first = 0; first < pair.size(); first += kChunk) {
-    const size_t n = std::min(kChunk, pair.size() - first);
-    pair.read_rows(layer, first, n, k.data(), v.data());
-    attn.add_chunk(k.data(), v.data(), pair.positions().data() + first, n);
-  }
+  std::vector<float> k, v;
+  MiniCacheScratch scratch;
+  minicache_kivi_attend(pair, layer, attn, k, v, scratch);
 }
 
 }  // namespace kvsdk::cpu

@@ -37,9 +37,14 @@ class MiniCacheKiviPair {
   // Appends n tokens of both layers ([n][dim] each) with their positions.
   void append(const float* k_prev, const float* v_prev, const float* k_cur, const float* v_cur,
               const int32_t* positions, size_t n);
+  void append(const float* k_prev, const float* v_prev, const float* k_cur, const float* v_cur,
+              const int32_t* positions, size_t n, MiniCacheScratch& scratch);
 
   // Restored rows [first, first + count) of layer 0 (l-1) or 1 (l).
   void read_rows(int layer, size_t first, size_t count, float* k, float* v) const;
+  // The same through caller-owned scratch (its ek / ev: dequantized directions).
+  void read_rows(int layer, size_t first, size_t count, float* k, float* v,
+                 MiniCacheScratch& scratch) const;
 
   size_t size() const { return slot_.size(); }
   size_t dim() const { return dim_; }
@@ -81,5 +86,21 @@ class MiniCacheKiviPair {
 
 // Adds every token of layer `layer` of the pair to `attn` in bounded chunks.
 void minicache_kivi_attend(const MiniCacheKiviPair& pair, int layer, OnlineAttention& attn);
+
+// The same into any sink with add_chunk(k, v, positions, n), through caller-owned chunk buffers
+// and scratch (grown once, then reused).
+template <class Sink>
+void minicache_kivi_attend(const MiniCacheKiviPair& pair, int layer, Sink& attn,
+                           std::vector<float>& k, std::vector<float>& v,
+                           MiniCacheScratch& scratch) {
+  const size_t dim = pair.dim();
+  at_least(k, std::min(kMiniCacheAttendChunk, pair.size()) * dim);
+  at_least(v, std::min(kMiniCacheAttendChunk, pair.size()) * dim);
+  for (size_t first = 0; first < pair.size(); first += kMiniCacheAttendChunk) {
+    const size_t n = std::min(kMiniCacheAttendChunk, pair.size() - first);
+    pair.read_rows(layer, first, n, k.data(), v.data(), scratch);
+    attn.add_chunk(k.data(), v.data(), pair.positions().data() + first, n);
+  }
+}
 
 }  // namespace kvsdk::cpu

@@ -7,13 +7,13 @@
 #include "portable_math.h"
 #include "util/error.h"
 #include "util/half.h"
+#include "util/half_array.h"
 
 namespace kvsdk::cpu {
 
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
-constexpr size_t kChunk = 256;
 
 double norm_d(const float* x, size_t n) {
   double s = 0;
@@ -63,6 +63,8 @@ MergedLayerPair::MergedLayerPair(size_t dim, const MiniCacheConfig& config)
 }
 
 void MergedLayerPair::push_retained(const float* a, const float* b) {
+  reserve_for_growth(retained_prev_, retained_prev_.size() + dim_);
+  reserve_for_growth(retained_cur_, retained_cur_.size() + dim_);
   slot_.push_back(kRetainedBit | uint32_t(retained()));
   for (size_t i = 0; i < dim_; ++i) {
     retained_prev_.push_back(f32_to_f16(a[i]));
@@ -70,11 +72,12 @@ void MergedLayerPair::push_retained(const float* a, const float* b) {
   }
 }
 
-void MergedLayerPair::push_merged(const float* a, const float* b) {
-  std::vector<float> e(dim_);
+void MergedLayerPair::push_merged(const float* a, const float* b, std::vector<float>& e) {
+  at_least(e, dim_);
   minicache_slerp(a, b, dim_, cfg_.t, e.data());
   double en = 0;
   const size_t base = direction_.size();
+  reserve_for_growth(direction_, base + dim_);
   direction_.resize(base + dim_);
   for (size_t i = 0; i < dim_; ++i) {
     direction_[base + i] = f32_to_f16(e[i]);
@@ -89,12 +92,31 @@ void MergedLayerPair::push_merged(const float* a, const float* b) {
 }
 
 void MergedLayerPair::append(const float* rows_prev, const float* rows_cur, size_t n) {
+  MiniCacheScratch scratch;
+  append(rows_prev, rows_cur, n, scratch);
+}
+
+void MergedLayerPair::append(const float* rows_prev, const float* rows_cur, size_t n,
+                             MiniCacheScratch& scratch) {
   if (n == 0) return;
-  std::vector<float> dist(n);
+  if (slot_.capacity() < size() + n) {
+    // Every buffer grows when the tokens do, by the same schedule (growth.h), with room for
+    // the new tokens whichever kind they become: every pair of a cache then grows at the same
+    // appends, not whenever its merged or retained count happens to cross a capacity.
+    const size_t cap = grown_capacity(slot_.capacity(), size() + n), more = cap - size();
+    slot_.reserve(cap);
+    mag_prev_.reserve(std::max(mag_prev_.capacity(), mag_prev_.size() + more));
+    mag_cur_.reserve(std::max(mag_cur_.capacity(), mag_cur_.size() + more));
+    direction_.reserve(std::max(direction_.capacity(), direction_.size() + more * dim_));
+    retained_prev_.reserve(std::max(retained_prev_.capacity(), retained_prev_.size() + more * dim_));
+    retained_cur_.reserve(std::max(retained_cur_.capacity(), retained_cur_.size() + more * dim_));
+  }
+  std::vector<float>& dist = at_least(scratch.dist, n);
   for (size_t i = 0; i < n; ++i) {
     dist[i] = minicache_angular_distance(rows_prev + i * dim_, rows_cur + i * dim_, dim_);
   }
-  std::vector<char> keep(n, 0);
+  std::vector<char>& keep = at_least(scratch.keep, n);
+  std::fill(keep.begin(), keep.begin() + n, char(0));
   if (!threshold_set_) {
     // Prefill: the ceil(γ·n) most distant tokens (ties: earlier token first) stay unmerged.
     // (The small subtraction keeps f32's 0.05 = 0.0500000007 from turning 15.0 into 16.)
@@ -117,7 +139,7 @@ void MergedLayerPair::append(const float* rows_prev, const float* rows_cur, size
     if (keep[i] || dist[i] >= 1.0f) {
       push_retained(a, b);
     } else {
-      push_merged(a, b);
+      push_merged(a, b, scratch.e);
     }
   }
 }
@@ -128,12 +150,11 @@ void MergedLayerPair::reconstruct(int layer, size_t first, size_t count, float* 
     float* o = out + t * dim_;
     if (s & kRetainedBit) {
       const std::vector<uint16_t>& src = layer == 0 ? retained_prev_ : retained_cur_;
-      const uint16_t* r = &src[size_t(s & ~kRetainedBit) * dim_];
-      for (size_t i = 0; i < dim_; ++i) o[i] = f16_to_f32(r[i]);
+      f16_to_f32_array(&src[size_t(s & ~kRetainedBit) * dim_], o, dim_);  // exact
     } else {
       const float m = layer == 0 ? mag_prev_[s] : mag_cur_[s];
-      const uint16_t* e = &direction_[size_t(s) * dim_];
-      for (size_t i = 0; i < dim_; ++i) o[i] = f16_to_f32(e[i]) * m;
+      f16_to_f32_array(&direction_[size_t(s) * dim_], o, dim_);  // exact: f16_to_f32(e) * m
+      for (size_t i = 0; i < dim_; ++i) o[i] *= m;
     }
   }
 }
@@ -175,14 +196,8 @@ uint64_t MergedLayerPair::bytes() const {
 }
 
 void minicache_attend(const MiniCacheHeadPair& pair, int layer, OnlineAttention& attn) {
-  const size_t dim = pair.keys.dim();
-  std::vector<float> k(kChunk * dim), v(kChunk * dim);
-  for (size_t first = 0; first < pair.keys.size(); first += kChunk) {
-    const size_t n = std::min(kChunk, pair.keys.size() - first);
-    pair.keys.reconstruct(layer, first, n, k.data());
-    pair.values.reconstruct(layer, first, n, v.data());
-    attn.add_chunk(k.data(), v.data(), pair.positions.data() + first, n);
-  }
+  std::vector<float> k, v;
+  minicache_attend(pair, layer, attn, k, v);
 }
 
 }  // namespace kvsdk::cpu

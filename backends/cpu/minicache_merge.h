@@ -17,6 +17,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+#include <algorithm>
+
+#include "util/growth.h"
 
 #include "attention.h"
 
@@ -33,6 +36,18 @@ float minicache_angular_distance(const float* a, const float* b, size_t dim);
 // SLERP of the directions of a and b (any norms, both non-zero) into out [dim].
 void minicache_slerp(const float* a, const float* b, size_t dim, float t, float* out);
 
+// Tokens restored per attention chunk.
+constexpr size_t kMiniCacheAttendChunk = 256;
+
+// Working memory of the pairs' append() and read paths (transient), reused by a caller that
+// keeps one (one per cache): the decode path then allocates nothing but the stored rows' growth.
+struct MiniCacheScratch {
+  std::vector<float> dist, e, ek, ev;
+  std::vector<char> keep;
+  std::vector<size_t> order;
+  std::vector<int32_t> merged_pos;
+};
+
 // One tensor (keys or values) of one KV head, merged across a layer pair. Layer 0 of the pair is
 // l-1, layer 1 is l.
 class MergedLayerPair {
@@ -44,6 +59,7 @@ class MergedLayerPair {
   // non-empty call retains the ceil(γ·n) tokens of largest angular distance and fixes that
   // distance as the threshold; later calls (decode) retain tokens at or above the threshold.
   void append(const float* rows_prev, const float* rows_cur, size_t n);
+  void append(const float* rows_prev, const float* rows_cur, size_t n, MiniCacheScratch& scratch);
 
   // Restores rows [first, first + count) of layer 0 or 1 into out [count][dim].
   void reconstruct(int layer, size_t first, size_t count, float* out) const;
@@ -74,7 +90,7 @@ class MergedLayerPair {
  private:
   static constexpr uint32_t kRetainedBit = 0x80000000u;
   void push_retained(const float* a, const float* b);
-  void push_merged(const float* a, const float* b);
+  void push_merged(const float* a, const float* b, std::vector<float>& e);
 
   size_t dim_;
   MiniCacheConfig cfg_;
@@ -92,8 +108,14 @@ struct MiniCacheHeadPair {
   MiniCacheHeadPair(size_t dim, const MiniCacheConfig& config) : keys(dim, config), values(dim, config) {}
   void append(const float* k_prev, const float* v_prev, const float* k_cur, const float* v_cur,
               const int32_t* pos, size_t n) {
-    keys.append(k_prev, k_cur, n);
-    values.append(v_prev, v_cur, n);
+    MiniCacheScratch scratch;
+    append(k_prev, v_prev, k_cur, v_cur, pos, n, scratch);
+  }
+  void append(const float* k_prev, const float* v_prev, const float* k_cur, const float* v_cur,
+              const int32_t* pos, size_t n, MiniCacheScratch& scratch) {
+    keys.append(k_prev, k_cur, n, scratch);
+    values.append(v_prev, v_cur, n, scratch);
+    reserve_for_growth(positions, positions.size() + n);
     positions.insert(positions.end(), pos, pos + n);
   }
   uint64_t bytes() const { return keys.bytes() + values.bytes() + 4 * uint64_t(positions.size()); }
@@ -104,5 +126,21 @@ struct MiniCacheHeadPair {
 
 // Adds every token of layer `layer` (0 = l-1, 1 = l) of the pair to `attn` in bounded chunks.
 void minicache_attend(const MiniCacheHeadPair& pair, int layer, OnlineAttention& attn);
+
+// The same into any sink with add_chunk(k, v, positions, n), through caller-owned chunk buffers
+// (grown once, then reused).
+template <class Sink>
+void minicache_attend(const MiniCacheHeadPair& pair, int layer, Sink& attn, std::vector<float>& k,
+                      std::vector<float>& v) {
+  const size_t dim = pair.keys.dim(), n_tok = pair.keys.size();
+  at_least(k, std::min(kMiniCacheAttendChunk, n_tok) * dim);
+  at_least(v, std::min(kMiniCacheAttendChunk, n_tok) * dim);
+  for (size_t first = 0; first < n_tok; first += kMiniCacheAttendChunk) {
+    const size_t n = std::min(kMiniCacheAttendChunk, n_tok - first);
+    pair.keys.reconstruct(layer, first, n, k.data());
+    pair.values.reconstruct(layer, first, n, v.data());
+    attn.add_chunk(k.data(), v.data(), pair.positions.data() + first, n);
+  }
+}
 
 }  // namespace kvsdk::cpu

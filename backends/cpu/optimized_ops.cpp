@@ -4,9 +4,20 @@
 // target gives the same bits, so snapshots continue identically across machines. Entries not
 // replaced here run the reference kernel; backend_ops_test checks every entry against the oracle
 // with a stated tolerance.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #include "backend_ops.h"
 #include "cpu_workspace.h"
 #include "fast_attention.h"
+#include "fast_chunk_attention.h"
+#include "minicache_kivi.h"
+#include "minicache_merge.h"
+#include "smallkv.h"
+#include "specache.h"
+#include "spindlekv_store.h"
+#include "util/growth.h"
 #include "util/half_array.h"
 
 namespace kvsdk::backend {
@@ -39,6 +50,104 @@ void column_sums(const QueryRows& q, const cpu::KeyChunkLoader& keys, const int3
                              col_sums, ws.scores);
 }
 
+// The chunk-fed tiers: the same chunk-feeding functions as the reference (so the same rows in the
+// same chunks), into the SIMD online softmax (fast_chunk_attention.h) instead of OnlineAttention.
+template <class Feed>
+void chunked(const QueryRows& q, Workspace& ws, float* out, Feed&& feed) {
+  cpu::fast::ChunkAttention att(queries(q), ws.chunk);
+  feed(att);
+  att.finish(out);
+}
+
+// Dense f16 rows (MiniCache's pending rows) in chunks converted to f32.
+void add_f16_rows(cpu::fast::ChunkAttention& att, const F16Rows& r, size_t dim, Workspace& ws) {
+  const size_t chunk = std::min(kReferenceChunk, r.n_tokens) * dim;
+  float* k = at_least(ws.attention.k_chunk, chunk).data();
+  float* v = at_least(ws.attention.v_chunk, chunk).data();
+  for (size_t t0 = 0; t0 < r.n_tokens; t0 += kReferenceChunk) {
+    const size_t n = std::min(kReferenceChunk, r.n_tokens - t0);
+    f16_to_f32_array(r.k + t0 * dim, k, n * dim);
+    f16_to_f32_array(r.v + t0 * dim, v, n * dim);
+    att.add_chunk(k, v, r.positions + t0, n);
+  }
+}
+
+void attend_spindle(const QueryRows& q, const cpu::SpindleHeadStore& s, Workspace& ws,
+                    float* out) {
+  chunked(q, ws, out, [&](cpu::fast::ChunkAttention& att) {
+    cpu::spindlekv_attend(s, att, ws.attention.k_chunk, ws.attention.v_chunk);
+  });
+}
+
+void attend_minicache(const QueryRows& q, const cpu::MiniCacheHeadPair& p, int layer,
+                      const F16Rows& pending, Workspace& ws, float* out) {
+  chunked(q, ws, out, [&](cpu::fast::ChunkAttention& att) {
+    cpu::minicache_attend(p, layer, att, ws.attention.k_chunk, ws.attention.v_chunk);
+    add_f16_rows(att, pending, q.dim, ws);
+  });
+}
+
+void attend_minicache_kivi(const QueryRows& q, const cpu::MiniCacheKiviPair& p, int layer,
+                           const F16Rows& pending, Workspace& ws, float* out) {
+  chunked(q, ws, out, [&](cpu::fast::ChunkAttention& att) {
+    cpu::minicache_kivi_attend(p, layer, att, ws.attention.k_chunk, ws.attention.v_chunk,
+                               ws.minicache);
+    add_f16_rows(att, pending, q.dim, ws);
+  });
+}
+
+void attend_specache(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
+                     const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out) {
+  chunked(q, ws, out, [&](cpu::fast::ChunkAttention& att) {
+    cpu::specache_attend(lowbit, fetched, att, ws.attention.k_chunk, ws.attention.v_chunk);
+  });
+}
+
+// SpeCache selection (the reference's cpu::specache_select, faster): keys only are dequantized,
+// scores by the SIMD dot product, exp vectorized (fast::exp_f32), buffers reused. The
+// normalization and the group average are the reference's (double sums, token order), so the
+// probabilities differ only by the scores' and exp's rounding, and the top-k only at near-ties.
+void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_t k,
+                     Workspace& ws, std::vector<uint32_t>& tokens,
+                     std::vector<float>* avg_probs) {
+  cpu::SpeCacheSelectScratch& sc = ws.specache;
+  const size_t n = lowbit.size(), dim = lowbit.head_dim(), group = q.n_rows;
+  const int32_t q_position = q.positions ? q.positions[0] : INT32_MAX;
+  tokens.clear();
+  if (n == 0) {
+    if (avg_probs) avg_probs->clear();
+    return;
+  }
+  float* scores = at_least(sc.scores, group * n).data();
+  float* kr = at_least(sc.k_chunk, std::min(cpu::kSpeCacheChunk, n) * dim).data();
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const int32_t* pos = lowbit.positions().data();
+  for (size_t first = 0; first < n; first += cpu::kSpeCacheChunk) {
+    const size_t c = std::min(cpu::kSpeCacheChunk, n - first);
+    lowbit.read_rows(first, c, kr, nullptr);  // keys only
+    cpu::fast::dot_scores(q.q, group, kr, c, dim, q.scale, scores + first, n);
+    for (size_t t = 0; t < c; ++t) {
+      if (pos[first + t] > q_position) {
+        for (size_t h = 0; h < group; ++h) scores[h * n + first + t] = neg_inf;
+      }
+    }
+  }
+  std::vector<float>& avg = avg_probs ? *avg_probs : sc.avg;
+  reserve_for_growth(avg, n);
+  avg.assign(n, 0.0f);
+  for (size_t h = 0; h < group; ++h) {
+    float* s = scores + h * n;
+    const float mx = *std::max_element(s, s + n);
+    if (mx == neg_inf) continue;  // nothing visible to this head
+    for (size_t t = 0; t < n; ++t) s[t] -= mx;
+    cpu::fast::exp_f32(s, n, s);  // -inf -> 0
+    double z = 0;
+    for (size_t t = 0; t < n; ++t) z += s[t];
+    for (size_t t = 0; t < n; ++t) avg[t] += float(s[t] / z / double(group));
+  }
+  if (k > 0) cpu::smallkv_topk(avg.data(), n, k, sc.order, tokens);
+}
+
 Ops make_optimized() {
   Ops ops = cpu_reference();
   ops.name = "cpu-optimized";
@@ -46,6 +155,11 @@ Ops make_optimized() {
   ops.attend_f16 = attend_f16;
   ops.attend_kivi = attend_kivi;
   ops.column_sums = column_sums;
+  ops.attend_spindle = attend_spindle;
+  ops.attend_minicache = attend_minicache;
+  ops.attend_minicache_kivi = attend_minicache_kivi;
+  ops.attend_specache = attend_specache;
+  ops.specache_select = specache_select;
   return ops;
 }
 

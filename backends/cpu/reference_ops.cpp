@@ -49,18 +49,21 @@ void online(const QueryRows& q, Workspace& ws, float* out, Feed&& feed) {
   att.finish(out);
 }
 
+// Feeds dense f16 rows to `att` in chunks of kReferenceChunk tokens converted to f32.
+void add_f16_rows(cpu::OnlineAttention& att, const F16Rows& r, size_t dim, Workspace& ws) {
+  const size_t chunk = std::min(kReferenceChunk, r.n_tokens) * dim;
+  if (ws.attention.k_chunk.size() < chunk) ws.attention.k_chunk.resize(chunk);
+  if (ws.attention.v_chunk.size() < chunk) ws.attention.v_chunk.resize(chunk);
+  for (size_t t0 = 0; t0 < r.n_tokens; t0 += kReferenceChunk) {
+    const size_t n = std::min(kReferenceChunk, r.n_tokens - t0);
+    f16_to_f32_array_scalar(r.k + t0 * dim, ws.attention.k_chunk.data(), n * dim);
+    f16_to_f32_array_scalar(r.v + t0 * dim, ws.attention.v_chunk.data(), n * dim);
+    att.add_chunk(ws.attention.k_chunk.data(), ws.attention.v_chunk.data(), r.positions + t0, n);
+  }
+}
+
 void attend_f16(const QueryRows& q, const F16Rows& r, Workspace& ws, float* out) {
-  online(q, ws, out, [&](cpu::OnlineAttention& att) {
-    const size_t chunk = std::min(kReferenceChunk, r.n_tokens) * q.dim;
-    if (ws.attention.k_chunk.size() < chunk) ws.attention.k_chunk.resize(chunk);
-    if (ws.attention.v_chunk.size() < chunk) ws.attention.v_chunk.resize(chunk);
-    for (size_t t0 = 0; t0 < r.n_tokens; t0 += kReferenceChunk) {
-      const size_t n = std::min(kReferenceChunk, r.n_tokens - t0);
-      f16_to_f32_array_scalar(r.k + t0 * q.dim, ws.attention.k_chunk.data(), n * q.dim);
-      f16_to_f32_array_scalar(r.v + t0 * q.dim, ws.attention.v_chunk.data(), n * q.dim);
-      att.add_chunk(ws.attention.k_chunk.data(), ws.attention.v_chunk.data(), r.positions + t0, n);
-    }
-  });
+  online(q, ws, out, [&](cpu::OnlineAttention& att) { add_f16_rows(att, r, q.dim, ws); });
 }
 
 void attend_kivi(const QueryRows& q, const cpu::KiviHeadStore& s, Workspace& ws, float* out) {
@@ -69,24 +72,33 @@ void attend_kivi(const QueryRows& q, const cpu::KiviHeadStore& s, Workspace& ws,
 
 void attend_spindle(const QueryRows& q, const cpu::SpindleHeadStore& s, Workspace& ws,
                     float* out) {
-  online(q, ws, out, [&](cpu::OnlineAttention& att) { cpu::spindlekv_attend(s, att); });
+  online(q, ws, out, [&](cpu::OnlineAttention& att) {
+    cpu::spindlekv_attend(s, att, ws.attention.k_chunk, ws.attention.v_chunk);
+  });
 }
 
 void attend_minicache(const QueryRows& q, const cpu::MiniCacheHeadPair& p, int layer,
-                      Workspace& ws, float* out) {
-  online(q, ws, out, [&](cpu::OnlineAttention& att) { cpu::minicache_attend(p, layer, att); });
+                      const F16Rows& pending, Workspace& ws, float* out) {
+  online(q, ws, out, [&](cpu::OnlineAttention& att) {
+    cpu::minicache_attend(p, layer, att, ws.attention.k_chunk, ws.attention.v_chunk);
+    add_f16_rows(att, pending, q.dim, ws);
+  });
 }
 
 void attend_minicache_kivi(const QueryRows& q, const cpu::MiniCacheKiviPair& p, int layer,
-                           Workspace& ws, float* out) {
-  online(q, ws, out,
-         [&](cpu::OnlineAttention& att) { cpu::minicache_kivi_attend(p, layer, att); });
+                           const F16Rows& pending, Workspace& ws, float* out) {
+  online(q, ws, out, [&](cpu::OnlineAttention& att) {
+    cpu::minicache_kivi_attend(p, layer, att, ws.attention.k_chunk, ws.attention.v_chunk,
+                               ws.minicache);
+    add_f16_rows(att, pending, q.dim, ws);
+  });
 }
 
 void attend_specache(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
                      const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out) {
-  online(q, ws, out,
-         [&](cpu::OnlineAttention& att) { cpu::specache_attend(lowbit, fetched, att); });
+  online(q, ws, out, [&](cpu::OnlineAttention& att) {
+    cpu::specache_attend(lowbit, fetched, att, ws.attention.k_chunk, ws.attention.v_chunk);
+  });
 }
 
 void column_sums(const QueryRows& q, const cpu::KeyChunkLoader& keys, const int32_t* key_pos,
@@ -124,9 +136,10 @@ void restore_row(const uint16_t* direction, float magnitude, size_t dim, float* 
 }
 
 void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_t k,
-                     std::vector<uint32_t>& tokens, std::vector<float>* avg_probs) {
-  tokens = cpu::specache_select(lowbit, q.q, q.n_rows, q.positions ? q.positions[0] : INT32_MAX,
-                                q.scale, k, avg_probs);
+                     Workspace& ws, std::vector<uint32_t>& tokens,
+                     std::vector<float>* avg_probs) {
+  cpu::specache_select(lowbit, q.q, q.n_rows, q.positions ? q.positions[0] : INT32_MAX, q.scale,
+                       k, ws.specache, tokens, avg_probs);
 }
 
 }  // namespace

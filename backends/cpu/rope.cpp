@@ -35,7 +35,18 @@ void Rope::rotate(float* x, int32_t position, double sign) const {
 void Rope::apply_rows(float* x, const int32_t* positions, size_t n) const {
   if (style_ == KVSDK_ROPE_NONE || n == 0) return;
   const size_t half = dim_ / 2;
-  std::vector<double> c(half), s(half), step_c(half), step_s(half);
+  // On the stack for head dims up to 2 * kStackHalf (every model we know), so that attention
+  // over SpindleKV rows allocates nothing; larger heads fall back to the heap.
+  constexpr size_t kStackHalf = 256;
+  double stack[4 * kStackHalf];
+  std::vector<double> heap(half > kStackHalf ? 4 * half : 0);
+  double* base = half > kStackHalf ? heap.data() : stack;
+  // Disjoint ranges (restrict lets the compiler vectorize the elementwise loops below; each
+  // element is computed exactly as before).
+  double* __restrict c = base;
+  double* __restrict s = base + half;
+  double* __restrict step_c = base + 2 * half;
+  double* __restrict step_s = base + 3 * half;
   for (size_t i = 0; i < half; ++i) {
     pmath::sincos(freq_[i], &step_s[i], &step_c[i]);
   }
@@ -58,13 +69,21 @@ void Rope::apply_rows(float* x, const int32_t* positions, size_t n) const {
       }
     }
     ++since_anchor;
-    float* row = x + t * dim_;
-    for (size_t i = 0; i < half; ++i) {
-      const size_t a = style_ == KVSDK_ROPE_INTERLEAVED ? 2 * i : i;
-      const size_t b = style_ == KVSDK_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
-      const double xa = row[a], xb = row[b];
-      row[a] = float(xa * c[i] - xb * s[i]);
-      row[b] = float(xa * s[i] + xb * c[i]);
+    float* __restrict row = x + t * dim_;
+    if (style_ == KVSDK_ROPE_INTERLEAVED) {  // pairs (2i, 2i + 1)
+      for (size_t i = 0; i < half; ++i) {
+        const double xa = row[2 * i], xb = row[2 * i + 1];
+        row[2 * i] = float(xa * c[i] - xb * s[i]);
+        row[2 * i + 1] = float(xa * s[i] + xb * c[i]);
+      }
+    } else {  // halves (i, i + half): contiguous
+      float* __restrict lo = row;
+      float* __restrict hi = row + half;
+      for (size_t i = 0; i < half; ++i) {
+        const double xa = lo[i], xb = hi[i];
+        lo[i] = float(xa * c[i] - xb * s[i]);
+        hi[i] = float(xa * s[i] + xb * c[i]);
+      }
     }
   }
 }

@@ -77,16 +77,25 @@ void smallkv_proxy_weights(const float* q, const int32_t* q_positions, size_t n_
 }
 
 std::vector<uint32_t> smallkv_topk(const float* scores, size_t n, size_t k) {
+  std::vector<uint32_t> order, out;
+  smallkv_topk(scores, n, k, order, out);
+  return out;
+}
+
+void smallkv_topk(const float* scores, size_t n, size_t k, std::vector<uint32_t>& idx,
+                  std::vector<uint32_t>& out) {
   k = std::min(k, n);
-  std::vector<uint32_t> idx(n);
+  idx.resize(n);
   std::iota(idx.begin(), idx.end(), 0u);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](uint32_t a, uint32_t b) {
+  // The comparator is a strict total order (ties: lower index), so the k first elements after
+  // nth_element are exactly partial_sort's, in another order; they are sorted by index below.
+  const auto before = [&](uint32_t a, uint32_t b) {
     const float sa = rank_key(scores[a]), sb = rank_key(scores[b]);
     return sa > sb || (sa == sb && a < b);
-  });
-  idx.resize(k);
-  std::sort(idx.begin(), idx.end());
-  return idx;
+  };
+  if (k > 0 && k < n) std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), before);
+  out.assign(idx.begin(), idx.begin() + k);
+  std::sort(out.begin(), out.end());
 }
 
 double smallkv_jaccard(const float* a, const float* b, size_t n, size_t k) {
@@ -186,7 +195,17 @@ void smallkv_attend(const float* q, const int32_t* q_positions, size_t n_rows, s
                     const int32_t* full_positions, size_t n_full, const float* v_marginal,
                     const int32_t* marginal_positions, size_t n_marginal,
                     const float* proxy_weights, float* out) {
-  OnlineAttention attn(q, q_positions, n_rows, dim, scale);
+  AttentionScratch scratch;
+  smallkv_attend(q, q_positions, n_rows, dim, scale, k_full, v_full, full_positions, n_full,
+                 v_marginal, marginal_positions, n_marginal, proxy_weights, out, scratch);
+}
+
+void smallkv_attend(const float* q, const int32_t* q_positions, size_t n_rows, size_t dim,
+                    float scale, const float* k_full, const float* v_full,
+                    const int32_t* full_positions, size_t n_full, const float* v_marginal,
+                    const int32_t* marginal_positions, size_t n_marginal,
+                    const float* proxy_weights, float* out, AttentionScratch& scratch) {
+  OnlineAttention attn(q, q_positions, n_rows, dim, scale, scratch);
   attn.add_chunk(k_full, v_full, full_positions, n_full);
   attn.finish(out);
   for (size_t r = 0; r < n_rows; ++r) {

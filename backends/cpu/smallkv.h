@@ -30,6 +30,9 @@ void smallkv_proxy_weights(const float* q, const int32_t* q_positions, size_t n_
 
 // Indices of the k largest scores (ties: lower index first), returned in ascending index order.
 std::vector<uint32_t> smallkv_topk(const float* scores, size_t n, size_t k);
+// The same into `out`, with `order` as working memory (both reuse their capacity).
+void smallkv_topk(const float* scores, size_t n, size_t k, std::vector<uint32_t>& order,
+                  std::vector<uint32_t>& out);
 
 // Eq. 2 on two accumulated-attention vectors of n tokens. 1 when both top-k sets are empty.
 double smallkv_jaccard(const float* a, const float* b, size_t n, size_t k);
@@ -81,5 +84,12 @@ void smallkv_attend(const float* q, const int32_t* q_positions, size_t n_rows, s
                     const int32_t* full_positions, size_t n_full, const float* v_marginal,
                     const int32_t* marginal_positions, size_t n_marginal,
                     const float* proxy_weights, float* out);
+// The same with the softmax state in caller-owned scratch (reused: no allocation once grown).
+struct AttentionScratch;
+void smallkv_attend(const float* q, const int32_t* q_positions, size_t n_rows, size_t dim,
+                    float scale, const float* k_full, const float* v_full,
+                    const int32_t* full_positions, size_t n_full, const float* v_marginal,
+                    const int32_t* marginal_positions, size_t n_marginal,
+                    const float* proxy_weights, float* out, AttentionScratch& scratch);
 
 }  // namespace kvsdk::cpu

@@ -12,7 +12,7 @@
 namespace kvsdk::cpu {
 
 namespace {
-constexpr size_t kChunk = 256;
+constexpr size_t kChunk = kSpeCacheChunk;
 }
 
 SpeCacheBackingStore::SpeCacheBackingStore(size_t dim, std::shared_ptr<BackingArena> arena)
@@ -65,17 +65,27 @@ void SpeCacheBackingStore::append_f16(const uint16_t* k_rows, const uint16_t* v_
 std::vector<uint32_t> specache_select(const KiviHeadStore& lowbit, const float* q, size_t group,
                                       int32_t q_position, float scale, size_t k,
                                       std::vector<float>* avg_probs) {
+  SpeCacheSelectScratch scratch;
+  std::vector<uint32_t> top;
+  specache_select(lowbit, q, group, q_position, scale, k, scratch, top, avg_probs);
+  return top;
+}
+
+void specache_select(const KiviHeadStore& lowbit, const float* q, size_t group,
+                     int32_t q_position, float scale, size_t k, SpeCacheSelectScratch& sc,
+                     std::vector<uint32_t>& tokens, std::vector<float>* avg_probs) {
   const size_t n = lowbit.size(), dim = lowbit.head_dim();
+  tokens.clear();
   if (n == 0) {  // nothing stored yet: nothing to select
     if (avg_probs) avg_probs->clear();
-    return {};
+    return;
   }
-  std::vector<float> scores(group * n);
-  std::vector<float> kr(kChunk * dim), vr(kChunk * dim);
+  std::vector<float>& scores = at_least(sc.scores, group * n);
+  std::vector<float>& kr = at_least(sc.k_chunk, std::min(kChunk, n) * dim);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (size_t first = 0; first < n; first += kChunk) {
     const size_t c = std::min(kChunk, n - first);
-    lowbit.read_rows(first, c, kr.data(), vr.data());
+    lowbit.read_rows(first, c, kr.data(), nullptr);  // keys only: values are never used here
     for (size_t t = 0; t < c; ++t) {
       const bool visible = lowbit.positions()[first + t] <= q_position;
       for (size_t h = 0; h < group; ++h) {
@@ -83,7 +93,9 @@ std::vector<uint32_t> specache_select(const KiviHeadStore& lowbit, const float* 
       }
     }
   }
-  std::vector<float> avg(n, 0.0f);
+  std::vector<float>& avg = avg_probs ? *avg_probs : sc.avg;
+  reserve_for_growth(avg, n);  // (one more token per decode step: amortized, not exact-fit)
+  avg.assign(n, 0.0f);
   for (size_t h = 0; h < group; ++h) {
     float* s = &scores[h * n];
     const float mx = n ? *std::max_element(s, s + n) : neg_inf;
@@ -93,9 +105,27 @@ std::vector<uint32_t> specache_select(const KiviHeadStore& lowbit, const float* 
     for (size_t t = 0; t < n; ++t) z += (s[t] = pmath::exp_f32(s[t] - mx));
     for (size_t t = 0; t < n; ++t) avg[t] += float(s[t] / z / double(group));
   }
-  std::vector<uint32_t> top = smallkv_topk(avg.data(), n, k);
-  if (avg_probs) *avg_probs = std::move(avg);
-  return top;
+  if (k > 0) smallkv_topk(avg.data(), n, k, sc.order, tokens);
+}
+
+void specache_fetch(const SpeCacheBackingStore& backing, const std::vector<uint32_t>& tokens,
+                    SpeCacheFetched& out) {
+  const size_t dim = backing.dim();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    KVSDK_REQUIRE(tokens[i] < backing.size(), "fetched token ", tokens[i], " is beyond the ",
+                  backing.size(), " tokens of the backing store");
+    KVSDK_REQUIRE(i == 0 || tokens[i] > tokens[i - 1], "fetched tokens must be ascending");
+  }
+  out.tokens.reserve(tokens.size());  // (each reserve leaves the contents as they were)
+  out.k.reserve(tokens.size() * dim);
+  out.v.reserve(tokens.size() * dim);
+  out.tokens.assign(tokens.begin(), tokens.end());
+  out.k.resize(tokens.size() * dim);
+  out.v.resize(tokens.size() * dim);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    std::copy_n(backing.key_row(tokens[i]), dim, &out.k[i * dim]);
+    std::copy_n(backing.value_row(tokens[i]), dim, &out.v[i * dim]);
+  }
 }
 
 SpeCacheFetched specache_fetch(const SpeCacheBackingStore& backing,
@@ -117,22 +147,8 @@ SpeCacheFetched specache_fetch(const SpeCacheBackingStore& backing,
 
 void specache_attend(const KiviHeadStore& lowbit, const SpeCacheFetched& fetched,
                      OnlineAttention& attn) {
-  const size_t n = lowbit.size(), dim = lowbit.head_dim();
-  std::vector<float> k(kChunk * dim), v(kChunk * dim);
-  size_t next = 0;  // first fetched entry not yet substituted (both lists ascend)
-  for (size_t first = 0; first < n; first += kChunk) {
-    const size_t c = std::min(kChunk, n - first);
-    lowbit.read_rows(first, c, k.data(), v.data());
-    while (next < fetched.tokens.size() && fetched.tokens[next] < first + c) {
-      const size_t t = fetched.tokens[next] - first;
-      for (size_t d = 0; d < dim; ++d) {
-        k[t * dim + d] = f16_to_f32(fetched.k[next * dim + d]);
-        v[t * dim + d] = f16_to_f32(fetched.v[next * dim + d]);
-      }
-      ++next;
-    }
-    attn.add_chunk(k.data(), v.data(), lowbit.positions().data() + first, c);
-  }
+  std::vector<float> k, v;
+  specache_attend(lowbit, fetched, attn, k, v);
 }
 
 double specache_hit_rate(const std::vector<float>& probs, const std::vector<uint32_t>& tokens) {

@@ -6,6 +6,7 @@
 // rows substituted: C' ∪ C_K (§3.3, "replace C'_K with 16-bit C_K in this computation").
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -14,6 +15,8 @@
 #include "attention.h"
 #include "kivi_store.h"
 #include "specache_backing.h"
+#include "util/growth.h"
+#include "util/half_array.h"
 
 namespace kvsdk::cpu {
 
@@ -59,6 +62,15 @@ struct SpeCacheFetched {
   uint64_t bytes() const { return 4 * uint64_t(tokens.size()) + 2 * uint64_t(k.size() + v.size()); }
 };
 
+// Tokens dequantized per chunk by the selection and the attention.
+constexpr size_t kSpeCacheChunk = 256;
+
+// Working memory of specache_select (transient), reused by a caller that keeps one.
+struct SpeCacheSelectScratch {
+  std::vector<float> scores, k_chunk, avg;
+  std::vector<uint32_t> order;
+};
+
 // Group-averaged top-k: q [group][dim] are the speculative token's queries of the group's heads at
 // position q_position; each head's softmax over the dequantized low-bit keys is averaged over the
 // group and the k most probable tokens (ties: lower index) are returned in ascending order.
@@ -66,15 +78,46 @@ struct SpeCacheFetched {
 std::vector<uint32_t> specache_select(const KiviHeadStore& lowbit, const float* q, size_t group,
                                       int32_t q_position, float scale, size_t k,
                                       std::vector<float>* avg_probs = nullptr);
+// The same into caller-owned `tokens` (and *avg_probs when non-null), working in `scratch`: no
+// allocation once they have grown. The same bits as the overload above.
+void specache_select(const KiviHeadStore& lowbit, const float* q, size_t group,
+                     int32_t q_position, float scale, size_t k, SpeCacheSelectScratch& scratch,
+                     std::vector<uint32_t>& tokens, std::vector<float>* avg_probs);
 
 // Copies the rows of `tokens` (ascending, < backing.size()) out of the backing store.
 SpeCacheFetched specache_fetch(const SpeCacheBackingStore& backing,
                                const std::vector<uint32_t>& tokens);
+// The same into `out`, reusing its capacity. Validates every token first and reserves before it
+// writes: on a throw `out` is unchanged.
+void specache_fetch(const SpeCacheBackingStore& backing, const std::vector<uint32_t>& tokens,
+                    SpeCacheFetched& out);
 
 // Adds every token of the low-bit copy to `attn`, using the fetched full-precision row instead of
 // the dequantized one where there is one.
 void specache_attend(const KiviHeadStore& lowbit, const SpeCacheFetched& fetched,
                      OnlineAttention& attn);
+
+// The same into any sink with add_chunk(k, v, positions, n), through caller-owned chunk buffers
+// (grown once, then reused).
+template <class Sink>
+void specache_attend(const KiviHeadStore& lowbit, const SpeCacheFetched& fetched, Sink& attn,
+                     std::vector<float>& k, std::vector<float>& v) {
+  const size_t n = lowbit.size(), dim = lowbit.head_dim();
+  at_least(k, std::min(kSpeCacheChunk, n) * dim);
+  at_least(v, std::min(kSpeCacheChunk, n) * dim);
+  size_t next = 0;  // first fetched entry not yet substituted (both lists ascend)
+  for (size_t first = 0; first < n; first += kSpeCacheChunk) {
+    const size_t c = std::min(kSpeCacheChunk, n - first);
+    lowbit.read_rows(first, c, k.data(), v.data());
+    while (next < fetched.tokens.size() && fetched.tokens[next] < first + c) {
+      const size_t t = fetched.tokens[next] - first;
+      f16_to_f32_array(&fetched.k[next * dim], &k[t * dim], dim);  // exact
+      f16_to_f32_array(&fetched.v[next * dim], &v[t * dim], dim);
+      ++next;
+    }
+    attn.add_chunk(k.data(), v.data(), lowbit.positions().data() + first, c);
+  }
+}
 
 // Fraction of `probs` (a distribution over the tokens) that falls on `tokens`: the fetch hit rate.
 double specache_hit_rate(const std::vector<float>& probs, const std::vector<uint32_t>& tokens);
@@ -106,6 +149,9 @@ class SpeCacheHead {
   // Selects the group-averaged top-k of the speculative queries and fetches their rows,
   // replacing the previous fetch.
   void prefetch(const float* spec_q, size_t group, int32_t q_position, float scale, size_t k);
+  // Fetches the rows of `tokens` (ascending, from a selection), replacing the previous fetch and
+  // reusing its capacity; on a throw the previous fetch stays.
+  void fetch(const std::vector<uint32_t>& tokens) { specache_fetch(backing_, tokens, fetched_); }
 
   // Fraction of the real queries' group-averaged attention (over the low-bit keys) that falls on
   // the fetched tokens: how well the speculative token guessed.

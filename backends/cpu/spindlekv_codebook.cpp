@@ -1,10 +1,13 @@
 #include "spindlekv_codebook.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "attention.h"
 #include "util/error.h"
+#include "util/growth.h"
 #include "util/half.h"
+#include "util/half_array.h"
 
 namespace kvsdk::cpu {
 
@@ -23,13 +26,30 @@ SpindleCodebook::SpindleCodebook(size_t dim, float theta) : dim_(dim), theta_(th
 }
 
 void SpindleCodebook::append(const float* rows, size_t n) {
+  SpindleCodebookScratch scratch;
+  append(rows, n, scratch);
+}
+
+void SpindleCodebook::append(const float* rows, size_t n, SpindleCodebookScratch& s) {
   const size_t first = size();
+  if (index_.capacity() < first + n) {
+    // Every buffer grows when the rows do, by the same schedule (growth.h): at most one new
+    // entry per row, so the entries never need to grow between two growths of the rows, and
+    // every codebook of a cache grows at the same appends (not whenever its entry count
+    // happens to cross a capacity).
+    const size_t cap = grown_capacity(index_.capacity(), first + n);
+    index_.reserve(cap);
+    magnitude_.reserve(cap);
+    entries_.reserve(std::max(entries_.capacity(), entries_.size() + (cap - first) * dim_));
+  }
   index_.resize(first + n, 0);
   magnitude_.resize(first + n, 0.0f);
-  std::vector<size_t> leftover;
+  std::vector<size_t>& leftover = s.leftover;
+  leftover.clear();
   // The existing entries, decoded once for this call (transient scratch, not held state).
   const size_t n_entries = entries();
-  std::vector<float> entry(n_entries * dim_), entry_norm(n_entries);
+  std::vector<float>& entry = at_least(s.entry, n_entries * dim_);
+  std::vector<float>& entry_norm = at_least(s.entry_norm, n_entries);
   for (size_t e = 0; e < n_entries; ++e) {
     for (size_t d = 0; d < dim_; ++d) entry[e * dim_ + d] = f16_to_f32(entries_[e * dim_ + d]);
     entry_norm[e] = norm(&entry[e * dim_], dim_);
@@ -62,17 +82,19 @@ void SpindleCodebook::append(const float* rows, size_t n) {
       leftover.push_back(i);
     }
   }
-  build_greedy(leftover, rows, first);
+  build_greedy(leftover, rows, first, s);
   if (has_zero_rows && entries() == 0) entries_.assign(dim_, 0);  // index 0 must exist
 }
 
 void SpindleCodebook::build_greedy(const std::vector<size_t>& rows, const float* data,
-                                   size_t first_row) {
+                                   size_t first_row, SpindleCodebookScratch& s) {
   const size_t m = rows.size();
   if (m == 0) return;
   // Candidate entries: each row's direction rounded to f16, as it would be stored (Eq. 8).
-  std::vector<uint16_t> cand(m * dim_);
-  std::vector<float> cand_f32(m * dim_), cand_norm(m), row_norm(m);
+  std::vector<uint16_t>& cand = at_least(s.cand, m * dim_);
+  std::vector<float>& cand_f32 = at_least(s.cand_f32, m * dim_);
+  std::vector<float>& cand_norm = at_least(s.cand_norm, m);
+  std::vector<float>& row_norm = at_least(s.row_norm, m);
   for (size_t j = 0; j < m; ++j) {
     const float* x = data + rows[j] * dim_;
     row_norm[j] = norm(x, dim_);
@@ -84,7 +106,12 @@ void SpindleCodebook::build_greedy(const std::vector<size_t>& rows, const float*
   }
   // Cosine graph (Eq. 9): covers[b] lists the rows a with cos(x_a, C_b) > θ; covered_by[a] the
   // reverse, to keep degrees (Eq. 10) current as rows leave the graph (Eq. 13).
-  std::vector<std::vector<uint32_t>> covers(m), covered_by(m);
+  std::vector<std::vector<uint32_t>>& covers = at_least(s.covers, m);
+  std::vector<std::vector<uint32_t>>& covered_by = at_least(s.covered_by, m);
+  for (size_t j = 0; j < m; ++j) {
+    covers[j].clear();
+    covered_by[j].clear();
+  }
   for (size_t a = 0; a < m; ++a) {
     const float* x = data + rows[a] * dim_;
     for (size_t b = 0; b < m; ++b) {
@@ -95,9 +122,10 @@ void SpindleCodebook::build_greedy(const std::vector<size_t>& rows, const float*
       }
     }
   }
-  std::vector<size_t> degree(m);
+  std::vector<size_t>& degree = at_least(s.degree, m);
   for (size_t b = 0; b < m; ++b) degree[b] = covers[b].size();
-  std::vector<char> alive(m, 1);
+  std::vector<char>& alive = at_least(s.alive, m);
+  std::fill(alive.begin(), alive.begin() + m, char(1));
   size_t remaining = m;
   while (remaining > 0) {
     size_t pick = m;  // highest degree among rows still in the graph (Eq. 11), lowest index on ties
@@ -105,6 +133,7 @@ void SpindleCodebook::build_greedy(const std::vector<size_t>& rows, const float*
       if (alive[b] && (pick == m || degree[b] > degree[pick])) pick = b;
     }
     const uint32_t e = uint32_t(entries());
+    reserve_for_growth(entries_, entries_.size() + dim_);
     entries_.insert(entries_.end(), cand.begin() + pick * dim_, cand.begin() + (pick + 1) * dim_);
     for (uint32_t a : covers[pick]) {  // Eq. 12: the pick and its neighbours point at the entry
       if (!alive[a]) continue;
@@ -149,7 +178,9 @@ void SpindleCodebook::reconstruct(size_t first, size_t count, float* out) const 
   for (size_t i = 0; i < count; ++i) {
     const uint16_t* c = entries_.data() + size_t(index_[first + i]) * dim_;
     const float m = magnitude_[first + i];
-    for (size_t d = 0; d < dim_; ++d) out[i * dim_ + d] = f16_to_f32(c[d]) * m;
+    float* o = out + i * dim_;
+    f16_to_f32_array(c, o, dim_);  // exact, as f16_to_f32: the same bits, converted in bulk
+    for (size_t d = 0; d < dim_; ++d) o[d] *= m;
   }
 }
 

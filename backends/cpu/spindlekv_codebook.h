@@ -22,6 +22,18 @@ namespace kvsdk::cpu {
 constexpr float kSpindleThetaK = 0.98f;
 constexpr float kSpindleThetaV = 0.95f;
 
+// Working memory of SpindleCodebook::append (transient, not state): reused across calls by a
+// caller that keeps one, so a decode append allocates nothing but the codebook's own growth.
+struct SpindleCodebookScratch {
+  std::vector<size_t> leftover;
+  std::vector<float> entry, entry_norm;  // the existing entries decoded, and their norms
+  std::vector<uint16_t> cand;
+  std::vector<float> cand_f32, cand_norm, row_norm;
+  std::vector<std::vector<uint32_t>> covers, covered_by;  // never shrunk: inner capacity stays
+  std::vector<size_t> degree;
+  std::vector<char> alive;
+};
+
 class SpindleCodebook {
  public:
   // Throws kvsdk::Error (KVSDK_E_INVALID_ARG) for dim 0 or θ outside (-1, 1).
@@ -29,6 +41,7 @@ class SpindleCodebook {
 
   // Encodes `n` rows [n][dim] (appended after the rows already held).
   void append(const float* rows, size_t n);
+  void append(const float* rows, size_t n, SpindleCodebookScratch& scratch);
 
   // Reconstructs rows [first, first + count) into out [count][dim] (Eq. 14).
   void reconstruct(size_t first, size_t count, float* out) const;
@@ -54,7 +67,8 @@ class SpindleCodebook {
 
  private:
   // Algorithm 1 over rows[i] of `data` (row numbers relative to `data`, stored at first_row + i).
-  void build_greedy(const std::vector<size_t>& rows, const float* data, size_t first_row);
+  void build_greedy(const std::vector<size_t>& rows, const float* data, size_t first_row,
+                    SpindleCodebookScratch& s);
 
   size_t dim_;
   float theta_;

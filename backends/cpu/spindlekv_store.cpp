@@ -6,23 +6,27 @@
 
 namespace kvsdk::cpu {
 
-namespace {
-constexpr size_t kChunk = 256;
-}
-
 SpindleHeadStore::SpindleHeadStore(size_t head_dim, float rope_theta, kvsdk_rope_style rope_style,
                                    float theta_k, float theta_v)
     : rope_(head_dim, rope_theta, rope_style), keys_(head_dim, theta_k), values_(head_dim, theta_v) {}
 
 void SpindleHeadStore::append(const float* k, const float* v, const int32_t* positions,
                               size_t n) {
+  SpindleScratch scratch;
+  append(k, v, positions, n, scratch);
+}
+
+void SpindleHeadStore::append(const float* k, const float* v, const int32_t* positions, size_t n,
+                              SpindleScratch& scratch) {
   const size_t dim = head_dim();
-  std::vector<float> pre(k, k + n * dim);
+  std::vector<float>& pre = at_least(scratch.pre_rope, n * dim);
+  std::copy_n(k, n * dim, pre.data());
   for (size_t t = 0; t < n; ++t) rope_.inverse(&pre[t * dim], positions[t]);
+  reserve_for_growth(positions_, positions_.size() + n);
   for (size_t first = 0; first < n; first += kSpindlePrefillBlock) {
     const size_t c = std::min(kSpindlePrefillBlock, n - first);
-    keys_.append(&pre[first * dim], c);
-    values_.append(v + first * dim, c);
+    keys_.append(&pre[first * dim], c, scratch.codebook);
+    values_.append(v + first * dim, c, scratch.codebook);
   }
   positions_.insert(positions_.end(), positions, positions + n);
 }
@@ -55,13 +59,8 @@ SpindleBytes SpindleHeadStore::bytes() const {
 }
 
 void spindlekv_attend(const SpindleHeadStore& store, OnlineAttention& attn) {
-  const size_t dim = store.head_dim();
-  std::vector<float> k(kChunk * dim), v(kChunk * dim);
-  for (size_t first = 0; first < store.size(); first += kChunk) {
-    const size_t n = std::min(kChunk, store.size() - first);
-    store.read_rows(first, n, k.data(), v.data());
-    attn.add_chunk(k.data(), v.data(), store.positions().data() + first, n);
-  }
+  std::vector<float> k, v;
+  spindlekv_attend(store, attn, k, v);
 }
 
 }  // namespace kvsdk::cpu

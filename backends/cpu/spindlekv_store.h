@@ -9,6 +9,7 @@
 // graph to ~block² pairs (a few MB) and the work to O(n · (block + entries) · head_dim).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -16,16 +17,25 @@
 #include "attention.h"
 #include "rope.h"
 #include "spindlekv_codebook.h"
+#include "util/growth.h"
 
 namespace kvsdk::cpu {
 
 constexpr size_t kSpindlePrefillBlock = 1024;
+// Tokens reconstructed per attention chunk.
+constexpr size_t kSpindleAttendChunk = 256;
 
 struct SpindleBytes {
   uint64_t key_codebook = 0;    // key entries + key indices + key magnitudes
   uint64_t value_codebook = 0;  // value entries + value indices + value magnitudes
   uint64_t positions = 0;       // int32 per token
   uint64_t total() const { return key_codebook + value_codebook + positions; }
+};
+
+// Working memory of SpindleHeadStore::append, reused across calls (one per cache).
+struct SpindleScratch {
+  std::vector<float> pre_rope;  // keys with RoPE removed
+  SpindleCodebookScratch codebook;
 };
 
 class SpindleHeadStore {
@@ -35,6 +45,10 @@ class SpindleHeadStore {
 
   // Appends `n` tokens: post-RoPE keys and values [n][head_dim] (f32) with their positions.
   void append(const float* k, const float* v, const int32_t* positions, size_t n);
+  // The same over caller-owned scratch (reused across calls: the decode path allocates nothing
+  // besides the amortized growth of the stored rows).
+  void append(const float* k, const float* v, const int32_t* positions, size_t n,
+              SpindleScratch& scratch);
 
   // Reconstructed rows [first, first + count): keys with RoPE re-applied.
   void read_rows(size_t first, size_t count, float* k, float* v) const;
@@ -61,5 +75,21 @@ class SpindleHeadStore {
 
 // Adds every token of `store` to `attn`, reconstructing bounded chunks.
 void spindlekv_attend(const SpindleHeadStore& store, OnlineAttention& attn);
+
+// The same into any sink with add_chunk(k, v, positions, n) (OnlineAttention, or the optimized
+// backend's accumulator), through caller-owned chunk buffers k, v (grown once, then reused).
+template <class Sink>
+void spindlekv_attend(const SpindleHeadStore& store, Sink& attn, std::vector<float>& k,
+                      std::vector<float>& v) {
+  const size_t dim = store.head_dim();
+  const size_t chunk = std::min(kSpindleAttendChunk, store.size()) * dim;
+  at_least(k, chunk);
+  at_least(v, chunk);
+  for (size_t first = 0; first < store.size(); first += kSpindleAttendChunk) {
+    const size_t n = std::min(kSpindleAttendChunk, store.size() - first);
+    store.read_rows(first, n, k.data(), v.data());
+    attn.add_chunk(k.data(), v.data(), store.positions().data() + first, n);
+  }
+}
 
 }  // namespace kvsdk::cpu

@@ -5,6 +5,7 @@
 #include "attention.h"
 #include "repr/kivi_repr.h"
 #include "util/error.h"
+#include "util/growth.h"
 #include "util/half.h"
 
 namespace kvsdk {
@@ -187,13 +188,17 @@ void MiniCacheRepresentation::append(uint32_t layer, size_t n, const float* k, c
   if (common > 0) {
     // Both layers' rows as f16 (the leader waited as f16; rounding the partner too keeps the
     // result independent of which layer led).
-    std::vector<float> kp(common * dim), vp(common * dim), kc(common * dim), vc(common * dim);
+    // (in reused scratch: one thread per cache)
+    float* kp = at_least(merge_kp_, common * dim).data();
+    float* vp = at_least(merge_vp_, common * dim).data();
+    float* kc = at_least(merge_kc_, common * dim).data();
+    float* vc = at_least(merge_vc_, common * dim).data();
     for (uint32_t h = 0; h < heads; ++h) {
       const Pending& q = p.pending[h];
-      float* ko = side == 1 ? kp.data() : kc.data();  // the partner's (waiting) side
-      float* vo = side == 1 ? vp.data() : vc.data();
-      float* kn = side == 1 ? kc.data() : kp.data();  // this layer's side
-      float* vn = side == 1 ? vc.data() : vp.data();
+      float* ko = side == 1 ? kp : kc;  // the partner's (waiting) side
+      float* vo = side == 1 ? vp : vc;
+      float* kn = side == 1 ? kc : kp;  // this layer's side
+      float* vn = side == 1 ? vc : vp;
       for (size_t i = 0; i < common * dim; ++i) {
         ko[i] = f16_to_f32(q.k[i]);
         vo[i] = f16_to_f32(q.v[i]);
@@ -205,9 +210,9 @@ void MiniCacheRepresentation::append(uint32_t layer, size_t n, const float* k, c
         }
       }
       if (kivi_) {
-        p.kivi[h].append(kp.data(), vp.data(), kc.data(), vc.data(), positions, common);
+        p.kivi[h].append(kp, vp, kc, vc, positions, common, merge_scratch_);
       } else {
-        p.f16[h].append(kp.data(), vp.data(), kc.data(), vc.data(), positions, common);
+        p.f16[h].append(kp, vp, kc, vc, positions, common, merge_scratch_);
       }
     }
     for (Pending& q : p.pending) {  // release the merged rows of the waiting side
@@ -266,12 +271,21 @@ void MiniCacheRepresentation::for_rows(uint32_t layer, uint32_t h, Sink&& sink) 
 void MiniCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                                      const int32_t* row_positions, size_t n_rows,
                                      float* out) const {
-  cpu::OnlineAttention att(q_rows, row_positions, n_rows, geometry_.head_dim,
-                           geometry_.attn_scale);
-  for_rows(layer, kv_head, [&](const float* k, const float* v, const int32_t* pos, size_t n) {
-    att.add_chunk(k, v, pos, n);
-  });
-  att.finish(out);
+  // The pair's rows of this layer, then its rows waiting for the partner, in one softmax.
+  const Pair& p = pairs_[pair_of(layer)];
+  const int side = side_of(layer);
+  const size_t waiting = pending_of(p, side);
+  backend::F16Rows pending;
+  if (waiting > 0) {
+    const Pending& q = p.pending[kv_head];
+    pending = {q.k.data(), q.v.data(), q.positions.data(), waiting};
+  }
+  const backend::QueryRows qr = query_rows(q_rows, row_positions, n_rows);
+  if (kivi_) {
+    ops().attend_minicache_kivi(qr, p.kivi[kv_head], side, pending, workspace(), out);
+  } else {
+    ops().attend_minicache(qr, p.f16[kv_head], side, pending, workspace(), out);
+  }
 }
 
 size_t MiniCacheRepresentation::head_tokens(uint32_t layer, uint32_t /*kv_head*/) const {

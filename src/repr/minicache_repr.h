@@ -91,6 +91,10 @@ class MiniCacheRepresentation final : public Representation {
   cpu::KiviConfig quant_;
   bool kivi_;
   std::vector<Pair> pairs_;
+  // append()'s working memory, reused (one thread per cache): both layers' rows of the merged
+  // tokens of one head, and the pairs' scratch.
+  std::vector<float> merge_kp_, merge_vp_, merge_kc_, merge_vc_;
+  cpu::MiniCacheScratch merge_scratch_;
 };
 
 }  // namespace kvsdk

@@ -7,7 +7,9 @@
 #include "core/cache.h"
 #include "smallkv.h"
 #include "util/dtype.h"
+#include "cpu_workspace.h"
 #include "util/error.h"
+#include "util/growth.h"
 
 namespace kvsdk {
 
@@ -127,11 +129,12 @@ void SmallKvRepresentation::append(uint32_t layer, size_t n, const float* k, con
   const size_t dim = geometry_.head_dim, row = geometry_.kv_elems_per_token();
   Layer& L = layers_[layer];
   // Reserve everything first so that the copy below cannot fail half-way.
+  // Amortized growth (exact-fit reserves would copy every row on every decode step).
   for (Head& h : L.heads) {
-    h.full_pos.reserve(h.full_pos.size() + n);
-    h.full_k.reserve((h.full_pos.size() + n) * dim);
-    h.full_v.reserve((h.full_pos.size() + n) * dim);
-    h.full_score.reserve(h.full_pos.size() + n);
+    reserve_for_growth(h.full_pos, h.full_pos.size() + n);
+    reserve_for_growth(h.full_k, (h.full_pos.size() + n) * dim);
+    reserve_for_growth(h.full_v, (h.full_pos.size() + n) * dim);
+    reserve_for_growth(h.full_score, h.full_pos.size() + n);
   }
   if (!L.started) {
     const bool matched =
@@ -337,16 +340,20 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
     }
   }
   // Eq. 6.
-  std::vector<float> kf(nf * dim), vf(nf * dim), vm(nm * dim), wm(n_rows * nm);
-  load_f32(KVSDK_DTYPE_F16, H.full_k.data(), 0, nf * dim, kf.data());
-  load_f32(KVSDK_DTYPE_F16, H.full_v.data(), 0, nf * dim, vf.data());
-  load_f32(KVSDK_DTYPE_F16, H.marg_v.data(), 0, nm * dim, vm.data());
+  // (f32 rows in reused scratch: one thread per cache)
+  float* kf = at_least(attend_kf_, nf * dim).data();
+  float* vf = at_least(attend_vf_, nf * dim).data();
+  float* vm = at_least(attend_vm_, nm * dim).data();
+  float* wm = at_least(attend_wm_, n_rows * nm).data();
+  load_f32(KVSDK_DTYPE_F16, H.full_k.data(), 0, nf * dim, kf);
+  load_f32(KVSDK_DTYPE_F16, H.full_v.data(), 0, nf * dim, vf);
+  load_f32(KVSDK_DTYPE_F16, H.marg_v.data(), 0, nm * dim, vm);
   for (size_t r = 0; r < n_rows && nm > 0; ++r) {
-    std::copy_n(w.data() + r * n + nf, nm, wm.data() + r * nm);
+    std::copy_n(w.data() + r * n + nf, nm, wm + r * nm);
   }
-  cpu::smallkv_attend(q_rows, row_positions, n_rows, dim, geometry_.attn_scale, kf.data(),
-                      vf.data(), H.full_pos.data(), nf, vm.data(), H.marg_pos.data(), nm,
-                      wm.data(), out);
+  cpu::smallkv_attend(q_rows, row_positions, n_rows, dim, geometry_.attn_scale, kf, vf,
+                      H.full_pos.data(), nf, vm, H.marg_pos.data(), nm, wm, out,
+                      workspace().attention);
   // Saliency-shift compensation: rows accumulate the proxy's attention of every later step.
   if (proxied) {
     if (!u.has_scores) {

@@ -169,6 +169,8 @@ class SmallKvRepresentation final : public Representation {
   mutable bool staging_ = false;
   mutable std::vector<AttendUpdate> staged_;
   EvictionPlan plan_;  // the planned eviction (active until committed or dropped)
+  // attend()'s f32 rows (full K and V, marginal V) and marginal weights, reused.
+  mutable std::vector<float> attend_kf_, attend_vf_, attend_vm_, attend_wm_;
 };
 
 }  // namespace kvsdk

@@ -5,6 +5,7 @@
 #include "attention.h"
 #include "repr/kivi_repr.h"
 #include "util/error.h"
+#include "util/growth.h"
 #include "util/half.h"
 
 namespace kvsdk {
@@ -71,7 +72,9 @@ void SpeCacheRepresentation::append(uint32_t layer, size_t n, const float* k, co
   // Grow every head's backing store first: a full disk or file error then changes no head.
   for (cpu::SpeCacheHead& h : heads_[layer]) h.backing().reserve(n);
   const size_t dim = geometry_.head_dim;
-  std::vector<float> kf(n * dim), vf(n * dim);
+  // One head's rows at a time, in reused scratch.
+  std::vector<float>& kf = at_least(append_k_, n * dim);
+  std::vector<float>& vf = at_least(append_v_, n * dim);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     head_rows(k, v, n, h, kf.data(), vf.data());
     heads_[layer][h].append(kf.data(), vf.data(), positions, n);
@@ -82,18 +85,21 @@ void SpeCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const floa
                                     const int32_t* row_positions, size_t n_rows,
                                     float* out) const {
   const cpu::SpeCacheHead& h = heads_[layer][kv_head];
-  cpu::OnlineAttention att(q_rows, row_positions, n_rows, geometry_.head_dim,
-                           geometry_.attn_scale);
-  h.attend(att);
-  att.finish(out);
+  backend::Workspace& ws = workspace();
+  ops().attend_specache(query_rows(q_rows, row_positions, n_rows), h.lowbit(), h.fetched(), ws,
+                        out);
   if (pending_[layer][kv_head]) {
     // The real queries' attention (over the low-bit keys) on the rows the speculative token
     // fetched, per query, averaged into the running hit rate (SpeCache (docs/papers.md) §4
     // reports this share).
     const size_t group = geometry_.group_size(), dim = geometry_.head_dim;
-    std::vector<double> hits;
+    std::vector<double>& hits = hits_;
+    hits.clear();
     for (size_t r = 0; r + group <= n_rows; r += group) {
-      hits.push_back(h.hit_rate(q_rows + r * dim, group, row_positions[r], geometry_.attn_scale));
+      // The selection's averaged probabilities over every token (k = 0: no top-k).
+      ops().specache_select(query_rows(q_rows + r * dim, row_positions + r, group), h.lowbit(), 0,
+                            ws, select_tokens_, &select_probs_);
+      hits.push_back(cpu::specache_hit_rate(select_probs_, h.fetched().tokens));
     }
     if (staging_) {
       staged_hits_.insert(staged_hits_.end(), hits.begin(), hits.end());
@@ -163,8 +169,12 @@ void SpeCacheRepresentation::prefetch(uint32_t layer, uint32_t kv_head, const fl
   const size_t group = geometry_.group_size();
   KVSDK_REQUIRE(n_rows == group, "SpeCache prefetches with one speculative query per step (got ",
                 n_rows / group, ")");
-  heads_[layer][kv_head].prefetch(q_rows, group, row_positions[0], geometry_.attn_scale,
-                                  fetch_tokens_);
+  // One speculative query per head of the group, all at the first row's position.
+  const int32_t pos = row_positions[0];
+  ops().specache_select({q_rows, &pos, n_rows, geometry_.head_dim, geometry_.attn_scale},
+                        heads_[layer][kv_head].lowbit(), fetch_tokens_, workspace(),
+                        select_tokens_, nullptr);
+  heads_[layer][kv_head].fetch(select_tokens_);
   pending_[layer][kv_head] = 1;
 }
 

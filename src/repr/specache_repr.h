@@ -70,6 +70,12 @@ class SpeCacheRepresentation final : public Representation {
   mutable bool staging_ = false;
   mutable std::vector<double> staged_hits_;
   mutable std::vector<std::pair<uint32_t, uint32_t>> staged_heads_;
+  // Working memory reused across calls (one thread per cache): append()'s per-head rows, the
+  // selection's tokens and probabilities, one attend()'s hit rates.
+  std::vector<float> append_k_, append_v_;
+  mutable std::vector<uint32_t> select_tokens_;
+  mutable std::vector<float> select_probs_;
+  mutable std::vector<double> hits_;
 };
 
 }  // namespace kvsdk

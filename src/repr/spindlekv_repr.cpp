@@ -5,6 +5,7 @@
 #include "attention.h"
 #include "repr/head_store.h"
 #include "util/error.h"
+#include "util/growth.h"
 
 namespace kvsdk {
 
@@ -59,19 +60,21 @@ uint64_t SpindleKvRepresentation::append_bound(uint32_t layer, size_t n) const {
 void SpindleKvRepresentation::append(uint32_t layer, size_t n, const float* k, const float* v,
                                      const int32_t* positions) {
   const size_t dim = geometry_.head_dim;
-  std::vector<float> kf(n * dim), vf(n * dim);
+  // One head's rows at a time, in reused scratch.
+  std::vector<float>& kf = at_least(append_k_, n * dim);
+  std::vector<float>& vf = at_least(append_v_, n * dim);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     head_rows(k, v, n, h, kf.data(), vf.data());
-    heads_[layer][h].append(kf.data(), vf.data(), positions, n);
+    heads_[layer][h].append(kf.data(), vf.data(), positions, n, append_scratch_);
   }
 }
 
 void SpindleKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                                      const int32_t* row_positions, size_t n_rows,
                                      float* out) const {
-  // Reconstructed chunk by chunk.
-  attend_head_store(heads_[layer][kv_head], cpu::spindlekv_attend, geometry_, q_rows,
-                    row_positions, n_rows, out);
+  // Reconstructed chunk by chunk, by the backend.
+  ops().attend_spindle(query_rows(q_rows, row_positions, n_rows), heads_[layer][kv_head],
+                       workspace(), out);
 }
 
 size_t SpindleKvRepresentation::head_tokens(uint32_t layer, uint32_t kv_head) const {

@@ -41,6 +41,9 @@ class SpindleKvRepresentation final : public Representation {
  private:
   uint32_t boundary_;
   std::vector<std::vector<cpu::SpindleHeadStore>> heads_;  // [layer < boundary][kv_head]
+  // append()'s working memory, reused (one thread per cache).
+  std::vector<float> append_k_, append_v_;
+  cpu::SpindleScratch append_scratch_;
 };
 
 }  // namespace kvsdk

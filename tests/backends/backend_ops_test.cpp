@@ -11,13 +11,20 @@
 // SIMD attention kernels compute the same softmax attention over the same rows in another order
 // of summation (see fast_attention.h), so they match within kAttendRel of |reference| plus
 // kAttendAbs of max |v|: ~10x the largest gap measured, far below what a wrong code, scale, mask
-// or rescale does (> 1e-2 of max |v|).
+// or rescale does (> 1e-2 of max |v|). That holds for the chunk-fed tiers too (attend_spindle,
+// attend_minicache(_kivi), attend_specache: fast_chunk_attention.h). SpeCache's selection scores
+// with the SIMD dot product and exp: its probabilities match within kProbRel of the reference's
+// plus kProbAbs, and its top-k set wherever a probability is farther than that from the k-th
+// largest (a near-tie may pick either token). Every optimized SIMD target must give the same bits
+// as the first one tried (snapshots continue identically on any machine).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -36,6 +43,8 @@ namespace {
 
 constexpr float kAttendRel = 1e-5f;
 constexpr float kAttendAbs = 3e-5f;
+constexpr float kProbRel = 1e-5f;
+constexpr float kProbAbs = 1e-7f;
 
 const size_t kDims[] = {64, 128, 256};
 const size_t kGroups[] = {1, 4, 8};      // query heads per KV head
@@ -134,6 +143,10 @@ void check_attend(const Candidate& c, size_t out_size, float max_v, bool exact,
     expect_bits(got, want, what);
   } else {
     expect_attention(got, want, max_v, what);
+    // Every SIMD target gives the bits of the first target tried for this case.
+    static std::map<std::string, std::vector<float>> first_target;
+    const auto [it, inserted] = first_target.emplace(what, got);
+    if (!inserted) expect_bits(got, it->second, what + " (same bits on every SIMD target)");
   }
   // A reused workspace gives the same bits (no state leaks from one call into the next).
   std::vector<float> again(out_size, NAN);
@@ -276,6 +289,53 @@ TEST(BackendOps, AttendKiviWithinToleranceOfTheReference) {
   });
 }
 
+// SpeCache selection of `k` tokens: probabilities within kProbRel / kProbAbs of the reference's
+// (bit for bit for the reference itself), the same top-k set wherever a probability is farther
+// than that from the k-th largest, the same bits from a reused workspace and on every SIMD target.
+void check_specache_select(const Candidate& c, const QueryRows& r,
+                           const cpu::KiviHeadStore& lowbit, size_t k, const std::string& what) {
+  std::vector<uint32_t> want, got, again;
+  std::vector<float> want_p, got_p, again_p;
+  WorkspaceHandle ref_ws(cpu_reference()), ws(*c.ops);
+  cpu_reference().specache_select(r, lowbit, k, ref_ws.get(), want, &want_p);
+  c.ops->specache_select(r, lowbit, k, ws.get(), got, &got_p);
+  c.ops->specache_select(r, lowbit, k, ws.get(), again, &again_p);
+  EXPECT_EQ(again, got) << what << " (reused workspace)";
+  expect_bits(again_p, got_p, what + " probabilities (reused workspace)");
+  ASSERT_EQ(got.size(), want.size()) << what;
+  if (c.ops == &cpu_reference()) {
+    EXPECT_EQ(got, want) << what;
+    expect_bits(got_p, want_p, what + " probabilities");
+    return;
+  }
+  ASSERT_EQ(got_p.size(), want_p.size()) << what;
+  for (size_t t = 0; t < want_p.size(); ++t) {
+    ASSERT_NEAR(got_p[t], want_p[t], kProbRel * std::fabs(want_p[t]) + kProbAbs)
+        << what << ": probability of token " << t;
+  }
+  if (k > 0 && !want.empty()) {
+    std::vector<float> sorted = want_p;
+    std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+    const float kth = sorted[std::min(k, sorted.size()) - 1];
+    const float gap = 2.0f * (kProbRel * kth + kProbAbs);
+    std::vector<char> in_want(want_p.size(), 0), in_got(want_p.size(), 0);
+    for (uint32_t t : want) in_want[t] = 1;
+    for (uint32_t t : got) in_got[t] = 1;
+    for (size_t t = 0; t < want_p.size(); ++t) {
+      if (std::fabs(want_p[t] - kth) > gap) {
+        EXPECT_EQ(in_got[t], in_want[t]) << what << ": token " << t << " (probability "
+                                         << want_p[t] << ", k-th " << kth << ")";
+      }
+    }
+  }
+  static std::map<std::string, std::pair<std::vector<uint32_t>, std::vector<float>>> first;
+  const auto [it, inserted] = first.emplace(what, std::make_pair(got, got_p));
+  if (!inserted) {
+    EXPECT_EQ(got, it->second.first) << what << " (same selection on every SIMD target)";
+    expect_bits(got_p, it->second.second, what + " probabilities (same bits on every target)");
+  }
+}
+
 TEST(BackendOps, AttendOverCodebookMergedAndSpeculativeTiers) {
   for_each_backend([](const Candidate& c) {
     for (size_t dim : kDims) {
@@ -289,7 +349,7 @@ TEST(BackendOps, AttendOverCodebookMergedAndSpeculativeTiers) {
 
       cpu::SpindleHeadStore spindle(dim, 10000.0f, KVSDK_ROPE_HALF);
       spindle.append(k.data(), v.data(), pos.data(), n);
-      check_attend(c, qs.q.size(), max_abs(v), true, "attend_spindle" + d,
+      check_attend(c, qs.q.size(), max_abs(v), false, "attend_spindle" + d,
                    [&](const Ops& o, Workspace& ws, float* out) {
                      o.attend_spindle(qs.rows(dim), spindle, ws, out);
                    });
@@ -298,15 +358,29 @@ TEST(BackendOps, AttendOverCodebookMergedAndSpeculativeTiers) {
       pair.append(k.data(), v.data(), k2.data(), v2.data(), pos.data(), n);
       cpu::MiniCacheKiviPair kpair(dim, cpu::MiniCacheConfig{}, cpu::KiviConfig{4, 32, 64});
       kpair.append(k.data(), v.data(), k2.data(), v2.data(), pos.data(), n);
+      // The layer's rows waiting for its partner: 37 exact rows after the pair's (positions
+      // n.., so the causal rows of make_queries see none of them and the decode rows all).
+      const size_t n_pend = 37;
+      std::vector<uint16_t> pk(n_pend * dim), pv(n_pend * dim);
+      cpu_reference().f32_to_f16(k2.data(), pk.size(), pk.data());
+      cpu_reference().f32_to_f16(v2.data(), pv.size(), pv.data());
+      std::vector<int32_t> ppos(n_pend);
+      for (size_t i = 0; i < n_pend; ++i) ppos[i] = int32_t(n + i);
       for (int layer : {0, 1}) {
-        check_attend(c, qs.q.size(), max_abs(v), true, "attend_minicache" + d,
-                     [&](const Ops& o, Workspace& ws, float* out) {
-                       o.attend_minicache(qs.rows(dim), pair, layer, ws, out);
-                     });
-        check_attend(c, qs.q.size(), max_abs(v), true, "attend_minicache_kivi" + d,
-                     [&](const Ops& o, Workspace& ws, float* out) {
-                       o.attend_minicache_kivi(qs.rows(dim), kpair, layer, ws, out);
-                     });
+        for (bool with_pending : {false, true}) {
+          const F16Rows pending =
+              with_pending ? F16Rows{pk.data(), pv.data(), ppos.data(), n_pend} : F16Rows{};
+          const std::string p = with_pending ? " pending" : "";
+          const std::string l = " layer " + std::to_string(layer);
+          check_attend(c, qs.q.size(), max_abs(v), false, "attend_minicache" + d + l + p,
+                       [&](const Ops& o, Workspace& ws, float* out) {
+                         o.attend_minicache(qs.rows(dim), pair, layer, pending, ws, out);
+                       });
+          check_attend(c, qs.q.size(), max_abs(v), false, "attend_minicache_kivi" + d + l + p,
+                       [&](const Ops& o, Workspace& ws, float* out) {
+                         o.attend_minicache_kivi(qs.rows(dim), kpair, layer, pending, ws, out);
+                       });
+        }
       }
 
       cpu::KiviHeadStore lowbit(dim, cpu::KiviConfig{2, 32, 64});
@@ -319,21 +393,23 @@ TEST(BackendOps, AttendOverCodebookMergedAndSpeculativeTiers) {
           fetched.v.push_back(0xc000);  // -2.0
         }
       }
-      check_attend(c, qs.q.size(), 2.0f, true, "attend_specache" + d,
+      check_attend(c, qs.q.size(), 2.0f, false, "attend_specache" + d,
                    [&](const Ops& o, Workspace& ws, float* out) {
                      o.attend_specache(qs.rows(dim), lowbit, fetched, ws, out);
                    });
 
-      // SpeCache selection: the group's rows of the decode query (one position).
+      // SpeCache selection: the group's rows of one query position (the decode query, which sees
+      // everything, and a causal one that sees 2/3 of the tokens).
       const Queries sel = make_queries(group, dim, n, seed + 5);
-      QueryRows r = sel.rows(dim);
-      r.n_rows = group;
-      std::vector<uint32_t> want, got;
-      std::vector<float> want_p, got_p;
-      cpu_reference().specache_select(r, lowbit, 16, want, &want_p);
-      c.ops->specache_select(r, lowbit, 16, got, &got_p);
-      EXPECT_EQ(got, want);
-      expect_bits(got_p, want_p, "specache_select probabilities" + d);
+      for (size_t first_row : {size_t(0), group}) {
+        QueryRows r = sel.rows(dim);
+        r.q += first_row * dim;
+        r.positions += first_row;
+        r.n_rows = group;
+        const std::string what = "specache_select" + d + (first_row ? " causal" : " decode");
+        check_specache_select(c, r, lowbit, 16, what);
+        check_specache_select(c, r, lowbit, 0, what + " k=0");  // probabilities only (hit rate)
+      }
     }
   });
 }
