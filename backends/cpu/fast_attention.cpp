@@ -9,10 +9,13 @@
 // run time: the 16 virtual lanes below need a compile-time lane count, and NEON serves the
 // aarch64 devices we target (Jetson Orin has no SVE).
 //
-// Where the time goes (perf, Llama-like head: 4 query rows, head_dim 128): the f16 kernel is
-// bound by reading the rows once the per-token work is ~60 vector ops (the fixed reduction tree
-// runs transposed over 16 tokens instead of per token); KIVI is bound by the dot products, which
-// run on integer codes (4 products per vpdpbusd lane on AVX3_DL) instead of converted floats.
+// Where the time goes (perf, Llama-like head: 4 query rows, head_dim 128, Zen 4): the f16 kernel
+// is bound by reading the rows (the fixed reduction tree runs transposed over 16 tokens instead
+// of per token; rows are prefetched a segment ahead). KIVI runs its dot products on integer codes
+// (vpdpbusd) decoded in registers; what is left is spread over per-block query quantization
+// (~20%), key dots (~20%), value dots (~15%), value-weight quantization (~15%) and memory stalls
+// on the code streams. Software prefetch of the code streams made KIVI slower (the prefetches
+// stalled on full fill buffers); only the sparse per-block scales are prefetched.
 #ifndef HWY_COMPILE_ALL_ATTAINABLE
 #define HWY_COMPILE_ALL_ATTAINABLE
 #endif
@@ -508,39 +511,53 @@ HWY_INLINE void UnpackRow(const uint8_t* p, size_t D, uint8_t* out) {
 // The same with vpmultishiftqb: each output byte picks its 8-bit window from its qword, so 64
 // channels cost one load, one qword permute and one AND. Needs D % 64 == 0.
 template <uint32_t B>
-HWY_INLINE void UnpackRowVbmi(const uint8_t* p, size_t D, uint8_t* out) {
-  if constexpr (B == 8) {
-    std::memcpy(out, p, D);
-  } else {
-    alignas(64) static constexpr auto kCtl = [] {
-      struct T { uint8_t ctl[64]; uint64_t src[8]; } t{};
-      for (uint32_t s = 0; s < 8; ++s) {
-        t.src[s] = 8 * s * B / 64;                       // source qword of output qword s
-        for (uint32_t i = 0; i < 8; ++i) t.ctl[8 * s + i] = uint8_t((8 * s * B) % 64 + i * B);
-      }
-      return t;
-    }();
-    const __m512i ctl = _mm512_load_si512(kCtl.ctl);
-    const __m512i src = _mm512_load_si512(kCtl.src);
-    const __m512i mask = _mm512_set1_epi8(char((1u << B) - 1u));
-    for (size_t c = 0; c < D; c += 64) {
-      const uint8_t* chunk = p + c * B / 8;  // 8B bytes: 64 channels
-      __m512i x;
-      if constexpr (B == 1) {
-        uint64_t w;
-        std::memcpy(&w, chunk, 8);
-        x = _mm512_set1_epi64(int64_t(w));
-      } else if constexpr (B == 2) {
-        x = _mm512_permutexvar_epi64(src, _mm512_castsi128_si512(_mm_loadu_si128(
-                                              reinterpret_cast<const __m128i*>(chunk))));
-      } else {
-        x = _mm512_permutexvar_epi64(src, _mm512_castsi256_si512(_mm256_loadu_si256(
-                                              reinterpret_cast<const __m256i*>(chunk))));
-      }
-      _mm512_storeu_si512(out + c, _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl, x), mask));
+struct Vbmi {
+  alignas(64) uint8_t ctl[64];
+  alignas(64) uint64_t src[8];
+  constexpr Vbmi() : ctl(), src() {
+    for (uint32_t s = 0; s < 8; ++s) {
+      src[s] = 8 * s * B / 64;  // source qword of output qword s
+      for (uint32_t i = 0; i < 8; ++i) ctl[8 * s + i] = uint8_t((8 * s * B) % 64 + i * B);
     }
   }
+};
+
+// 64 channels of one row from their 8B packed bytes.
+template <uint32_t B>
+HWY_INLINE __m512i Decode64(const uint8_t* chunk, __m512i ctl, __m512i src, __m512i mask) {
+  if constexpr (B == 8) {
+    return _mm512_loadu_si512(chunk);
+  } else {
+    __m512i x;
+    if constexpr (B == 1) {
+      uint64_t w;
+      std::memcpy(&w, chunk, 8);
+      x = _mm512_set1_epi64(int64_t(w));
+    } else if constexpr (B == 2) {
+      x = _mm512_permutexvar_epi64(
+          src, _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk))));
+    } else {
+      x = _mm512_permutexvar_epi64(
+          src, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk))));
+    }
+    return _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl, x), mask);
+  }
 }
+
+template <uint32_t B>
+struct Decoder {
+  __m512i ctl, src, mask;
+  Decoder() {
+    static constexpr Vbmi<B> kT;
+    ctl = _mm512_load_si512(kT.ctl);
+    src = _mm512_load_si512(kT.src);
+    mask = _mm512_set1_epi8(char(B == 8 ? 0xFF : (1u << B) - 1u));
+  }
+  HWY_INLINE __m512i operator()(const uint8_t* chunk) const {
+    return Decode64<B>(chunk, ctl, src, mask);
+  }
+};
+
 #endif
 
 // ---- KIVI: the quantized blocks ---------------------------------------------------------------
@@ -550,8 +567,7 @@ struct KiviView {
   const uint16_t *ks, *kz, *vsc, *vz;
   const int32_t* pos;
   bool vnni;  // AVX3_DL integer layout applies (D % 64 == 0, G % 32 == 0)
-  const uint8_t *kc_end, *vc_end;
-  const uint16_t *vsc_end, *vz_end;
+  const uint16_t *ks_end, *kz_end;
 };
 
 // f16 -> f32 of n values (exact; the vector conversion where whole vectors fit).
@@ -579,6 +595,12 @@ HWY_NOINLINE void PrepareKeyBlock(State& st, const KiviView& kv, size_t b) {
   float* qs = st.F(st.lay.krow);
   WidenF16(kv.kz + b * D, D, zf);
   WidenF16(kv.ks + b * D, D, kf);
+  // The next block's scales and zeros: touched once per block, too sparse a stream for the
+  // hardware prefetcher to lead (a few lines; whole segments of codes it streams well itself).
+  Prefetch(reinterpret_cast<const uint8_t*>(kv.kz + (b + 1) * D), D * 2,
+           reinterpret_cast<const uint8_t*>(kv.kz_end));
+  Prefetch(reinterpret_cast<const uint8_t*>(kv.ks + (b + 1) * D), D * 2,
+           reinterpret_cast<const uint8_t*>(kv.ks_end));
   float* qz = st.F(st.lay.qz);
   float* dq = st.F(st.lay.dq);
   int16_t* q16 = st.At<int16_t>(st.lay.q16);
@@ -660,10 +682,12 @@ HWY_NOINLINE void KeyDotsGeneric(State& st, size_t off, size_t n) {
 // The same with vpdpbusd (codes unsigned bytes x query signed bytes, 4 products per int32 lane):
 // the high bytes first, then acc * 128, then the low bytes, so acc = sum (128 hi + lo) code. The
 // 16-lane sums of 16 tokens are reduced together (Tree16 on int32; any order is exact).
-template <size_t NC>  // 64-channel chunks per row (D / 64), a constant so codes stay in registers
-HWY_INLINE void KeyDotsVnniT(State& st, size_t off, size_t n) {
+// Key codes are decoded straight into registers from the packed rows (no byte buffer).
+template <size_t NC, uint32_t B>  // 64-channel chunks per row (D / 64): codes stay in registers
+HWY_INLINE void KeyDotsVnniT(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
+                             size_t n) {
   const size_t D = NC * 64;
-  const uint8_t* kb = st.At<uint8_t>(st.lay.kb) + off * D;
+  const Decoder<B> dec;
   const int8_t* qhi = st.At<int8_t>(st.lay.qhi);
   const int8_t* qlo = st.At<int8_t>(st.lay.qlo);
   int32_t* tile = reinterpret_cast<int32_t*>(st.tile);
@@ -671,9 +695,9 @@ HWY_INLINE void KeyDotsVnniT(State& st, size_t off, size_t n) {
   for (size_t i0 = 0; i0 < n; i0 += 16) {
     const size_t cnt = std::min<size_t>(16, n - i0);
     for (size_t i = 0; i < 16; ++i) {
-      const uint8_t* code = kb + (i0 + std::min(i, cnt - 1)) * D;
+      const uint8_t* code = packed + (i0 + std::min(i, cnt - 1)) * row_bytes;
       __m512i cv[NC];
-      for (size_t c = 0; c < NC; ++c) cv[c] = _mm512_loadu_si512(code + 64 * c);
+      for (size_t c = 0; c < NC; ++c) cv[c] = dec(code + 8 * B * c);
       for (size_t r = 0; r < st.R; ++r) {
         // Independent high and low sums (short dependency chains), then 128 hi + lo.
         __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512();
@@ -696,12 +720,15 @@ HWY_INLINE void KeyDotsVnniT(State& st, size_t off, size_t n) {
   }
 }
 
-HWY_NOINLINE void KeyDotsVnni(State& st, size_t off, size_t n) {
+// False for head dims without a specialization (the caller takes the generic path).
+template <uint32_t B>
+HWY_NOINLINE bool KeyDotsVnni(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
+                              size_t n) {
   switch (st.D) {
-    case 64: return KeyDotsVnniT<1>(st, off, n);
-    case 128: return KeyDotsVnniT<2>(st, off, n);
-    case 256: return KeyDotsVnniT<4>(st, off, n);
-    default: return KeyDotsGeneric(st, off, n);  // same integers
+    case 64: return KeyDotsVnniT<1, B>(st, packed, row_bytes, off, n), true;
+    case 128: return KeyDotsVnniT<2, B>(st, packed, row_bytes, off, n), true;
+    case 256: return KeyDotsVnniT<4, B>(st, packed, row_bytes, off, n), true;
+    default: return false;
   }
 }
 #endif
@@ -740,8 +767,20 @@ HWY_NOINLINE void ValueWeights(State& st, const KiviView& kv, size_t t0, size_t 
   float* tmp = st.F(st.lay.vtmp);  // [token][group] as stored, then transposed
   WidenF16(kv.vsc + t0 * ng, n * ng, tmp);
   WidenF16(kv.vz + t0 * ng, n * ng, tmp + kSeg * ng);
+  size_t done = 0;
+  if (ng == 4) {  // head_dim 128, G 32: de-interleave with vector loads
+    for (; done + kL <= n; done += kL) {
+      VF a0, a1, a2, a3;
+      hn::LoadInterleaved4(d, tmp + done * 4, a0, a1, a2, a3);
+      hn::StoreU(a0, d, vs + done), hn::StoreU(a1, d, vs + kSeg + done);
+      hn::StoreU(a2, d, vs + 2 * kSeg + done), hn::StoreU(a3, d, vs + 3 * kSeg + done);
+      hn::LoadInterleaved4(d, tmp + kSeg * ng + done * 4, a0, a1, a2, a3);
+      hn::StoreU(a0, d, vz + done), hn::StoreU(a1, d, vz + kSeg + done);
+      hn::StoreU(a2, d, vz + 2 * kSeg + done), hn::StoreU(a3, d, vz + 3 * kSeg + done);
+    }
+  }
   for (size_t g = 0; g < ng; ++g) {
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = done; i < n; ++i) {
       vs[g * kSeg + i] = tmp[i * ng + g];
       vz[g * kSeg + i] = tmp[kSeg * ng + i * ng + g];
     }
@@ -813,10 +852,11 @@ HWY_NOINLINE void ValueDotsGeneric(State& st, size_t n) {
 // tokens, the byte rows are interleaved (unpack 8 then 16 bits), which leaves channel
 // 16 L + 4 m + j (128-bit block L of vector m, dword j) in lane 4 L + j of vector m; the weight
 // dword of a lane is its group's 4 token weights (G % 32 == 0: one group per 16 channels).
-HWY_NOINLINE void ValueDotsVnni(State& st, size_t n) {
+// Value codes are decoded straight from the packed rows into registers.
+template <uint32_t B>
+HWY_NOINLINE void ValueDotsVnni(State& st, const uint8_t* packed, size_t row_bytes, size_t n) {
   const size_t D = st.D, G = st.vgroup, ng = st.ng, nq = (n + 3) / 4;
-  uint8_t* vb = st.At<uint8_t>(st.lay.vb);
-  std::memset(vb + n * D, 0, (nq * 4 - n) * D);  // pad tokens (their weights are 0 too)
+  const Decoder<B> dec;
   const int32_t* wq = st.At<int32_t>(st.lay.wq);
   uint32_t* whi = st.At<uint32_t>(st.lay.whi);
   uint32_t* wlo = st.At<uint32_t>(st.lay.wlo);
@@ -834,9 +874,12 @@ HWY_NOINLINE void ValueDotsVnni(State& st, size_t n) {
   alignas(64) __m512i x[kSeg / 4][4];
   for (size_t c0 = 0; c0 < D; c0 += 64) {
     for (size_t qd = 0; qd < nq; ++qd) {
-      const uint8_t* b = vb + qd * 4 * D + c0;
-      const __m512i t0 = _mm512_loadu_si512(b), t1 = _mm512_loadu_si512(b + D);
-      const __m512i t2 = _mm512_loadu_si512(b + 2 * D), t3 = _mm512_loadu_si512(b + 3 * D);
+      __m512i tk[4];
+      for (size_t k = 0; k < 4; ++k) {  // pad tokens decode as zeros (their weights are 0 too)
+        const size_t i = 4 * qd + k;
+        tk[k] = i < n ? dec(packed + i * row_bytes + c0 * B / 8) : _mm512_setzero_si512();
+      }
+      const __m512i t0 = tk[0], t1 = tk[1], t2 = tk[2], t3 = tk[3];
       const __m512i a = _mm512_unpacklo_epi8(t0, t1), bb = _mm512_unpackhi_epi8(t0, t1);
       const __m512i c = _mm512_unpacklo_epi8(t2, t3), dd = _mm512_unpackhi_epi8(t2, t3);
       x[qd][0] = _mm512_unpacklo_epi16(a, c);   // channels 16L + 0..3
@@ -911,14 +954,11 @@ HWY_INLINE void KeyRun(State& st, const KiviView& kv, size_t t, size_t off, size
   const size_t D = st.D;
   uint8_t* kb = st.At<uint8_t>(st.lay.kb);
 #if HWY_TARGET == HWY_AVX3_DL
-  if (kv.vnni) {
-    for (size_t i = 0; i < n; ++i) {
-      UnpackRowVbmi<B>(kv.kc + (t + i) * kv.row_bytes, D, kb + (off + i) * D);
-    }
-    KeyDotsVnni(st, off, n);
-  } else
+  const bool done = kv.vnni && KeyDotsVnni<B>(st, kv.kc + t * kv.row_bytes, kv.row_bytes, off, n);
+#else
+  const bool done = false;
 #endif
-  {
+  if (!done) {  // the same integers, through a byte buffer and 16-bit multiply-adds
     for (size_t i = 0; i < n; ++i) {
       UnpackRow<B>(kv.kc + (t + i) * kv.row_bytes, D, kb + (off + i) * D);
     }
@@ -930,17 +970,17 @@ HWY_INLINE void KeyRun(State& st, const KiviView& kv, size_t t, size_t off, size
 // The segment [t, t + n) once its scores are in: softmax, value weights, integer value sums.
 template <uint32_t B>
 HWY_INLINE void ValueSegment(State& st, const KiviView& kv, size_t t, size_t n) {
-  const size_t D = st.D;
-  uint8_t* vb = st.At<uint8_t>(st.lay.vb);
   st.Softmax(n);
   ValueWeights(st, kv, t, n);
 #if HWY_TARGET == HWY_AVX3_DL
-  if (kv.vnni) {
-    for (size_t i = 0; i < n; ++i) UnpackRowVbmi<B>(kv.vc + (t + i) * kv.row_bytes, D, vb + i * D);
-    ValueDotsVnni(st, n);
-  } else
+  const bool done = kv.vnni;
+  if (done) ValueDotsVnni<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n);
+#else
+  const bool done = false;
 #endif
-  {
+  if (!done) {  // the same integers, through a byte buffer
+    const size_t D = st.D;
+    uint8_t* vb = st.At<uint8_t>(st.lay.vb);
     for (size_t i = 0; i < n; ++i) UnpackRow<B>(kv.vc + (t + i) * kv.row_bytes, D, vb + i * D);
     ValueDotsGeneric(st, n);
   }
@@ -965,10 +1005,8 @@ void KiviQuantized(State& st, const KiviHeadStore& store, size_t first, size_t l
                     store.value_zeros().data(),
                     store.positions().data(),
                     HWY_TARGET == HWY_AVX3_DL && D % 64 == 0 && G % 32 == 0,
-                    store.key_codes().data() + store.key_codes().size(),
-                    store.value_codes().data() + store.value_codes().size(),
-                    store.value_scales().data() + store.value_scales().size(),
-                    store.value_zeros().data() + store.value_zeros().size()};
+                    store.key_scales().data() + store.key_scales().size(),
+                    store.key_zeros().data() + store.key_zeros().size()};
   const std::vector<uint32_t>& counts = store.block_token_counts();
   size_t seg = first, fill = 0;  // current segment start and tokens in it
   size_t t0 = 0;
@@ -978,15 +1016,6 @@ void KiviQuantized(State& st, const KiviHeadStore& store, size_t first, size_t l
     const size_t hi = std::min(last, t0 + bsize);
     if (lo < hi) PrepareKeyBlock(st, kv, b);
     while (lo < hi) {
-      if (fill == 0) {  // a new segment: request the next one's codes and value scales
-        const size_t nx = seg + kSeg;
-        Prefetch(kv.kc + nx * kv.row_bytes, kSeg * kv.row_bytes, kv.kc_end);
-        Prefetch(kv.vc + nx * kv.row_bytes, kSeg * kv.row_bytes, kv.vc_end);
-        Prefetch(reinterpret_cast<const uint8_t*>(kv.vsc + nx * kv.ng), kSeg * kv.ng * 2,
-                 reinterpret_cast<const uint8_t*>(kv.vsc_end));
-        Prefetch(reinterpret_cast<const uint8_t*>(kv.vz + nx * kv.ng), kSeg * kv.ng * 2,
-                 reinterpret_cast<const uint8_t*>(kv.vz_end));
-      }
       const size_t take = std::min(hi - lo, kSeg - fill);
       KeyRun<B>(st, kv, lo, fill, take);
       lo += take;
