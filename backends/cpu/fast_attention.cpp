@@ -57,8 +57,8 @@ constexpr float kTiny = 1e-30f;
 
 // Offsets (bytes, 64-aligned) of every buffer inside the scratch.
 struct Layout {
-  size_t m, lv, acc, zv, sc, tile, tails, krow, zf, kf, qz, dq, q16, qhi, qlo, kb, vb, vs, vz, vtmp, wq, dv, whi,
-      wlo, ii, total;
+  size_t m, lv, acc, zv, sc, tile, tails, krow, qsb, zf, kf, qz, dq, qmx, q16, qhi, qlo, kb, vb,
+      vs, vz, vtmp, wq, dv, whi, wlo, ii, total;
   Layout(size_t R, size_t D, size_t ng) {
     size_t o = 0;
     const auto take = [&o](size_t bytes) {
@@ -75,10 +75,12 @@ struct Layout {
     tile = take(R * 16 * 16 * f);         // 16 tokens' 16-lane partial dots per row
     tails = take(R * 16 * f);             // their channels past the last multiple of 16
     krow = take(D * f);                   // one f16 key row in f32
+    qsb = take(R * D * f);                // KIVI: q * key scale of the block
     zf = take(D * f);                     // KIVI: key zeros of the block in f32
     kf = take(D * f);                     // KIVI: key scales of the block in f32
     qz = take(R * f);                     // KIVI: q . key zero of the block
     dq = take(R * f);                     // KIVI: step of the row's query codes
+    qmx = take(R * f);                    // KIVI: max |q * key scale|, then its reciprocal step
     q16 = take(R * D * 2);                // KIVI: query codes (int16)
     qhi = take(R * D);                    // KIVI: their high (signed) and low 7-bit bytes
     qlo = take(R * D);
@@ -366,7 +368,8 @@ HWY_INLINE void DotRows(State& st, const float* kf, const uint16_t* row, size_t 
     for (size_t j = 0; j < kN; ++j) {
       const VF kv = hn::Load(d, kf + c + j * kL);
       for (size_t r = 0; r < RT; ++r) {
-        acc[r][j] = hn::Add(acc[r][j], hn::Mul(hn::LoadU(d, st.q->q + (r0 + r) * D + c + j * kL), kv));
+        const VF qv = hn::LoadU(d, st.q->q + (r0 + r) * D + c + j * kL);
+        acc[r][j] = hn::Add(acc[r][j], hn::Mul(qv, kv));
       }
     }
   }
@@ -592,7 +595,7 @@ HWY_NOINLINE void PrepareKeyBlock(State& st, const KiviView& kv, size_t b) {
   const size_t D = st.D, full = D / kL * kL;
   float* zf = st.F(st.lay.zf);
   float* kf = st.F(st.lay.kf);
-  float* qs = st.F(st.lay.krow);
+  float* qs = st.F(st.lay.qsb);
   WidenF16(kv.kz + b * D, D, zf);
   WidenF16(kv.ks + b * D, D, kf);
   // The next block's scales and zeros: touched once per block, too sparse a stream for the
@@ -606,41 +609,56 @@ HWY_NOINLINE void PrepareKeyBlock(State& st, const KiviView& kv, size_t b) {
   int16_t* q16 = st.At<int16_t>(st.lay.q16);
   int8_t* qhi = st.At<int8_t>(st.lay.qhi);
   int8_t* qlo = st.At<int8_t>(st.lay.qlo);
+  // Three passes over the rows, so the rows' dependency chains (max, divide, round) overlap.
+  float* mx = st.F(st.lay.qmx);
   for (size_t r = 0; r < st.R; ++r) {
     const float* qr = st.q->q + r * D;
-    qz[r] = Dot16(qr, zf, D);
+    float* q = qs + r * D;
     VF mxv = hn::Zero(d);
     for (size_t c = 0; c < full; c += kL) {
       const VF x = hn::Mul(hn::LoadU(d, qr + c), hn::Load(d, kf + c));
-      hn::Store(x, d, qs + c);
+      hn::StoreU(x, d, q + c);  // rows of odd dims are not vector-aligned
       mxv = hn::Max(mxv, hn::Abs(x));
     }
-    float mx = hn::GetLane(hn::MaxOfLanes(d, mxv));  // max is exact in any order
+    float m = hn::GetLane(hn::MaxOfLanes(d, mxv));  // max is exact in any order
     for (size_t c = full; c < D; ++c) {
-      qs[c] = qr[c] * kf[c];
-      mx = std::max(mx, std::fabs(qs[c]));
+      q[c] = qr[c] * kf[c];
+      m = std::max(m, std::fabs(q[c]));
     }
-    const bool zero = !(mx >= kTiny);
-    dq[r] = zero ? 0.0f : mx * (1.0f / float(kQMax));  // a multiply: same bits everywhere
-    const float inv = zero ? 0.0f : float(kQMax) / mx;
-    const VF iv = hn::Set(d, inv);
+    mx[r] = m;
+  }
+  for (size_t r = 0; r < st.R; ++r) {
+    const bool zero = !(mx[r] >= kTiny);
+    dq[r] = zero ? 0.0f : mx[r] * (1.0f / float(kQMax));  // a multiply: same bits everywhere
+    mx[r] = zero ? 0.0f : float(kQMax) / mx[r];          // now the reciprocal step
+  }
+  for (size_t r = 0; r < st.R; ++r) {
+    const float* q = qs + r * D;
+    const VF iv = hn::Set(d, mx[r]);
     int16_t* o16 = q16 + r * D;
     int8_t* ohi = qhi + r * D;
     int8_t* olo = qlo + r * D;
     for (size_t c = 0; c < full; c += kL) {
-      VI v = RoundToInt(hn::Mul(hn::Load(d, qs + c), iv));
+      VI v = RoundToInt(hn::Mul(hn::LoadU(d, q + c), iv));
       v = hn::Min(hn::Max(v, hn::Set(di, -kQMax)), hn::Set(di, kQMax));
       if (kv.vnni) {
         // x = 128 hi + lo with lo in [0, 127] (arithmetic shift): vpdpbusd's signed bytes.
+#if HWY_TARGET == HWY_AVX3_DL
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(ohi + c),
+                         _mm512_cvtepi32_epi8(_mm512_srai_epi32(v.raw, 7)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(olo + c),
+                         _mm512_cvtepi32_epi8(_mm512_and_si512(v.raw, _mm512_set1_epi32(127))));
+#else
         hn::StoreU(hn::DemoteTo(d8, hn::ShiftRight<7>(v)), d8, ohi + c);
         hn::StoreU(hn::DemoteTo(d8, hn::And(v, hn::Set(di, 127))), d8, olo + c);
+#endif
       } else {
         hn::StoreU(hn::DemoteTo(d16, v), d16, o16 + c);
       }
     }
     for (size_t c = full; c < D; ++c) {
       HWY_ALIGN float one[kL] = {};
-      one[0] = qs[c];
+      one[0] = q[c];
       VI v = RoundToInt(hn::Mul(hn::Load(d, one), iv));
       v = hn::Min(hn::Max(v, hn::Set(di, -kQMax)), hn::Set(di, kQMax));
       const int32_t x = hn::GetLane(v);
@@ -649,6 +667,7 @@ HWY_NOINLINE void PrepareKeyBlock(State& st, const KiviView& kv, size_t b) {
       olo[c] = int8_t(x & 127);
     }
   }
+  for (size_t r = 0; r < st.R; ++r) qz[r] = Dot16(st.q->q + r * D, zf, D);
 }
 
 // Integer key dots I[r][i] = sum_c Q[r][c] code[i][c] of the segment's tokens, as floats into
@@ -683,13 +702,20 @@ HWY_NOINLINE void KeyDotsGeneric(State& st, size_t off, size_t n) {
 // the high bytes first, then acc * 128, then the low bytes, so acc = sum (128 hi + lo) code. The
 // 16-lane sums of 16 tokens are reduced together (Tree16 on int32; any order is exact).
 // Key codes are decoded straight into registers from the packed rows (no byte buffer).
-template <size_t NC, uint32_t B>  // 64-channel chunks per row (D / 64): codes stay in registers
-HWY_INLINE void KeyDotsVnniT(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
-                             size_t n) {
+template <size_t NC, uint32_t B, size_t RT>  // NC = D / 64 chunks, RT rows: all in registers
+HWY_INLINE void KeyDotsTile(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
+                            size_t n, size_t r0) {
   const size_t D = NC * 64;
   const Decoder<B> dec;
-  const int8_t* qhi = st.At<int8_t>(st.lay.qhi);
-  const int8_t* qlo = st.At<int8_t>(st.lay.qlo);
+  const int8_t* qhi = st.At<int8_t>(st.lay.qhi) + r0 * D;
+  const int8_t* qlo = st.At<int8_t>(st.lay.qlo) + r0 * D;
+  __m512i qh[RT][NC], ql[RT][NC];
+  for (size_t r = 0; r < RT; ++r) {
+    for (size_t c = 0; c < NC; ++c) {
+      qh[r][c] = _mm512_loadu_si512(qhi + r * D + 64 * c);
+      ql[r][c] = _mm512_loadu_si512(qlo + r * D + 64 * c);
+    }
+  }
   int32_t* tile = reinterpret_cast<int32_t*>(st.tile);
   const DI di;
   for (size_t i0 = 0; i0 < n; i0 += 16) {
@@ -698,26 +724,40 @@ HWY_INLINE void KeyDotsVnniT(State& st, const uint8_t* packed, size_t row_bytes,
       const uint8_t* code = packed + (i0 + std::min(i, cnt - 1)) * row_bytes;
       __m512i cv[NC];
       for (size_t c = 0; c < NC; ++c) cv[c] = dec(code + 8 * B * c);
-      for (size_t r = 0; r < st.R; ++r) {
+      for (size_t r = 0; r < RT; ++r) {
         // Independent high and low sums (short dependency chains), then 128 hi + lo.
-        __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512();
-        for (size_t c = 0; c < NC; ++c) {
-          h = _mm512_dpbusd_epi32(h, cv[c], _mm512_loadu_si512(qhi + r * D + 64 * c));
-          l = _mm512_dpbusd_epi32(l, cv[c], _mm512_loadu_si512(qlo + r * D + 64 * c));
+        __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cv[0], qh[r][0]);
+        __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cv[0], ql[r][0]);
+        for (size_t c = 1; c < NC; ++c) {
+          h = _mm512_dpbusd_epi32(h, cv[c], qh[r][c]);
+          l = _mm512_dpbusd_epi32(l, cv[c], ql[r][c]);
         }
-        _mm512_store_si512(tile + (r * 16 + kTreeSlot[i]) * 16,
+        _mm512_store_si512(tile + ((r0 + r) * 16 + kTreeSlot[i]) * 16,
                            _mm512_add_epi32(_mm512_slli_epi32(h, 7), l));
       }
     }
-    for (size_t r = 0; r < st.R; ++r) {
+    for (size_t r = r0; r < r0 + RT; ++r) {
       VI tv[16];
       for (size_t i = 0; i < 16; ++i) tv[i] = hn::Load(di, tile + (r * 16 + i) * 16);
       const VF f = hn::ConvertTo(DF(), Tree16(di, tv));
-      HWY_ALIGN float buf[16];
-      hn::Store(f, DF(), buf);
-      std::copy(buf, buf + cnt, st.sc + r * kSeg + off + i0);
+      float* out = st.sc + r * kSeg + off + i0;
+      if (cnt == 16) {
+        hn::StoreU(f, DF(), out);
+      } else {
+        HWY_ALIGN float buf[16];
+        hn::Store(f, DF(), buf);
+        std::copy(buf, buf + cnt, out);
+      }
     }
   }
+}
+
+template <size_t NC, uint32_t B>
+HWY_INLINE void KeyDotsVnniT(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
+                             size_t n) {
+  size_t r0 = 0;
+  for (; r0 + 4 <= st.R; r0 += 4) KeyDotsTile<NC, B, 4>(st, packed, row_bytes, off, n, r0);
+  for (; r0 < st.R; ++r0) KeyDotsTile<NC, B, 1>(st, packed, row_bytes, off, n, r0);
 }
 
 // False for head dims without a specialization (the caller takes the generic path).
@@ -911,7 +951,8 @@ HWY_NOINLINE void ValueDotsVnni(State& st, const uint8_t* packed, size_t row_byt
       }
       int32_t* o = ii + r * D + c0;
       for (int m = 0; m < 4; ++m) {  // block L of vector m holds channels 16 L + 4 m + 0..3
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 4 * m), _mm512_extracti32x4_epi32(acc[m], 0));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 4 * m),
+                         _mm512_extracti32x4_epi32(acc[m], 0));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16 + 4 * m),
                          _mm512_extracti32x4_epi32(acc[m], 1));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32 + 4 * m),

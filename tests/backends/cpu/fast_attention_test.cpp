@@ -68,7 +68,8 @@ Rows make_rows(size_t n_rows, size_t dim, size_t n_tokens, std::mt19937& rng, fl
   return r;
 }
 
-float g_worst = 0;  // largest |diff| / max|v| seen (printed by the tests, to keep the bounds honest)
+// Largest |diff| / max|v| seen (printed by the tests, to keep the bounds honest).
+float g_worst = 0;
 
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, float v_max,
                   const std::string& what, float abs_tol = kAbsTol) {
