@@ -888,6 +888,48 @@ HWY_NOINLINE void ValueDotsGeneric(State& st, size_t n) {
 }
 
 #if HWY_TARGET == HWY_AVX3_DL
+// RT rows of ValueDotsVnni for the 64 channels at c0: high and low weight bytes in one pass over
+// the quads (independent accumulators), then 128 hi + lo, stored in channel order.
+template <size_t RT>
+HWY_INLINE void ValueRowsTile(State& st, const __m512i (*x)[4], size_t nq, size_t r0, size_t c0,
+                              size_t g0, size_t g1, __mmask16 m1) {
+  const size_t ng = st.ng;
+  const uint32_t* whi = st.At<uint32_t>(st.lay.whi);
+  const uint32_t* wlo = st.At<uint32_t>(st.lay.wlo);
+  __m512i h[RT][4], l[RT][4];
+  for (size_t r = 0; r < RT; ++r) {
+    for (int m = 0; m < 4; ++m) h[r][m] = l[r][m] = _mm512_setzero_si512();
+  }
+  for (size_t qd = 0; qd < nq; ++qd) {
+    for (size_t r = 0; r < RT; ++r) {
+      const size_t b0 = ((r0 + r) * ng + g0) * (kSeg / 4) + qd;
+      const size_t b1 = ((r0 + r) * ng + g1) * (kSeg / 4) + qd;
+      const __m512i wh =
+          _mm512_mask_set1_epi32(_mm512_set1_epi32(int(whi[b0])), m1, int(whi[b1]));
+      const __m512i wl =
+          _mm512_mask_set1_epi32(_mm512_set1_epi32(int(wlo[b0])), m1, int(wlo[b1]));
+      for (int m = 0; m < 4; ++m) {
+        h[r][m] = _mm512_dpbusd_epi32(h[r][m], x[qd][m], wh);
+        l[r][m] = _mm512_dpbusd_epi32(l[r][m], x[qd][m], wl);
+      }
+    }
+  }
+  int32_t* ii = st.At<int32_t>(st.lay.ii);
+  for (size_t r = 0; r < RT; ++r) {
+    int32_t* o = ii + (r0 + r) * st.D + c0;
+    for (int m = 0; m < 4; ++m) {  // block L of vector m holds channels 16 L + 4 m + 0..3
+      const __m512i a = _mm512_add_epi32(_mm512_slli_epi32(h[r][m], 7), l[r][m]);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 4 * m), _mm512_extracti32x4_epi32(a, 0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16 + 4 * m),
+                       _mm512_extracti32x4_epi32(a, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32 + 4 * m),
+                       _mm512_extracti32x4_epi32(a, 2));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 48 + 4 * m),
+                       _mm512_extracti32x4_epi32(a, 3));
+    }
+  }
+}
+
 // The same with vpdpbusd: 4 tokens' codes of one channel per int32 lane. Per 64 channels and 4
 // tokens, the byte rows are interleaved (unpack 8 then 16 bits), which leaves channel
 // 16 L + 4 m + j (128-bit block L of vector m, dword j) in lane 4 L + j of vector m; the weight
@@ -910,7 +952,6 @@ HWY_NOINLINE void ValueDotsVnni(State& st, const uint8_t* packed, size_t row_byt
                        _mm512_cvtepi32_epi8(_mm512_and_si512(w, _mm512_set1_epi32(127))));
     }
   }
-  int32_t* ii = st.At<int32_t>(st.lay.ii);
   alignas(64) __m512i x[kSeg / 4][4];
   for (size_t c0 = 0; c0 < D; c0 += 64) {
     for (size_t qd = 0; qd < nq; ++qd) {
@@ -933,34 +974,9 @@ HWY_NOINLINE void ValueDotsVnni(State& st, const uint8_t* packed, size_t row_byt
     for (uint32_t L = 0; L < 4; ++L) {
       if ((c0 + 16 * L) / G != g0) m1 = __mmask16(m1 | (0xFu << (4 * L)));
     }
-    for (size_t r = 0; r < st.R; ++r) {
-      const uint32_t* h0 = whi + (r * ng + g0) * (kSeg / 4);
-      const uint32_t* h1 = whi + (r * ng + g1) * (kSeg / 4);
-      const uint32_t* l0 = wlo + (r * ng + g0) * (kSeg / 4);
-      const uint32_t* l1 = wlo + (r * ng + g1) * (kSeg / 4);
-      __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
-                        _mm512_setzero_si512()};
-      for (size_t qd = 0; qd < nq; ++qd) {
-        const __m512i w = _mm512_mask_set1_epi32(_mm512_set1_epi32(int(h0[qd])), m1, int(h1[qd]));
-        for (int m = 0; m < 4; ++m) acc[m] = _mm512_dpbusd_epi32(acc[m], x[qd][m], w);
-      }
-      for (int m = 0; m < 4; ++m) acc[m] = _mm512_slli_epi32(acc[m], 7);
-      for (size_t qd = 0; qd < nq; ++qd) {
-        const __m512i w = _mm512_mask_set1_epi32(_mm512_set1_epi32(int(l0[qd])), m1, int(l1[qd]));
-        for (int m = 0; m < 4; ++m) acc[m] = _mm512_dpbusd_epi32(acc[m], x[qd][m], w);
-      }
-      int32_t* o = ii + r * D + c0;
-      for (int m = 0; m < 4; ++m) {  // block L of vector m holds channels 16 L + 4 m + 0..3
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 4 * m),
-                         _mm512_extracti32x4_epi32(acc[m], 0));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16 + 4 * m),
-                         _mm512_extracti32x4_epi32(acc[m], 1));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32 + 4 * m),
-                         _mm512_extracti32x4_epi32(acc[m], 2));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 48 + 4 * m),
-                         _mm512_extracti32x4_epi32(acc[m], 3));
-      }
-    }
+    size_t r = 0;
+    for (; r + 2 <= st.R; r += 2) ValueRowsTile<2>(st, x, nq, r, c0, g0, g1, m1);
+    for (; r < st.R; ++r) ValueRowsTile<1>(st, x, nq, r, c0, g0, g1, m1);
   }
 }
 #endif
