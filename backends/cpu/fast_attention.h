@@ -1,20 +1,37 @@
 // Optimized CPU decode attention (issue 15): all query rows of one GQA group against their KV
 // head in ONE pass over the head's rows, online softmax, SIMD through Google Highway with runtime
-// dispatch (AVX-512, AVX2, SSE4, NEON, and a scalar fallback). KIVI codes are dequantized inside
-// the dot products (no dense f32 copy of the cache): a key block contributes
-//   q.k = q.z + sum_c (q_c s_c) code_c          (per-channel scale s / zero z of the block)
-// and a value row p * (z_g + s_g code_c) is accumulated as (p s_g) code_c plus p z_g per group.
+// dispatch (AVX-512 with VNNI/VBMI, AVX-512, AVX2, SSE4, NEON, and a scalar fallback).
+//
+// f16 rows are exact-tier: f32 products and sums. KIVI codes are never dequantized to floats: a
+// key block contributes q.k = q.z + sum_c (q_c s_c) code_c (per-channel scale s / zero z of the
+// block), and a value row p * (z_g + s_g code_c) is accumulated as (p s_g) code_c plus p z_g per
+// group, where both sums over codes run on INTEGERS:
+//  - per key block and row, q_c s_c is rounded to Q_c = round(q_c s_c / dq) with
+//    dq = max_c |q_c s_c| / 16383 (15-bit signed codes), and sum_c Q_c code_c is exact in int32;
+//  - per segment (64 tokens), row and value group, the weights w = p s_g are rounded to
+//    W = round(w / dv) with dv = max w / 16383 (14-bit, w >= 0), and sum_t W_t code_tc is exact.
+//  On AVX3_DL these are vpdpbusd (4 byte products per int32 lane; Q = 128 hi + lo split into
+//  bytes); elsewhere 16-bit multiply-adds. Extra error vs float dot products: each term is off by
+//  at most 2^-15 of the largest term of its sum (finer than the f16 storage of the scales,
+//  2^-11); tests/backends/cpu/fast_attention_test.cpp bounds the output gap (kKiviAbsTol).
 //
 // Same bits on every target (snapshots resume bit-identically on x86-64 and aarch64):
-//  - dot products accumulate in 16 fixed "virtual lanes" (lane l sums channels c = l mod 16 in
-//    channel order; one AVX-512 vector = 2 AVX2 = 4 SSE4/NEON = 16 scalar vectors) and reduce
-//    them by one fixed tree (l + l+8, then l + l+4, l + l+2, l + l+1); channels past the last
-//    multiple of 16 are added afterwards in order;
-//  - value accumulation is per channel, token by token, so it has no cross-lane order at all;
+//  - f16 dot products accumulate in 16 fixed "virtual lanes" (lane l sums channels c = l mod 16
+//    in channel order from 0; one AVX-512 vector = 2 AVX2 = 4 SSE4/NEON = 16 scalar vectors) and
+//    reduce them by one fixed tree (l + l+8, then l + l+4, l + l+2, l + l+1; AVX-512 runs it on 16
+//    tokens at once); channels past the last multiple of 16 are added afterwards in order;
+//  - KIVI dot products are integers (exact, so any order), converted and scaled elementwise;
+//  - value accumulation is per channel, token by token (no cross-lane order);
+//  - sums of p (and of p z) run in 16 virtual lanes by token index within its segment and are
+//    reduced by the same tree; max is exact in any order;
+//  - segments are kSeg = 64 tokens from the start of the attended range (a KIVI segment may span
+//    key blocks), the same on every target;
 //  - no fused multiply-add (the build passes -ffp-contract=off; no MulAdd is called);
-//  - softmax uses fast_exp below, made of +, -, *, floor and exponent-bit assembly only.
+//  - rounding to integers is floor(x + 0.5) (not the targets' own round-to-nearest, which differ
+//    at ties on the scalar target); softmax uses fast_exp below, made of +, -, *, floor and
+//    exponent-bit assembly only.
 // The results are NOT bit-identical to the scalar reference (cpu::OnlineAttention, the oracle):
-// the sums are ordered differently; tests/backends/cpu/fast_attention_test.cpp bounds the gap.
+// the sums are ordered differently, and KIVI's are quantized as above; the test bounds the gap.
 #pragma once
 
 #include <cstddef>
@@ -43,10 +60,11 @@ struct Queries {
 class Scratch {
  public:
   void reserve(size_t n_rows, size_t dim, size_t value_groups = 1);
-  size_t capacity_floats() const { return buf_.capacity(); }
-  float* data(size_t floats);  // grows (allocates) only if floats > capacity
+  size_t capacity_floats() const { return buf_.capacity() / sizeof(float); }
+  // 64-byte aligned; grows (allocates) only if floats exceed the capacity.
+  float* data(size_t floats);
  private:
-  std::vector<float> buf_;
+  std::vector<uint8_t> buf_;  // float, int32 and byte buffers of the kernels
 };
 
 // Dense f16 rows (the exact tier): k/v [n_tokens][dim] IEEE binary16, positions [n_tokens].
@@ -57,6 +75,35 @@ void attend_f16(const Queries& qs, const uint16_t* k, const uint16_t* v, const i
 // Every token of a KIVI head (quantized blocks of any bits 1/2/4/8, ragged or not, and the f16
 // residual window). store.head_dim() must equal qs.dim.
 void attend_kivi(const Queries& qs, const KiviHeadStore& store, Scratch& scratch, float* out);
+
+// --- split-K: one token range at a time, merged in a fixed order --------------------------------
+// The softmax state of n_rows rows over some tokens, in caller memory: the running max score,
+// the sum of exp(score - max), and the unnormalized sum of exp(score - max) * value rows.
+// Rows that saw no token have max -inf, sum 0 and acc 0.
+struct PartialState {
+  float* max = nullptr;  // [n_rows]
+  float* sum = nullptr;  // [n_rows]
+  float* acc = nullptr;  // [n_rows][dim]
+};
+
+// attend_f16 / attend_kivi over tokens [first, first + count) only (append order; for KIVI the
+// quantized tokens come first, then the residual window), writing the partial state. A range may
+// start or end inside a KIVI block. Separate ranges can run on separate threads, each with its
+// own Scratch. attend_kivi_partial throws kvsdk::Error (KVSDK_E_INVALID_ARG) for a range past the
+// store's end.
+void attend_f16_partial(const Queries& qs, const uint16_t* k, const uint16_t* v,
+                        const int32_t* positions, size_t first, size_t count, Scratch& scratch,
+                        const PartialState& out);
+void attend_kivi_partial(const Queries& qs, const KiviHeadStore& store, size_t first,
+                         size_t count, Scratch& scratch, const PartialState& out);
+
+// out [n_rows][dim] = the attention of the union of the parts' ranges, combined in the order
+// given (max over parts, then each part rescaled by exp(max_i - max) and added, part 0 first).
+// Deterministic for a given split; a split's result differs from the whole range's only by
+// rounding (segments and lane sums start at each range's first token). attend_f16/attend_kivi
+// are exactly one whole-range part merged alone.
+void merge_partials(const PartialState* parts, size_t n_parts, size_t n_rows, size_t dim,
+                    float* out);
 
 // exp(x) for the softmax, elementwise over n floats (x <= 0 expected; below about -87 gives 0,
 // +-inf gives inf / 0). Same bits on every target; within ~2 ulp of exp.

@@ -1,8 +1,9 @@
 // Decode attention kernels (issue 15): one Llama-3-8B-like layer (32 query heads, 8 KV heads,
 // head_dim 128; one query token, so 4 query rows per KV head), 4k and 32k tokens, one thread.
-// Reference kernels (the scalar oracle: dense f32 OnlineAttention, the f16 tier path, KIVI
-// read_rows + OnlineAttention) against the optimized ones (backends/cpu/fast_attention.h), and a
-// read-bandwidth baseline measured by this binary, so every figure is a ratio within one run:
+// Reference kernels (the scalar oracle: dense f32 OnlineAttention, the f16 tier path, KIVI-2/4
+// read_rows + OnlineAttention) against the optimized ones (backends/cpu/fast_attention.h: f16 and
+// KIVI 1/2/4/8, G 32, R 128), and a read-bandwidth baseline measured by this binary, so every
+// figure is a ratio within one run:
 //   speedup_vs_fast_f16 / speedup_vs_ref_f32   time of that baseline / this time
 //   bytes                                       bytes the kernel reads (the layer's stored rows)
 //   floor_fraction                              (bytes / read bandwidth) / this time
@@ -38,7 +39,7 @@ struct Layer {
   std::vector<std::vector<float>> k32, v32;      // [head][n * dim]
   std::vector<std::vector<uint16_t>> k16, v16;   // [head][n * dim]
   std::vector<int32_t> pos;
-  std::vector<std::unique_ptr<KiviHeadStore>> kivi2, kivi4;
+  std::vector<std::unique_ptr<KiviHeadStore>> kivi1, kivi2, kivi4, kivi8;
   std::vector<float> q;                          // [32][dim]
   std::vector<int32_t> qpos;                     // [group] = INT32_MAX (decode sees everything)
 };
@@ -64,10 +65,13 @@ const Layer& layer(size_t n) {
       k16[i] = kvsdk::f32_to_f16(k[i]);
       v16[i] = kvsdk::f32_to_f16(v[i]);
     }
-    L.kivi2.push_back(std::make_unique<KiviHeadStore>(kDim, KiviConfig{2, 32, 128}));
-    L.kivi4.push_back(std::make_unique<KiviHeadStore>(kDim, KiviConfig{4, 32, 128}));
-    L.kivi2.back()->append(k.data(), v.data(), L.pos.data(), n);
-    L.kivi4.back()->append(k.data(), v.data(), L.pos.data(), n);
+    for (auto* set : {&L.kivi1, &L.kivi2, &L.kivi4, &L.kivi8}) {
+      const uint32_t bits = set == &L.kivi1 ? 1 : set == &L.kivi2 ? 2 : set == &L.kivi4 ? 4 : 8;
+      auto store = std::make_unique<KiviHeadStore>(kDim, KiviConfig{bits, 32, 128});
+      store->reserve(n);  // one allocation, not a growth series (setup time only)
+      store->append(k.data(), v.data(), L.pos.data(), n);
+      set->push_back(std::move(store));
+    }
     L.k32.push_back(std::move(k));
     L.v32.push_back(std::move(v));
     L.k16.push_back(std::move(k16));
@@ -190,7 +194,14 @@ void BM_ref_f16(benchmark::State& state) {
 
 template <int Bits>
 const std::vector<std::unique_ptr<KiviHeadStore>>& kivi_heads(const Layer& L) {
-  return Bits == 2 ? L.kivi2 : L.kivi4;
+  return Bits == 1 ? L.kivi1 : Bits == 2 ? L.kivi2 : Bits == 4 ? L.kivi4 : L.kivi8;
+}
+
+template <int Bits>
+const char* kivi_name(bool fast) {
+  static const std::string ref = "ref_kivi" + std::to_string(Bits);
+  static const std::string opt = "fast_kivi" + std::to_string(Bits);
+  return fast ? opt.c_str() : ref.c_str();
 }
 
 // Reference KIVI: read_rows (dequantize) in chunks + OnlineAttention.
@@ -198,7 +209,7 @@ template <int Bits>
 void BM_ref_kivi(benchmark::State& state) {
   std::vector<float> out(kQHeads * kDim);
   const auto& heads = kivi_heads<Bits>(layer(size_t(state.range(0))));
-  run(state, Bits == 2 ? "ref_kivi2" : "ref_kivi4", kivi_bytes(heads), [&](const Layer& L) {
+  run(state, kivi_name<Bits>(false), kivi_bytes(heads), [&](const Layer& L) {
     for (size_t h = 0; h < kKvHeads; ++h) {
       OnlineAttention att(L.q.data() + h * kGroup * kDim, L.qpos.data(), kGroup, kDim, kScale);
       kivi_attend(*heads[h], att);
@@ -214,7 +225,7 @@ void BM_fast_kivi(benchmark::State& state) {
   fast::Scratch scratch;
   scratch.reserve(kGroup, kDim, kDim / 32);
   const auto& heads = kivi_heads<Bits>(layer(size_t(state.range(0))));
-  run(state, Bits == 2 ? "fast_kivi2" : "fast_kivi4", kivi_bytes(heads), [&](const Layer& L) {
+  run(state, kivi_name<Bits>(true), kivi_bytes(heads), [&](const Layer& L) {
     for (size_t h = 0; h < kKvHeads; ++h) {
       const fast::Queries q{L.q.data() + h * kGroup * kDim, L.qpos.data(), kGroup, kDim, kScale};
       fast::attend_kivi(q, *heads[h], scratch, out.data() + h * kGroup * kDim);
@@ -230,8 +241,10 @@ KVSDK_ATTN_BENCH(BM_fast_f16);
 KVSDK_ATTN_BENCH(BM_ref_f16);
 KVSDK_ATTN_BENCH(BM_ref_kivi<2>);
 KVSDK_ATTN_BENCH(BM_ref_kivi<4>);
+KVSDK_ATTN_BENCH(BM_fast_kivi<1>);
 KVSDK_ATTN_BENCH(BM_fast_kivi<2>);
 KVSDK_ATTN_BENCH(BM_fast_kivi<4>);
+KVSDK_ATTN_BENCH(BM_fast_kivi<8>);
 
 }  // namespace
 
