@@ -16,12 +16,7 @@
 //  Passes 2 and 3 run 8 rows at a time, so the rows' probabilities stay in L2 between them.
 // Compiled once per Highway target (hwy/foreach_target.h re-includes this file), with the same
 // target set as fast_attention.cpp; HWY_DYNAMIC_DISPATCH picks the best one at run time.
-#ifndef HWY_COMPILE_ALL_ATTAINABLE
-#define HWY_COMPILE_ALL_ATTAINABLE
-#endif
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)
-#endif
+#include "hwy_targets.h"  // the same Highway targets in every SIMD file (see there)
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention_scores_simd.cpp"

@@ -16,15 +16,7 @@
 // (~20%), key dots (~20%), value dots (~15%), value-weight quantization (~15%) and memory stalls
 // on the code streams. Software prefetch of the code streams made KIVI slower (the prefetches
 // stalled on full fill buffers); only the sparse per-block scales are prefetched.
-#ifndef HWY_COMPILE_ALL_ATTAINABLE
-#define HWY_COMPILE_ALL_ATTAINABLE
-#endif
-#ifndef HWY_WANT_AVX3_DL
-#define HWY_WANT_AVX3_DL
-#endif
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)
-#endif
+#include "hwy_targets.h"  // the same Highway targets in every SIMD file (see there)
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "fast_attention.cpp"

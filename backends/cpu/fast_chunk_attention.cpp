@@ -2,12 +2,7 @@
 // determinism scheme, which is fast_attention.h's). Compiled once per Highway target, with the
 // same target set as fast_attention.cpp; HWY_DYNAMIC_DISPATCH picks one at run time (and
 // fast::force_target restricts it for the tests).
-#ifndef HWY_COMPILE_ALL_ATTAINABLE
-#define HWY_COMPILE_ALL_ATTAINABLE
-#endif
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)
-#endif
+#include "hwy_targets.h"  // the same Highway targets in every SIMD file (see there)
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "fast_chunk_attention.cpp"

@@ -126,7 +126,9 @@ void expect_attention_matches_read(kvsdk_cache* c, uint32_t layer, uint32_t seed
     e += (out[i] - want[i]) * (out[i] - want[i]);
     w += want[i] * want[i];
   }
-  EXPECT_LT(std::sqrt(e / std::max(w, 1e-30)), 1e-5) << "layer " << layer;
+  // The optimized KIVI kernel sums integer codes of the query x scale and of the value weights
+  // (docs/backends.md: within 2e-3 of max |v| per element); measured up to ~3e-5 relative here.
+  EXPECT_LT(std::sqrt(e / std::max(w, 1e-30)), 3e-4) << "layer " << layer;
 }
 
 // Every appended row, by (layer, position): f16-rounded keys/values of each KV head.
