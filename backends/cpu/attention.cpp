@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "portable_math.h"
+#include "target_clones.h"
 
 namespace kvsdk::cpu {
 
@@ -34,6 +35,8 @@ OnlineAttention::OnlineAttention(const float* q_rows, const int32_t* row_positio
   s_.acc.assign(n_rows * head_dim, 0.0f);
 }
 
+// Cloned per x86-64 SIMD level (target_clones.h): the same bits in every clone.
+KVSDK_TARGET_CLONES
 void OnlineAttention::add_chunk(const float* k, const float* v, const int32_t* positions,
                                 size_t n_tokens) {
   if (n_tokens == 0) return;

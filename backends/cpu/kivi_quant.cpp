@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "target_clones.h"
 #include "util/half.h"
 
 namespace kvsdk::cpu {
@@ -129,6 +130,7 @@ void kivi_quantize_keys(const float* k, size_t n_tokens, size_t dim, uint32_t bi
   }
 }
 
+KVSDK_TARGET_CLONES  // elementwise: the same bits in every clone (target_clones.h)
 void kivi_dequantize_keys(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
                           size_t first, size_t count, size_t dim, uint32_t bits, float* out) {
   // Channels in tiles of kTile with their f32 parameters on the stack (attention calls this on
@@ -179,6 +181,7 @@ void kivi_quantize_values(const float* v, size_t n_tokens, size_t dim, size_t gr
   }
 }
 
+KVSDK_TARGET_CLONES
 void kivi_dequantize_values(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero,
                             size_t n_tokens, size_t dim, size_t group, uint32_t bits, float* out) {
   const size_t n_groups = kivi_value_groups(dim, group);

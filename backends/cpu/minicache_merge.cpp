@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "portable_math.h"
+#include "target_clones.h"
 #include "util/error.h"
 #include "util/half.h"
 #include "util/half_array.h"
@@ -144,6 +145,7 @@ void MergedLayerPair::append(const float* rows_prev, const float* rows_cur, size
   }
 }
 
+KVSDK_TARGET_CLONES  // elementwise: the same bits in every clone (target_clones.h)
 void MergedLayerPair::reconstruct(int layer, size_t first, size_t count, float* out) const {
   for (size_t t = 0; t < count; ++t) {
     const uint32_t s = slot_[first + t];

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "portable_math.h"
+#include "target_clones.h"
 
 namespace kvsdk::cpu {
 
@@ -32,6 +33,9 @@ void Rope::rotate(float* x, int32_t position, double sign) const {
   }
 }
 
+// Cloned per x86-64 SIMD level (target_clones.h): the elementwise double loops run 4-8 wide,
+// with the same bits.
+KVSDK_TARGET_CLONES
 void Rope::apply_rows(float* x, const int32_t* positions, size_t n) const {
   if (style_ == KVSDK_ROPE_NONE || n == 0) return;
   const size_t half = dim_ / 2;

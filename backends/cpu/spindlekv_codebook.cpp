@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "attention.h"
+#include "target_clones.h"
 #include "util/error.h"
 #include "util/growth.h"
 #include "util/half.h"
@@ -51,7 +52,7 @@ void SpindleCodebook::append(const float* rows, size_t n, SpindleCodebookScratch
   std::vector<float>& entry = at_least(s.entry, n_entries * dim_);
   std::vector<float>& entry_norm = at_least(s.entry_norm, n_entries);
   for (size_t e = 0; e < n_entries; ++e) {
-    for (size_t d = 0; d < dim_; ++d) entry[e * dim_ + d] = f16_to_f32(entries_[e * dim_ + d]);
+    f16_to_f32_array(&entries_[e * dim_], &entry[e * dim_], dim_);  // exact, in bulk
     entry_norm[e] = norm(&entry[e * dim_], dim_);
   }
   bool has_zero_rows = false;
@@ -174,6 +175,7 @@ SpindleCodebook SpindleCodebook::restore(size_t dim, float theta, std::vector<ui
   return cb;
 }
 
+KVSDK_TARGET_CLONES  // elementwise: the same bits in every clone (target_clones.h)
 void SpindleCodebook::reconstruct(size_t first, size_t count, float* out) const {
   for (size_t i = 0; i < count; ++i) {
     const uint16_t* c = entries_.data() + size_t(index_[first + i]) * dim_;
