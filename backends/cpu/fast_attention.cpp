@@ -25,6 +25,8 @@
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
+#include "fast_lanes-inl.h"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -103,45 +105,11 @@ namespace fast {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-using DF = hn::ScalableTag<float>;
 using DI = hn::RebindToSigned<DF>;
-using VF = hn::Vec<DF>;
 using VI = hn::Vec<DI>;
-constexpr size_t kL = hn::MaxLanes(DF());  // lanes of one vector: 16, 8, 4 or 1
-static_assert(16 % kL == 0, "16 virtual lanes must be whole vectors");
-constexpr size_t kN = 16 / kL;              // vectors per 16 virtual lanes
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// ---- fixed-order reductions ----------------------------------------------------------------
-// Sum of the lanes of one vector by the tree l + l+L/2, recursively (same order on every width).
-#if HWY_TARGET == HWY_SCALAR
-template <class D>
-HWY_INLINE float ReduceVec(D, hn::Vec<D> v) {
-  return hn::GetLane(v);  // one lane (the tree ran across the 16 vectors in Reduce16)
-}
-#else
-template <class D>
-HWY_INLINE float ReduceVec(D d, hn::Vec<D> v) {
-  constexpr size_t L = hn::MaxLanes(d);
-  if constexpr (L == 4) {
-    const hn::Vec<D> w = hn::Add(v, hn::Shuffle1032(v));  // lanes 0+2, 1+3, ..
-    return hn::GetLane(hn::Add(w, hn::Shuffle2301(w)));   // (0+2) + (1+3)
-  } else {
-    const hn::Half<D> dh;
-    return ReduceVec(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
-  }
-}
-#endif
-
-// Sum of 16 virtual lanes held as kN vectors: l + l+8 first, then l + l+4, ... .
-HWY_INLINE float Reduce16(const VF* a) {
-  VF b[kN];
-  for (size_t j = 0; j < kN; ++j) b[j] = a[j];
-  for (size_t n = kN; n > 1; n /= 2) {
-    for (size_t i = 0; i < n / 2; ++i) b[i] = hn::Add(b[i], b[i + n / 2]);
-  }
-  return ReduceVec(DF(), b[0]);
-}
+// DF, VF, kL, kN, ReduceVec and Reduce16 (the fixed-order reductions) come from fast_lanes-inl.h.
 
 HWY_INLINE float Reduce16(const float* lanes) {
   VF a[kN];

@@ -10,6 +10,8 @@
 
 #include <hwy/highway.h>
 
+#include "fast_lanes-inl.h"
+
 #include <algorithm>
 #include <limits>
 #include <type_traits>
@@ -31,41 +33,8 @@ namespace fast {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-using DF = hn::ScalableTag<float>;
-using VF = hn::Vec<DF>;
-constexpr size_t kL = hn::MaxLanes(DF());  // 16, 8, 4 or 1
-static_assert(16 % kL == 0, "16 virtual lanes must be whole vectors");
-constexpr size_t kN = 16 / kL;
-
-// Lane sum by the tree l + l+L/2 (the same order at every width), as in fast_attention.cpp.
-#if HWY_TARGET == HWY_SCALAR
-template <class D>
-HWY_INLINE float ReduceVec(D, hn::Vec<D> v) {
-  return hn::GetLane(v);
-}
-#else
-template <class D>
-HWY_INLINE float ReduceVec(D d, hn::Vec<D> v) {
-  constexpr size_t L = hn::MaxLanes(d);
-  if constexpr (L == 4) {
-    const hn::Vec<D> w = hn::Add(v, hn::Shuffle1032(v));
-    return hn::GetLane(hn::Add(w, hn::Shuffle2301(w)));
-  } else {
-    const hn::Half<D> dh;
-    return ReduceVec(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
-  }
-}
-#endif
-
-// 16 virtual lanes held as kN vectors: l + l+8, then l + l+4, ...
-HWY_INLINE float Reduce16(const VF* a) {
-  VF b[kN];
-  for (size_t j = 0; j < kN; ++j) b[j] = a[j];
-  for (size_t n = kN; n > 1; n /= 2) {
-    for (size_t i = 0; i < n / 2; ++i) b[i] = hn::Add(b[i], b[i + n / 2]);
-  }
-  return ReduceVec(DF(), b[0]);
-}
+// DF, VF, kL, kN, ReduceVec and Reduce16 (the fixed-order reductions, the same as
+// fast_attention.cpp's) come from fast_lanes-inl.h.
 
 // sc[r][t] = (q_r . k_t) * scale for a tile of RT rows (each key row loaded once for the tile),
 // or -inf where the token is in the row's future (tok_pos null: nothing masked).
