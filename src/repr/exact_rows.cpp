@@ -55,8 +55,18 @@ void ExactRows::append_rows(uint32_t layer, size_t n, kvsdk_dtype dtype, const v
     h.k.resize((old + n) * dim);
     h.v.resize((old + n) * dim);
     for (size_t t = 0; t < n; ++t) {
-      load_f16(dtype, k, t * row + head * dim, dim, h.k.data() + (old + t) * dim);
-      load_f16(dtype, v, t * row + head * dim, dim, h.v.data() + (old + t) * dim);
+      uint16_t* kd = h.k.data() + (old + t) * dim;
+      uint16_t* vd = h.v.data() + (old + t) * dim;
+      const size_t at = t * row + head * dim;
+      if (dtype == KVSDK_DTYPE_F32) {
+        // The common case (an engine's f32 rows) converts through the backend's op, so the
+        // optimized backend rounds with F16C; both round to nearest even, bit for bit.
+        ops().f32_to_f16(static_cast<const float*>(k) + at, dim, kd);
+        ops().f32_to_f16(static_cast<const float*>(v) + at, dim, vd);
+      } else {
+        load_f16(dtype, k, at, dim, kd);  // f16: a copy; bf16: the rare path, scalar
+        load_f16(dtype, v, at, dim, vd);
+      }
     }
   }
 }
