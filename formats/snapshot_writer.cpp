@@ -14,6 +14,7 @@
 #include "tier_schema.h"
 #include "tier_state.h"
 #include "util/options.h"
+#include "util/struct_versions.h"
 #include "zstd_frame.h"
 
 namespace kvsdk::format {
@@ -119,7 +120,7 @@ kvsdk_save_options save_options_defaults() {
 SaveParams save_params_from_c(const kvsdk_save_options* options) {
   const kvsdk_save_options d = save_options_defaults();
   const kvsdk_save_options o =
-      options ? read_versioned(options, d, sizeof(kvsdk_save_options), "options") : d;
+      options ? read_versioned(options, d, kSaveOptionsSizeV1, "options") : d;
   KVSDK_REQUIRE(o.zstd_level >= kMinZstdLevel && o.zstd_level <= kMaxZstdLevel,
                 "options.zstd_level is ", o.zstd_level, " (must be ", kMinZstdLevel, "..",
                 kMaxZstdLevel, ")");

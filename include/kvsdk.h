@@ -17,10 +17,17 @@
  *     the object the call operated on is unchanged, except where a function states otherwise
  *     (kvsdk_cache_save_to_buffer's buffer; KVSDK_E_NO_MEMORY part-way through an append or a
  *     prefetch of some compressed policies, see kvsdk_cache_append and kvsdk_cache_prefetch).
- *     `kvsdk_last_error()` adds detail.
- *   - Option structs begin with `uint32_t struct_size` and are filled by their `*_init()`
- *     function; a struct from a newer header (larger `struct_size`) is accepted if the fields
- *     this library does not know are zero, a struct smaller than the first version is rejected.
+ *     `kvsdk_last_error()` adds detail (and is cleared by every call that succeeds).
+ *   - Every struct begins with `uint32_t struct_size` and has an `*_init()` function that sets it
+ *     (and the defaults). Structs only grow at their end, so an app keeps working with the
+ *     header it was built against:
+ *       - input structs (options, geometry, policy): a struct from an older header gets the
+ *         defaults for the fields it lacks; one from a newer header (larger `struct_size`) is
+ *         accepted if the fields this library does not know are zero;
+ *       - output structs (stats, load info, and the geometry and policy read-backs): the library
+ *         writes the fields that fit in `struct_size` (never a byte past it) and sets
+ *         `struct_size` to the bytes it wrote;
+ *       - a `struct_size` below the struct's first published size is KVSDK_E_INVALID_ARG.
  *   - Outputs come back through pointer arguments and are owned by the caller.
  *   - Same major version means same ABI.
  *
@@ -107,9 +114,12 @@ typedef enum kvsdk_status {
  *  NULL; not to be freed. Thread-safe. */
 KVSDK_API const char *kvsdk_status_str(int32_t status);
 
-/** Detail of the last failure on the calling thread (thread-local). Successful calls do not
- *  clear it. Never NULL (empty string when nothing failed yet). The pointer is valid until the
- *  next kvsdk call on the same thread. */
+/** Detail of the failure of the most recent call on the calling thread that returns a
+ *  kvsdk_status (thread-local): every such call clears it when it returns KVSDK_OK and sets it
+ *  when it fails, so it is non-empty exactly when that call failed. Calls that return no status
+ *  (the *_destroy functions, kvsdk_version*, kvsdk_status_str, kvsdk_last_error itself) leave it
+ *  as it is. Never NULL (empty string when the last call succeeded or nothing ran yet). The
+ *  pointer is valid until the next kvsdk call on the same thread. */
 KVSDK_API const char *kvsdk_last_error(void);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -369,7 +379,9 @@ KVSDK_API kvsdk_status kvsdk_cache_create(kvsdk_cache **out, kvsdk_context *ctx,
 KVSDK_API void kvsdk_cache_destroy(kvsdk_cache *cache);
 
 /** Copies the cache's geometry into `*out` (out->struct_size must be set, e.g. by
- *  kvsdk_geometry_init). Errors: KVSDK_E_INVALID_ARG. */
+ *  kvsdk_geometry_init). A struct of an older kvsdk.h (smaller struct_size) receives the fields
+ *  it has; struct_size is set to the bytes written.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL, struct_size below the first version's). */
 KVSDK_API kvsdk_status kvsdk_cache_geometry(const kvsdk_cache *cache, kvsdk_geometry *out);
 
 /** The largest token position: INT32_MAX - 1. Every position passed to kvsdk (keys to append,
@@ -724,7 +736,7 @@ typedef enum kvsdk_tier {
 #define KVSDK_TIER_SLOTS 8
 
 typedef struct kvsdk_cache_stats {
-  uint32_t struct_size;                   /**< Set by the caller (sizeof). */
+  uint32_t struct_size;                   /**< sizeof(kvsdk_cache_stats); set by kvsdk_cache_stats_init. */
   uint32_t n_layers;
   uint64_t tokens;                        /**< Cached tokens summed over layers and KV heads. */
   uint64_t appended_tokens;               /**< Tokens ever appended, summed over layers. */
@@ -737,12 +749,17 @@ typedef struct kvsdk_cache_stats {
   uint64_t context_used_bytes;            /**< Bytes charged to the context by all its caches. */
 } kvsdk_cache_stats;
 
-/** Fills `*out` (out->struct_size must be set by the caller).
- *  Errors: KVSDK_E_INVALID_ARG (NULL, struct_size too small). */
+/** Zeroes `stats` and sets struct_size to sizeof(kvsdk_cache_stats), ready for
+ *  kvsdk_cache_stats_get. Errors: KVSDK_E_INVALID_ARG if `stats` is NULL. Thread-safe. */
+KVSDK_API kvsdk_status kvsdk_cache_stats_init(kvsdk_cache_stats *stats);
+
+/** Fills `*out`. out->struct_size must be set (kvsdk_cache_stats_init); an older, smaller struct
+ *  receives the fields it has, and struct_size is set to the bytes written.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL, struct_size below the first version's). */
 KVSDK_API kvsdk_status kvsdk_cache_stats_get(const kvsdk_cache *cache, kvsdk_cache_stats *out);
 
 typedef struct kvsdk_layer_stats {
-  uint32_t struct_size;                   /**< Set by the caller (sizeof). */
+  uint32_t struct_size;                   /**< sizeof(kvsdk_layer_stats); set by kvsdk_layer_stats_init. */
   uint32_t layer;
   uint64_t tokens;                        /**< Cached tokens summed over KV heads. */
   uint64_t tokens_min_head;               /**< Fewest tokens any KV head holds. */
@@ -752,8 +769,14 @@ typedef struct kvsdk_layer_stats {
   uint64_t bytes_by_tier[KVSDK_TIER_SLOTS];
 } kvsdk_layer_stats;
 
-/** Fills `*out` for one layer (out->struct_size must be set by the caller).
- *  Errors: KVSDK_E_INVALID_ARG (NULL, struct_size too small), KVSDK_E_OUT_OF_RANGE (layer). */
+/** Zeroes `stats` and sets struct_size to sizeof(kvsdk_layer_stats), ready for
+ *  kvsdk_cache_layer_stats_get. Errors: KVSDK_E_INVALID_ARG if `stats` is NULL. Thread-safe. */
+KVSDK_API kvsdk_status kvsdk_layer_stats_init(kvsdk_layer_stats *stats);
+
+/** Fills `*out` for one layer. out->struct_size must be set (kvsdk_layer_stats_init); an older,
+ *  smaller struct receives the fields it has, and struct_size is set to the bytes written.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL, struct_size below the first version's),
+ *  KVSDK_E_OUT_OF_RANGE (layer). */
 KVSDK_API kvsdk_status kvsdk_cache_layer_stats_get(const kvsdk_cache *cache, uint32_t layer,
                                                    kvsdk_layer_stats *out);
 
@@ -964,17 +987,22 @@ KVSDK_API kvsdk_status kvsdk_cache_save_delta(kvsdk_cache *cache, const char *pa
 
 /** What a load found. */
 typedef struct kvsdk_load_info {
-  uint32_t struct_size;             /**< Set by the caller (sizeof). */
+  uint32_t struct_size;             /**< sizeof(kvsdk_load_info); set by kvsdk_load_info_init. */
   uint32_t format_major;            /**< Format version the snapshot was written with. */
   uint32_t format_minor;
   uint32_t journal_frames_applied;  /**< Journal frames (from kvsdk_cache_save_delta) applied. */
   uint32_t journal_frames_dropped;  /**< Frames of an incomplete (torn) last delta ignored. */
 } kvsdk_load_info;
 
+/** Zeroes `info` and sets struct_size to sizeof(kvsdk_load_info), ready for kvsdk_cache_load.
+ *  Errors: KVSDK_E_INVALID_ARG if `info` is NULL. Thread-safe. */
+KVSDK_API kvsdk_status kvsdk_load_info_init(kvsdk_load_info *info);
+
 /** Loads a snapshot file into a new cache on `ctx`, applying every complete
  *  journal delta. `expected`: NULL accepts the file's geometry; otherwise the file's geometry
  *  must equal it (after defaults: attn_scale 0 means 1/sqrt(head_dim)). `info` (NULL ok; its
- *  struct_size must be set) receives what the load found. On success `*out` owns a new cache
+ *  struct_size must be set, e.g. by kvsdk_load_info_init) receives what the load found (the
+ *  fields its struct_size has room for; struct_size is set to the bytes written). On success `*out` owns a new cache
  *  (release it with kvsdk_cache_destroy) whose bytes are charged to `ctx`'s budget, with the
  *  snapshot's policy; later kvsdk_cache_save_delta calls on `path` continue its journal.
  *  The file is mapped read-only while loading; it must not be truncated meanwhile.
@@ -999,8 +1027,8 @@ KVSDK_API kvsdk_status kvsdk_cache_load_from_buffer(kvsdk_cache **out, kvsdk_con
 
 /** Copies the cache's policy into `*out` (out->struct_size must be set, e.g. by
  *  kvsdk_policy_init), e.g. to see which policy a loaded snapshot carries. A struct of an
- *  older kvsdk.h (smaller struct_size) receives the fields it has.
- *  Errors: KVSDK_E_INVALID_ARG (NULL, struct_size too small). */
+ *  older kvsdk.h (smaller struct_size) receives the fields it has; struct_size is set to the
+ *  bytes written. Errors: KVSDK_E_INVALID_ARG (NULL, struct_size below the first version's). */
 KVSDK_API kvsdk_status kvsdk_cache_policy(const kvsdk_cache *cache, kvsdk_policy *out);
 
 #ifdef __cplusplus

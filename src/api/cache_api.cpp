@@ -10,7 +10,9 @@
 #include "kvsdk.h"
 #include "util/dtype.h"
 #include "util/error.h"
+#include "util/options.h"
 #include "util/positions.h"
+#include "util/struct_versions.h"
 
 using namespace kvsdk;
 
@@ -64,12 +66,7 @@ KVSDK_API void kvsdk_cache_destroy(kvsdk_cache* cache) { delete cache; }
 KVSDK_API kvsdk_status kvsdk_cache_geometry(const kvsdk_cache* cache, kvsdk_geometry* out) {
   return guard("kvsdk_cache_geometry", [&] {
     const Cache& c = impl(cache);
-    KVSDK_REQUIRE(out != nullptr, "out is NULL");
-    KVSDK_REQUIRE(out->struct_size >= sizeof(kvsdk_geometry), "out->struct_size is ",
-                  out->struct_size, " (set it to sizeof(kvsdk_geometry))");
-    const uint32_t size = out->struct_size;
-    *out = c.geometry().to_c();
-    out->struct_size = size < sizeof(kvsdk_geometry) ? size : uint32_t(sizeof(kvsdk_geometry));
+    write_versioned(out, c.geometry().to_c(), kGeometrySizeV1, "out");
   });
 }
 
@@ -119,15 +116,26 @@ KVSDK_API kvsdk_status kvsdk_cache_read(const kvsdk_cache* cache, uint32_t layer
   });
 }
 
+KVSDK_API kvsdk_status kvsdk_cache_stats_init(kvsdk_cache_stats* stats) {
+  return guard("kvsdk_cache_stats_init", [&] {
+    KVSDK_REQUIRE(stats != nullptr, "stats is NULL");
+    *stats = kvsdk_cache_stats{};
+    stats->struct_size = sizeof(kvsdk_cache_stats);
+  });
+}
+
+KVSDK_API kvsdk_status kvsdk_layer_stats_init(kvsdk_layer_stats* stats) {
+  return guard("kvsdk_layer_stats_init", [&] {
+    KVSDK_REQUIRE(stats != nullptr, "stats is NULL");
+    *stats = kvsdk_layer_stats{};
+    stats->struct_size = sizeof(kvsdk_layer_stats);
+  });
+}
+
 KVSDK_API kvsdk_status kvsdk_cache_stats_get(const kvsdk_cache* cache, kvsdk_cache_stats* out) {
   return guard("kvsdk_cache_stats_get", [&] {
     const Cache& c = impl(cache);
-    KVSDK_REQUIRE(out != nullptr, "out is NULL");
-    KVSDK_REQUIRE(out->struct_size >= sizeof(kvsdk_cache_stats), "out->struct_size is ",
-                  out->struct_size, " (set it to sizeof(kvsdk_cache_stats))");
-    const uint32_t size = out->struct_size;
-    *out = c.stats();
-    out->struct_size = size < sizeof(kvsdk_cache_stats) ? size : uint32_t(sizeof(kvsdk_cache_stats));
+    write_versioned(out, c.stats(), kCacheStatsSizeV1, "out");
   });
 }
 
@@ -136,11 +144,7 @@ KVSDK_API kvsdk_status kvsdk_cache_layer_stats_get(const kvsdk_cache* cache, uin
   return guard("kvsdk_cache_layer_stats_get", [&] {
     const Cache& c = impl(cache);
     KVSDK_REQUIRE(out != nullptr, "out is NULL");
-    KVSDK_REQUIRE(out->struct_size >= sizeof(kvsdk_layer_stats), "out->struct_size is ",
-                  out->struct_size, " (set it to sizeof(kvsdk_layer_stats))");
-    const uint32_t size = out->struct_size;
-    *out = c.layer_stats(layer);
-    out->struct_size = size < sizeof(kvsdk_layer_stats) ? size : uint32_t(sizeof(kvsdk_layer_stats));
+    write_versioned(out, c.layer_stats(layer), kLayerStatsSizeV1, "out");
   });
 }
 

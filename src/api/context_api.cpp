@@ -7,13 +7,12 @@
 #include "kvsdk_cuda.h"
 #include "util/error.h"
 #include "util/options.h"
+#include "util/struct_versions.h"
 
 using namespace kvsdk;
 
 namespace {
 
-// The first published kvsdk_context_options ended at budget_bytes; n_threads came later.
-constexpr size_t kContextOptionsV1Size = offsetof(kvsdk_context_options, n_threads);
 
 kvsdk_context_options context_defaults() {
   kvsdk_context_options o{};
@@ -42,7 +41,7 @@ KVSDK_API kvsdk_status kvsdk_context_create(kvsdk_context** out,
     KVSDK_REQUIRE(out != nullptr, "out is NULL");
     const kvsdk_context_options defaults = context_defaults();
     const kvsdk_context_options o =
-        options ? read_versioned(options, defaults, kContextOptionsV1Size, "options")
+        options ? read_versioned(options, defaults, kContextOptionsSizeV1, "options")
                 : defaults;
     KVSDK_REQUIRE(o.backend == KVSDK_BACKEND_CPU || o.backend == KVSDK_BACKEND_CUDA ||
                       o.backend == KVSDK_BACKEND_CPU_REFERENCE,

@@ -13,6 +13,8 @@
 #include "snapshot_reader.h"
 #include "snapshot_writer.h"
 #include "util/error.h"
+#include "util/options.h"
+#include "util/struct_versions.h"
 
 using namespace kvsdk;
 using namespace kvsdk::format;
@@ -46,9 +48,8 @@ void load(kvsdk_cache** out, kvsdk_context* ctx, const unsigned char* data, size
           const kvsdk_geometry* expected, kvsdk_load_info* info) {
   KVSDK_REQUIRE(out != nullptr, "out is NULL");
   KVSDK_REQUIRE(ctx != nullptr, "ctx is NULL");
-  KVSDK_REQUIRE(info == nullptr || info->struct_size >= sizeof(kvsdk_load_info),
-                "info->struct_size is ", info ? info->struct_size : 0,
-                " (set it to sizeof(kvsdk_load_info))");
+  KVSDK_REQUIRE(info == nullptr || info->struct_size >= kLoadInfoSizeV1, "info->struct_size is ",
+                info ? info->struct_size : 0, " (too small; call kvsdk_load_info_init first)");
   Geometry want;
   ReadOptions opt;
   if (expected) {
@@ -82,10 +83,12 @@ void load(kvsdk_cache** out, kvsdk_context* ctx, const unsigned char* data, size
   h->journal = make_base(std::move(fp), s.snapshot_id, s.base_end, s.journal_end,
                          s.next_sequence, s.format_major, s.format_minor);
   if (info) {
-    info->format_major = s.format_major;
-    info->format_minor = s.format_minor;
-    info->journal_frames_applied = s.journal_frames_applied;
-    info->journal_frames_dropped = s.journal_frames_dropped;
+    kvsdk_load_info found{};
+    found.format_major = s.format_major;
+    found.format_minor = s.format_minor;
+    found.journal_frames_applied = s.journal_frames_applied;
+    found.journal_frames_dropped = s.journal_frames_dropped;
+    write_versioned(info, found, kLoadInfoSizeV1, "info");  // (its size was checked above)
   }
   *out = h.release();
 }
@@ -118,6 +121,14 @@ KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options* options) {
   return guard("kvsdk_save_options_init", [&] {
     KVSDK_REQUIRE(options != nullptr, "options is NULL");
     *options = save_options_defaults();
+  });
+}
+
+KVSDK_API kvsdk_status kvsdk_load_info_init(kvsdk_load_info* info) {
+  return guard("kvsdk_load_info_init", [&] {
+    KVSDK_REQUIRE(info != nullptr, "info is NULL");
+    *info = kvsdk_load_info{};
+    info->struct_size = sizeof(kvsdk_load_info);
   });
 }
 
@@ -199,15 +210,8 @@ KVSDK_API kvsdk_status kvsdk_cache_load_from_buffer(kvsdk_cache** out, kvsdk_con
 KVSDK_API kvsdk_status kvsdk_cache_policy(const kvsdk_cache* cache, kvsdk_policy* out) {
   return guard("kvsdk_cache_policy", [&] {
     KVSDK_REQUIRE(cache != nullptr && cache->impl, "cache is NULL");
-    KVSDK_REQUIRE(out != nullptr, "out is NULL");
     // Any version of the struct (kPolicySizeV1 and later): the fields it has are written.
-    KVSDK_REQUIRE(out->struct_size >= kPolicySizeV1, "out->struct_size is ", out->struct_size,
-                  " (set it to sizeof(kvsdk_policy), e.g. with kvsdk_policy_init)");
-    const uint32_t size = out->struct_size;
-    const uint32_t n = size < sizeof(kvsdk_policy) ? size : uint32_t(sizeof(kvsdk_policy));
-    kvsdk_policy p = cache->impl->policy();
-    p.struct_size = n;
-    std::memcpy(out, &p, n);
+    write_versioned(out, cache->impl->policy(), kPolicySizeV1, "out");
   });
 }
 

@@ -5,6 +5,7 @@
 #include "util/dtype.h"
 #include "util/error.h"
 #include "util/options.h"
+#include "util/struct_versions.h"
 
 namespace kvsdk {
 
@@ -20,7 +21,7 @@ kvsdk_geometry geometry_defaults() {
 
 Geometry Geometry::from_c(const kvsdk_geometry* caller) {
   const kvsdk_geometry c =
-      read_versioned(caller, geometry_defaults(), sizeof(kvsdk_geometry), "geometry");
+      read_versioned(caller, geometry_defaults(), kGeometrySizeV1, "geometry");
   KVSDK_REQUIRE(c.n_layers >= 1 && c.n_layers <= kMaxLayers, "geometry.n_layers is ", c.n_layers,
                 " (must be 1..", kMaxLayers, ")");
   KVSDK_REQUIRE(c.n_kv_heads >= 1 && c.n_kv_heads <= kMaxHeads, "geometry.n_kv_heads is ",

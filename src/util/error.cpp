@@ -14,6 +14,8 @@ void set_last_error(const char* message) {
   }
 }
 
+void clear_last_error() noexcept { t_last_error.clear(); }
+
 const char* last_error() { return t_last_error.c_str(); }
 
 }  // namespace kvsdk

@@ -32,12 +32,17 @@ template <class... Parts>
 }
 
 void set_last_error(const char* message);
+// Empties the calling thread's message (no allocation: the string keeps its capacity).
+void clear_last_error() noexcept;
 
 // Runs `body` and maps whatever it throws to a status; the single place where exceptions stop.
+// A call that succeeds clears the thread's last error, so kvsdk_last_error() only ever describes
+// the failure of the most recent status-returning call (include/kvsdk.h).
 template <class Body>
 kvsdk_status guard(const char* function, Body&& body) noexcept {
   try {
     body();
+    clear_last_error();
     return KVSDK_OK;
   } catch (const Error& e) {
     set_last_error((std::string(function) + ": " + e.what()).c_str());

@@ -1,7 +1,8 @@
 // Versioned option structs (the struct_size rule of include/kvsdk.h's ABI rules): copy a caller's
 // struct of any size into the version this library knows. Older (smaller, but at least the first
 // version) structs keep defaults for the fields they lack; newer (larger) structs are accepted when
-// their unknown tail is zero.
+// their unknown tail is zero. Output structs go the other way (write_versioned): a caller's
+// struct of any size from the first version up receives the fields it has room for.
 #pragma once
 
 #include <cstddef>
@@ -30,6 +31,23 @@ T read_versioned(const T* caller, const T& defaults, size_t first_version_size, 
   }
   out.struct_size = static_cast<uint32_t>(known);
   return out;
+}
+
+// Writes `value` into the caller's output struct `out`: the first min(out->struct_size,
+// sizeof(T)) bytes, so that an app built against an older (smaller) or newer (larger) kvsdk.h
+// gets every field its struct has, and bytes past sizeof(T) are left as the app set them. Sets
+// out->struct_size to the bytes written. Refuses (and writes nothing) a struct_size below the
+// first version's.
+template <class T>
+void write_versioned(T* out, const T& value, size_t first_version_size, const char* what) {
+  KVSDK_REQUIRE(out != nullptr, what, " is NULL");
+  const uint32_t size = out->struct_size;
+  KVSDK_REQUIRE(size >= first_version_size, what, "->struct_size is ", size,
+                " (too small; call the *_init function first)");
+  const size_t n = size < sizeof(T) ? size : sizeof(T);
+  T copy = value;
+  copy.struct_size = static_cast<uint32_t>(n);
+  std::memcpy(out, &copy, n);
 }
 
 }  // namespace kvsdk

@@ -148,12 +148,15 @@ _FUNCTIONS = {
                                       c_size_t]),
     "kvsdk_cache_fetch_stats": (status, [handle, POINTER(c_double), POINTER(c_uint64)]),
     # Stats
+    "kvsdk_cache_stats_init": (status, [POINTER(kvsdk_cache_stats)]),
+    "kvsdk_layer_stats_init": (status, [POINTER(kvsdk_layer_stats)]),
     "kvsdk_cache_stats_get": (status, [handle, POINTER(kvsdk_cache_stats)]),
     "kvsdk_cache_layer_stats_get": (status, [handle, c_uint32, POINTER(kvsdk_layer_stats)]),
     # SmallKV
     "kvsdk_cache_set_proxy": (status, [handle, handle]),
     # Snapshots
     "kvsdk_save_options_init": (status, [POINTER(kvsdk_save_options)]),
+    "kvsdk_load_info_init": (status, [POINTER(kvsdk_load_info)]),
     "kvsdk_cache_save": (status, [handle, c_char_p, POINTER(kvsdk_save_options)]),
     "kvsdk_cache_save_to_buffer": (status, [handle, POINTER(kvsdk_save_options), c_void_p,
                                             c_size_t, POINTER(c_size_t)]),

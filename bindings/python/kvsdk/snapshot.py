@@ -48,9 +48,7 @@ def _expected(geometry):
 
 
 def _load_info():
-    info = _capi.kvsdk_load_info()
-    info.struct_size = ctypes.sizeof(info)
-    return info
+    return _initialised(_capi.kvsdk_load_info, lib.kvsdk_load_info_init)
 
 
 class SnapshotMixin:

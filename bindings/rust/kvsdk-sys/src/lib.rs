@@ -267,6 +267,8 @@ extern "C" {
     ) -> kvsdk_status;
 
     // Stats
+    pub fn kvsdk_cache_stats_init(stats: *mut kvsdk_cache_stats) -> kvsdk_status;
+    pub fn kvsdk_layer_stats_init(stats: *mut kvsdk_layer_stats) -> kvsdk_status;
     pub fn kvsdk_cache_stats_get(
         cache: *const kvsdk_cache,
         out: *mut kvsdk_cache_stats,

@@ -220,10 +220,9 @@ impl Cache {
 
     /// Whole-cache stats (kvsdk_cache_stats_get).
     pub fn stats(&self) -> Result<CacheStats> {
-        let mut raw = sys::kvsdk_cache_stats {
-            struct_size: std::mem::size_of::<sys::kvsdk_cache_stats>() as u32,
-            ..Default::default()
-        };
+        let mut raw = sys::kvsdk_cache_stats::default();
+        // SAFETY: valid pointer; the init sets struct_size.
+        check(unsafe { sys::kvsdk_cache_stats_init(&mut raw) })?;
         // SAFETY: live handle, valid pointer with struct_size set.
         check(unsafe { sys::kvsdk_cache_stats_get(self.raw.as_ptr(), &mut raw) })?;
         Ok(CacheStats::from_raw(&raw))
@@ -231,10 +230,9 @@ impl Cache {
 
     /// One layer's stats (kvsdk_cache_layer_stats_get).
     pub fn layer_stats(&self, layer: u32) -> Result<LayerStats> {
-        let mut raw = sys::kvsdk_layer_stats {
-            struct_size: std::mem::size_of::<sys::kvsdk_layer_stats>() as u32,
-            ..Default::default()
-        };
+        let mut raw = sys::kvsdk_layer_stats::default();
+        // SAFETY: valid pointer; the init sets struct_size.
+        check(unsafe { sys::kvsdk_layer_stats_init(&mut raw) })?;
         // SAFETY: live handle, valid pointer with struct_size set.
         check(unsafe { sys::kvsdk_cache_layer_stats_get(self.raw.as_ptr(), layer, &mut raw) })?;
         Ok(LayerStats::from_raw(&raw))

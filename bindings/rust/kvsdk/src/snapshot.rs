@@ -76,11 +76,11 @@ impl LoadInfo {
     }
 }
 
-fn empty_load_info() -> sys::kvsdk_load_info {
-    sys::kvsdk_load_info {
-        struct_size: std::mem::size_of::<sys::kvsdk_load_info>() as u32,
-        ..Default::default()
-    }
+fn empty_load_info() -> Result<sys::kvsdk_load_info> {
+    let mut info = sys::kvsdk_load_info::default();
+    // SAFETY: valid pointer; the init sets struct_size.
+    check(unsafe { sys::kvsdk_load_info_init(&mut info) })?;
+    Ok(info)
 }
 
 impl Cache {
@@ -133,7 +133,7 @@ impl Cache {
     ) -> Result<(Cache, LoadInfo)> {
         let path = c_path(path.as_ref())?;
         let expected = expected.map(Geometry::to_raw);
-        let mut info = empty_load_info();
+        let mut info = empty_load_info()?;
         let mut out = ptr::null_mut();
         // SAFETY: live context, valid pointers.
         check(unsafe {
@@ -157,7 +157,7 @@ impl Cache {
         expected: Option<&Geometry>,
     ) -> Result<(Cache, LoadInfo)> {
         let expected = expected.map(Geometry::to_raw);
-        let mut info = empty_load_info();
+        let mut info = empty_load_info()?;
         let mut out = ptr::null_mut();
         // SAFETY: live context; `bytes` is read during the call only.
         check(unsafe {

@@ -152,14 +152,14 @@ public final class Cache {
 
     public func stats() throws -> CacheStats {
         var raw = kvsdk_cache_stats()
-        raw.struct_size = UInt32(MemoryLayout<kvsdk_cache_stats>.size)
+        try check(kvsdk_cache_stats_init(&raw))
         try check(kvsdk_cache_stats_get(handle, &raw))
         return CacheStats(raw)
     }
 
     public func layerStats(layer: UInt32) throws -> LayerStats {
         var raw = kvsdk_layer_stats()
-        raw.struct_size = UInt32(MemoryLayout<kvsdk_layer_stats>.size)
+        try check(kvsdk_layer_stats_init(&raw))
         try check(kvsdk_cache_layer_stats_get(handle, layer, &raw))
         return LayerStats(raw)
     }

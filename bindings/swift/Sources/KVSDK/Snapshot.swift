@@ -111,7 +111,7 @@ extension LoadInfo {
 
 func emptyLoadInfo() -> kvsdk_load_info {
     var info = kvsdk_load_info()
-    info.struct_size = UInt32(MemoryLayout<kvsdk_load_info>.size)
+    _ = kvsdk_load_info_init(&info)  // (cannot fail: the pointer is valid)
     return info
 }
 
