@@ -378,6 +378,24 @@ KVSDK_API kvsdk_status kvsdk_cache_create(kvsdk_cache **out, kvsdk_context *ctx,
 /** Destroys a cache and returns its bytes to the context budget. NULL is a no-op. */
 KVSDK_API void kvsdk_cache_destroy(kvsdk_cache *cache);
 
+/** Forks a conversation: creates in `*out` an independent copy of `cache` in the same context,
+ *  e.g. to branch a chat at its current turn. The copy has the same geometry, policy, rows (every
+ *  tier, SpeCache's off-budget backing store included) and policy state (importance scores,
+ *  observation windows, allocation, per-cache budget), so that the same calls on either give the
+ *  same results, bit for bit, as they would have given on `cache`; afterwards the two change
+ *  independently. Its bytes are charged to the context's budget like a second cache's (the
+ *  backing store stays off-budget). Not copied: the link to a snapshot file (kvsdk_cache_save_delta on
+ *  the copy is KVSDK_E_STATE until it is saved in full), SpeCache's fetch statistics (start
+ *  at zero) and SmallKV's proxy (give the copy its own with kvsdk_cache_set_proxy, e.g. a fork of
+ *  the original's proxy, before its next attend). Cost: one pass over the cache's bytes, with
+ *  transient memory for one copy of them outside the budget. On success release `*out` with
+ *  kvsdk_cache_destroy.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL out/cache), KVSDK_E_BUDGET (the copy does not fit the
+ *          context's budget), KVSDK_E_NO_MEMORY. On failure `*out` is untouched and nothing stays
+ *          charged.
+ *  Threading: reads `cache` (one thread at a time per cache, as every cache call). */
+KVSDK_API kvsdk_status kvsdk_cache_fork(kvsdk_cache **out, const kvsdk_cache *cache);
+
 /** Copies the cache's geometry into `*out` (out->struct_size must be set, e.g. by
  *  kvsdk_geometry_init). A struct of an older kvsdk.h (smaller struct_size) receives the fields
  *  it has; struct_size is set to the bytes written.

@@ -63,6 +63,16 @@ KVSDK_API kvsdk_status kvsdk_cache_create(kvsdk_cache** out, kvsdk_context* ctx,
 
 KVSDK_API void kvsdk_cache_destroy(kvsdk_cache* cache) { delete cache; }
 
+KVSDK_API kvsdk_status kvsdk_cache_fork(kvsdk_cache** out, const kvsdk_cache* cache) {
+  return guard("kvsdk_cache_fork", [&] {
+    const Cache& c = impl(cache);
+    KVSDK_REQUIRE(out != nullptr, "out is NULL");
+    auto handle = std::make_unique<kvsdk_cache>();
+    handle->impl = c.fork();
+    *out = handle.release();
+  });
+}
+
 KVSDK_API kvsdk_status kvsdk_cache_geometry(const kvsdk_cache* cache, kvsdk_geometry* out) {
   return guard("kvsdk_cache_geometry", [&] {
     const Cache& c = impl(cache);

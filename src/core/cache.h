@@ -34,6 +34,11 @@ class Cache final : public StoreView {
                                         const kvsdk_policy& policy,
                                         std::vector<LayerState> layers,
                                         const std::vector<std::vector<TierRecord>>& tiers = {});
+  // An independent copy in the same context (kvsdk_cache_fork): the same rows, store records and
+  // policy state, restored through the snapshot path (so it continues exactly as this cache
+  // would), charged to the context. Throws KVSDK_E_BUDGET (charging nothing) when it does not
+  // fit. Defined in cache_restore.cpp.
+  std::unique_ptr<Cache> fork() const;
   // Snapshot support: the compressed stores of `layer` (empty when the layer is exact).
   std::vector<TierRecord> tier_records(uint32_t layer) const override;
 

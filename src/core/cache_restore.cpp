@@ -50,4 +50,21 @@ std::unique_ptr<Cache> Cache::restore(std::shared_ptr<Context> ctx, const Geomet
   return cache;
 }
 
+std::unique_ptr<Cache> Cache::fork() const {
+  // What a snapshot of this cache holds, without encoding it: the copy is exact for every store
+  // (the snapshot round trip tests check that restore continues bit for bit), and a new store
+  // needs nothing here beyond its save()/restore() records.
+  std::vector<LayerState> layers;
+  std::vector<std::vector<TierRecord>> tiers;
+  layers.reserve(geometry_.n_layers);
+  tiers.reserve(geometry_.n_layers);
+  for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+    layers.push_back(layer_image(l));
+    tiers.push_back(tier_records(l));
+  }
+  std::unique_ptr<Cache> copy = restore(ctx_, geometry_, policy_, std::move(layers), tiers);
+  copy->restore_policy_runtime(policy_runtime());
+  return copy;
+}
+
 }  // namespace kvsdk

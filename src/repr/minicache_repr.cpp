@@ -136,10 +136,14 @@ void MiniCacheRepresentation::add_bytes(uint32_t layer, uint64_t t[KVSDK_TIER_SL
 uint64_t MiniCacheRepresentation::pair_store_bytes_bound(const Pair& p, uint32_t h,
                                                          size_t n) const {
   const uint64_t dim = geometry_.head_dim;
+  // The first merged token of a head also fixes the retention threshold, which is charged from
+  // then on (add_bytes): one float per tensor for f16 pairs, one per head for KIVI pairs.
+  const bool first = n > 0 && (kivi_ ? p.kivi[h].size() : p.f16[h].positions.size()) == 0;
   if (!kivi_) {
     // Per token and tensor: a slot, then either both layers' f16 rows (retained) or one f16
     // direction and two f32 magnitudes (merged); plus the token's position.
-    return uint64_t(n) * (2 * (4 + std::max(4 * dim, 2 * dim + 8)) + 4);
+    return uint64_t(n) * (2 * (4 + std::max(4 * dim, 2 * dim + 8)) + 4) +
+           (first ? 2 * sizeof(float) : 0);
   }
   // Per token: slot + position, then either four f16 rows (retained) or four f32 norms (merged);
   // the KIVI store of directions grows by at most its largest projected size over every number
@@ -151,7 +155,8 @@ uint64_t MiniCacheRepresentation::pair_store_bytes_bound(const Pair& p, uint32_t
     const uint64_t b = d.projected_bytes(k).total();
     if (b > now) kivi_growth = std::max(kivi_growth, b - now);
   }
-  return uint64_t(n) * (8 + std::max<uint64_t>(8 * dim, 16)) + kivi_growth;
+  return uint64_t(n) * (8 + std::max<uint64_t>(8 * dim, 16)) + kivi_growth +
+         (first ? sizeof(float) : 0);
 }
 
 uint64_t MiniCacheRepresentation::append_bound(uint32_t layer, size_t n) const {

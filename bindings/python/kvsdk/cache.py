@@ -47,6 +47,14 @@ class Cache(OwnedHandle, CompressionMixin, SnapshotMixin, SpeCacheMixin):
                                      ctypes.byref(raw_geometry), ctypes.byref(raw_policy)))
         self._adopt(handle)
 
+    def fork(self):
+        """An independent copy in the same context (kvsdk_cache_fork): it continues exactly as
+        this cache would, and is charged to the context's budget. A SmallKV cache's copy needs
+        its own proxy (set_proxy, e.g. with a fork of the original's proxy)."""
+        handle = ctypes.c_void_p()
+        check(lib.kvsdk_cache_fork(ctypes.byref(handle), self.handle))
+        return type(self)._from_handle(handle)
+
     @classmethod
     def _from_handle(cls, handle):
         """Takes ownership of a raw handle returned by the library (e.g. a loader)."""

@@ -26,6 +26,20 @@ class VersionTest(unittest.TestCase):
 
 
 class CacheTest(unittest.TestCase):
+    def test_fork_continues_like_the_original_and_is_charged(self):
+        g = geometry()
+        ctx = kvsdk.Context()
+        a = kvsdk.Cache(ctx, g, kvsdk.Policy.parse("snapkv"))
+        a.append(0, kv(range(6), g, 1.0), kv(range(6), g, -0.5), range(6))
+        before = ctx.used_bytes
+        b = a.fork()
+        self.assertEqual(ctx.used_bytes, 2 * before)
+        q = [(i % 5) / 4.0 for i in range(g.q_elems_per_query)]
+        self.assertEqual(list(a.attend(0, q, [6])), list(b.attend(0, q, [6])))
+        a.close()
+        b.append(0, kv([6], g, 1.0), kv([6], g, -0.5), [6])
+        self.assertEqual(b.stats().tokens, 7 * g.n_kv_heads)
+
     def test_append_read_attend_and_stats(self):
         g = geometry()
         ctx = kvsdk.Context()

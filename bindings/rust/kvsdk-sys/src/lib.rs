@@ -232,6 +232,8 @@ extern "C" {
         policy: *const kvsdk_policy,
     ) -> kvsdk_status;
     pub fn kvsdk_cache_destroy(cache: *mut kvsdk_cache);
+    pub fn kvsdk_cache_fork(out: *mut *mut kvsdk_cache, cache: *const kvsdk_cache)
+        -> kvsdk_status;
     pub fn kvsdk_cache_geometry(
         cache: *const kvsdk_cache,
         out: *mut kvsdk_geometry,

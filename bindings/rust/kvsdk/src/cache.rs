@@ -65,6 +65,17 @@ impl Cache {
         Ok(cache)
     }
 
+    /// An independent copy in the same context (kvsdk_cache_fork): it continues exactly as
+    /// `self` would, and is charged to the context's budget. A SmallKV cache's copy needs its
+    /// own proxy (`set_proxy`, e.g. with a fork of the original's proxy).
+    pub fn fork(&self) -> Result<Cache> {
+        let mut out = ptr::null_mut();
+        // SAFETY: live handle, valid out pointer.
+        check(unsafe { sys::kvsdk_cache_fork(&mut out, self.raw.as_ptr()) })?;
+        let raw = NonNull::new(out).expect("kvsdk_cache_fork returned NULL");
+        Ok(Cache { raw, geometry: self.geometry })
+    }
+
     /// The raw handle, still owned by `self`.
     pub fn as_ptr(&self) -> *mut sys::kvsdk_cache {
         self.raw.as_ptr()

@@ -217,3 +217,22 @@ fn smallkv_proxy_link_borrows_both_caches() {
     assert_eq!(err.status, Status::Unsupported);
     kvsdk::ProxyLink::new(&mut other, &mut proxy).unwrap();
 }
+
+#[test]
+fn fork_continues_like_the_original_and_is_charged() {
+    let g = geometry();
+    let ctx = Context::with_budget(0).unwrap();
+    let mut a = Cache::new(&ctx, &g, &Policy::parse("snapkv").unwrap()).unwrap();
+    let positions: Vec<i32> = (0..6).collect();
+    a.append(0, &kv(0..6, &g, 1.0), &kv(0..6, &g, -0.5), &positions).unwrap();
+    let before = ctx.used_bytes().unwrap();
+    let mut b = a.fork().unwrap();
+    assert_eq!(ctx.used_bytes().unwrap(), 2 * before);
+    let q: Vec<f32> = (0..g.n_q_heads * g.head_dim).map(|i| (i % 5) as f32 / 4.0).collect();
+    let out_a = a.attend(0, &q, Some(&[6])).unwrap();
+    let out_b = b.attend(0, &q, Some(&[6])).unwrap();
+    assert_eq!(out_a, out_b);
+    drop(a);
+    b.append(0, &kv(6..7, &g, 1.0), &kv(6..7, &g, -0.5), &[6]).unwrap();
+    assert_eq!(b.stats().unwrap().tokens, 7 * g.n_kv_heads as u64);
+}

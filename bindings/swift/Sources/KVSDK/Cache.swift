@@ -42,6 +42,15 @@ public final class Cache {
 
     deinit { kvsdk_cache_destroy(handle) }
 
+    /// An independent copy in the same context (kvsdk_cache_fork): it continues exactly as this
+    /// cache would, and is charged to the context's budget. A SmallKV cache's copy needs its own
+    /// proxy (setProxy, e.g. with a fork of the original's proxy).
+    public func fork() throws -> Cache {
+        var out: OpaquePointer?
+        try check(kvsdk_cache_fork(&out, handle))
+        return try Cache(adopting: out!)
+    }
+
     static func geometry(of handle: OpaquePointer) throws -> Geometry {
         var raw = kvsdk_geometry()
         _ = kvsdk_geometry_init(&raw)

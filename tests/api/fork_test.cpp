@@ -1,0 +1,253 @@
+// kvsdk_cache_fork (issue 16): for every preset, a fork continues exactly as the original does
+// (the same attention outputs, bit for bit, and the same snapshot after the same calls), the two
+// are independent, the fork is charged to the context, and a fork that does not fit changes
+// nothing.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvsdk.h"
+#include "test_util.h"
+
+using namespace kvsdk_test;
+
+namespace {
+
+constexpr uint32_t kLayers = 4, kQ = 4, kKv = 2, kDim = 16;
+constexpr uint32_t kPLayers = 2, kPQ = 2;  // SmallKV's proxy: 1 KV head
+constexpr size_t kKvRow = size_t(kKv) * kDim, kQRow = size_t(kQ) * kDim;
+
+const char* const kPresets[] = {
+    "full",          "streaming_llm", "h2o",       "snapkv",         "pyramidkv",
+    "xkv",           "snapkv+kivi2",  "h2o+kivi4", "kivi",           "spindlekv",
+    "minicache",     "minicache+kivi4", "specache", "smallkv",
+};
+
+std::vector<uint8_t> snapshot(kvsdk_cache* c) {
+  kvsdk_save_options opt;
+  kvsdk_save_options_init(&opt);
+  opt.zstd_level = -7;  // only equality matters
+  size_t size = 0;
+  EXPECT_EQ(kvsdk_cache_save_to_buffer(c, &opt, nullptr, 0, &size), KVSDK_OK)
+      << kvsdk_last_error();
+  std::vector<uint8_t> out(size);
+  EXPECT_EQ(kvsdk_cache_save_to_buffer(c, &opt, out.data(), size, &size), KVSDK_OK)
+      << kvsdk_last_error();
+  out.resize(size);
+  return out;
+}
+
+uint64_t used(kvsdk_context* ctx) {
+  uint64_t u = 0;
+  EXPECT_EQ(kvsdk_context_used_bytes(ctx, &u), KVSDK_OK);
+  return u;
+}
+
+// One conversation: a cache (and SmallKV's proxy), driven one token per step through every layer.
+struct Chat {
+  CachePtr cache, proxy;
+};
+
+class Fork : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(kvsdk_policy_parse(&policy, GetParam()), KVSDK_OK) << GetParam();
+    policy.quant_group = 4;  // small KIVI blocks and windows, so that short runs quantize
+    policy.quant_residual = 4;
+    policy.obs_window = 4;
+    policy.sink_tokens = 2;
+    policy.fetch_tokens = 4;
+    policy.match_tokens = 8;
+    smallkv = policy.method == KVSDK_METHOD_SMALLKV;
+    specache = policy.method == KVSDK_METHOD_SPECACHE;
+    g = make_geometry(kLayers, kQ, kKv, kDim);
+    ctx = make_context();
+    ASSERT_TRUE(ctx);
+  }
+
+  Chat start() {
+    Chat c;
+    c.cache = make_cache(ctx.get(), g, &policy);
+    EXPECT_TRUE(c.cache) << kvsdk_last_error();
+    // Eviction presets get a per-cache budget of about 24 tokens per layer, so that they evict;
+    // each cache has its own, so the original and the fork evict alike. (The others hold every
+    // token: the test stays below what they need.)
+    if (evicts()) {
+      EXPECT_EQ(kvsdk_cache_set_budget(c.cache.get(), 24 * kLayers * exact_bytes_per_token(g)),
+                KVSDK_OK)
+          << kvsdk_last_error();
+    }
+    if (smallkv) {
+      c.proxy = make_cache(ctx.get(), make_geometry(kPLayers, kPQ, 1, kDim));
+      EXPECT_EQ(kvsdk_cache_set_proxy(c.cache.get(), c.proxy.get()), KVSDK_OK)
+          << kvsdk_last_error();
+    }
+    return c;
+  }
+
+  bool evicts() const {
+    for (const char* m : {"streaming_llm", "h2o", "snapkv", "pyramidkv", "xkv"}) {
+      if (std::string(GetParam()).rfind(m, 0) == 0) return true;
+    }
+    return false;
+  }
+
+  // One step at position `pos` with inputs drawn from `seed`; returns every attention output.
+  std::vector<float> step(Chat& c, int32_t pos, uint32_t seed) {
+    SCOPED_TRACE("position " + std::to_string(pos));
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    auto noise = [&](size_t n) {
+      std::vector<float> x(n);
+      for (float& e : x) e = d(rng);
+      return x;
+    };
+    std::vector<float> outs;
+    if (smallkv) {
+      for (uint32_t l = 0; l < kPLayers; ++l) {
+        const std::vector<float> k = noise(kDim), v = noise(kDim), q = noise(kPQ * kDim);
+        std::vector<float> o(kPQ * kDim);
+        EXPECT_EQ(kvsdk_cache_append(c.proxy.get(), l, 1, k.data(), v.data(), &pos, kDim * 4),
+                  KVSDK_OK);
+        EXPECT_EQ(kvsdk_cache_attend(c.proxy.get(), l, 1, q.data(), &pos, kPQ * kDim * 4,
+                                     o.data(), kPQ * kDim * 4),
+                  KVSDK_OK)
+            << kvsdk_last_error();
+      }
+    }
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      const std::vector<float> k = noise(kKvRow), v = noise(kKvRow), q = noise(kQRow);
+      std::vector<float> o(kQRow);
+      EXPECT_EQ(kvsdk_cache_append(c.cache.get(), l, 1, k.data(), v.data(), &pos, kKvRow * 4),
+                KVSDK_OK)
+          << kvsdk_last_error();
+      EXPECT_EQ(kvsdk_cache_attend(c.cache.get(), l, 1, q.data(), &pos, kQRow * 4, o.data(),
+                                   kQRow * 4),
+                KVSDK_OK)
+          << kvsdk_last_error();
+      if (specache) {
+        const std::vector<float> next = noise(kQRow);
+        const int32_t p1 = pos + 1;
+        EXPECT_EQ(kvsdk_cache_prefetch(c.cache.get(), l, 1, next.data(), &p1, kQRow * 4),
+                  KVSDK_OK)
+            << kvsdk_last_error();
+      }
+      outs.insert(outs.end(), o.begin(), o.end());
+    }
+    return outs;
+  }
+
+  Chat fork(const Chat& c) {
+    Chat f;
+    kvsdk_cache* raw = nullptr;
+    EXPECT_EQ(kvsdk_cache_fork(&raw, c.cache.get()), KVSDK_OK) << kvsdk_last_error();
+    f.cache.reset(raw);
+    if (smallkv) {
+      raw = nullptr;
+      EXPECT_EQ(kvsdk_cache_fork(&raw, c.proxy.get()), KVSDK_OK) << kvsdk_last_error();
+      f.proxy.reset(raw);
+      EXPECT_EQ(kvsdk_cache_set_proxy(f.cache.get(), f.proxy.get()), KVSDK_OK)
+          << kvsdk_last_error();
+    }
+    return f;
+  }
+
+  kvsdk_policy policy{};
+  kvsdk_geometry g{};
+  ContextPtr ctx;
+  bool smallkv = false, specache = false;
+};
+
+TEST_P(Fork, ContinuesExactlyAsTheOriginal) {
+  Chat a = start();
+  for (int32_t t = 0; t < 30; ++t) step(a, t, 100 + t);
+  const uint64_t before = used(ctx.get());
+  const std::vector<uint8_t> at_fork = snapshot(a.cache.get());
+  Chat b = fork(a);
+  ASSERT_TRUE(b.cache);
+  EXPECT_EQ(snapshot(b.cache.get()), at_fork) << "the fork holds what the original holds";
+  kvsdk_cache_stats sa, sb;
+  kvsdk_cache_stats_init(&sa);
+  kvsdk_cache_stats_init(&sb);
+  ASSERT_EQ(kvsdk_cache_stats_get(a.cache.get(), &sa), KVSDK_OK);
+  ASSERT_EQ(kvsdk_cache_stats_get(b.cache.get(), &sb), KVSDK_OK);
+  EXPECT_EQ(sb.bytes, sa.bytes);
+  EXPECT_EQ(sb.tokens, sa.tokens);
+  EXPECT_EQ(sb.backing_bytes, sa.backing_bytes);
+  uint64_t proxy_bytes = 0;  // SmallKV: the proxy's fork is charged too
+  if (smallkv) {
+    kvsdk_cache_stats sp;
+    kvsdk_cache_stats_init(&sp);
+    ASSERT_EQ(kvsdk_cache_stats_get(a.proxy.get(), &sp), KVSDK_OK);
+    proxy_bytes = sp.bytes;
+  }
+  EXPECT_EQ(used(ctx.get()), before + sb.bytes + proxy_bytes)
+      << "the fork is charged to the context";
+  for (int32_t t = 30; t < 50; ++t) {
+    ASSERT_EQ(step(a, t, 100 + t), step(b, t, 100 + t)) << "step " << t;
+  }
+  EXPECT_EQ(snapshot(a.cache.get()), snapshot(b.cache.get()));
+}
+
+TEST_P(Fork, ForksAreIndependent) {
+  Chat a = start();
+  for (int32_t t = 0; t < 20; ++t) step(a, t, 7 + t);
+  Chat b = fork(a);
+  const std::vector<uint8_t> b_at_fork = snapshot(b.cache.get());
+  // The original goes on (another branch), and is then destroyed: the fork must not notice.
+  for (int32_t t = 20; t < 30; ++t) step(a, t, 900 + t);
+  EXPECT_NE(snapshot(a.cache.get()), b_at_fork);
+  EXPECT_EQ(snapshot(b.cache.get()), b_at_fork);
+  a.cache.reset();
+  a.proxy.reset();
+  for (int32_t t = 20; t < 30; ++t) step(b, t, 500 + t);
+}
+
+TEST_P(Fork, RefusedWhenTheContextBudgetIsFullAndNothingChanges) {
+  // The context holds the original with less than its bytes again to spare.
+  ContextPtr small;
+  {
+    Chat probe = start();
+    for (int32_t t = 0; t < 20; ++t) step(probe, t, 3 + t);
+    kvsdk_cache_stats s;
+    kvsdk_cache_stats_init(&s);
+    ASSERT_EQ(kvsdk_cache_stats_get(probe.cache.get(), &s), KVSDK_OK);
+    ASSERT_GT(s.bytes, 0u);
+    ctx = make_context(used(ctx.get()) + s.bytes - 1);
+  }
+  Chat a = start();
+  for (int32_t t = 0; t < 20; ++t) step(a, t, 3 + t);
+  const uint64_t before = used(ctx.get());
+  const std::vector<uint8_t> snap = snapshot(a.cache.get());
+  kvsdk_cache* out = reinterpret_cast<kvsdk_cache*>(&out);  // must stay untouched
+  kvsdk_cache* const sentinel = out;
+  EXPECT_EQ(kvsdk_cache_fork(&out, a.cache.get()), KVSDK_E_BUDGET);
+  EXPECT_NE(std::string(kvsdk_last_error()).find("budget"), std::string::npos)
+      << kvsdk_last_error();
+  EXPECT_EQ(out, sentinel);
+  EXPECT_EQ(used(ctx.get()), before);
+  EXPECT_EQ(snapshot(a.cache.get()), snap);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, Fork, ::testing::ValuesIn(kPresets),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           std::string s = i.param;
+                           for (char& ch : s) {
+                             if (ch == '+') ch = '_';
+                           }
+                           return s;
+                         });
+
+TEST(ForkArgs, NullsAreInvalid) {
+  ContextPtr ctx = make_context();
+  CachePtr c = make_cache(ctx.get(), make_geometry(1, 2, 1, 8));
+  kvsdk_cache* out = nullptr;
+  EXPECT_EQ(kvsdk_cache_fork(&out, nullptr), KVSDK_E_INVALID_ARG);
+  EXPECT_EQ(out, nullptr);
+  EXPECT_EQ(kvsdk_cache_fork(nullptr, c.get()), KVSDK_E_INVALID_ARG);
+}
+
+}  // namespace
