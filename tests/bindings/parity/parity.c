@@ -173,6 +173,12 @@ int main(int argc, char **argv) {
     free(q);
   }
   for (layer = 0; layer < LAYERS; ++layer) decode_step(loaded, layer, PROMPT + DECODE, 0);
+  {
+    kvsdk_cache *branch = NULL;
+    must(kvsdk_cache_fork(&branch, loaded), "fork");
+    for (layer = 0; layer < LAYERS; ++layer) decode_step(branch, layer, PROMPT + DECODE + 1, 0);
+    kvsdk_cache_destroy(branch);
+  }
 
   kvsdk_cache_destroy(loaded);
   kvsdk_cache_destroy(cache);

@@ -84,6 +84,10 @@ def main(record_path, snapshot_path):
         rec.f32s(loaded.attend(layer, rng.fill(PER_QUERY)))
     for layer in range(LAYERS):
         decode_step(loaded, layer, PROMPT + DECODE, False)
+    branch = loaded.fork()
+    for layer in range(LAYERS):
+        decode_step(branch, layer, PROMPT + DECODE + 1, False)
+    branch.close()
     loaded.close()
     cache.close()
     ctx.close()

@@ -129,6 +129,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for layer in 0..LAYERS {
         sc.decode_step(&mut loaded, layer, PROMPT + DECODE, false)?;
     }
+    let mut branch = loaded.fork()?;
+    for layer in 0..LAYERS {
+        sc.decode_step(&mut branch, layer, PROMPT + DECODE + 1, false)?;
+    }
     std::fs::write(&record_path, &sc.rec.0)?;
     Ok(())
 }
