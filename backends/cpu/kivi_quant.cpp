@@ -27,19 +27,50 @@ uint16_t f16_round_up(float x) {
 
 uint32_t levels(uint32_t bits) { return bits == 1 ? 1u : (1u << bits) - 1u; }
 
-// out[c] = z[c] + code_c * s[c] for one packed row; the width is a template parameter so the
-// inner loop has constant shifts (this runs in attention's inner loop).
+// The row dequantizers are forced inline into each clone of their KVSDK_TARGET_CLONES callers,
+// so that they vectorize for that clone's target (a call would run the baseline's SSE2 code).
+#if defined(__GNUC__)
+#define KVSDK_CLONE_INLINE __attribute__((always_inline)) inline
+#else
+#define KVSDK_CLONE_INLINE inline
+#endif
+
+// The codes of every possible packed byte as floats, lowest bits first (float(code) is exact);
+// for 1 and 2 bits (8 or 4 codes per byte).
 template <uint32_t B>
-void dequant_row(const uint8_t* packed, size_t dim, const float* s, const float* z, float* out) {
+struct CodeTable {
+  static constexpr uint32_t per_byte = 8 / B, mask = (1u << B) - 1u;
+  float codes[256][per_byte] = {};
+  constexpr CodeTable() {
+    for (uint32_t byte = 0; byte < 256; ++byte) {
+      for (uint32_t j = 0; j < per_byte; ++j) codes[byte][j] = float((byte >> (j * B)) & mask);
+    }
+  }
+};
+template <uint32_t B>
+constexpr CodeTable<B> kCodeTable{};
+
+// out[c] = z[c] + code_c * s[c] for one packed row; the width is a template parameter so the
+// inner loop has a constant trip count (this runs in attention's inner loop). At 1 and 2 bits
+// each whole byte looks its codes up as floats (one table row) instead of shifting and masking
+// them out one by one, so the loop over a byte's channels is straight vector code; every element
+// is kivi_dequant(code, s, z) either way.
+template <uint32_t B>
+KVSDK_CLONE_INLINE void dequant_row(const uint8_t* __restrict packed, size_t dim,
+                                    const float* __restrict s, const float* __restrict z,
+                                    float* __restrict out) {
   constexpr uint32_t per_byte = 8 / B, mask = (1u << B) - 1u;
-  // Whole bytes first (a fixed inner trip count the compiler unrolls and vectorizes), then the
-  // last partial byte; every element is computed as before.
   const size_t whole = dim / per_byte;
   for (size_t byte = 0; byte < whole; ++byte) {
-    const uint32_t bits = packed[byte];
-    for (uint32_t j = 0; j < per_byte; ++j) {
-      const size_t ch = byte * per_byte + j;
-      out[ch] = kivi_dequant((bits >> (j * B)) & mask, s[ch], z[ch]);
+    const size_t ch = byte * per_byte;
+    if constexpr (B <= 2) {
+      const float* codes = kCodeTable<B>.codes[packed[byte]];
+      for (uint32_t j = 0; j < per_byte; ++j) out[ch + j] = z[ch + j] + codes[j] * s[ch + j];
+    } else {  // 1 or 2 codes per byte: shifting them out vectorizes better than a lookup
+      const uint32_t bits = packed[byte];
+      for (uint32_t j = 0; j < per_byte; ++j) {
+        out[ch + j] = kivi_dequant((bits >> (j * B)) & mask, s[ch + j], z[ch + j]);
+      }
     }
   }
   size_t c = whole * per_byte;
@@ -54,7 +85,7 @@ void dequant_row(const uint8_t* packed, size_t dim, const float* s, const float*
 // Channels per tile of the dequantizers' stack parameters (a multiple of 8).
 constexpr size_t kTile = 256;
 
-void dequant_row(uint32_t bits, const uint8_t* packed, size_t dim, const float* s, const float* z,
+KVSDK_CLONE_INLINE void dequant_row(uint32_t bits, const uint8_t* packed, size_t dim, const float* s, const float* z,
                  float* out) {
   switch (bits) {
     case 1: return dequant_row<1>(packed, dim, s, z, out);
