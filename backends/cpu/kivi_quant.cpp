@@ -82,6 +82,30 @@ KVSDK_CLONE_INLINE void dequant_row(const uint8_t* __restrict packed, size_t dim
   }
 }
 
+// One row of values at 1 or 2 bits whose groups start on byte boundaries (group a multiple of
+// 8 channels): each group's scale and zero point are scalars for all its channels, so nothing is
+// spread per channel; every element is kivi_dequant(code, s_g, z_g) as in the general path.
+template <uint32_t B>
+KVSDK_CLONE_INLINE void dequant_value_row(const uint8_t* __restrict packed, size_t dim,
+                                          size_t group, const uint16_t* scale,
+                                          const uint16_t* zero, float* __restrict out) {
+  constexpr uint32_t per_byte = 8 / B, mask = (1u << B) - 1u;
+  for (size_t lo = 0, g = 0; lo < dim; lo += group, ++g) {
+    const size_t hi = std::min(dim, lo + group);
+    const float sg = f16_to_f32(scale[g]), zg = f16_to_f32(zero[g]);
+    const uint8_t* p = packed + lo / per_byte;
+    const size_t whole = (hi - lo) / per_byte;
+    for (size_t b = 0; b < whole; ++b) {
+      const float* codes = kCodeTable<B>.codes[p[b]];
+      float* o = out + lo + b * per_byte;
+      for (uint32_t j = 0; j < per_byte; ++j) o[j] = zg + codes[j] * sg;
+    }
+    for (size_t c = lo + whole * per_byte; c < hi; ++c) {
+      out[c] = kivi_dequant((packed[c / per_byte] >> ((c % per_byte) * B)) & mask, sg, zg);
+    }
+  }
+}
+
 // Channels per tile of the dequantizers' stack parameters (a multiple of 8).
 constexpr size_t kTile = 256;
 
@@ -217,6 +241,16 @@ void kivi_dequantize_values(const uint8_t* codes, const uint16_t* scale, const u
                             size_t n_tokens, size_t dim, size_t group, uint32_t bits, float* out) {
   const size_t n_groups = kivi_value_groups(dim, group);
   const size_t row_bytes = kivi_packed_bytes(dim, bits);
+  if (bits <= 2 && group % 8 == 0) {  // SpeCache's and KIVI-2's rows: groups on byte boundaries
+    for (size_t t = 0; t < n_tokens; ++t) {
+      const uint8_t* row = codes + t * row_bytes;
+      const uint16_t* sg = scale + t * n_groups;
+      const uint16_t* zg = zero + t * n_groups;
+      if (bits == 1) dequant_value_row<1>(row, dim, group, sg, zg, out + t * dim);
+      else dequant_value_row<2>(row, dim, group, sg, zg, out + t * dim);
+    }
+    return;
+  }
   // The row's group parameters spread over its channels, a tile of kTile channels at a time on
   // the stack (as for keys: no heap on the attention path, same values).
   float s[kTile], z[kTile];
