@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "target_clones.h"
@@ -35,6 +36,31 @@ uint32_t levels(uint32_t bits) { return bits == 1 ? 1u : (1u << bits) - 1u; }
 #define KVSDK_CLONE_INLINE inline
 #endif
 
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define KVSDK_DEQUANT16 1
+// 16 lanes (GCC/Clang vector extension; each clone compiles them for its own target).
+typedef int32_t Ints16 __attribute__((vector_size(64)));
+typedef float Floats16 __attribute__((vector_size(64)));
+
+// 16 channels at 1 or 2 bits from 2B bytes read as one little-endian word (codes are packed
+// LSB-first, so code j sits at bits B * j): broadcast, shift each lane by its own constant,
+// mask, convert, then z + code * s lane by lane: kivi_dequant's operations on every element.
+template <uint32_t B>
+KVSDK_CLONE_INLINE void dequant16(const uint8_t* p, const Floats16& s, const Floats16& z,
+                                  float* out) {
+  static_assert(B == 1 || B == 2, "16 codes fit one 32-bit word at 1 or 2 bits");
+  constexpr Ints16 kShift = {0 * B,  1 * B,  2 * B,  3 * B,  4 * B,  5 * B,  6 * B,  7 * B,
+                             8 * B,  9 * B,  10 * B, 11 * B, 12 * B, 13 * B, 14 * B, 15 * B};
+  uint32_t word = 0;
+  std::memcpy(&word, p, 2 * B);
+  const Ints16 codes = ((Ints16{} + int32_t(word)) >> kShift) & int32_t((1u << B) - 1u);
+  const Floats16 o = z + __builtin_convertvector(codes, Floats16) * s;
+  std::memcpy(out, &o, sizeof o);
+}
+#else
+#define KVSDK_DEQUANT16 0
+#endif
+
 // The codes of every possible packed byte as floats, lowest bits first (float(code) is exact);
 // for 1 and 2 bits (8 or 4 codes per byte).
 template <uint32_t B>
@@ -60,8 +86,21 @@ KVSDK_CLONE_INLINE void dequant_row(const uint8_t* __restrict packed, size_t dim
                                     const float* __restrict s, const float* __restrict z,
                                     float* __restrict out) {
   constexpr uint32_t per_byte = 8 / B, mask = (1u << B) - 1u;
+  size_t whole_from = 0;
+#if KVSDK_DEQUANT16
+  if constexpr (B <= 2) {
+    const size_t vecs = dim / 16;
+    for (size_t i = 0; i < vecs; ++i) {
+      Floats16 sv, zv;
+      std::memcpy(&sv, s + 16 * i, sizeof sv);
+      std::memcpy(&zv, z + 16 * i, sizeof zv);
+      dequant16<B>(packed + i * 2 * B, sv, zv, out + 16 * i);
+    }
+    whole_from = vecs * 16 / per_byte;
+  }
+#endif
   const size_t whole = dim / per_byte;
-  for (size_t byte = 0; byte < whole; ++byte) {
+  for (size_t byte = whole_from; byte < whole; ++byte) {
     const size_t ch = byte * per_byte;
     if constexpr (B <= 2) {
       const float* codes = kCodeTable<B>.codes[packed[byte]];
@@ -95,7 +134,14 @@ KVSDK_CLONE_INLINE void dequant_value_row(const uint8_t* __restrict packed, size
     const float sg = f16_to_f32(scale[g]), zg = f16_to_f32(zero[g]);
     const uint8_t* p = packed + lo / per_byte;
     const size_t whole = (hi - lo) / per_byte;
-    for (size_t b = 0; b < whole; ++b) {
+    size_t b = 0;
+#if KVSDK_DEQUANT16
+    const Floats16 sv = Floats16{} + sg, zv = Floats16{} + zg;
+    for (; (b + 16 / per_byte) <= whole; b += 16 / per_byte) {
+      dequant16<B>(p + b, sv, zv, out + lo + b * per_byte);
+    }
+#endif
+    for (; b < whole; ++b) {
       const float* codes = kCodeTable<B>.codes[p[b]];
       float* o = out + lo + b * per_byte;
       for (uint32_t j = 0; j < per_byte; ++j) o[j] = zg + codes[j] * sg;
