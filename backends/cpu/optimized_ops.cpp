@@ -16,6 +16,7 @@
 #include "minicache_merge.h"
 #include "smallkv.h"
 #include "specache.h"
+#include "specache_attention.h"
 #include "spindlekv_store.h"
 #include "util/growth.h"
 #include "util/half_array.h"
@@ -96,11 +97,10 @@ void attend_minicache_kivi(const QueryRows& q, const cpu::MiniCacheKiviPair& p, 
   });
 }
 
+// SpeCache: two passes over the low-bit copy sharing one score matrix (specache_attention.h).
 void attend_specache(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
                      const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out) {
-  chunked(q, ws, out, [&](cpu::fast::ChunkAttention& att) {
-    cpu::specache_attend(lowbit, fetched, att, ws.attention.k_chunk, ws.attention.v_chunk);
-  });
+  cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, out, nullptr);
 }
 
 // SpeCache's selection scores of one chunk of dequantized low-bit keys (rows at their own
@@ -172,20 +172,13 @@ void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_
   specache_select_scored(scores, group, n, k, ws, tokens, avg_probs);
 }
 
-// SpeCache's decode step in one pass: the chunks that attend_specache feeds to the SIMD online
-// softmax are scored (low-bit keys, before the fetched rows replace theirs) on the way, with the
-// same chunks and dot product as specache_select, so its selection from these scores is the same.
+// SpeCache's decode step in one pass: attend_specache, handing out the low-bit scores it takes
+// on the way (the same chunks and dot product as specache_select, so its selection from them is
+// the same).
 void attend_specache_scored(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
                             const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out,
                             float* scores) {
-  const size_t n = lowbit.size();
-  chunked(q, ws, out, [&](cpu::fast::ChunkAttention& att) {
-    cpu::specache_attend(lowbit, fetched, att, ws.attention.k_chunk, ws.attention.v_chunk,
-                         [&](const float* k, size_t first, size_t c) {
-                           specache_score_chunk(q, k, lowbit.positions().data() + first, c,
-                                                scores + first, n);
-                         });
-  });
+  cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, out, scores);
 }
 
 Ops make_optimized() {

@@ -70,6 +70,7 @@ struct SpeCacheSelectScratch {
   std::vector<float> scores, k_chunk, avg;
   std::vector<uint32_t> order;
   std::vector<int32_t> q_positions;  // one per row of the group
+  std::vector<float> attention;  // the optimized attention's weights [rows][tokens], row sums
 };
 
 // Reference scores of query rows q [rows][dim] (row r at position q_positions[r]) against one
