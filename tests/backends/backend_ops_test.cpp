@@ -12,7 +12,8 @@
 // of summation (see fast_attention.h), so they match within kAttendRel of |reference| plus
 // kAttendAbs of max |v| (KIVI: kAttendKiviAbs, below): ~10x the largest gap measured, far below what a wrong code, scale, mask
 // or rescale does (> 1e-2 of max |v|). That holds for the chunk-fed tiers too (attend_spindle,
-// attend_minicache(_kivi), attend_specache: fast_chunk_attention.h). SpeCache's selection scores
+// attend_minicache(_kivi): fast_chunk_attention.h) and SpeCache's two-pass attention
+// (attend_specache and attend_specache_scored: specache_attention.h). SpeCache's selection scores
 // with the SIMD dot product and exp: its probabilities match within kProbRel of the reference's
 // plus kProbAbs, and its top-k set wherever a probability is farther than that from the k-th
 // largest (a near-tie may pick either token). Every optimized SIMD target must give the same bits
