@@ -92,10 +92,11 @@ void SpeCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const floa
   const bool measure = pending_[layer][kv_head] != 0;
   AttendScores& kept = attend_scores_[kv_head];
   kept.valid = false;
-  // One query (n_rows == group) may be the speculative token that prefetch() is called with
-  // next: its scores are kept. Scoring costs one dot product per row and token in a pass that
+  // One query (n_rows == group, one position) may be the speculative token that prefetch() is
+  // called with next: its scores are kept. Scoring costs one dot product per row and token in a pass that
   // dequantizes anyway; other calls skip it unless they measure the hit rate.
-  const bool keep = n_rows == group;
+  const bool keep = n_rows == group && std::all_of(row_positions, row_positions + n_rows,
+                                                   [&](int32_t p) { return p == row_positions[0]; });
   if (!measure && !keep) {
     ops().attend_specache(rows, h.lowbit(), h.fetched(), ws, out);
     return;
