@@ -130,6 +130,20 @@ struct Ops {
   void (*specache_select)(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_t k,
                           Workspace& ws, std::vector<uint32_t>& tokens,
                           std::vector<float>* avg_probs);
+
+  // --- SpeCache decode step in one pass --------------------------------------------------------
+  // attend_specache's output (the same bits), and in the same pass over the low-bit copy the
+  // selection's scores [q.n_rows][lowbit.size()]: each row's scaled dot product with the
+  // dequantized LOW-BIT keys (no fetched row substituted), -inf for tokens after the row's
+  // position, exactly as specache_select scores them. SpeCache (§3.3) picks the speculative
+  // token's top-k from its own attention pass instead of a second scan.
+  void (*attend_specache_scored)(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
+                                 const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out,
+                                 float* scores);
+  // specache_select's result from those scores of `group` rows at one position, [group][n]
+  // (overwritten: working memory): bit for bit what specache_select returns for those rows.
+  void (*specache_select_scored)(float* scores, size_t group, size_t n, size_t k, Workspace& ws,
+                                 std::vector<uint32_t>& tokens, std::vector<float>* avg_probs);
 };
 
 // The scalar reference backend (the oracle) and the optimized CPU backend.

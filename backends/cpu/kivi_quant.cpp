@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "target_clones.h"
@@ -27,19 +28,88 @@ uint16_t f16_round_up(float x) {
 
 uint32_t levels(uint32_t bits) { return bits == 1 ? 1u : (1u << bits) - 1u; }
 
-// out[c] = z[c] + code_c * s[c] for one packed row; the width is a template parameter so the
-// inner loop has constant shifts (this runs in attention's inner loop).
+// The row dequantizers are forced inline into each clone of their KVSDK_TARGET_CLONES callers,
+// so that they vectorize for that clone's target (a call would run the baseline's SSE2 code).
+#if defined(__GNUC__)
+#define KVSDK_CLONE_INLINE __attribute__((always_inline)) inline
+#else
+#define KVSDK_CLONE_INLINE inline
+#endif
+
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define KVSDK_DEQUANT16 1
+// 16 lanes (GCC/Clang vector extension; each clone compiles them for its own target).
+typedef int32_t Ints16 __attribute__((vector_size(64)));
+typedef float Floats16 __attribute__((vector_size(64)));
+
+// 16 channels at 1 or 2 bits from 2B bytes read as one little-endian word (codes are packed
+// LSB-first, so code j sits at bits B * j): broadcast, shift each lane by its own constant,
+// mask, convert, then z + code * s lane by lane: kivi_dequant's operations on every element.
 template <uint32_t B>
-void dequant_row(const uint8_t* packed, size_t dim, const float* s, const float* z, float* out) {
+KVSDK_CLONE_INLINE void dequant16(const uint8_t* p, const Floats16& s, const Floats16& z,
+                                  float* out) {
+  static_assert(B == 1 || B == 2, "16 codes fit one 32-bit word at 1 or 2 bits");
+  constexpr Ints16 kShift = {0 * B,  1 * B,  2 * B,  3 * B,  4 * B,  5 * B,  6 * B,  7 * B,
+                             8 * B,  9 * B,  10 * B, 11 * B, 12 * B, 13 * B, 14 * B, 15 * B};
+  uint32_t word = 0;
+  std::memcpy(&word, p, 2 * B);
+  const Ints16 codes = ((Ints16{} + int32_t(word)) >> kShift) & int32_t((1u << B) - 1u);
+  const Floats16 o = z + __builtin_convertvector(codes, Floats16) * s;
+  std::memcpy(out, &o, sizeof o);
+}
+#else
+#define KVSDK_DEQUANT16 0
+#endif
+
+// The codes of every possible packed byte as floats, lowest bits first (float(code) is exact);
+// for 1 and 2 bits (8 or 4 codes per byte).
+template <uint32_t B>
+struct CodeTable {
+  static constexpr uint32_t per_byte = 8 / B, mask = (1u << B) - 1u;
+  float codes[256][per_byte] = {};
+  constexpr CodeTable() {
+    for (uint32_t byte = 0; byte < 256; ++byte) {
+      for (uint32_t j = 0; j < per_byte; ++j) codes[byte][j] = float((byte >> (j * B)) & mask);
+    }
+  }
+};
+template <uint32_t B>
+constexpr CodeTable<B> kCodeTable{};
+
+// out[c] = z[c] + code_c * s[c] for one packed row; the width is a template parameter so the
+// inner loop has a constant trip count (this runs in attention's inner loop). At 1 and 2 bits
+// each whole byte looks its codes up as floats (one table row) instead of shifting and masking
+// them out one by one, so the loop over a byte's channels is straight vector code; every element
+// is kivi_dequant(code, s, z) either way.
+template <uint32_t B>
+KVSDK_CLONE_INLINE void dequant_row(const uint8_t* __restrict packed, size_t dim,
+                                    const float* __restrict s, const float* __restrict z,
+                                    float* __restrict out) {
   constexpr uint32_t per_byte = 8 / B, mask = (1u << B) - 1u;
-  // Whole bytes first (a fixed inner trip count the compiler unrolls and vectorizes), then the
-  // last partial byte; every element is computed as before.
+  size_t whole_from = 0;
+#if KVSDK_DEQUANT16
+  if constexpr (B <= 2) {
+    const size_t vecs = dim / 16;
+    for (size_t i = 0; i < vecs; ++i) {
+      Floats16 sv, zv;
+      std::memcpy(&sv, s + 16 * i, sizeof sv);
+      std::memcpy(&zv, z + 16 * i, sizeof zv);
+      dequant16<B>(packed + i * 2 * B, sv, zv, out + 16 * i);
+    }
+    whole_from = vecs * 16 / per_byte;
+  }
+#endif
   const size_t whole = dim / per_byte;
-  for (size_t byte = 0; byte < whole; ++byte) {
-    const uint32_t bits = packed[byte];
-    for (uint32_t j = 0; j < per_byte; ++j) {
-      const size_t ch = byte * per_byte + j;
-      out[ch] = kivi_dequant((bits >> (j * B)) & mask, s[ch], z[ch]);
+  for (size_t byte = whole_from; byte < whole; ++byte) {
+    const size_t ch = byte * per_byte;
+    if constexpr (B <= 2) {
+      const float* codes = kCodeTable<B>.codes[packed[byte]];
+      for (uint32_t j = 0; j < per_byte; ++j) out[ch + j] = z[ch + j] + codes[j] * s[ch + j];
+    } else {  // 1 or 2 codes per byte: shifting them out vectorizes better than a lookup
+      const uint32_t bits = packed[byte];
+      for (uint32_t j = 0; j < per_byte; ++j) {
+        out[ch + j] = kivi_dequant((bits >> (j * B)) & mask, s[ch + j], z[ch + j]);
+      }
     }
   }
   size_t c = whole * per_byte;
@@ -51,10 +121,41 @@ void dequant_row(const uint8_t* packed, size_t dim, const float* s, const float*
   }
 }
 
+// One row of values at 1 or 2 bits whose groups start on byte boundaries (group a multiple of
+// 8 channels): each group's scale and zero point are scalars for all its channels, so nothing is
+// spread per channel; every element is kivi_dequant(code, s_g, z_g) as in the general path.
+template <uint32_t B>
+KVSDK_CLONE_INLINE void dequant_value_row(const uint8_t* __restrict packed, size_t dim,
+                                          size_t group, const uint16_t* scale,
+                                          const uint16_t* zero, float* __restrict out) {
+  constexpr uint32_t per_byte = 8 / B, mask = (1u << B) - 1u;
+  for (size_t lo = 0, g = 0; lo < dim; lo += group, ++g) {
+    const size_t hi = std::min(dim, lo + group);
+    const float sg = f16_to_f32(scale[g]), zg = f16_to_f32(zero[g]);
+    const uint8_t* p = packed + lo / per_byte;
+    const size_t whole = (hi - lo) / per_byte;
+    size_t b = 0;
+#if KVSDK_DEQUANT16
+    const Floats16 sv = Floats16{} + sg, zv = Floats16{} + zg;
+    for (; (b + 16 / per_byte) <= whole; b += 16 / per_byte) {
+      dequant16<B>(p + b, sv, zv, out + lo + b * per_byte);
+    }
+#endif
+    for (; b < whole; ++b) {
+      const float* codes = kCodeTable<B>.codes[p[b]];
+      float* o = out + lo + b * per_byte;
+      for (uint32_t j = 0; j < per_byte; ++j) o[j] = zg + codes[j] * sg;
+    }
+    for (size_t c = lo + whole * per_byte; c < hi; ++c) {
+      out[c] = kivi_dequant((packed[c / per_byte] >> ((c % per_byte) * B)) & mask, sg, zg);
+    }
+  }
+}
+
 // Channels per tile of the dequantizers' stack parameters (a multiple of 8).
 constexpr size_t kTile = 256;
 
-void dequant_row(uint32_t bits, const uint8_t* packed, size_t dim, const float* s, const float* z,
+KVSDK_CLONE_INLINE void dequant_row(uint32_t bits, const uint8_t* packed, size_t dim, const float* s, const float* z,
                  float* out) {
   switch (bits) {
     case 1: return dequant_row<1>(packed, dim, s, z, out);
@@ -186,6 +287,16 @@ void kivi_dequantize_values(const uint8_t* codes, const uint16_t* scale, const u
                             size_t n_tokens, size_t dim, size_t group, uint32_t bits, float* out) {
   const size_t n_groups = kivi_value_groups(dim, group);
   const size_t row_bytes = kivi_packed_bytes(dim, bits);
+  if (bits <= 2 && group % 8 == 0) {  // SpeCache's and KIVI-2's rows: groups on byte boundaries
+    for (size_t t = 0; t < n_tokens; ++t) {
+      const uint8_t* row = codes + t * row_bytes;
+      const uint16_t* sg = scale + t * n_groups;
+      const uint16_t* zg = zero + t * n_groups;
+      if (bits == 1) dequant_value_row<1>(row, dim, group, sg, zg, out + t * dim);
+      else dequant_value_row<2>(row, dim, group, sg, zg, out + t * dim);
+    }
+    return;
+  }
   // The row's group parameters spread over its channels, a tile of kTile channels at a time on
   // the stack (as for keys: no heap on the attention path, same values).
   float s[kTile], z[kTile];

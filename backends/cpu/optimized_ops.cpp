@@ -16,6 +16,7 @@
 #include "minicache_merge.h"
 #include "smallkv.h"
 #include "specache.h"
+#include "specache_attention.h"
 #include "spindlekv_store.h"
 #include "util/growth.h"
 #include "util/half_array.h"
@@ -96,45 +97,39 @@ void attend_minicache_kivi(const QueryRows& q, const cpu::MiniCacheKiviPair& p, 
   });
 }
 
+// SpeCache: two passes over the low-bit copy sharing one score matrix (specache_attention.h).
 void attend_specache(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
                      const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out) {
-  chunked(q, ws, out, [&](cpu::fast::ChunkAttention& att) {
-    cpu::specache_attend(lowbit, fetched, att, ws.attention.k_chunk, ws.attention.v_chunk);
-  });
+  cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, out, nullptr);
 }
 
-// SpeCache selection (the reference's cpu::specache_select, faster): keys only are dequantized,
-// scores by the SIMD dot product, exp vectorized (fast::exp_f32), buffers reused. The
-// normalization and the group average are the reference's (double sums, token order), so the
-// probabilities differ only by the scores' and exp's rounding, and the top-k only at near-ties.
-void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_t k,
-                     Workspace& ws, std::vector<uint32_t>& tokens,
-                     std::vector<float>* avg_probs) {
-  cpu::SpeCacheSelectScratch& sc = ws.specache;
-  const size_t n = lowbit.size(), dim = lowbit.head_dim(), group = q.n_rows;
-  const int32_t q_position = q.positions ? q.positions[0] : INT32_MAX;
-  tokens.clear();
-  if (n == 0) {
-    if (avg_probs) avg_probs->clear();
-    return;
-  }
-  float* scores = at_least(sc.scores, group * n).data();
-  float* kr = at_least(sc.k_chunk, std::min(cpu::kSpeCacheChunk, n) * dim).data();
+// SpeCache's selection scores of one chunk of dequantized low-bit keys (rows at their own
+// positions; NULL: all visible): the SIMD dot product, -inf where a key is after the row.
+void specache_score_chunk(const QueryRows& q, const float* k, const int32_t* key_pos, size_t c,
+                          float* scores, size_t stride) {
+  cpu::fast::dot_scores(q.q, q.n_rows, k, c, q.dim, q.scale, scores, stride);
+  if (!q.positions) return;
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  const int32_t* pos = lowbit.positions().data();
-  for (size_t first = 0; first < n; first += cpu::kSpeCacheChunk) {
-    const size_t c = std::min(cpu::kSpeCacheChunk, n - first);
-    lowbit.read_rows(first, c, kr, nullptr);  // keys only
-    cpu::fast::dot_scores(q.q, group, kr, c, dim, q.scale, scores + first, n);
-    for (size_t t = 0; t < c; ++t) {
-      if (pos[first + t] > q_position) {
-        for (size_t h = 0; h < group; ++h) scores[h * n + first + t] = neg_inf;
-      }
+  for (size_t t = 0; t < c; ++t) {
+    for (size_t h = 0; h < q.n_rows; ++h) {
+      if (key_pos[t] > q.positions[h]) scores[h * stride + t] = neg_inf;
     }
   }
+}
+
+// From scores [group][n] (overwritten) to the group-averaged probabilities and top-k: exp
+// vectorized (fast::exp_f32). The normalization and the group average are the reference's
+// (double sums, token order), so the probabilities differ from the reference only by the
+// scores' and exp's rounding, and the top-k only at near-ties.
+void specache_select_scored(float* scores, size_t group, size_t n, size_t k, Workspace& ws,
+                            std::vector<uint32_t>& tokens, std::vector<float>* avg_probs) {
+  cpu::SpeCacheSelectScratch& sc = ws.specache;
+  tokens.clear();
+  const float neg_inf = -std::numeric_limits<float>::infinity();
   std::vector<float>& avg = avg_probs ? *avg_probs : sc.avg;
   reserve_for_growth(avg, n);
   avg.assign(n, 0.0f);
+  if (n == 0) return;
   for (size_t h = 0; h < group; ++h) {
     float* s = scores + h * n;
     const float mx = *std::max_element(s, s + n);
@@ -146,6 +141,44 @@ void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_
     for (size_t t = 0; t < n; ++t) avg[t] += float(s[t] / z / double(group));
   }
   if (k > 0) cpu::smallkv_topk(avg.data(), n, k, sc.order, tokens);
+}
+
+// SpeCache selection (the reference's cpu::specache_select, faster): keys only are dequantized,
+// scored by the SIMD dot product, then specache_select_scored; buffers reused.
+void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_t k,
+                     Workspace& ws, std::vector<uint32_t>& tokens,
+                     std::vector<float>* avg_probs) {
+  cpu::SpeCacheSelectScratch& sc = ws.specache;
+  const size_t n = lowbit.size(), dim = lowbit.head_dim(), group = q.n_rows;
+  tokens.clear();
+  if (n == 0) {
+    if (avg_probs) avg_probs->clear();
+    return;
+  }
+  float* scores = at_least(sc.scores, group * n).data();
+  float* kr = at_least(sc.k_chunk, std::min(cpu::kSpeCacheChunk, n) * dim).data();
+  // Every row of the group at the query's position (one speculative query).
+  QueryRows rows = q;
+  if (q.positions) {
+    int32_t* pos = at_least(sc.q_positions, group).data();
+    std::fill_n(pos, group, q.positions[0]);
+    rows.positions = pos;
+  }
+  for (size_t first = 0; first < n; first += cpu::kSpeCacheChunk) {
+    const size_t c = std::min(cpu::kSpeCacheChunk, n - first);
+    lowbit.read_rows(first, c, kr, nullptr);  // keys only
+    specache_score_chunk(rows, kr, lowbit.positions().data() + first, c, scores + first, n);
+  }
+  specache_select_scored(scores, group, n, k, ws, tokens, avg_probs);
+}
+
+// SpeCache's decode step in one pass: attend_specache, handing out the low-bit scores it takes
+// on the way (the same chunks and dot product as specache_select, so its selection from them is
+// the same).
+void attend_specache_scored(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
+                            const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out,
+                            float* scores) {
+  cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, out, scores);
 }
 
 Ops make_optimized() {
@@ -160,6 +193,8 @@ Ops make_optimized() {
   ops.attend_minicache_kivi = attend_minicache_kivi;
   ops.attend_specache = attend_specache;
   ops.specache_select = specache_select;
+  ops.attend_specache_scored = attend_specache_scored;
+  ops.specache_select_scored = specache_select_scored;
   return ops;
 }
 

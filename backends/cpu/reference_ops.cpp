@@ -142,6 +142,25 @@ void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_
                        k, ws.specache, tokens, avg_probs);
 }
 
+void attend_specache_scored(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
+                            const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out,
+                            float* scores) {
+  const size_t n = lowbit.size();
+  online(q, ws, out, [&](cpu::OnlineAttention& att) {
+    cpu::specache_attend(lowbit, fetched, att, ws.attention.k_chunk, ws.attention.v_chunk,
+                         [&](const float* k, size_t first, size_t c) {
+                           cpu::specache_score_chunk(q.q, q.positions, q.n_rows, k,
+                                                     lowbit.positions().data() + first, c,
+                                                     q.dim, q.scale, scores + first, n);
+                         });
+  });
+}
+
+void specache_select_scored(float* scores, size_t group, size_t n, size_t k, Workspace& ws,
+                            std::vector<uint32_t>& tokens, std::vector<float>* avg_probs) {
+  cpu::specache_select_from_scores(scores, group, n, k, ws.specache, tokens, avg_probs);
+}
+
 }  // namespace
 
 const Ops& cpu_reference() {
@@ -156,6 +175,7 @@ const Ops& cpu_reference() {
       column_sums, policy::pool_scores, select_keep, gather_rows,
       codebook_reconstruct, cpu::minicache_slerp, restore_row,
       specache_select,
+      attend_specache_scored, specache_select_scored,
   };
   return ops;
 }

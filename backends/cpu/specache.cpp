@@ -71,28 +71,23 @@ std::vector<uint32_t> specache_select(const KiviHeadStore& lowbit, const float* 
   return top;
 }
 
-void specache_select(const KiviHeadStore& lowbit, const float* q, size_t group,
-                     int32_t q_position, float scale, size_t k, SpeCacheSelectScratch& sc,
-                     std::vector<uint32_t>& tokens, std::vector<float>* avg_probs) {
-  const size_t n = lowbit.size(), dim = lowbit.head_dim();
-  tokens.clear();
-  if (n == 0) {  // nothing stored yet: nothing to select
-    if (avg_probs) avg_probs->clear();
-    return;
-  }
-  std::vector<float>& scores = at_least(sc.scores, group * n);
-  std::vector<float>& kr = at_least(sc.k_chunk, std::min(kChunk, n) * dim);
+void specache_score_chunk(const float* q, const int32_t* q_positions, size_t rows,
+                          const float* k, const int32_t* key_positions, size_t count, size_t dim,
+                          float scale, float* scores, size_t stride) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (size_t first = 0; first < n; first += kChunk) {
-    const size_t c = std::min(kChunk, n - first);
-    lowbit.read_rows(first, c, kr.data(), nullptr);  // keys only: values are never used here
-    for (size_t t = 0; t < c; ++t) {
-      const bool visible = lowbit.positions()[first + t] <= q_position;
-      for (size_t h = 0; h < group; ++h) {
-        scores[h * n + first + t] = visible ? dot_f32(q + h * dim, &kr[t * dim], dim) * scale : neg_inf;
-      }
+  for (size_t t = 0; t < count; ++t) {
+    for (size_t h = 0; h < rows; ++h) {
+      const bool visible = !q_positions || key_positions[t] <= q_positions[h];
+      scores[h * stride + t] = visible ? dot_f32(q + h * dim, &k[t * dim], dim) * scale : neg_inf;
     }
   }
+}
+
+void specache_select_from_scores(float* scores, size_t group, size_t n, size_t k,
+                                 SpeCacheSelectScratch& sc, std::vector<uint32_t>& tokens,
+                                 std::vector<float>* avg_probs) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  tokens.clear();
   std::vector<float>& avg = avg_probs ? *avg_probs : sc.avg;
   reserve_for_growth(avg, n);  // (one more token per decode step: amortized, not exact-fit)
   avg.assign(n, 0.0f);
@@ -105,7 +100,30 @@ void specache_select(const KiviHeadStore& lowbit, const float* q, size_t group,
     for (size_t t = 0; t < n; ++t) z += (s[t] = pmath::exp_f32(s[t] - mx));
     for (size_t t = 0; t < n; ++t) avg[t] += float(s[t] / z / double(group));
   }
-  if (k > 0) smallkv_topk(avg.data(), n, k, sc.order, tokens);
+  if (k > 0 && n > 0) smallkv_topk(avg.data(), n, k, sc.order, tokens);
+}
+
+void specache_select(const KiviHeadStore& lowbit, const float* q, size_t group,
+                     int32_t q_position, float scale, size_t k, SpeCacheSelectScratch& sc,
+                     std::vector<uint32_t>& tokens, std::vector<float>* avg_probs) {
+  const size_t n = lowbit.size(), dim = lowbit.head_dim();
+  tokens.clear();
+  if (n == 0) {  // nothing stored yet: nothing to select
+    if (avg_probs) avg_probs->clear();
+    return;
+  }
+  std::vector<float>& scores = at_least(sc.scores, group * n);
+  std::vector<float>& kr = at_least(sc.k_chunk, std::min(kChunk, n) * dim);
+  // Every row of the group at the query's position (one speculative query).
+  int32_t* q_pos = at_least(sc.q_positions, group).data();
+  std::fill_n(q_pos, group, q_position);
+  for (size_t first = 0; first < n; first += kChunk) {
+    const size_t c = std::min(kChunk, n - first);
+    lowbit.read_rows(first, c, kr.data(), nullptr);  // keys only: values are never used here
+    specache_score_chunk(q, q_pos, group, kr.data(), lowbit.positions().data() + first, c, dim,
+                         scale, scores.data() + first, n);
+  }
+  specache_select_from_scores(scores.data(), group, n, k, sc, tokens, avg_probs);
 }
 
 void specache_fetch(const SpeCacheBackingStore& backing, const std::vector<uint32_t>& tokens,

@@ -69,7 +69,25 @@ constexpr size_t kSpeCacheChunk = 256;
 struct SpeCacheSelectScratch {
   std::vector<float> scores, k_chunk, avg;
   std::vector<uint32_t> order;
+  std::vector<int32_t> q_positions;  // one per row of the group
+  std::vector<float> attention;  // the optimized attention's weights [rows][tokens], row sums
 };
+
+// Reference scores of query rows q [rows][dim] (row r at position q_positions[r]) against one
+// chunk of dequantized low-bit keys k [count][dim] at key_positions: scores[r * stride + t] =
+// dot_f32(q_r, k_t) * scale, or -inf where key t is after the row's position (q_positions NULL:
+// every key is visible).
+void specache_score_chunk(const float* q, const int32_t* q_positions, size_t rows,
+                          const float* k, const int32_t* key_positions, size_t count, size_t dim,
+                          float scale, float* scores, size_t stride);
+
+// The second half of specache_select (reference): from scores [group][n] (overwritten: they
+// become each head's exp(score - max)), each head's softmax averaged over the group into
+// avg_probs (when non-null; else scratch), and the k most probable tokens (ties: lower index)
+// in ascending order into `tokens` (k = 0: none).
+void specache_select_from_scores(float* scores, size_t group, size_t n, size_t k,
+                                 SpeCacheSelectScratch& scratch, std::vector<uint32_t>& tokens,
+                                 std::vector<float>* avg_probs);
 
 // Group-averaged top-k: q [group][dim] are the speculative token's queries of the group's heads at
 // position q_position; each head's softmax over the dequantized low-bit keys is averaged over the
@@ -98,10 +116,12 @@ void specache_attend(const KiviHeadStore& lowbit, const SpeCacheFetched& fetched
                      OnlineAttention& attn);
 
 // The same into any sink with add_chunk(k, v, positions, n), through caller-owned chunk buffers
-// (grown once, then reused).
-template <class Sink>
+// (grown once, then reused). `low_bit_keys(k, first, count)` sees each chunk's dequantized
+// low-bit keys before the fetched rows replace theirs: SpeCache's selection scores them in the
+// same pass (SpeCache §3.3 records the speculative token's top-k during its attention).
+template <class Sink, class LowBitKeys>
 void specache_attend(const KiviHeadStore& lowbit, const SpeCacheFetched& fetched, Sink& attn,
-                     std::vector<float>& k, std::vector<float>& v) {
+                     std::vector<float>& k, std::vector<float>& v, LowBitKeys&& low_bit_keys) {
   const size_t n = lowbit.size(), dim = lowbit.head_dim();
   at_least(k, std::min(kSpeCacheChunk, n) * dim);
   at_least(v, std::min(kSpeCacheChunk, n) * dim);
@@ -109,6 +129,7 @@ void specache_attend(const KiviHeadStore& lowbit, const SpeCacheFetched& fetched
   for (size_t first = 0; first < n; first += kSpeCacheChunk) {
     const size_t c = std::min(kSpeCacheChunk, n - first);
     lowbit.read_rows(first, c, k.data(), v.data());
+    low_bit_keys(static_cast<const float*>(k.data()), first, c);
     while (next < fetched.tokens.size() && fetched.tokens[next] < first + c) {
       const size_t t = fetched.tokens[next] - first;
       f16_to_f32_array(&fetched.k[next * dim], &k[t * dim], dim);  // exact
@@ -117,6 +138,11 @@ void specache_attend(const KiviHeadStore& lowbit, const SpeCacheFetched& fetched
     }
     attn.add_chunk(k.data(), v.data(), lowbit.positions().data() + first, c);
   }
+}
+template <class Sink>
+void specache_attend(const KiviHeadStore& lowbit, const SpeCacheFetched& fetched, Sink& attn,
+                     std::vector<float>& k, std::vector<float>& v) {
+  specache_attend(lowbit, fetched, attn, k, v, [](const float*, size_t, size_t) {});
 }
 
 // Fraction of `probs` (a distribution over the tokens) that falls on `tokens`: the fetch hit rate.

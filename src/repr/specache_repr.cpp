@@ -21,6 +21,7 @@ SpeCacheRepresentation::SpeCacheRepresentation(const Geometry& g, const kvsdk_po
 void SpeCacheRepresentation::make_heads() {
   heads_.clear();
   heads_.resize(geometry_.n_layers);
+  attend_scores_.assign(geometry_.n_kv_heads, AttendScores{});
   pending_.assign(geometry_.n_layers, std::vector<char>(geometry_.n_kv_heads, 0));
   for (auto& layer : heads_) {
     for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
@@ -86,31 +87,57 @@ void SpeCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const floa
                                     float* out) const {
   const cpu::SpeCacheHead& h = heads_[layer][kv_head];
   backend::Workspace& ws = workspace();
-  ops().attend_specache(query_rows(q_rows, row_positions, n_rows), h.lowbit(), h.fetched(), ws,
-                        out);
-  if (pending_[layer][kv_head]) {
+  const backend::QueryRows rows = query_rows(q_rows, row_positions, n_rows);
+  const size_t group = geometry_.group_size(), dim = geometry_.head_dim, n = h.lowbit().size();
+  const bool measure = pending_[layer][kv_head] != 0;
+  AttendScores& kept = attend_scores_[kv_head];
+  kept.valid = false;
+  // One query (n_rows == group, one position) may be the speculative token that prefetch() is
+  // called with next: its scores are kept. Scoring costs one dot product per row and token in a pass that
+  // dequantizes anyway; other calls skip it unless they measure the hit rate.
+  const bool keep = n_rows == group && std::all_of(row_positions, row_positions + n_rows,
+                                                   [&](int32_t p) { return p == row_positions[0]; });
+  if (!measure && !keep) {
+    ops().attend_specache(rows, h.lowbit(), h.fetched(), ws, out);
+    return;
+  }
+  std::vector<float>& scores = at_least(kept.scores, n_rows * n);
+  ops().attend_specache_scored(rows, h.lowbit(), h.fetched(), ws, out, scores.data());
+  if (measure) {
     // The real queries' attention (over the low-bit keys) on the rows the speculative token
     // fetched, per query, averaged into the running hit rate (SpeCache (docs/papers.md) §4
     // reports this share).
-    const size_t group = geometry_.group_size(), dim = geometry_.head_dim;
     std::vector<double>& hits = hits_;
     hits.clear();
     for (size_t r = 0; r + group <= n_rows; r += group) {
+      float* s = scores.data() + r * n;
+      if (keep) {  // kept for prefetch(), so the selection works on a copy
+        float* copy = at_least(hit_scores_, group * n).data();
+        std::copy_n(s, group * n, copy);
+        s = copy;
+      }
       // The selection's averaged probabilities over every token (k = 0: no top-k).
-      ops().specache_select(query_rows(q_rows + r * dim, row_positions + r, group), h.lowbit(), 0,
-                            ws, select_tokens_, &select_probs_);
+      ops().specache_select_scored(s, group, n, 0, ws, select_tokens_, &select_probs_);
       hits.push_back(cpu::specache_hit_rate(select_probs_, h.fetched().tokens));
     }
     if (staging_) {
       staged_hits_.insert(staged_hits_.end(), hits.begin(), hits.end());
       staged_heads_.emplace_back(layer, kv_head);
-      return;
+    } else {
+      for (double x : hits) {
+        hit_sum_ += x;
+        ++hit_count_;
+      }
+      pending_[layer][kv_head] = 0;
     }
-    for (double x : hits) {
-      hit_sum_ += x;
-      ++hit_count_;
-    }
-    pending_[layer][kv_head] = 0;
+  }
+  if (keep) {
+    kept.layer = layer;
+    kept.tokens = n;
+    kept.position = row_positions[0];
+    kept.ops = &ops();
+    std::copy_n(q_rows, group * dim, at_least(kept.q, group * dim).data());
+    kept.valid = true;
   }
 }
 
@@ -171,9 +198,19 @@ void SpeCacheRepresentation::prefetch(uint32_t layer, uint32_t kv_head, const fl
                 n_rows / group, ")");
   // One speculative query per head of the group, all at the first row's position.
   const int32_t pos = row_positions[0];
-  ops().specache_select({q_rows, &pos, n_rows, geometry_.head_dim, geometry_.attn_scale},
-                        heads_[layer][kv_head].lowbit(), fetch_tokens_, workspace(),
-                        select_tokens_, nullptr);
+  const size_t dim = geometry_.head_dim, n = heads_[layer][kv_head].lowbit().size();
+  AttendScores& kept = attend_scores_[kv_head];
+  if (kept.valid && kept.layer == layer && kept.tokens == n && kept.position == pos &&
+      kept.ops == &ops() && std::equal(q_rows, q_rows + group * dim, kept.q.begin())) {
+    // This query's attention pass already scored the low-bit keys (used up here).
+    kept.valid = false;
+    ops().specache_select_scored(kept.scores.data(), group, n, fetch_tokens_, workspace(),
+                                 select_tokens_, nullptr);
+  } else {
+    ops().specache_select({q_rows, &pos, n_rows, dim, geometry_.attn_scale},
+                          heads_[layer][kv_head].lowbit(), fetch_tokens_, workspace(),
+                          select_tokens_, nullptr);
+  }
   heads_[layer][kv_head].fetch(select_tokens_);
   pending_[layer][kv_head] = 1;
 }
@@ -266,6 +303,7 @@ void SpeCacheRepresentation::restore(uint32_t layer, const std::vector<TierRecor
   }
   heads_[layer] = std::move(heads);
   std::fill(pending_[layer].begin(), pending_[layer].end(), 0);
+  for (AttendScores& a : attend_scores_) a.valid = a.valid && a.layer != layer;
 }
 
 }  // namespace kvsdk

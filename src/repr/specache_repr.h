@@ -29,7 +29,8 @@ class SpeCacheRepresentation final : public Representation {
   void append(uint32_t layer, size_t n_tokens, const float* k, const float* v,
               const int32_t* positions) override;
   // Also measures the fetch hit rate on the first attend() of a head after its prefetch()
-  // (inside an attend transaction, applied by commit_attend()).
+  // (inside an attend transaction, applied by commit_attend()), from the low-bit scores taken
+  // in the same pass, and keeps a single query's scores for a prefetch() of that query.
   void attend(uint32_t layer, uint32_t kv_head, const float* q_rows, const int32_t* row_positions,
               size_t n_rows, float* out) const override;
   void begin_attend() const noexcept override;
@@ -40,7 +41,9 @@ class SpeCacheRepresentation final : public Representation {
   void read(uint32_t layer, uint32_t kv_head, float* k, float* v,
             int32_t* positions) const override;
   uint64_t prefetch_bound(uint32_t layer, uint32_t kv_head) const override;
-  // One speculative query (n_rows == group); throws KVSDK_E_INVALID_ARG otherwise.
+  // One speculative query (n_rows == group); throws KVSDK_E_INVALID_ARG otherwise. Selects from
+  // the scores of this head's latest attend() when that attended the same query (see
+  // AttendScores), else scans the low-bit keys.
   void prefetch(uint32_t layer, uint32_t kv_head, const float* q_rows,
                 const int32_t* row_positions, size_t n_rows) override;
   double hit_rate() const override;
@@ -71,11 +74,26 @@ class SpeCacheRepresentation final : public Representation {
   mutable std::vector<double> staged_hits_;
   mutable std::vector<std::pair<uint32_t, uint32_t>> staged_heads_;
   // Working memory reused across calls (one thread per cache): append()'s per-head rows, the
-  // selection's tokens and probabilities, one attend()'s hit rates.
+  // selection's tokens and probabilities, one attend()'s hit rates and scores.
   std::vector<float> append_k_, append_v_;
   mutable std::vector<uint32_t> select_tokens_;
   mutable std::vector<float> select_probs_;
   mutable std::vector<double> hits_;
+  mutable std::vector<float> hit_scores_;
+  // The low-bit selection scores of each KV head's latest single-query attend (SpeCache §3.3:
+  // the speculative token's top-k comes from its own attention pass). prefetch() with the same
+  // queries at the same position, on the same layer and copy (no append since), selects from
+  // them instead of scanning the low-bit copy again: the same bits either way.
+  struct AttendScores {
+    bool valid = false;
+    uint32_t layer = 0;
+    size_t tokens = 0;
+    int32_t position = 0;
+    const backend::Ops* ops = nullptr;
+    std::vector<float> q;       // [group][head_dim]
+    std::vector<float> scores;  // [group][tokens]
+  };
+  mutable std::vector<AttendScores> attend_scores_;  // [kv_head]
 };
 
 }  // namespace kvsdk

@@ -12,7 +12,8 @@
 // of summation (see fast_attention.h), so they match within kAttendRel of |reference| plus
 // kAttendAbs of max |v| (KIVI: kAttendKiviAbs, below): ~10x the largest gap measured, far below what a wrong code, scale, mask
 // or rescale does (> 1e-2 of max |v|). That holds for the chunk-fed tiers too (attend_spindle,
-// attend_minicache(_kivi), attend_specache: fast_chunk_attention.h). SpeCache's selection scores
+// attend_minicache(_kivi): fast_chunk_attention.h) and SpeCache's two-pass attention
+// (attend_specache and attend_specache_scored: specache_attention.h). SpeCache's selection scores
 // with the SIMD dot product and exp: its probabilities match within kProbRel of the reference's
 // plus kProbAbs, and its top-k set wherever a probability is farther than that from the k-th
 // largest (a near-tie may pick either token). Every optimized SIMD target must give the same bits
@@ -298,14 +299,18 @@ TEST(BackendOps, AttendKiviWithinToleranceOfTheReference) {
 // SpeCache selection of `k` tokens: probabilities within kProbRel / kProbAbs of the reference's
 // (bit for bit for the reference itself), the same top-k set wherever a probability is farther
 // than that from the k-th largest, the same bits from a reused workspace and on every SIMD target.
-void check_specache_select(const Candidate& c, const QueryRows& r,
-                           const cpu::KiviHeadStore& lowbit, size_t k, const std::string& what) {
+// `select(ops, ws, tokens, probs)` runs one backend's selection (specache_select, or
+// attend_specache_scored then specache_select_scored).
+using SelectFn = std::function<void(const Ops&, Workspace&, std::vector<uint32_t>&,
+                                    std::vector<float>&)>;
+void check_selection(const Candidate& c, size_t k, const std::string& what,
+                     const SelectFn& select) {
   std::vector<uint32_t> want, got, again;
   std::vector<float> want_p, got_p, again_p;
   WorkspaceHandle ref_ws(cpu_reference()), ws(*c.ops);
-  cpu_reference().specache_select(r, lowbit, k, ref_ws.get(), want, &want_p);
-  c.ops->specache_select(r, lowbit, k, ws.get(), got, &got_p);
-  c.ops->specache_select(r, lowbit, k, ws.get(), again, &again_p);
+  select(cpu_reference(), ref_ws.get(), want, want_p);
+  select(*c.ops, ws.get(), got, got_p);
+  select(*c.ops, ws.get(), again, again_p);
   EXPECT_EQ(again, got) << what << " (reused workspace)";
   expect_bits(again_p, got_p, what + " probabilities (reused workspace)");
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -339,6 +344,86 @@ void check_specache_select(const Candidate& c, const QueryRows& r,
   if (!inserted) {
     EXPECT_EQ(got, it->second.first) << what << " (same selection on every SIMD target)";
     expect_bits(got_p, it->second.second, what + " probabilities (same bits on every target)");
+  }
+}
+
+void check_specache_select(const Candidate& c, const QueryRows& r,
+                           const cpu::KiviHeadStore& lowbit, size_t k, const std::string& what) {
+  check_selection(c, k, what,
+                  [&](const Ops& o, Workspace& ws, std::vector<uint32_t>& t, std::vector<float>& p) {
+                    o.specache_select(r, lowbit, k, ws, t, &p);
+                  });
+}
+
+// SpeCache's one-pass decode step (attend_specache_scored, then specache_select_scored on the
+// scores of one query's rows): its attention is the same backend's attend_specache bit for bit,
+// and its selection is the same backend's specache_select bit for bit, so both inherit those
+// ops' tolerances against the reference (checked here too: attention within kAttendRel /
+// kAttendAbs, selection within kProbRel / kProbAbs, on every SIMD target). The scores
+// themselves: within kScoreRel of the row's largest |score| of the reference's.
+constexpr float kScoreRel = 1e-5f;
+void check_specache_scored(const Candidate& c, const Queries& qs, size_t group, size_t dim,
+                           const cpu::KiviHeadStore& lowbit, const cpu::SpeCacheFetched& fetched,
+                           const std::string& d) {
+  const size_t n = lowbit.size(), rows = qs.pos.size();
+  const auto scored = [&](const Ops& o, Workspace& ws, QueryRows r, float* out, float* scores) {
+    o.attend_specache_scored(r, lowbit, fetched, ws, out, scores);
+  };
+  std::vector<float> scores(rows * n, NAN), want_scores(rows * n, NAN);
+  check_attend(c, qs.q.size(), 2.0f, false, "attend_specache_scored" + d,
+               [&](const Ops& o, Workspace& ws, float* out) {
+                 scored(o, ws, qs.rows(dim), out, scores.data());
+               });
+  {
+    WorkspaceHandle ws(*c.ops), ref_ws(cpu_reference());
+    std::vector<float> out(qs.q.size()), plain(qs.q.size());
+    scored(*c.ops, ws.get(), qs.rows(dim), out.data(), scores.data());
+    c.ops->attend_specache(qs.rows(dim), lowbit, fetched, ws.get(), plain.data());
+    expect_bits(out, plain, "attend_specache_scored" + d + " = attend_specache");
+    scored(cpu_reference(), ref_ws.get(), qs.rows(dim), out.data(), want_scores.data());
+  }
+  for (size_t r = 0; r < rows; ++r) {
+    float largest = 0.0f;
+    for (size_t t = 0; t < n; ++t) {
+      if (std::isfinite(want_scores[r * n + t])) {
+        largest = std::max(largest, std::fabs(want_scores[r * n + t]));
+      }
+    }
+    for (size_t t = 0; t < n; ++t) {
+      const float w = want_scores[r * n + t], g = scores[r * n + t];
+      if (std::isinf(w)) {  // masked: the same -inf
+        ASSERT_EQ(g, w) << "attend_specache_scored" << d << " score " << r << "," << t;
+      } else {
+        ASSERT_NEAR(g, w, kScoreRel * largest) << "attend_specache_scored" << d << " score "
+                                               << r << "," << t;
+      }
+    }
+  }
+  // Each query's rows (group rows at one position) select as specache_select does.
+  for (size_t first_row : {size_t(0), group}) {
+    QueryRows r = qs.rows(dim);
+    r.q += first_row * dim;
+    r.positions += first_row;
+    r.n_rows = group;
+    const std::string what =
+        "specache_select_scored" + d + (first_row ? " causal" : " decode");
+    for (size_t k : {size_t(16), size_t(0)}) {
+      const std::string wk = what + " k=" + std::to_string(k);
+      const SelectFn from_scores = [&](const Ops& o, Workspace& ws, std::vector<uint32_t>& t,
+                                       std::vector<float>& p) {
+        std::vector<float> out(r.n_rows * dim), s(r.n_rows * n);
+        scored(o, ws, r, out.data(), s.data());
+        o.specache_select_scored(s.data(), group, n, k, ws, t, &p);
+      };
+      check_selection(c, k, wk, from_scores);
+      WorkspaceHandle ws(*c.ops);
+      std::vector<uint32_t> t1, t2;
+      std::vector<float> p1, p2;
+      from_scores(*c.ops, ws.get(), t1, p1);
+      c.ops->specache_select(r, lowbit, k, ws.get(), t2, &p2);
+      EXPECT_EQ(t1, t2) << wk << " = specache_select";
+      expect_bits(p1, p2, wk + " = specache_select");
+    }
   }
 }
 
@@ -416,6 +501,7 @@ TEST(BackendOps, AttendOverCodebookMergedAndSpeculativeTiers) {
         check_specache_select(c, r, lowbit, 16, what);
         check_specache_select(c, r, lowbit, 0, what + " k=0");  // probabilities only (hit rate)
       }
+      check_specache_scored(c, sel, group, dim, lowbit, fetched, d);
     }
   });
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../backends/cpu/reference_attention.h"
+#include "backend_ops.h"
 #include "core/geometry.h"
 #include "core/policy.h"
 #include "repr/specache_repr.h"
@@ -167,6 +168,57 @@ TEST(SpeCacheRepr, HitRateAveragesTheFirstAttendAfterEachPrefetch) {
   const auto before = r.head(0, 0).fetched().tokens;
   EXPECT_THROW(r.prefetch(0, 0, two.data(), two_pos.data(), 2 * kGroup), Error);
   EXPECT_EQ(r.head(0, 0).fetched().tokens, before);
+}
+
+// prefetch() right after attending the same speculative query takes that pass's scores
+// (SpeCache §3.3) instead of scanning again: the same rows, the same hit rate, on both backends;
+// a changed query, position or copy (an append in between) scans again.
+TEST(SpeCacheRepr, PrefetchAfterAttendingTheSameQueryFetchesWhatAScanFetches) {
+  for (const backend::Ops* ops : {&backend::cpu_reference(), &backend::cpu_optimized()}) {
+    SCOPED_TRACE(ops->name);
+    SpeCacheRepresentation scored(geometry(), policy(2, 10)), scanned(geometry(), policy(2, 10));
+    scored.set_ops(*ops);
+    scanned.set_ops(*ops);
+    fill(scored, 90, 0, 21);
+    fill(scanned, 90, 0, 21);
+    const std::vector<float> q = normal_rows(kGroup * kDim, 22), q2 = normal_rows(kGroup * kDim, 23);
+    const std::vector<int32_t> qpos(kGroup, 90), early(kGroup, 40);
+    const auto same_fetch = [&](uint32_t l, uint32_t h) {
+      EXPECT_EQ(scored.head(l, h).fetched().tokens, scanned.head(l, h).fetched().tokens);
+      EXPECT_EQ(scored.head(l, h).fetched().k, scanned.head(l, h).fetched().k);
+    };
+    for (uint32_t h = 0; h < kKv; ++h) {
+      attend(scored, 1, h, q, qpos);  // scores kept
+      scored.prefetch(1, h, q.data(), qpos.data(), kGroup);
+      scanned.prefetch(1, h, q.data(), qpos.data(), kGroup);
+      same_fetch(1, h);
+      ASSERT_FALSE(scored.head(1, h).fetched().tokens.empty());
+    }
+    // The hit rate measured from the attend pass's scores is what a scan measures.
+    attend(scored, 1, 0, q2, qpos);
+    attend(scanned, 1, 0, q2, qpos);
+    EXPECT_DOUBLE_EQ(scored.hit_rate(), scanned.hit_rate());
+    EXPECT_EQ(scored.hit_rate_samples(), 1u);
+    // Another query, another position, another layer, or an append since: a fresh scan.
+    attend(scored, 0, 0, q, qpos);
+    scored.prefetch(0, 0, q2.data(), qpos.data(), kGroup);
+    scanned.prefetch(0, 0, q2.data(), qpos.data(), kGroup);
+    same_fetch(0, 0);
+    attend(scored, 0, 1, q, qpos);
+    scored.prefetch(0, 1, q.data(), early.data(), kGroup);
+    scanned.prefetch(0, 1, q.data(), early.data(), kGroup);
+    same_fetch(0, 1);
+    attend(scored, 1, 1, q2, qpos);
+    scored.prefetch(0, 1, q2.data(), qpos.data(), kGroup);
+    scanned.prefetch(0, 1, q2.data(), qpos.data(), kGroup);
+    same_fetch(0, 1);
+    attend(scored, 0, 0, q2, qpos);
+    fill(scored, 5, 90, 24);
+    fill(scanned, 5, 90, 24);
+    scored.prefetch(0, 0, q2.data(), qpos.data(), kGroup);
+    scanned.prefetch(0, 0, q2.data(), qpos.data(), kGroup);
+    same_fetch(0, 0);
+  }
 }
 
 TEST(SpeCacheRepr, AppendAndPrefetchBoundsCoverTheGrowth) {

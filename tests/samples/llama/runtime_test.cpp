@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "error.h"
 #include "model.h"
 #include "model_paths.h"
+#include "ops.h"
 #include "sampler.h"
 #include "session.h"
 #include "test_util.h"
@@ -142,6 +144,28 @@ TEST(LlamaRuntime, Stories260KGreedyReproducesPublishedText) {
       "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high";
   // 60 tokens cover the published text up to "too high" (the README's sentence).
   EXPECT_EQ(text.substr(0, published.size()), published) << "generated: " << text;
+}
+
+// The tiled matmul (several weight rows x tokens per pass) gives dot()'s bits for every output,
+// with row and token counts that leave partial tiles and an input length with a tail.
+TEST(LlamaRuntime, MatmulGivesDotsBitsForEveryTileShape) {
+  for (size_t in : {size_t(3), size_t(192), size_t(203)}) {
+    const size_t out_dim = 11;
+    std::vector<float> w(out_dim * in), x(7 * in);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = std::sin(float(i) * 0.37f);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(float(i) * 0.11f);
+    for (size_t n = 1; n <= 7; ++n) {
+      std::vector<float> out(n * out_dim);
+      llama::ops::matmul(out.data(), x.data(), w.data(), n, in, out_dim);
+      for (size_t t = 0; t < n; ++t) {
+        for (size_t o = 0; o < out_dim; ++o) {
+          const float want = llama::ops::dot(w.data() + o * in, x.data() + t * in, in);
+          ASSERT_EQ(std::memcmp(&out[t * out_dim + o], &want, sizeof want), 0)
+              << "in " << in << " tokens " << n << " row " << o << " token " << t;
+        }
+      }
+    }
+  }
 }
 
 void expect_matches_naive(const std::string& name) {

@@ -1,0 +1,122 @@
+#include "specache_attention.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "fast_chunk_attention.h"
+#include "target_clones.h"
+#include "util/growth.h"
+#include "util/half_array.h"
+
+namespace kvsdk::cpu {
+
+namespace {
+
+// -inf for the tokens [first, first + c) that row r may not see.
+void mask(const fast::Queries& q, const int32_t* key_pos, size_t c, float* scores,
+          size_t stride) {
+  if (!q.positions) return;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (size_t t = 0; t < c; ++t) {
+    for (size_t r = 0; r < q.n_rows; ++r) {
+      if (key_pos[t] > q.positions[r]) scores[r * stride + t] = neg_inf;
+    }
+  }
+}
+
+// o[j] += p[t] * v[t * stride + j] for j < W, token by token (tokens with p 0 add nothing).
+// (Forced inline into each clone of the caller, so it vectorizes for that clone's target.)
+#if defined(__GNUC__)
+#define KVSDK_CLONE_INLINE __attribute__((always_inline)) inline
+#else
+#define KVSDK_CLONE_INLINE inline
+#endif
+template <size_t W>
+KVSDK_CLONE_INLINE void accumulate(const float* p, const float* v, size_t c, size_t stride,
+                                   float* o) {
+  float acc[W];
+  std::copy_n(o, W, acc);
+  for (size_t t = 0; t < c; ++t) {
+    if (p[t] == 0.0f) continue;  // masked or underflowed
+    const float w = p[t];
+    for (size_t j = 0; j < W; ++j) acc[j] += w * v[t * stride + j];
+  }
+  std::copy_n(acc, W, o);
+}
+
+}  // namespace
+
+KVSDK_TARGET_CLONES  // the per-channel loops vectorize wider; elementwise, so the same bits
+void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
+                          const SpeCacheFetched& fetched, SpeCacheSelectScratch& sc, float* out,
+                          float* lowbit_scores) {
+  const size_t n = lowbit.size(), dim = q.dim, rows = q.n_rows;
+  std::fill_n(out, rows * dim, 0.0f);
+  if (n == 0) return;
+  const int32_t* pos = lowbit.positions().data();
+  float* chunk = at_least(sc.k_chunk, std::min(kSpeCacheChunk, n) * dim).data();
+  float* att = at_least(sc.attention, rows * n + rows).data();  // weights, then each row's sum
+  float* low = lowbit_scores ? lowbit_scores : att;
+
+  // 1. Keys: the low-bit scores, then the attention's copy with the fetched keys' scores.
+  for (size_t first = 0; first < n; first += kSpeCacheChunk) {
+    const size_t c = std::min(kSpeCacheChunk, n - first);
+    lowbit.read_rows(first, c, chunk, nullptr);
+    fast::dot_scores(q.q, rows, chunk, c, dim, q.scale, low + first, n);
+    mask(q, pos + first, c, low + first, n);
+  }
+  if (low != att) std::copy_n(low, rows * n, att);
+  for (size_t i = 0; i < fetched.tokens.size(); ++i) {
+    const size_t t = fetched.tokens[i];
+    f16_to_f32_array(&fetched.k[i * dim], chunk, dim);  // exact
+    fast::dot_scores(q.q, rows, chunk, 1, dim, q.scale, att + t, n);
+    mask(q, pos + t, 1, att + t, n);
+  }
+
+  // 2. Softmax weights per row (unnormalized: exp(score - max)), and their sums.
+  float* sums = att + rows * n;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (size_t r = 0; r < rows; ++r) {
+    float* s = att + r * n;
+    const float mx = *std::max_element(s, s + n);
+    sums[r] = 0.0f;
+    if (mx == neg_inf) continue;  // sees nothing: stays zero
+    for (size_t t = 0; t < n; ++t) s[t] -= mx;
+    fast::exp_f32(s, n, s);  // -inf -> 0
+    float l = 0.0f;
+    for (size_t t = 0; t < n; ++t) l += s[t];
+    sums[r] = l;
+  }
+
+  // 3. Values: each chunk dequantized once, fetched rows substituted, accumulated per channel.
+  size_t next = 0;  // first fetched entry not yet substituted (both lists ascend)
+  for (size_t first = 0; first < n; first += kSpeCacheChunk) {
+    const size_t c = std::min(kSpeCacheChunk, n - first);
+    lowbit.read_rows(first, c, nullptr, chunk);
+    while (next < fetched.tokens.size() && fetched.tokens[next] < first + c) {
+      f16_to_f32_array(&fetched.v[next * dim], chunk + (fetched.tokens[next] - first) * dim, dim);
+      ++next;
+    }
+    for (size_t r = 0; r < rows; ++r) {
+      const float* p = att + r * n + first;
+      float* o = out + r * dim;
+      // W channels at a time in a local accumulator (kept in registers across the tokens; 64
+      // channels are 4 independent vector sums), each channel summing its products in token
+      // order.
+      size_t d0 = 0;
+      for (; d0 + 64 <= dim; d0 += 64) accumulate<64>(p, chunk + d0, c, dim, o + d0);
+      for (; d0 + 16 <= dim; d0 += 16) accumulate<16>(p, chunk + d0, c, dim, o + d0);
+      for (size_t t = 0; t < c && d0 < dim; ++t) {
+        if (p[t] == 0.0f) continue;
+        for (size_t d = d0; d < dim; ++d) o[d] += p[t] * chunk[t * dim + d];
+      }
+    }
+  }
+  for (size_t r = 0; r < rows; ++r) {
+    if (sums[r] == 0.0f) continue;
+    float* o = out + r * dim;
+    for (size_t d = 0; d < dim; ++d) o[d] /= sums[r];
+  }
+}
+
+}  // namespace kvsdk::cpu

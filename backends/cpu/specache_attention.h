@@ -1,0 +1,31 @@
+// SpeCache's decode attention for the optimized CPU backend ("SpeCache: Speculative Key-Value
+// Caching for Efficient Generation of LLMs", §3.3): the low-bit KIVI copy with the fetched
+// full-precision rows substituted, in two passes over the copy (keys, then values) that share
+// one score matrix with the selection:
+//   1. keys: each chunk dequantized once, every query row scored against it (the SIMD dot
+//      product of fast_chunk_attention.h): the LOW-BIT scores, which SpeCache's selection ranks
+//      (written out when asked); the fetched tokens' scores are then recomputed from their f16
+//      keys for the attention itself;
+//   2. values: softmax over the whole row of scores (fast::exp_f32), then each chunk of values
+//      dequantized once (fetched rows substituted) and accumulated per channel, token by token.
+// Every product and sum has a fixed order, so every SIMD target gives the same bits. Not the bits
+// of the reference (cpu::OnlineAttention over the same rows: another summation order and exp);
+// backend_ops_test bounds the gap.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fast_attention.h"
+#include "specache.h"
+
+namespace kvsdk::cpu {
+
+// out [q.n_rows][dim]; rows that see no token get zeros. `lowbit_scores`: NULL, or
+// [q.n_rows][lowbit.size()] for the low-bit scores (-inf where a token is after the row's
+// position; q.positions NULL: every token visible), as the selection computes them.
+void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
+                          const SpeCacheFetched& fetched, SpeCacheSelectScratch& scratch,
+                          float* out, float* lowbit_scores);
+
+}  // namespace kvsdk::cpu
