@@ -7,6 +7,7 @@
 
 #include "attention.h"
 #include "portable_math.h"
+#include "target_clones.h"
 
 namespace kvsdk::cpu {
 
@@ -51,6 +52,16 @@ void smallkv_accumulated_attention(const float* q, const int32_t* q_positions, s
     for (size_t t = 0; t < n; ++t) acc[t] += p[t];
   }
   for (size_t t = 0; t < n; ++t) out[t] = float(acc[t]);
+}
+
+void smallkv_softmax_rows(const float* q, const int32_t* q_positions, size_t n_rows,
+                          const float* k, const int32_t* positions, size_t n, size_t dim,
+                          float scale, float* out) {
+  std::vector<double> p;
+  for (size_t r = 0; r < n_rows; ++r) {
+    softmax_row(q + r * dim, q_positions[r], k, positions, n, dim, scale, p);
+    for (size_t t = 0; t < n; ++t) out[r * n + t] = float(p[t]);
+  }
 }
 
 void smallkv_proxy_weights(const float* q, const int32_t* q_positions, size_t n_rows,
@@ -208,8 +219,19 @@ void smallkv_attend(const float* q, const int32_t* q_positions, size_t n_rows, s
   OnlineAttention attn(q, q_positions, n_rows, dim, scale, scratch);
   attn.add_chunk(k_full, v_full, full_positions, n_full);
   attn.finish(out);
+  smallkv_add_marginal(q_positions, n_rows, dim, v_marginal, marginal_positions, n_marginal,
+                       proxy_weights, n_marginal, out);
+}
+
+// Cloned per x86-64 SIMD level (target_clones.h): the elementwise loops over d vectorize, with the
+// same bits in every clone.
+KVSDK_TARGET_CLONES
+void smallkv_add_marginal(const int32_t* q_positions, size_t n_rows, size_t dim,
+                          const float* v_marginal, const int32_t* marginal_positions,
+                          size_t n_marginal, const float* proxy_weights, size_t weights_stride,
+                          float* out) {
   for (size_t r = 0; r < n_rows; ++r) {
-    const float* w = proxy_weights + r * n_marginal;
+    const float* w = proxy_weights + r * weights_stride;
     double mass = 0;
     for (size_t j = 0; j < n_marginal; ++j) {
       if (marginal_positions[j] <= q_positions[r]) mass += w[j];
