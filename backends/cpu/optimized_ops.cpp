@@ -72,11 +72,11 @@ void add_f16_rows(cpu::fast::ChunkAttention& att, const F16Rows& r, size_t dim, 
   }
 }
 
+// SpindleKV: values summed per codebook entry after the softmax (spindlekv_store.h), in the
+// workspace's reference buffers (this backend runs no OnlineAttention on them).
 void attend_spindle(const QueryRows& q, const cpu::SpindleHeadStore& s, Workspace& ws,
                     float* out) {
-  chunked(q, ws, out, [&](cpu::fast::ChunkAttention& att) {
-    cpu::spindlekv_attend(s, att, ws.attention.k_chunk, ws.attention.v_chunk);
-  });
+  cpu::spindlekv_attend_entries(q.q, q.positions, q.n_rows, q.scale, s, ws.attention, out);
 }
 
 void attend_minicache(const QueryRows& q, const cpu::MiniCacheHeadPair& p, int layer,
