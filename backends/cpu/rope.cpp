@@ -36,7 +36,7 @@ void Rope::rotate(float* x, int32_t position, double sign) const {
 // Cloned per x86-64 SIMD level (target_clones.h): the elementwise double loops run 4-8 wide,
 // with the same bits.
 KVSDK_TARGET_CLONES
-void Rope::apply_rows(float* x, const int32_t* positions, size_t n) const {
+void Rope::apply_rows(float* x, const int32_t* positions, size_t n, size_t anchor) const {
   if (style_ == KVSDK_ROPE_NONE || n == 0) return;
   const size_t half = dim_ / 2;
   // On the stack for head dims up to 2 * kStackHalf (every model we know), so that attention
@@ -54,12 +54,13 @@ void Rope::apply_rows(float* x, const int32_t* positions, size_t n) const {
   for (size_t i = 0; i < half; ++i) {
     pmath::sincos(freq_[i], &step_s[i], &step_c[i]);
   }
-  size_t since_anchor = kAnchor;
+  anchor = anchor == 0 ? 1 : anchor;
+  size_t since_anchor = anchor;
   for (size_t t = 0; t < n; ++t) {
     // In 64 bits: positions[t - 1] + 1 overflows int32 at INT32_MAX (beyond the API's
     // KVSDK_MAX_POSITION, but a kernel does not rely on its callers' checks).
     const bool consecutive = t > 0 && int64_t(positions[t]) == int64_t(positions[t - 1]) + 1;
-    if (!consecutive || since_anchor >= kAnchor) {
+    if (!consecutive || since_anchor >= anchor) {
       for (size_t i = 0; i < half; ++i) {
         const double angle = double(positions[t]) * freq_[i];
         pmath::sincos(angle, &s[i], &c[i]);

@@ -395,8 +395,18 @@ std::vector<MergedRow> merged_rows(const std::vector<int32_t>& full_pos,
   rows.reserve(full_pos.size() + marg_pos.size());
   for (size_t i = 0; i < full_pos.size(); ++i) rows.push_back({full_pos[i], true, uint32_t(i)});
   for (size_t i = 0; i < marg_pos.size(); ++i) rows.push_back({marg_pos[i], false, uint32_t(i)});
-  std::stable_sort(rows.begin(), rows.end(),
-                   [](const MergedRow& a, const MergedRow& b) { return a.position < b.position; });
+  // Both kinds are kept in position order, so one merge orders them (std::inplace_merge is
+  // stable: on equal positions full rows stay first, as a stable sort would keep them).
+  const auto by_position = [](const MergedRow& a, const MergedRow& b) {
+    return a.position < b.position;
+  };
+  const auto mid = rows.begin() + long(full_pos.size());
+  if (std::is_sorted(rows.begin(), mid, by_position) &&
+      std::is_sorted(mid, rows.end(), by_position)) {
+    std::inplace_merge(rows.begin(), mid, rows.end(), by_position);
+  } else {
+    std::stable_sort(rows.begin(), rows.end(), by_position);
+  }
   return rows;
 }
 
