@@ -36,7 +36,7 @@ void Rope::rotate(float* x, int32_t position, double sign) const {
 // Cloned per x86-64 SIMD level (target_clones.h): the elementwise double loops run 4-8 wide,
 // with the same bits.
 KVSDK_TARGET_CLONES
-void Rope::apply_rows(float* x, const int32_t* positions, size_t n, size_t anchor) const {
+void Rope::apply_rows(float* x, const int32_t* positions, size_t n) const {
   if (style_ == KVSDK_ROPE_NONE || n == 0) return;
   const size_t half = dim_ / 2;
   // On the stack for head dims up to 2 * kStackHalf (every model we know), so that attention
@@ -54,13 +54,12 @@ void Rope::apply_rows(float* x, const int32_t* positions, size_t n, size_t ancho
   for (size_t i = 0; i < half; ++i) {
     pmath::sincos(freq_[i], &step_s[i], &step_c[i]);
   }
-  anchor = anchor == 0 ? 1 : anchor;
-  size_t since_anchor = anchor;
+  size_t since_anchor = kAnchor;
   for (size_t t = 0; t < n; ++t) {
     // In 64 bits: positions[t - 1] + 1 overflows int32 at INT32_MAX (beyond the API's
     // KVSDK_MAX_POSITION, but a kernel does not rely on its callers' checks).
     const bool consecutive = t > 0 && int64_t(positions[t]) == int64_t(positions[t - 1]) + 1;
-    if (!consecutive || since_anchor >= anchor) {
+    if (!consecutive || since_anchor >= kAnchor) {
       for (size_t i = 0; i < half; ++i) {
         const double angle = double(positions[t]) * freq_[i];
         pmath::sincos(angle, &s[i], &c[i]);
@@ -88,6 +87,58 @@ void Rope::apply_rows(float* x, const int32_t* positions, size_t n, size_t ancho
         const double xa = lo[i], xb = hi[i];
         lo[i] = float(xa * c[i] - xb * s[i]);
         hi[i] = float(xa * s[i] + xb * c[i]);
+      }
+    }
+  }
+}
+
+KVSDK_TARGET_CLONES
+void Rope::apply_rows_f32(float* x, const int32_t* positions, size_t n) const {
+  if (style_ == KVSDK_ROPE_NONE || n == 0) return;
+  const size_t half = dim_ / 2;
+  constexpr size_t kStackHalf = 256;  // as apply_rows: no allocation for head dims up to 512
+  double stack[4 * kStackHalf];
+  float stack_f[2 * kStackHalf];
+  std::vector<double> heap(half > kStackHalf ? 4 * half : 0);
+  std::vector<float> heap_f(half > kStackHalf ? 2 * half : 0);
+  double* base = half > kStackHalf ? heap.data() : stack;
+  float* base_f = half > kStackHalf ? heap_f.data() : stack_f;
+  double* __restrict c = base;
+  double* __restrict s = base + half;
+  double* __restrict step_c = base + 2 * half;
+  double* __restrict step_s = base + 3 * half;
+  float* __restrict cf = base_f;
+  float* __restrict sf = base_f + half;
+  for (size_t i = 0; i < half; ++i) pmath::sincos(freq_[i], &step_s[i], &step_c[i]);
+  for (size_t t = 0; t < n; ++t) {
+    const bool consecutive = t > 0 && int64_t(positions[t]) == int64_t(positions[t - 1]) + 1;
+    if (!consecutive) {
+      for (size_t i = 0; i < half; ++i) pmath::sincos(double(positions[t]) * freq_[i], &s[i], &c[i]);
+    } else {
+      for (size_t i = 0; i < half; ++i) {  // (c + i s) * (step_c + i step_s)
+        const double nc = c[i] * step_c[i] - s[i] * step_s[i];
+        s[i] = s[i] * step_c[i] + c[i] * step_s[i];
+        c[i] = nc;
+      }
+    }
+    for (size_t i = 0; i < half; ++i) {
+      cf[i] = float(c[i]);
+      sf[i] = float(s[i]);
+    }
+    float* __restrict row = x + t * dim_;
+    if (style_ == KVSDK_ROPE_INTERLEAVED) {
+      for (size_t i = 0; i < half; ++i) {
+        const float xa = row[2 * i], xb = row[2 * i + 1];
+        row[2 * i] = xa * cf[i] - xb * sf[i];
+        row[2 * i + 1] = xa * sf[i] + xb * cf[i];
+      }
+    } else {
+      float* __restrict lo = row;
+      float* __restrict hi = row + half;
+      for (size_t i = 0; i < half; ++i) {
+        const float xa = lo[i], xb = hi[i];
+        lo[i] = xa * cf[i] - xb * sf[i];
+        hi[i] = xa * sf[i] + xb * cf[i];
       }
     }
   }

@@ -40,9 +40,14 @@ void SpindleHeadStore::read_rows(size_t first, size_t count, float* k, float* v)
   values_.reconstruct(first, count, v);
 }
 
-void SpindleHeadStore::read_keys(size_t first, size_t count, float* k, size_t anchor) const {
+void SpindleHeadStore::read_keys(size_t first, size_t count, float* k) const {
   keys_.reconstruct(first, count, k);
-  rope_.apply_rows(k, positions_.data() + first, count, anchor);
+  rope_.apply_rows(k, positions_.data() + first, count);
+}
+
+void SpindleHeadStore::read_keys_f32(size_t first, size_t count, float* k) const {
+  keys_.reconstruct(first, count, k);
+  rope_.apply_rows_f32(k, positions_.data() + first, count);
 }
 
 SpindleHeadStore SpindleHeadStore::restore(size_t head_dim, float rope_theta,
@@ -106,7 +111,7 @@ void spindlekv_attend_entries(const float* q, const int32_t* q_positions, size_t
     // Scores of the block's rows against every key, rebuilt chunk by chunk.
     for (size_t first = 0; first < n; first += kSpindleAttendChunk) {
       const size_t c = std::min(kSpindleAttendChunk, n - first);
-      store.read_keys(first, c, chunk, kSpindleAttendChunk);  // one exact anchor per chunk
+      store.read_keys_f32(first, c, chunk);
       fast::dot_scores(q + r0 * dim, rows, chunk, c, dim, scale, scores + first, n);
     }
     // Softmax per row, and its weight per value entry (tokens in order: deterministic sums).
