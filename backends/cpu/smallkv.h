@@ -94,7 +94,7 @@ void smallkv_attend(const float* q, const int32_t* q_positions, size_t n_rows, s
                     const float* proxy_weights, float* out);
 // The same with the softmax state in caller-owned scratch (reused: no allocation once grown).
 struct AttentionScratch;
-// Eq. 6's marginal term on `out` [n_rows][dim], which holds each row's softmax attention over the
+// Eq. 6's marginal term (SmallKV (docs/papers.md) Eq. 6) on `out` [n_rows][dim], which holds each row's softmax attention over the
 // kept (full) tokens: scales it by 1 - M and adds the marginal values weighted by the proxy's
 // probabilities; proxy_weights row r starts at proxy_weights + r * weights_stride. Both backends'
 // smallkv attention end with this, so Eq. 6 lives here once.

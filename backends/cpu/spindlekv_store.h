@@ -96,8 +96,8 @@ void spindlekv_attend(const SpindleHeadStore& store, Sink& attn, std::vector<flo
   }
 }
 
-// Attention over every token of `store` with the values summed per codebook entry (Eq. 14 moved
-// past the softmax): sum_t p_t m_t C[e_t] = sum_e C[e] (sum_{t: e_t = e} p_t m_t), so each value
+// Attention over every token of `store` with the values summed per codebook entry (SpindleKV
+// (docs/papers.md) Eq. 14, moved past the softmax): sum_t p_t m_t C[e_t] = sum_e C[e] (sum_{t: e_t = e} p_t m_t), so each value
 // entry is converted and accumulated once per query row instead of once per token (a SpindleKV
 // value codebook holds about half as many entries as tokens). Keys are reconstructed and rotated
 // in chunks (read_keys_f32), scored by the SIMD dot product (fast::dot_scores), and the softmax is
