@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "attention.h"
 #include "target_clones.h"
@@ -18,7 +19,7 @@ float norm(const float* x, size_t n) { return std::sqrt(dot_f32(x, x, n)); }
 
 // Entries scored together by entry_dots: independent sums in flight instead of one dependent
 // chain per dot product (which left the decode append latency-bound).
-constexpr size_t kEntryBlock = 8;
+constexpr size_t kEntryBlock = 4;
 
 // For each of n_entries f32 rows c [n_entries][dim]: dot[e] = dot_f32(x, c_e) and
 // sq[e] = dot_f32(c_e, c_e), with dot_f32's arithmetic exactly (four partial sums over i mod 4,
@@ -37,6 +38,28 @@ inline void entry_dots_impl(const float* x, const float* c, size_t n_entries, si
   for (; e0 + kEntryBlock <= n_entries; e0 += kEntryBlock) {
     float sx[kEntryBlock][4] = {}, sc[kEntryBlock][4] = {};
     const float* cb = c + e0 * dim;
+#if defined(__GNUC__)
+    // dot_f32's four partial sums are the four lanes of one 4-wide vector (GCC vector
+    // extension: SSE / NEON mul and add, lane by lane, so the same bits), kept in registers.
+    typedef float V4 __attribute__((vector_size(16)));
+    V4 ax[kEntryBlock] = {}, ac[kEntryBlock] = {};
+    for (size_t i = 0; i < body; i += 4) {
+      V4 xv;
+      std::memcpy(&xv, x + i, sizeof xv);
+      for (size_t e = 0; e < kEntryBlock; ++e) {
+        V4 cv;
+        std::memcpy(&cv, cb + e * dim + i, sizeof cv);
+        ax[e] += xv * cv;
+        if (kSquares) ac[e] += cv * cv;
+      }
+    }
+    for (size_t e = 0; e < kEntryBlock; ++e) {
+      for (size_t j = 0; j < 4; ++j) {
+        sx[e][j] = ax[e][j];
+        sc[e][j] = ac[e][j];
+      }
+    }
+#else
     for (size_t i = 0; i < body; i += 4) {
       for (size_t e = 0; e < kEntryBlock; ++e) {
         for (size_t j = 0; j < 4; ++j) {
@@ -46,6 +69,7 @@ inline void entry_dots_impl(const float* x, const float* c, size_t n_entries, si
         }
       }
     }
+#endif
     for (size_t e = 0; e < kEntryBlock; ++e) {
       for (size_t i = body; i < dim; ++i) {
         const float v = cb[e * dim + i];
