@@ -56,6 +56,19 @@ struct F16Rows {
   size_t n_tokens = 0;
 };
 
+// --- SmallKV (Eq. 6) -----------------------------------------------------------------------------
+// The value-only (marginal) rows of a SmallKV head and the proxy's attention probabilities for
+// them: v [n_tokens][dim] f16 with positions; weights row r (query row r) starts at
+// weights + r * weights_stride and holds one probability per marginal row.
+struct SmallKvMarginal {
+  const uint16_t* v = nullptr;
+  const int32_t* positions = nullptr;
+  size_t n_tokens = 0;
+  const float* weights = nullptr;
+  size_t weights_stride = 0;
+};
+// --- end SmallKV ---------------------------------------------------------------------------------
+
 struct Ops {
   const char* name;
 
@@ -144,6 +157,16 @@ struct Ops {
   // (overwritten: working memory): bit for bit what specache_select returns for those rows.
   void (*specache_select_scored)(float* scores, size_t group, size_t n, size_t k, Workspace& ws,
                                  std::vector<uint32_t>& tokens, std::vector<float>* avg_probs);
+  // --- SmallKV (backends/cpu/smallkv.h; these entries come last, as one block) -----------------
+  // The proxy side of Eq. 6: softmax probabilities of each query row over f16 keys k [n][q.dim]
+  // (causal by position) into out [q.n_rows][n]; 0 where masked, all 0 for a row that sees none.
+  void (*smallkv_softmax)(const QueryRows& q, const uint16_t* k, const int32_t* positions,
+                          size_t n, Workspace& ws, float* out);
+  // Eq. 6: the large model's softmax over the full rows, rescaled by the mass the proxy leaves
+  // them, plus the marginal rows weighted by the proxy's probabilities (cpu::smallkv_attend).
+  void (*attend_smallkv)(const QueryRows& q, const F16Rows& full, const SmallKvMarginal& marginal,
+                         Workspace& ws, float* out);
+  // --- end SmallKV -------------------------------------------------------------------------------
 };
 
 // The scalar reference backend (the oracle) and the optimized CPU backend.

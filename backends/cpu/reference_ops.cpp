@@ -17,10 +17,12 @@
 #include "minicache_merge.h"
 #include "policy/importance.h"
 #include "policy/selection.h"
+#include "smallkv.h"
 #include "specache.h"
 #include "spindlekv_store.h"
 #include "util/error.h"
 #include "util/half.h"
+#include "util/growth.h"
 #include "util/half_array.h"
 
 namespace kvsdk::backend {
@@ -160,6 +162,31 @@ void specache_select_scored(float* scores, size_t group, size_t n, size_t k, Wor
                             std::vector<uint32_t>& tokens, std::vector<float>* avg_probs) {
   cpu::specache_select_from_scores(scores, group, n, k, ws.specache, tokens, avg_probs);
 }
+// --- SmallKV: today's scalar kernels (smallkv.h), bit for bit -----------------------------------
+void smallkv_softmax(const QueryRows& q, const uint16_t* k, const int32_t* positions, size_t n,
+                     Workspace& ws, float* out) {
+  float* kf = at_least(ws.attention.k_chunk, n * q.dim).data();
+  f16_to_f32_array_scalar(k, kf, n * q.dim);
+  cpu::smallkv_softmax_rows(q.q, q.positions, q.n_rows, kf, positions, n, q.dim, q.scale, out);
+}
+
+// The full rows in one chunk (one OnlineAttention pass, as smallkv_attend has always run).
+void attend_smallkv(const QueryRows& q, const F16Rows& full, const SmallKvMarginal& m,
+                    Workspace& ws, float* out) {
+  const size_t dim = q.dim, nf = full.n_tokens, nm = m.n_tokens;
+  float* kf = at_least(ws.attention.k_chunk, nf * dim).data();
+  float* vf = at_least(ws.attention.v_chunk, (nf + nm) * dim).data();
+  float* vm = vf + nf * dim;
+  f16_to_f32_array_scalar(full.k, kf, nf * dim);
+  f16_to_f32_array_scalar(full.v, vf, nf * dim);
+  f16_to_f32_array_scalar(m.v, vm, nm * dim);
+  cpu::OnlineAttention att(q.q, q.positions, q.n_rows, dim, q.scale, ws.attention);
+  att.add_chunk(kf, vf, full.positions, nf);
+  att.finish(out);
+  cpu::smallkv_add_marginal(q.positions, q.n_rows, dim, vm, m.positions, nm, m.weights,
+                            m.weights_stride, out);
+}
+// --- end SmallKV --------------------------------------------------------------------------------
 
 }  // namespace
 
@@ -176,6 +203,7 @@ const Ops& cpu_reference() {
       codebook_reconstruct, cpu::minicache_slerp, restore_row,
       specache_select,
       attend_specache_scored, specache_select_scored,
+      smallkv_softmax, attend_smallkv,  // SmallKV
   };
   return ops;
 }

@@ -92,6 +92,58 @@ void Rope::apply_rows(float* x, const int32_t* positions, size_t n) const {
   }
 }
 
+KVSDK_TARGET_CLONES
+void Rope::apply_rows_f32(float* x, const int32_t* positions, size_t n) const {
+  if (style_ == KVSDK_ROPE_NONE || n == 0) return;
+  const size_t half = dim_ / 2;
+  constexpr size_t kStackHalf = 256;  // as apply_rows: no allocation for head dims up to 512
+  double stack[4 * kStackHalf];
+  float stack_f[2 * kStackHalf];
+  std::vector<double> heap(half > kStackHalf ? 4 * half : 0);
+  std::vector<float> heap_f(half > kStackHalf ? 2 * half : 0);
+  double* base = half > kStackHalf ? heap.data() : stack;
+  float* base_f = half > kStackHalf ? heap_f.data() : stack_f;
+  double* __restrict c = base;
+  double* __restrict s = base + half;
+  double* __restrict step_c = base + 2 * half;
+  double* __restrict step_s = base + 3 * half;
+  float* __restrict cf = base_f;
+  float* __restrict sf = base_f + half;
+  for (size_t i = 0; i < half; ++i) pmath::sincos(freq_[i], &step_s[i], &step_c[i]);
+  for (size_t t = 0; t < n; ++t) {
+    const bool consecutive = t > 0 && int64_t(positions[t]) == int64_t(positions[t - 1]) + 1;
+    if (!consecutive) {
+      for (size_t i = 0; i < half; ++i) pmath::sincos(double(positions[t]) * freq_[i], &s[i], &c[i]);
+    } else {
+      for (size_t i = 0; i < half; ++i) {  // (c + i s) * (step_c + i step_s)
+        const double nc = c[i] * step_c[i] - s[i] * step_s[i];
+        s[i] = s[i] * step_c[i] + c[i] * step_s[i];
+        c[i] = nc;
+      }
+    }
+    for (size_t i = 0; i < half; ++i) {
+      cf[i] = float(c[i]);
+      sf[i] = float(s[i]);
+    }
+    float* __restrict row = x + t * dim_;
+    if (style_ == KVSDK_ROPE_INTERLEAVED) {
+      for (size_t i = 0; i < half; ++i) {
+        const float xa = row[2 * i], xb = row[2 * i + 1];
+        row[2 * i] = xa * cf[i] - xb * sf[i];
+        row[2 * i + 1] = xa * sf[i] + xb * cf[i];
+      }
+    } else {
+      float* __restrict lo = row;
+      float* __restrict hi = row + half;
+      for (size_t i = 0; i < half; ++i) {
+        const float xa = lo[i], xb = hi[i];
+        lo[i] = xa * cf[i] - xb * sf[i];
+        hi[i] = xa * sf[i] + xb * cf[i];
+      }
+    }
+  }
+}
+
 void rope_apply(float* x, size_t head_dim, int32_t position, float theta,
                 kvsdk_rope_style style) {
   Rope(head_dim, theta, style).apply(x, position);

@@ -7,6 +7,7 @@
 
 #include "attention.h"
 #include "portable_math.h"
+#include "target_clones.h"
 
 namespace kvsdk::cpu {
 
@@ -51,6 +52,16 @@ void smallkv_accumulated_attention(const float* q, const int32_t* q_positions, s
     for (size_t t = 0; t < n; ++t) acc[t] += p[t];
   }
   for (size_t t = 0; t < n; ++t) out[t] = float(acc[t]);
+}
+
+void smallkv_softmax_rows(const float* q, const int32_t* q_positions, size_t n_rows,
+                          const float* k, const int32_t* positions, size_t n, size_t dim,
+                          float scale, float* out) {
+  std::vector<double> p;
+  for (size_t r = 0; r < n_rows; ++r) {
+    softmax_row(q + r * dim, q_positions[r], k, positions, n, dim, scale, p);
+    for (size_t t = 0; t < n; ++t) out[r * n + t] = float(p[t]);
+  }
 }
 
 void smallkv_proxy_weights(const float* q, const int32_t* q_positions, size_t n_rows,
@@ -150,43 +161,48 @@ SmallKvSelection smallkv_select(const float* proxy_scores, const uint8_t* has_ke
                                 const SmallKvSplit& s) {
   SmallKvSelection sel;
   auto keyed = [&](size_t t) { return has_key == nullptr || has_key[t] != 0; };
+  // 0: evicted, 1: full (recent or critical), 2: marginal.
+  std::vector<uint8_t> kind(n_tokens, 0);
   // The recent window: the newest tokens that still have their keys.
-  std::vector<uint8_t> recent(n_tokens, 0);
   size_t n_recent = 0;
   for (size_t t = n_tokens; t-- > 0 && n_recent < s.recent;) {
     if (keyed(t)) {
-      recent[t] = 1;
+      kind[t] = 1;
       ++n_recent;
     }
   }
-  // Rank the other tokens by the proxy's scores; the head of the ranking is critical (when it
-  // has a key), the next stretch marginal.
-  std::vector<uint32_t> order;
-  order.reserve(n_tokens - n_recent);
+  // The other tokens ranked by the proxy's scores (ties: the older token first, NaN last). In
+  // that ranking the first `critical` tokens with a key are critical, and the first `marginal`
+  // of the tokens left are marginal: two selections of the top of a total order (O(n) each),
+  // the same tokens as walking the fully sorted ranking.
+  const auto before = [&](uint32_t a, uint32_t b) {
+    const float sa = rank_key(proxy_scores[a]), sb = rank_key(proxy_scores[b]);
+    return sa > sb || (sa == sb && a < b);
+  };
+  std::vector<uint32_t> cand;
+  cand.reserve(n_tokens - n_recent);
   for (size_t t = 0; t < n_tokens; ++t) {
-    if (!recent[t]) order.push_back(uint32_t(t));
+    if (kind[t] == 0 && keyed(t)) cand.push_back(uint32_t(t));
   }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t a, uint32_t b) {
-                     return rank_key(proxy_scores[a]) > rank_key(proxy_scores[b]);
-                   });
-  size_t crit_left = s.critical, marg_left = s.marginal;
-  for (uint32_t t : order) {
-    if (crit_left > 0 && keyed(t)) {
-      sel.full.push_back(t);
-      --crit_left;
-    } else if (marg_left > 0) {
-      sel.marginal.push_back(t);
-      --marg_left;
-    } else if (crit_left == 0) {
-      break;  // both kinds are full: the rest is evicted
+  const auto top = [&](size_t k) {  // the k first of cand in the ranking, marked as `mark`
+    k = std::min(k, cand.size());
+    if (k > 0 && k < cand.size()) {
+      std::nth_element(cand.begin(), cand.begin() + long(k - 1), cand.end(), before);
     }
-  }
+    return k;
+  };
+  const size_t n_crit = top(s.critical);
+  for (size_t i = 0; i < n_crit; ++i) kind[cand[i]] = 1;
+  cand.clear();
   for (size_t t = 0; t < n_tokens; ++t) {
-    if (recent[t]) sel.full.push_back(uint32_t(t));
+    if (kind[t] == 0) cand.push_back(uint32_t(t));
   }
-  std::sort(sel.full.begin(), sel.full.end());
-  std::sort(sel.marginal.begin(), sel.marginal.end());
+  const size_t n_marg = top(s.marginal);
+  for (size_t i = 0; i < n_marg; ++i) kind[cand[i]] = 2;
+  for (size_t t = 0; t < n_tokens; ++t) {
+    if (kind[t] == 1) sel.full.push_back(uint32_t(t));
+    if (kind[t] == 2) sel.marginal.push_back(uint32_t(t));
+  }
   return sel;
 }
 
@@ -208,8 +224,19 @@ void smallkv_attend(const float* q, const int32_t* q_positions, size_t n_rows, s
   OnlineAttention attn(q, q_positions, n_rows, dim, scale, scratch);
   attn.add_chunk(k_full, v_full, full_positions, n_full);
   attn.finish(out);
+  smallkv_add_marginal(q_positions, n_rows, dim, v_marginal, marginal_positions, n_marginal,
+                       proxy_weights, n_marginal, out);
+}
+
+// Cloned per x86-64 SIMD level (target_clones.h): the elementwise loops over d vectorize, with the
+// same bits in every clone.
+KVSDK_TARGET_CLONES
+void smallkv_add_marginal(const int32_t* q_positions, size_t n_rows, size_t dim,
+                          const float* v_marginal, const int32_t* marginal_positions,
+                          size_t n_marginal, const float* proxy_weights, size_t weights_stride,
+                          float* out) {
   for (size_t r = 0; r < n_rows; ++r) {
-    const float* w = proxy_weights + r * n_marginal;
+    const float* w = proxy_weights + r * weights_stride;
     double mass = 0;
     for (size_t j = 0; j < n_marginal; ++j) {
       if (marginal_positions[j] <= q_positions[r]) mass += w[j];

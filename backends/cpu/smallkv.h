@@ -28,6 +28,14 @@ void smallkv_proxy_weights(const float* q, const int32_t* q_positions, size_t n_
                            const float* k, const int32_t* positions, size_t n, size_t dim,
                            float scale, const int32_t* wanted, size_t n_wanted, float* out);
 
+// The softmax of Eq. 6's proxy side before the gather: probabilities of query rows q [n_rows][dim]
+// over keys k [n][dim] (causal by position) into out [n_rows][n], 0 where masked (a row that sees
+// no key: all 0). Double-precision softmax with the portable exp: the reference kernel (these
+// probabilities accumulate into saved importance); smallkv_proxy_weights is this plus a gather.
+void smallkv_softmax_rows(const float* q, const int32_t* q_positions, size_t n_rows,
+                          const float* k, const int32_t* positions, size_t n, size_t dim,
+                          float scale, float* out);
+
 // Indices of the k largest scores (ties: lower index first), returned in ascending index order.
 std::vector<uint32_t> smallkv_topk(const float* scores, size_t n, size_t k);
 // The same into `out`, with `order` as working memory (both reuse their capacity).
@@ -86,6 +94,14 @@ void smallkv_attend(const float* q, const int32_t* q_positions, size_t n_rows, s
                     const float* proxy_weights, float* out);
 // The same with the softmax state in caller-owned scratch (reused: no allocation once grown).
 struct AttentionScratch;
+// Eq. 6's marginal term (SmallKV (docs/papers.md) Eq. 6) on `out` [n_rows][dim], which holds each row's softmax attention over the
+// kept (full) tokens: scales it by 1 - M and adds the marginal values weighted by the proxy's
+// probabilities; proxy_weights row r starts at proxy_weights + r * weights_stride. Both backends'
+// smallkv attention end with this, so Eq. 6 lives here once.
+void smallkv_add_marginal(const int32_t* q_positions, size_t n_rows, size_t dim,
+                          const float* v_marginal, const int32_t* marginal_positions,
+                          size_t n_marginal, const float* proxy_weights, size_t weights_stride,
+                          float* out);
 void smallkv_attend(const float* q, const int32_t* q_positions, size_t n_rows, size_t dim,
                     float scale, const float* k_full, const float* v_full,
                     const int32_t* full_positions, size_t n_full, const float* v_marginal,

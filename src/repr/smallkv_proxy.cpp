@@ -7,6 +7,7 @@
 #include "smallkv.h"
 #include "util/dtype.h"
 #include "util/error.h"
+#include "util/growth.h"
 
 namespace kvsdk {
 
@@ -18,6 +19,7 @@ struct SmallKvTapHandle {
     if (!link) return;
     link->proxy_ = nullptr;
     link->latest_.clear();
+    link->probs_.clear();
   }
 };
 
@@ -36,6 +38,7 @@ void SmallKvProxyLink::attach(const std::shared_ptr<SmallKvProxyLink>& self, Cac
   const Geometry& g = proxy.geometry();
   std::vector<LatestQueries> latest(size_t(g.n_layers) * g.n_kv_heads);
   std::vector<float> stats(size_t(g.n_layers) * g.n_q_heads * self->match_tokens_, 0.0f);
+  std::vector<StepProbs> probs(size_t(g.n_layers) * g.n_q_heads);
   auto handle = std::make_shared<SmallKvTapHandle>();
   Cache::AttentionTap tap = [handle](uint32_t layer, uint32_t n_kv_heads, const float* q_rows,
                                      const int32_t* row_positions, size_t n_rows) {
@@ -46,6 +49,7 @@ void SmallKvProxyLink::attach(const std::shared_ptr<SmallKvProxyLink>& self, Cac
   self->proxy_ = &proxy;
   self->latest_.swap(latest);
   self->match_stats_.swap(stats);
+  self->probs_.swap(probs);
   self->matched_through_ = -1;
   self->stats_dropped_ = false;
   handle->link = self;
@@ -56,6 +60,7 @@ void SmallKvProxyLink::detach() noexcept {
   if (proxy_) proxy_->set_attention_tap({});  // the handle's destructor clears proxy_
   proxy_ = nullptr;
   latest_.clear();
+  probs_.clear();
 }
 
 uint32_t SmallKvProxyLink::proxy_heads() const {
@@ -117,6 +122,8 @@ void SmallKvProxyLink::on_proxy_queries(uint32_t layer, uint32_t n_kv_heads,
     lq.rows.swap(latest[kv_head].rows);
     lq.positions.swap(latest[kv_head].positions);
   }
+  // New queries of this layer: its heads' probabilities of the previous step are stale.
+  for (uint32_t h = 0; h < g.n_q_heads; ++h) probs_[size_t(layer) * g.n_q_heads + h].valid = false;
   for (const Sum& sum : sums) {
     float* dst = match_stats_.data() + sum.offset;
     for (size_t t = 0; t < sum.acc.size(); ++t) dst[t] += sum.acc[t];
@@ -142,35 +149,86 @@ void SmallKvProxyLink::match_scores(uint32_t head, const int32_t* positions, siz
   }
 }
 
-void SmallKvProxyLink::weights(uint32_t head, const int32_t* row_positions, size_t n_rows,
-                               const int32_t* wanted, size_t n_wanted, float* out) const {
+const float* SmallKvProxyLink::latest_query(uint32_t head, int32_t position) const {
   const Geometry& g = proxy_->geometry();
-  const uint32_t dim = g.head_dim, group = g.group_size();
-  const uint32_t layer = head / g.n_q_heads, h = head % g.n_q_heads;
+  const uint32_t group = g.group_size(), layer = head / g.n_q_heads, h = head % g.n_q_heads;
   const uint32_t kv_head = h / group, j = h % group;
   const LatestQueries& lq = latest_[size_t(layer) * g.n_kv_heads + kv_head];
-  // The proxy's query of head h at each row's position (the latest pass over that layer).
-  std::vector<std::pair<int32_t, uint32_t>> by_pos;
-  for (size_t r = j; r < lq.positions.size(); r += group) {
-    by_pos.emplace_back(lq.positions[r], uint32_t(r));
-  }
-  std::sort(by_pos.begin(), by_pos.end());
-  std::vector<float> q(n_rows * dim);
-  for (size_t r = 0; r < n_rows; ++r) {
-    const auto it = std::lower_bound(by_pos.begin(), by_pos.end(),
-                                     std::make_pair(row_positions[r], uint32_t(0)));
-    if (it == by_pos.end() || it->first != row_positions[r]) {
-      fail(KVSDK_E_STATE, "the proxy cache has not attended position ", row_positions[r],
-           " in its layer ", layer, ": run the proxy model on the same tokens just before the "
-           "large model (smallkv uses the proxy's attention of the same step)");
+  // Rows of head h are j, j + group, ... (Cache::attend's packing). A decode step has one; a
+  // prefill many, searched in position order.
+  const size_t n_rows = lq.positions.size();
+  int64_t found = -1;
+  if (n_rows <= 8 * size_t(group)) {
+    for (size_t r = j; r < n_rows && found < 0; r += group) {
+      if (lq.positions[r] == position) found = int64_t(r);
     }
-    std::copy_n(lq.rows.data() + size_t(it->second) * dim, dim, q.data() + r * dim);
+  } else {
+    query_at_.clear();
+    for (size_t r = j; r < n_rows; r += group) query_at_.emplace_back(lq.positions[r], uint32_t(r));
+    std::sort(query_at_.begin(), query_at_.end());
+    const auto it =
+        std::lower_bound(query_at_.begin(), query_at_.end(), std::make_pair(position, uint32_t(0)));
+    if (it != query_at_.end() && it->first == position) found = it->second;
   }
+  if (found < 0) {
+    fail(KVSDK_E_STATE, "the proxy cache has not attended position ", position, " in its layer ",
+         layer, ": run the proxy model on the same tokens just before the large model (smallkv "
+         "uses the proxy's attention of the same step)");
+  }
+  return lq.rows.data() + size_t(found) * g.head_dim;
+}
+
+void SmallKvProxyLink::weights(const backend::Ops& ops, backend::Workspace& ws, uint32_t head,
+                               const int32_t* row_positions, size_t n_rows, const int32_t* wanted,
+                               size_t n_wanted, float* out) const {
+  const Geometry& g = proxy_->geometry();
+  const uint32_t group = g.group_size(), layer = head / g.n_q_heads;
+  const uint32_t kv_head = (head % g.n_q_heads) / group;
   const ExactStore& s = proxy_->exact_rows(layer, kv_head);
-  std::vector<float> k;
-  proxy_keys(s, s.size(), dim, k);
-  cpu::smallkv_proxy_weights(q.data(), row_positions, n_rows, k.data(), s.positions.data(),
-                             s.size(), dim, g.attn_scale, wanted, n_wanted, out);
+  const size_t n = s.size();
+  // Each wanted position's proxy row. A 'full' proxy that appended one token per position from
+  // some start holds position p at row p - start; otherwise binary search over its rows in
+  // position order.
+  row_of_.resize(n_wanted);
+  const bool consecutive =
+      n > 0 && int64_t(s.positions.back()) - s.positions.front() == int64_t(n) - 1 &&
+      std::adjacent_find(s.positions.begin(), s.positions.end(),
+                         [](int32_t a, int32_t b) { return b <= a; }) == s.positions.end();
+  if (consecutive) {
+    const int64_t first = s.positions.front();
+    for (size_t i = 0; i < n_wanted; ++i) {
+      const int64_t row = int64_t(wanted[i]) - first;
+      row_of_[i] = row >= 0 && row < int64_t(n) ? row : -1;
+    }
+  } else {
+    by_pos_.resize(n);
+    for (size_t t = 0; t < n; ++t) by_pos_[t] = uint32_t(t);
+    std::stable_sort(by_pos_.begin(), by_pos_.end(), [&](uint32_t a, uint32_t b) {
+      return s.positions[a] < s.positions[b];
+    });
+    for (size_t i = 0; i < n_wanted; ++i) {
+      const auto it =
+          std::lower_bound(by_pos_.begin(), by_pos_.end(), wanted[i],
+                           [&](uint32_t row, int32_t p) { return s.positions[row] < p; });
+      row_of_[i] = it != by_pos_.end() && s.positions[*it] == wanted[i] ? int64_t(*it) : -1;
+    }
+  }
+  StepProbs& sp = probs_[head];
+  for (size_t r = 0; r < n_rows; ++r) {
+    if (!(sp.valid && sp.position == row_positions[r] && sp.n == n)) {
+      const float* q = latest_query(head, row_positions[r]);
+      sp.valid = false;
+      reserve_for_growth(sp.p, n);
+      sp.p.resize(n);
+      const backend::QueryRows qr{q, row_positions + r, 1, g.head_dim, g.attn_scale};
+      ops.smallkv_softmax(qr, s.k.data(), s.positions.data(), n, ws, sp.p.data());
+      sp.valid = true;
+      sp.position = row_positions[r];
+      sp.n = n;
+    }
+    float* o = out + r * n_wanted;
+    for (size_t i = 0; i < n_wanted; ++i) o[i] = row_of_[i] < 0 ? 0.0f : sp.p[size_t(row_of_[i])];
+  }
 }
 
 }  // namespace kvsdk

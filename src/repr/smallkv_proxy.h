@@ -9,14 +9,21 @@
 // Lifetime: the representation owns the link through a shared_ptr; the tap installed on the proxy
 // holds a handle whose destructor clears the link's proxy pointer, so destroying the proxy cache
 // (or replacing its tap) detaches it, and the representation removes its tap when it dies.
-// Working state outside the budget: the latest query rows of one step and the proxy's matching
-// statistics (proxy heads x match_tokens floats until the matching is done).
+// Working state outside the budget: the latest query rows of one step, the proxy's matching
+// statistics (proxy heads x match_tokens floats until the matching is done), and the proxy's
+// probabilities of the latest step per proxy head (at most proxy heads x proxy rows floats):
+// the large model's query heads of every layer share the proxy's few heads, so each head's
+// softmax of a step is computed once, at the first large layer that needs it, and reused by the
+// others until the proxy's next queries for that layer replace it. Nothing of it is saved.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
+
+#include "backend_ops.h"
 
 namespace kvsdk {
 
@@ -52,9 +59,11 @@ class SmallKvProxyLink {
 
   // The attention probabilities of proxy head `head` at this step for the query rows at
   // `row_positions` [n_rows] over the proxy's full cache, gathered at `wanted` [n_wanted]
-  // positions into out [n_rows][n_wanted] (cpu::smallkv_proxy_weights). Throws KVSDK_E_STATE
-  // when the proxy has not attended a row's position in its latest pass over that layer.
-  void weights(uint32_t head, const int32_t* row_positions, size_t n_rows, const int32_t* wanted,
+  // positions into out [n_rows][n_wanted] (0 for a position the proxy does not hold), by the
+  // backend's smallkv_softmax in `ws`. Throws KVSDK_E_STATE when the proxy has not attended a
+  // row's position in its latest pass over that layer.
+  void weights(const backend::Ops& ops, backend::Workspace& ws, uint32_t head,
+               const int32_t* row_positions, size_t n_rows, const int32_t* wanted,
                size_t n_wanted, float* out) const;
 
  private:
@@ -62,8 +71,25 @@ class SmallKvProxyLink {
     std::vector<float> rows;       // [n_rows][head_dim], packed as Cache::attend packs them
     std::vector<int32_t> positions;  // [n_rows]
   };
+  // One proxy head's probabilities over the proxy's rows for its query at `position`, valid
+  // while the proxy held `n` rows and has not attended that layer again.
+  struct StepProbs {
+    bool valid = false;
+    int32_t position = 0;
+    size_t n = 0;
+    std::vector<float> p;  // [n]
+  };
+  // The proxy's query row of `head` at `position` in its latest pass (fails when it has none).
+  const float* latest_query(uint32_t head, int32_t position) const;
+
   uint32_t match_tokens_;
   Cache* proxy_ = nullptr;
+  mutable std::vector<StepProbs> probs_;  // [proxy head]
+  // weights()' working memory, reused (one thread per cache): the proxy's rows in position order
+  // (when they are not already), and each wanted position's proxy row (-1: not held).
+  mutable std::vector<uint32_t> by_pos_;
+  mutable std::vector<int64_t> row_of_;
+  mutable std::vector<std::pair<int32_t, uint32_t>> query_at_;  // (position, latest row)
   std::vector<LatestQueries> latest_;  // [layer * n_kv_heads + kv_head] of the proxy
   std::vector<float> match_stats_;     // [proxy head][match_tokens]
   int64_t matched_through_ = -1;

@@ -257,19 +257,28 @@ void SmallKvRepresentation::apply(AttendUpdate& u) const noexcept {
   if (u.matched_now && all_matched()) link_->drop_match_stats();
 }
 
-void SmallKvRepresentation::begin_attend() const noexcept {
+// Spent updates go back to spare_ (apply() left the replaced score buffers in them), so the next
+// attend() copies the scores into buffers that already have the capacity instead of allocating.
+void SmallKvRepresentation::recycle_staged() const noexcept {
+  for (AttendUpdate& u : staged_) {
+    if (spare_.size() < spare_.capacity()) spare_.push_back(std::move(u));
+  }
   staged_.clear();
+}
+
+void SmallKvRepresentation::begin_attend() const noexcept {
+  recycle_staged();
   staging_ = true;
 }
 
 void SmallKvRepresentation::commit_attend() const noexcept {
   for (AttendUpdate& u : staged_) apply(u);
-  staged_.clear();
+  recycle_staged();
   staging_ = false;
 }
 
 void SmallKvRepresentation::abort_attend() const noexcept {
-  staged_.clear();
+  recycle_staged();
   staging_ = false;
 }
 
@@ -282,6 +291,13 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
   const Head& H = L.heads[kv_head];
   const uint32_t dim = geometry_.head_dim, group = geometry_.group_size();
   AttendUpdate u;
+  if (!spare_.empty()) {  // (its buffers' capacity, not their contents)
+    u = std::move(spare_.back());
+    spare_.pop_back();
+    u.has_stats = u.stats_done = u.matched_now = u.has_scores = false;
+  }
+  // One spare per KV head of the whole cache covers a transaction; reserved once.
+  if (spare_.capacity() == 0) spare_.reserve(size_t(geometry_.n_layers) * geometry_.n_kv_heads);
   u.layer = layer;
   u.kv_head = kv_head;
   u.stats_done = H.stats_done;
@@ -312,48 +328,39 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
          " marginal (value-only) tokens whose attention weights come from the proxy: attach it "
          "with kvsdk_cache_set_proxy");
   }
-  // The matched proxy heads' attention of this step over every held row (Eq. 6 and scores).
-  std::vector<float> w(proxied ? n_rows * n : 0);
+  // The matched proxy heads' attention of this step over every held row (Eq. 6 and scores), in
+  // reused scratch (one thread per cache).
+  float* w = at_least(attend_w_, proxied ? n_rows * n : 0).data();
   if (proxied) {
-    std::vector<int32_t> wanted(H.full_pos);
-    wanted.insert(wanted.end(), H.marg_pos.begin(), H.marg_pos.end());
-    std::vector<int32_t> rpos;
-    std::vector<size_t> rows;
-    std::vector<float> part;
+    std::vector<int32_t>& wanted = at_least(attend_wanted_, n);
+    std::copy(H.full_pos.begin(), H.full_pos.end(), wanted.begin());
+    std::copy(H.marg_pos.begin(), H.marg_pos.end(), wanted.begin() + long(nf));
     for (uint32_t j = 0; j < group; ++j) {
       bool seen = false;  // one call per distinct proxy head
       for (uint32_t i = 0; i < j; ++i) seen = seen || map[i] == map[j];
       if (seen) continue;
-      rows.clear();
-      rpos.clear();
+      attend_rows_.clear();
+      attend_rpos_.clear();
       for (size_t r = 0; r < n_rows; ++r) {
         if (map[r % group] == map[j]) {
-          rows.push_back(r);
-          rpos.push_back(row_positions[r]);
+          attend_rows_.push_back(r);
+          attend_rpos_.push_back(row_positions[r]);
         }
       }
-      part.resize(rows.size() * n);
-      link_->weights(map[j], rpos.data(), rows.size(), wanted.data(), n, part.data());
-      for (size_t i = 0; i < rows.size(); ++i) {
-        std::copy_n(part.data() + i * n, n, w.data() + rows[i] * n);
+      float* part = at_least(attend_part_, attend_rows_.size() * n).data();
+      link_->weights(ops(), workspace(), map[j], attend_rpos_.data(), attend_rows_.size(),
+                     wanted.data(), n, part);
+      for (size_t i = 0; i < attend_rows_.size(); ++i) {
+        std::copy_n(part + i * n, n, w + attend_rows_[i] * n);
       }
     }
   }
-  // Eq. 6.
-  // (f32 rows in reused scratch: one thread per cache)
-  float* kf = at_least(attend_kf_, nf * dim).data();
-  float* vf = at_least(attend_vf_, nf * dim).data();
-  float* vm = at_least(attend_vm_, nm * dim).data();
-  float* wm = at_least(attend_wm_, n_rows * nm).data();
-  load_f32(KVSDK_DTYPE_F16, H.full_k.data(), 0, nf * dim, kf);
-  load_f32(KVSDK_DTYPE_F16, H.full_v.data(), 0, nf * dim, vf);
-  load_f32(KVSDK_DTYPE_F16, H.marg_v.data(), 0, nm * dim, vm);
-  for (size_t r = 0; r < n_rows && nm > 0; ++r) {
-    std::copy_n(w.data() + r * n + nf, nm, wm + r * nm);
-  }
-  cpu::smallkv_attend(q_rows, row_positions, n_rows, dim, geometry_.attn_scale, kf, vf,
-                      H.full_pos.data(), nf, vm, H.marg_pos.data(), nm, wm, out,
-                      workspace().attention);
+  // Eq. 6, by the backend: the full rows as stored (f16), the marginal rows' weights in place.
+  const backend::QueryRows q{q_rows, row_positions, n_rows, dim, geometry_.attn_scale};
+  const backend::F16Rows full{H.full_k.data(), H.full_v.data(), H.full_pos.data(), nf};
+  const backend::SmallKvMarginal marginal{H.marg_v.data(), H.marg_pos.data(), nm,
+                                          proxied ? w + nf : nullptr, n};
+  ops().attend_smallkv(q, full, marginal, workspace(), out);
   // Saliency-shift compensation: rows accumulate the proxy's attention of every later step.
   if (proxied) {
     if (!u.has_scores) {
@@ -363,7 +370,7 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
     }
     for (size_t r = 0; r < n_rows; ++r) {
       if (row_positions[r] <= scores_from) continue;
-      const float* wr = w.data() + r * n;
+      const float* wr = w + r * n;
       for (size_t t = 0; t < nf; ++t) u.full_score[t] += wr[t];
       for (size_t t = 0; t < nm; ++t) u.marg_score[t] += wr[nf + t];
     }
@@ -372,6 +379,7 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
     staged_.push_back(std::move(u));
   } else {
     apply(u);
+    if (spare_.size() < spare_.capacity()) spare_.push_back(std::move(u));
   }
 }
 
@@ -387,8 +395,18 @@ std::vector<MergedRow> merged_rows(const std::vector<int32_t>& full_pos,
   rows.reserve(full_pos.size() + marg_pos.size());
   for (size_t i = 0; i < full_pos.size(); ++i) rows.push_back({full_pos[i], true, uint32_t(i)});
   for (size_t i = 0; i < marg_pos.size(); ++i) rows.push_back({marg_pos[i], false, uint32_t(i)});
-  std::stable_sort(rows.begin(), rows.end(),
-                   [](const MergedRow& a, const MergedRow& b) { return a.position < b.position; });
+  // Both kinds are kept in position order, so one merge orders them (std::inplace_merge is
+  // stable: on equal positions full rows stay first, as a stable sort would keep them).
+  const auto by_position = [](const MergedRow& a, const MergedRow& b) {
+    return a.position < b.position;
+  };
+  const auto mid = rows.begin() + long(full_pos.size());
+  if (std::is_sorted(rows.begin(), mid, by_position) &&
+      std::is_sorted(mid, rows.end(), by_position)) {
+    std::inplace_merge(rows.begin(), mid, rows.end(), by_position);
+  } else {
+    std::stable_sort(rows.begin(), rows.end(), by_position);
+  }
   return rows;
 }
 

@@ -168,9 +168,15 @@ class SmallKvRepresentation final : public Representation {
   // Attend transaction: updates staged per KV head until commit_attend().
   mutable bool staging_ = false;
   mutable std::vector<AttendUpdate> staged_;
+  mutable std::vector<AttendUpdate> spare_;  // spent updates whose buffers attend() reuses
+  void recycle_staged() const noexcept;
   EvictionPlan plan_;  // the planned eviction (active until committed or dropped)
-  // attend()'s f32 rows (full K and V, marginal V) and marginal weights, reused.
-  mutable std::vector<float> attend_kf_, attend_vf_, attend_vm_, attend_wm_;
+  // attend()'s working memory, reused: the proxy's weights over the head's rows [n_rows][rows]
+  // and one proxy head's part of them, the rows' positions, and which query rows map to the
+  // proxy head at hand (with their positions).
+  mutable std::vector<float> attend_w_, attend_part_;
+  mutable std::vector<int32_t> attend_wanted_, attend_rpos_;
+  mutable std::vector<size_t> attend_rows_;
 };
 
 }  // namespace kvsdk

@@ -16,7 +16,9 @@
 // (attend_specache and attend_specache_scored: specache_attention.h). SpeCache's selection scores
 // with the SIMD dot product and exp: its probabilities match within kProbRel of the reference's
 // plus kProbAbs, and its top-k set wherever a probability is farther than that from the k-th
-// largest (a near-tie may pick either token). Every optimized SIMD target must give the same bits
+// largest (a near-tie may pick either token). SmallKV's proxy softmax (smallkv_softmax) matches
+// within the same kProbRel/kProbAbs, and its Eq. 6 attention (attend_smallkv) within the attention
+// tolerances. Every optimized SIMD target must give the same bits
 // as the first one tried (snapshots continue identically on any machine).
 #include <gtest/gtest.h>
 
@@ -588,6 +590,88 @@ TEST(BackendOps, ReconstructionAndMergeMatchTheReferenceExactly) {
         cpu_reference().merge_slerp(e.data(), e.data() + dim, dim, t, w1.data());
         c.ops->merge_slerp(e.data(), e.data() + dim, dim, t, g1.data());
         expect_bits(g1, w1, "merge_slerp");
+      }
+    }
+  });
+}
+
+// ---- SmallKV (Eq. 6) -----------------------------------------------------------------------------
+
+// The proxy's softmax: probabilities within kProbRel of the reference's plus kProbAbs (the SIMD
+// dot product and exp round differently from the reference's double softmax with the portable
+// exp), the same bits on every SIMD target, and a reused workspace changes nothing.
+TEST(BackendOps, SmallKvSoftmaxWithinToleranceOfTheReference) {
+  for_each_backend([](const Candidate& c) {
+    for (size_t dim : kDims) {
+      for (size_t group : kGroups) {
+        for (size_t n : kTokens) {
+          const uint32_t seed = uint32_t(dim * 5 + group * 11 + n);
+          const std::vector<float> k = gaussian(n * dim, seed, 2.0f);
+          std::vector<uint16_t> k16(k.size());
+          cpu_reference().f32_to_f16(k.data(), k.size(), k16.data());
+          std::vector<int32_t> pos = iota_positions(n);
+          std::reverse(pos.begin(), pos.end());  // the op must not assume position order
+          const Queries qs = make_queries(group, dim, n, seed + 1);
+          const std::string what = "smallkv_softmax dim " + std::to_string(dim) + " group " +
+                                   std::to_string(group) + " tokens " + std::to_string(n);
+          const size_t size = qs.pos.size() * n;
+          WorkspaceHandle ref_ws(cpu_reference()), ws(*c.ops);
+          std::vector<float> want(size, NAN), got(size, NAN), again(size, NAN);
+          cpu_reference().smallkv_softmax(qs.rows(dim), k16.data(), pos.data(), n, ref_ws.get(),
+                                          want.data());
+          c.ops->smallkv_softmax(qs.rows(dim), k16.data(), pos.data(), n, ws.get(), got.data());
+          c.ops->smallkv_softmax(qs.rows(dim), k16.data(), pos.data(), n, ws.get(),
+                                 again.data());
+          expect_bits(again, got, what + " (reused workspace)");
+          if (c.ops == &cpu_reference()) {
+            expect_bits(got, want, what);
+            continue;
+          }
+          for (size_t i = 0; i < size; ++i) {
+            ASSERT_NEAR(got[i], want[i], kProbRel * want[i] + kProbAbs) << what << " " << i;
+            // Masked tokens are exactly 0 in both.
+            ASSERT_EQ(got[i] == 0.0f, want[i] == 0.0f) << what << " " << i;
+          }
+          static std::map<std::string, std::vector<float>> first_target;
+          const auto [it, inserted] = first_target.emplace(what, got);
+          if (!inserted) expect_bits(got, it->second, what + " (same bits on every SIMD target)");
+        }
+      }
+    }
+  });
+}
+
+// Eq. 6: full rows (even positions) with the large model's softmax rescaled by the mass the proxy
+// leaves them, and value-only rows (odd positions) weighted by given proxy probabilities (rows of
+// a wider stride). The softmax over the full rows is the SIMD attention's: kAttendRel/kAttendAbs.
+TEST(BackendOps, AttendSmallKvWithinToleranceOfTheReference) {
+  for_each_backend([](const Candidate& c) {
+    for (size_t dim : kDims) {
+      for (size_t group : kGroups) {
+        for (size_t n : kTokens) {
+          const size_t nm = n / 2 + 1, stride = nm + 3;
+          const uint32_t seed = uint32_t(dim * 3 + group * 13 + n);
+          const std::vector<float> k = gaussian(n * dim, seed), v = gaussian(n * dim, seed + 1);
+          const std::vector<float> vm = gaussian(nm * dim, seed + 2, 3.0f);
+          std::vector<uint16_t> k16(k.size()), v16(v.size()), vm16(vm.size());
+          cpu_reference().f32_to_f16(k.data(), k.size(), k16.data());
+          cpu_reference().f32_to_f16(v.data(), v.size(), v16.data());
+          cpu_reference().f32_to_f16(vm.data(), vm.size(), vm16.data());
+          std::vector<int32_t> pos(n), mpos(nm);
+          for (size_t t = 0; t < n; ++t) pos[t] = int32_t(2 * t);
+          for (size_t t = 0; t < nm; ++t) mpos[t] = int32_t(2 * t + 1);
+          const Queries qs = make_queries(group, dim, 2 * n, seed + 3);
+          std::vector<float> w = gaussian(qs.pos.size() * stride, seed + 4);
+          for (float& x : w) x = std::fabs(x) / float(2 * nm);  // a mass of about 0.4
+          const F16Rows full{k16.data(), v16.data(), pos.data(), n};
+          const SmallKvMarginal marg{vm16.data(), mpos.data(), nm, w.data(), stride};
+          check_attend(c, qs.q.size(), std::max(max_abs(v), max_abs(vm)), false,
+                       "attend_smallkv dim " + std::to_string(dim) + " group " +
+                           std::to_string(group) + " tokens " + std::to_string(n),
+                       [&](const Ops& o, Workspace& ws, float* out) {
+                         o.attend_smallkv(qs.rows(dim), full, marg, ws, out);
+                       });
+        }
       }
     }
   });

@@ -72,12 +72,16 @@ TEST(Rope, ApplyRowsMatchesPerRowApply) {
     const kvsdk::cpu::Rope rope(dim, 500000.0f, style);
     std::vector<int32_t> pos(n);
     for (size_t t = 0; t < n; ++t) pos[t] = int32_t(t < 150 ? 40000 + t : 90000 + 3 * t);  // runs and gaps
-    std::vector<float> x = normal_rows(n * dim, 12), y = x;
+    std::vector<float> x = normal_rows(n * dim, 12), y = x, yf = x;
     rope.apply_rows(y.data(), pos.data(), n);
+    rope.apply_rows_f32(yf.data(), pos.data(), n);  // the optimized attention's (f32 rotation)
     for (size_t t = 0; t < n; ++t) {
       std::vector<float> want(&x[t * dim], &x[(t + 1) * dim]);
       rope.apply(want.data(), pos[t]);
-      for (size_t d = 0; d < dim; ++d) EXPECT_NEAR(y[t * dim + d], want[d], 2e-6f) << t << "," << d;
+      for (size_t d = 0; d < dim; ++d) {
+        EXPECT_NEAR(y[t * dim + d], want[d], 2e-6f) << t << "," << d;
+        EXPECT_NEAR(yf[t * dim + d], want[d], 2e-6f) << "f32 " << t << "," << d;
+      }
     }
   }
 }
@@ -96,12 +100,16 @@ TEST(Rope, ApplyRowsAtTheEndsOfInt32) {
   const size_t n = pos.size();
   for (kvsdk_rope_style style : {KVSDK_ROPE_INTERLEAVED, KVSDK_ROPE_HALF}) {
     const kvsdk::cpu::Rope rope(dim, 10000.0f, style);
-    std::vector<float> x = normal_rows(n * dim, 21), y = x;
+    std::vector<float> x = normal_rows(n * dim, 21), y = x, yf = x;
     rope.apply_rows(y.data(), pos.data(), n);
+    rope.apply_rows_f32(yf.data(), pos.data(), n);
     for (size_t t = 0; t < n; ++t) {
       std::vector<float> want(&x[t * dim], &x[(t + 1) * dim]);
       rope.apply(want.data(), pos[t]);
-      for (size_t d = 0; d < dim; ++d) EXPECT_NEAR(y[t * dim + d], want[d], 1e-5f) << t << "," << d;
+      for (size_t d = 0; d < dim; ++d) {
+        EXPECT_NEAR(y[t * dim + d], want[d], 1e-5f) << t << "," << d;
+        EXPECT_NEAR(yf[t * dim + d], want[d], 1e-5f) << "f32 " << t << "," << d;
+      }
     }
   }
 }
