@@ -529,7 +529,7 @@ struct KiviView {
   const uint8_t *kc, *vc;
   const uint16_t *ks, *kz, *vsc, *vz;
   const int32_t* pos;
-  bool vnni;  // AVX3_DL integer layout applies (D % 64 == 0, G % 32 == 0)
+  bool vnni;  // AVX3_DL integer layout applies (D 64, 128 or 256, G % 32 == 0)
   const uint16_t *ks_end, *kz_end;
 };
 
@@ -544,6 +544,55 @@ HWY_INLINE void WidenF16(const uint16_t* x, size_t n, float* out) {
   }
   for (; i < n; ++i) out[i] = f16_to_f32(x[i]);
 }
+
+#if HWY_TARGET == HWY_AVX3_DL
+// PrepareKeyBlock's query codes for the vpdpbusd layout, with the same arithmetic as the generic
+// passes below (so the same bits): a row's products stay in registers, floor(x + 0.5) is one
+// conversion in round-down mode, and the high/low bytes are packed with vpackssdw/vpacksswb
+// (no saturation happens: |code| <= kQMax) and put back in channel order by one vpermd.
+template <size_t NV>  // D / 16 vectors per row
+HWY_INLINE void QueryCodesVnni(State& st, const float* kf) {
+  constexpr size_t D = NV * 16;
+  float* dq = st.F(st.lay.dq);
+  int8_t* qhi = st.At<int8_t>(st.lay.qhi);
+  int8_t* qlo = st.At<int8_t>(st.lay.qlo);
+  // After the packs, dword 4L + v holds channels 16v + 4L .. + 3 of the four vectors v.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i lim = _mm512_set1_epi32(kQMax), low7 = _mm512_set1_epi32(127);
+  const __m512 half = _mm512_set1_ps(0.5f);
+  for (size_t r = 0; r < st.R; ++r) {
+    const float* qr = st.q->q + r * D;
+    __m512 x[NV];
+    __m512 mxv = _mm512_setzero_ps();
+    for (size_t v = 0; v < NV; ++v) {
+      x[v] = _mm512_mul_ps(_mm512_loadu_ps(qr + 16 * v), _mm512_load_ps(kf + 16 * v));
+      mxv = _mm512_max_ps(mxv, _mm512_abs_ps(x[v]));
+    }
+    const float m = _mm512_reduce_max_ps(mxv);  // max is exact in any order
+    const bool zero = !(m >= kTiny);
+    dq[r] = zero ? 0.0f : m * (1.0f / float(kQMax));
+    const __m512 inv = _mm512_set1_ps(zero ? 0.0f : float(kQMax) / m);
+    for (size_t v0 = 0; v0 < NV; v0 += 4) {
+      __m512i hi[4], lo[4];
+      for (size_t k = 0; k < 4; ++k) {
+        __m512i c = _mm512_cvt_roundps_epi32(_mm512_add_ps(_mm512_mul_ps(x[v0 + k], inv), half),
+                                             _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        c = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_sub_epi32(_mm512_setzero_si512(), lim)),
+                             lim);
+        hi[k] = _mm512_srai_epi32(c, 7);
+        lo[k] = _mm512_and_si512(c, low7);
+      }
+      const auto pack = [&](const __m512i* w) {
+        return _mm512_permutexvar_epi32(
+            order, _mm512_packs_epi16(_mm512_packs_epi32(w[0], w[1]),
+                                      _mm512_packs_epi32(w[2], w[3])));
+      };
+      _mm512_storeu_si512(qhi + r * D + 16 * v0, pack(hi));
+      _mm512_storeu_si512(qlo + r * D + 16 * v0, pack(lo));
+    }
+  }
+}
+#endif
 
 // Per block and row: query codes Q = round(q * key scale / dq) in [-kQMax, kQMax], with
 // dq = max |q * scale| / kQMax, and the exact-float bias q . key zero.
@@ -569,6 +618,17 @@ HWY_NOINLINE void PrepareKeyBlock(State& st, const KiviView& kv, size_t b) {
   int16_t* q16 = st.At<int16_t>(st.lay.q16);
   int8_t* qhi = st.At<int8_t>(st.lay.qhi);
   int8_t* qlo = st.At<int8_t>(st.lay.qlo);
+#if HWY_TARGET == HWY_AVX3_DL
+  if (kv.vnni) {
+    switch (D) {
+      case 64: QueryCodesVnni<4>(st, kf); break;
+      case 128: QueryCodesVnni<8>(st, kf); break;
+      default: QueryCodesVnni<16>(st, kf); break;  // 256 (kv.vnni)
+    }
+    for (size_t r = 0; r < st.R; ++r) qz[r] = Dot16(st.q->q + r * D, zf, D);
+    return;
+  }
+#endif
   // Three passes over the rows, so the rows' dependency chains (max, divide, round) overlap.
   float* mx = st.F(st.lay.qmx);
   for (size_t r = 0; r < st.R; ++r) {
@@ -720,10 +780,148 @@ HWY_INLINE void KeyDotsVnniT(State& st, const uint8_t* packed, size_t row_bytes,
   for (; r0 < st.R; ++r0) KeyDotsTile<NC, B, 1>(st, packed, row_bytes, off, n, r0);
 }
 
+// ---- KIVI keys with one token per lane ---------------------------------------------------------
+// KeyDotsTile leaves each token's dot product spread over 16 lanes (Tree16 reduces them). Here
+// the packed codes of 16 tokens are transposed in registers first (dword j of every row into one
+// vector, lane t = token t), so a channel quad's codes of 16 tokens decode into one vector and
+// vpdpbusd with the query's 4 bytes of that quad broadcast adds to all 16 tokens' sums at once:
+// the same integers (exact in any order), no horizontal reduction. Needs row_bytes % 32 == 0
+// (slices of 8 dwords per row).
+
+// vpermt2d indices of the 16 x 8 dword transpose in three stages (TransposeSlice). Input I_p
+// (p < 8) holds rows 2p and 2p+1 (lane 8h + j = dword j of row 2p + h).
+struct TransposeIdx {
+  alignas(64) int32_t a[2][16], b[2][16], c[2][16];
+  constexpr TransposeIdx() : a(), b(), c() {
+    for (int x = 0; x < 2; ++x) {
+      for (int L = 0; L < 16; ++L) {
+        // A (I_p, I_p+4): lane (g, h, jj) = dword 4x + jj of row 2p + h + 8g.
+        a[x][L] = 16 * (L >> 3) + 8 * ((L >> 2) & 1) + 4 * x + (L & 3);
+        // B (A_p, A_p+2): lane (k, g, h, jjj) = dword 4x + 2y + jjj of row 2p + h + 8g + 4k.
+        b[x][L] = 16 * (L >> 3) + 8 * ((L >> 2) & 1) + 4 * ((L >> 1) & 1) + 2 * x + (L & 1);
+        // C (B_0, B_1): lane t = row t, t = 2m + h + 4k + 8g.
+        c[x][L] = 16 * ((L >> 1) & 1) + 8 * ((L >> 2) & 1) + 4 * (L >> 3) + 2 * (L & 1) + x;
+      }
+    }
+  }
+};
+
+// o[j] lane t = dword j of in[] row t, for the 16 rows held two per vector in in[0..7].
+HWY_INLINE void TransposeSlice(const __m512i* in, __m512i* o) {
+  static constexpr TransposeIdx kT;
+  const __m512i a0 = _mm512_load_si512(kT.a[0]), a1 = _mm512_load_si512(kT.a[1]);
+  const __m512i b0 = _mm512_load_si512(kT.b[0]), b1 = _mm512_load_si512(kT.b[1]);
+  const __m512i c0 = _mm512_load_si512(kT.c[0]), c1 = _mm512_load_si512(kT.c[1]);
+  __m512i A[4][2], Bv[2][2][2];
+  for (int p = 0; p < 4; ++p) {
+    A[p][0] = _mm512_permutex2var_epi32(in[p], a0, in[p + 4]);
+    A[p][1] = _mm512_permutex2var_epi32(in[p], a1, in[p + 4]);
+  }
+  for (int p = 0; p < 2; ++p) {
+    for (int x = 0; x < 2; ++x) {
+      Bv[p][x][0] = _mm512_permutex2var_epi32(A[p][x], b0, A[p + 2][x]);
+      Bv[p][x][1] = _mm512_permutex2var_epi32(A[p][x], b1, A[p + 2][x]);
+    }
+  }
+  for (int x = 0; x < 2; ++x) {
+    for (int y = 0; y < 2; ++y) {
+      o[4 * x + 2 * y] = _mm512_permutex2var_epi32(Bv[0][x][y], c0, Bv[1][x][y]);
+      o[4 * x + 2 * y + 1] = _mm512_permutex2var_epi32(Bv[0][x][y], c1, Bv[1][x][y]);
+    }
+  }
+}
+
+// vpmultishiftqb controls that turn transposed packed dwords (lane t = 32 / B channels of token
+// t) into one byte per channel for channel quad b of the dword (lane t = its 4 codes).
+template <uint32_t B>
+struct QuadCtl {
+  static constexpr uint32_t kQuads = 8 / B;  // channel quads per packed dword
+  alignas(64) uint8_t ctl[kQuads][64];
+  constexpr QuadCtl() : ctl() {
+    for (uint32_t b = 0; b < kQuads; ++b) {
+      for (uint32_t i = 0; i < 64; ++i) {
+        ctl[b][i] = uint8_t(32 * ((i >> 2) & 1) + 4 * B * b + B * (i & 3));
+      }
+    }
+  }
+};
+
+template <uint32_t B, size_t RT>
+HWY_INLINE void KeyDotsLanesTile(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
+                                 size_t n, size_t r0) {
+  constexpr uint32_t kQuads = 8 / B;
+  static constexpr QuadCtl<B> kC;
+  const size_t D = st.D, slices = row_bytes / 32;
+  const uint8_t* qhi = st.At<uint8_t>(st.lay.qhi) + r0 * D;
+  const uint8_t* qlo = st.At<uint8_t>(st.lay.qlo) + r0 * D;
+  const __m512i mask = _mm512_set1_epi8(char(B == 8 ? 0xFF : (1u << B) - 1u));
+  // A run shorter than 16 tokens is copied to a zero-padded buffer (its pad lanes are dropped).
+  alignas(64) uint8_t pad[16 * 256];
+  for (size_t i0 = 0; i0 < n; i0 += 16) {
+    const size_t cnt = std::min<size_t>(16, n - i0);
+    const uint8_t* rows = packed + i0 * row_bytes;
+    if (cnt < 16) {
+      std::memcpy(pad, rows, cnt * row_bytes);
+      std::memset(pad + cnt * row_bytes, 0, (16 - cnt) * row_bytes);
+      rows = pad;
+    }
+    __m512i h[RT], l[RT];
+    for (size_t r = 0; r < RT; ++r) h[r] = l[r] = _mm512_setzero_si512();
+    for (size_t s = 0; s < slices; ++s) {
+      __m512i in[8], o[8];
+      for (size_t p = 0; p < 8; ++p) {
+        const uint8_t* r2 = rows + 2 * p * row_bytes + 32 * s;
+        in[p] = row_bytes == 32
+                    ? _mm512_loadu_si512(r2)
+                    : _mm512_inserti64x4(
+                          _mm512_castsi256_si512(
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r2))),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r2 + row_bytes)),
+                          1);
+      }
+      TransposeSlice(in, o);
+      for (size_t j = 0; j < 8; ++j) {
+        for (uint32_t b = 0; b < kQuads; ++b) {
+          const __m512i x =
+              B == 8 ? o[j]
+                     : _mm512_and_si512(
+                           _mm512_multishift_epi64_epi8(_mm512_load_si512(kC.ctl[b]), o[j]),
+                           mask);
+          const size_t c = 4 * ((s * 8 + j) * kQuads + b);  // first channel of the quad
+          for (size_t r = 0; r < RT; ++r) {
+            int32_t qh, ql;
+            std::memcpy(&qh, qhi + r * D + c, 4);
+            std::memcpy(&ql, qlo + r * D + c, 4);
+            h[r] = _mm512_dpbusd_epi32(h[r], x, _mm512_set1_epi32(qh));
+            l[r] = _mm512_dpbusd_epi32(l[r], x, _mm512_set1_epi32(ql));
+          }
+        }
+      }
+    }
+    const __mmask16 keep = __mmask16((1u << cnt) - 1u);
+    for (size_t r = 0; r < RT; ++r) {
+      const __m512i a = _mm512_add_epi32(_mm512_slli_epi32(h[r], 7), l[r]);
+      _mm512_mask_storeu_ps(st.sc + (r0 + r) * kSeg + off + i0, keep, _mm512_cvtepi32_ps(a));
+    }
+  }
+}
+
+template <uint32_t B>
+HWY_INLINE void KeyDotsLanes(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
+                             size_t n) {
+  size_t r0 = 0;
+  for (; r0 + 4 <= st.R; r0 += 4) KeyDotsLanesTile<B, 4>(st, packed, row_bytes, off, n, r0);
+  for (; r0 < st.R; ++r0) KeyDotsLanesTile<B, 1>(st, packed, row_bytes, off, n, r0);
+}
+
 // False for head dims without a specialization (the caller takes the generic path).
 template <uint32_t B>
 HWY_NOINLINE bool KeyDotsVnni(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
                               size_t n) {
+  if (row_bytes % 32 == 0) {
+    KeyDotsLanes<B>(st, packed, row_bytes, off, n);
+    return true;
+  }
   switch (st.D) {
     case 64: return KeyDotsVnniT<1, B>(st, packed, row_bytes, off, n), true;
     case 128: return KeyDotsVnniT<2, B>(st, packed, row_bytes, off, n), true;
@@ -1021,7 +1219,10 @@ void KiviQuantized(State& st, const KiviHeadStore& store, size_t first, size_t l
                     store.value_scales().data(),
                     store.value_zeros().data(),
                     store.positions().data(),
-                    HWY_TARGET == HWY_AVX3_DL && D % 64 == 0 && G % 32 == 0,
+                    // Only the head dims with vpdpbusd key kernels: PrepareKeyBlock then writes
+                    // the byte codes alone, which the generic key dots do not read.
+                    HWY_TARGET == HWY_AVX3_DL && (D == 64 || D == 128 || D == 256) &&
+                        G % 32 == 0,
                     store.key_scales().data() + store.key_scales().size(),
                     store.key_zeros().data() + store.key_zeros().size()};
   const std::vector<uint32_t>& counts = store.block_token_counts();
