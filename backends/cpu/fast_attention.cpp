@@ -953,6 +953,42 @@ HWY_INLINE void KeyScores(State& st, const int32_t* pos, size_t off, size_t n) {
   }
 }
 
+#if HWY_TARGET == HWY_AVX3_DL
+// After vpackssdw + vpacksswb of four vectors, dword 4L + v holds elements 16v + 4L .. + 3: this
+// vpermd index puts them back in order.
+HWY_INLINE __m512i PackOrder() {
+  return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+}
+
+// One row and group's weight codes W = round(w / dv) in [0, kWMax] (the generic rounding and
+// clamp), as their high (W >> 7) and low 7-bit bytes, 4 tokens per dword: what ValueDotsVnni and
+// ValueDotsLanes broadcast. Tokens past n16 get 0.
+HWY_INLINE void WeightBytesVnni(State& st, const float* w, size_t n16, __m512 inv, size_t at) {
+  const __m512 half = _mm512_set1_ps(0.5f);
+  const __m512i lim = _mm512_set1_epi32(kWMax), low7 = _mm512_set1_epi32(127);
+  __m512i hi[kSeg / 16], lo[kSeg / 16];
+  for (size_t k = 0; k < kSeg / 16; ++k) {
+    __m512i c = _mm512_setzero_si512();
+    if (16 * k < n16) {
+      c = _mm512_cvt_roundps_epi32(_mm512_add_ps(_mm512_mul_ps(_mm512_load_ps(w + 16 * k), inv),
+                                                 half),
+                                   _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+      c = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_setzero_si512()), lim);
+    }
+    hi[k] = _mm512_srli_epi32(c, 7);
+    lo[k] = _mm512_and_si512(c, low7);
+  }
+  static_assert(kSeg == 64, "one vector of bytes per row and group");
+  const auto pack = [](const __m512i* x) {
+    return _mm512_permutexvar_epi32(
+        PackOrder(),
+        _mm512_packs_epi16(_mm512_packs_epi32(x[0], x[1]), _mm512_packs_epi32(x[2], x[3])));
+  };
+  _mm512_storeu_si512(st.At<uint32_t>(st.lay.whi) + at, pack(hi));
+  _mm512_storeu_si512(st.At<uint32_t>(st.lay.wlo) + at, pack(lo));
+}
+#endif
+
 // Value weights of the segment: w = p * value scale per row, group and token, quantized per row
 // and group to W = round(w / dv) in [0, kWMax] (dv = max w / kWMax); and the zero-point part
 // p * value zero summed in the 16 virtual lanes of zv.
@@ -1005,6 +1041,12 @@ HWY_NOINLINE void ValueWeights(State& st, const KiviView& kv, size_t t0, size_t 
       const bool zero = !(m >= kTiny);
       dv[r * ng + g] = zero ? 0.0f : m * (1.0f / float(kWMax));
       const VF inv = hn::Set(d, zero ? 0.0f : float(kWMax) / m);
+#if HWY_TARGET == HWY_AVX3_DL
+      if (kv.vnni) {  // straight to the bytes the vpdpbusd value kernels read
+        WeightBytesVnni(st, w, n16, inv.raw, (r * ng + g) * (kSeg / 4));
+        continue;
+      }
+#endif
       int32_t* out = wq + (r * ng + g) * kSeg;
       for (size_t i = 0; i < n16; i += kL) {
         VI v = RoundToInt(hn::Mul(hn::Load(d, w + i), inv));
@@ -1097,19 +1139,7 @@ template <uint32_t B>
 HWY_NOINLINE void ValueDotsVnni(State& st, const uint8_t* packed, size_t row_bytes, size_t n) {
   const size_t D = st.D, G = st.vgroup, ng = st.ng, nq = (n + 3) / 4;
   const Decoder<B> dec;
-  const int32_t* wq = st.At<int32_t>(st.lay.wq);
-  uint32_t* whi = st.At<uint32_t>(st.lay.whi);
-  uint32_t* wlo = st.At<uint32_t>(st.lay.wlo);
-  // Weight bytes, 4 tokens per dword: vpmovdb packs 16 tokens into 4 dwords.
-  for (size_t rg = 0; rg < st.R * ng; ++rg) {
-    for (size_t i = 0; i < nq * 4; i += 16) {
-      const __m512i w = _mm512_loadu_si512(wq + rg * kSeg + i);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(whi + rg * (kSeg / 4) + i / 4),
-                       _mm512_cvtepi32_epi8(_mm512_srli_epi32(w, 7)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(wlo + rg * (kSeg / 4) + i / 4),
-                       _mm512_cvtepi32_epi8(_mm512_and_si512(w, _mm512_set1_epi32(127))));
-    }
-  }
+  // The weight bytes (whi, wlo) come from ValueWeights (WeightBytesVnni).
   alignas(64) __m512i x[kSeg / 4][4];
   for (size_t c0 = 0; c0 < D; c0 += 64) {
     for (size_t qd = 0; qd < nq; ++qd) {
@@ -1135,6 +1165,105 @@ HWY_NOINLINE void ValueDotsVnni(State& st, const uint8_t* packed, size_t row_byt
     size_t r = 0;
     for (; r + 2 <= st.R; r += 2) ValueRowsTile<2>(st, x, nq, r, c0, g0, g1, m1);
     for (; r < st.R; ++r) ValueRowsTile<1>(st, x, nq, r, c0, g0, g1, m1);
+  }
+}
+#endif
+
+#if HWY_TARGET == HWY_AVX3_DL
+// ---- KIVI values, one group's 16 channels per vector -------------------------------------------
+// ValueDotsVnni's byte interleave leaves two groups' channels in each vector, so its weights are
+// assembled per lane. Here 4 tokens' packed rows are interleaved by 16-bit words first (qword w =
+// word w of tokens 0..3, i.e. 16 / B channels of all 4 tokens), so that one vpmultishiftqb per 16
+// channels decodes them to lane c = channel c, byte t = token t: a vector holds one group's
+// channels (G % 16 == 0) and its weight dword is a plain broadcast. Same integers as ValueDotsVnni.
+template <uint32_t B>
+struct ValueCtl {
+  alignas(64) uint16_t il[32];   // vpermw: word 4w + t <- word 8t + w (16-byte slices of 4 rows)
+  alignas(64) uint8_t ctl[64];   // out qword s, dword d (channel 2s + d), byte t (token t)
+  alignas(64) uint64_t src[8][8];  // [block % (8 / B)][s]: the qword holding channels 2s, 2s + 1
+  constexpr ValueCtl() : il(), ctl(), src() {
+    for (uint32_t w = 0; w < 8; ++w)
+      for (uint32_t t = 0; t < 4; ++t) il[4 * w + t] = uint16_t(8 * t + w);
+    for (uint32_t i = 0; i < 64; ++i) {
+      const uint32_t s = i / 8, d = (i / 4) % 2, t = i % 4;
+      ctl[i] = uint8_t(16 * t + ((2 * s + d) % (16 / B)) * B);
+    }
+    for (uint32_t c = 0; c < 8; ++c)
+      for (uint32_t s = 0; s < 8; ++s) src[c][s] = (c * B) % 8 + (2 * s * B) / 16;
+  }
+};
+
+HWY_INLINE __m512i Bcast32(const uint32_t* p) {
+  int32_t x;
+  std::memcpy(&x, p, 4);
+  return _mm512_set1_epi32(x);
+}
+
+// RT rows of the integer sums of channel blocks cb and cb + 1 (one group g) over nq quads.
+template <size_t RT>
+HWY_INLINE void ValueLanesTile(State& st, const __m512i* xs, size_t nb, size_t nq, size_t cb,
+                               size_t g, size_t r0) {
+  const size_t ng = st.ng;
+  const uint32_t* whi = st.At<uint32_t>(st.lay.whi);
+  const uint32_t* wlo = st.At<uint32_t>(st.lay.wlo);
+  __m512i h[RT][2], l[RT][2];
+  for (size_t r = 0; r < RT; ++r) h[r][0] = h[r][1] = l[r][0] = l[r][1] = _mm512_setzero_si512();
+  for (size_t qd = 0; qd < nq; ++qd) {
+    const __m512i x0 = _mm512_load_si512(xs + qd * nb + cb);
+    const __m512i x1 = _mm512_load_si512(xs + qd * nb + cb + 1);
+    for (size_t r = 0; r < RT; ++r) {
+      const size_t at = ((r0 + r) * ng + g) * (kSeg / 4) + qd;
+      const __m512i wh = Bcast32(whi + at), wl = Bcast32(wlo + at);
+      h[r][0] = _mm512_dpbusd_epi32(h[r][0], x0, wh);
+      h[r][1] = _mm512_dpbusd_epi32(h[r][1], x1, wh);
+      l[r][0] = _mm512_dpbusd_epi32(l[r][0], x0, wl);
+      l[r][1] = _mm512_dpbusd_epi32(l[r][1], x1, wl);
+    }
+  }
+  int32_t* ii = st.At<int32_t>(st.lay.ii);
+  for (size_t r = 0; r < RT; ++r) {
+    for (size_t e = 0; e < 2; ++e) {
+      _mm512_storeu_si512(ii + (r0 + r) * st.D + 16 * (cb + e),
+                          _mm512_add_epi32(_mm512_slli_epi32(h[r][e], 7), l[r][e]));
+    }
+  }
+}
+
+// Needs row_bytes % 16 == 0 (whole 16-byte slices per row) and G % 32 == 0.
+template <uint32_t B>
+HWY_NOINLINE void ValueDotsLanes(State& st, const uint8_t* packed, size_t row_bytes, size_t n) {
+  static constexpr ValueCtl<B> kC;
+  const size_t D = st.D, G = st.vgroup, nq = (n + 3) / 4, nb = D / 16, nw = row_bytes / 16;
+  const __m512i il = _mm512_load_si512(kC.il), ctl = _mm512_load_si512(kC.ctl);
+  const __m512i mask = _mm512_set1_epi8(char(B == 8 ? 0xFF : (1u << B) - 1u));
+  __m512i* xs = st.At<__m512i>(st.lay.vb);  // decoded codes [quad][block]: n * D bytes
+  for (size_t qd = 0; qd < nq; ++qd) {
+    const uint8_t* rows[4];
+    for (size_t t = 0; t < 4; ++t) {  // pad tokens repeat the last row (their weights are 0)
+      rows[t] = packed + std::min(4 * qd + t, n - 1) * row_bytes;
+    }
+    for (size_t k = 0; k < nw; ++k) {
+      const auto slice = [&](size_t t) {
+        return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[t] + 16 * k));
+      };
+      __m512i z = _mm512_castsi128_si512(slice(0));
+      z = _mm512_inserti32x4(z, slice(1), 1);
+      z = _mm512_inserti32x4(z, slice(2), 2);
+      z = _mm512_inserti32x4(z, slice(3), 3);
+      const __m512i w = _mm512_permutexvar_epi16(il, z);
+      for (size_t cb = 8 * k / B; cb < 8 * (k + 1) / B && cb < nb; ++cb) {
+        __m512i x = _mm512_permutexvar_epi64(_mm512_load_si512(kC.src[cb % (8 / B)]), w);
+        x = _mm512_multishift_epi64_epi8(ctl, x);
+        if constexpr (B != 8) x = _mm512_and_si512(x, mask);
+        _mm512_store_si512(xs + qd * nb + cb, x);
+      }
+    }
+  }
+  for (size_t cb = 0; cb < nb; cb += 2) {
+    const size_t g = 16 * cb / G;
+    size_t r = 0;
+    for (; r + 4 <= st.R; r += 4) ValueLanesTile<4>(st, xs, nb, nq, cb, g, r);
+    for (; r < st.R; ++r) ValueLanesTile<1>(st, xs, nb, nq, cb, g, r);
   }
 }
 #endif
@@ -1189,7 +1318,11 @@ HWY_INLINE void ValueSegment(State& st, const KiviView& kv, size_t t, size_t n) 
   ValueWeights(st, kv, t, n);
 #if HWY_TARGET == HWY_AVX3_DL
   const bool done = kv.vnni;
-  if (done) ValueDotsVnni<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n);
+  if (done && kv.row_bytes % 16 == 0) {
+    ValueDotsLanes<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n);
+  } else if (done) {
+    ValueDotsVnni<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n);
+  }
 #else
   const bool done = false;
 #endif
