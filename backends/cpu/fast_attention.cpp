@@ -531,6 +531,8 @@ struct KiviView {
   const int32_t* pos;
   bool vnni;  // AVX3_DL integer layout applies (D 64, 128 or 256, G % 32 == 0)
   const uint16_t *ks_end, *kz_end;
+  const uint8_t *kc_end, *vc_end;
+  const uint16_t *vs_end, *vz_end;
 };
 
 // f16 -> f32 of n values (exact; the vector conversion where whole vectors fit).
@@ -607,11 +609,11 @@ HWY_NOINLINE void PrepareKeyBlock(State& st, const KiviView& kv, size_t b) {
   float* qs = st.F(st.lay.qsb);
   WidenF16(kv.kz + b * D, D, zf);
   WidenF16(kv.ks + b * D, D, kf);
-  // The next block's scales and zeros: touched once per block, too sparse a stream for the
-  // hardware prefetcher to lead (a few lines; whole segments of codes it streams well itself).
-  Prefetch(reinterpret_cast<const uint8_t*>(kv.kz + (b + 1) * D), D * 2,
+  // The scales and zeros two blocks ahead: touched once per block, too sparse a stream for the
+  // hardware prefetcher to lead (one block ahead still left loads waiting at 32k tokens).
+  Prefetch(reinterpret_cast<const uint8_t*>(kv.kz + (b + 2) * D), D * 2,
            reinterpret_cast<const uint8_t*>(kv.kz_end));
-  Prefetch(reinterpret_cast<const uint8_t*>(kv.ks + (b + 1) * D), D * 2,
+  Prefetch(reinterpret_cast<const uint8_t*>(kv.ks + (b + 2) * D), D * 2,
            reinterpret_cast<const uint8_t*>(kv.ks_end));
   float* qz = st.F(st.lay.qz);
   float* dq = st.F(st.lay.dq);
@@ -788,6 +790,16 @@ HWY_INLINE void KeyDotsVnniT(State& st, const uint8_t* packed, size_t row_bytes,
 // the same integers (exact in any order), no horizontal reduction. Needs row_bytes % 32 == 0
 // (slices of 8 dwords per row).
 
+// acc += vpdpbusd(x, the dword at p broadcast): the broadcast as the instruction's memory operand
+// ({1to16}), which GCC does not fold from _mm512_set1_epi32 (it issued a separate vpbroadcastd
+// and register copies for every product of the lane kernels).
+HWY_INLINE __m512i DpbusdBcst(__m512i acc, __m512i x, const void* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0"
+      : "+v"(acc)
+      : "v"(x), "m"(*static_cast<const int32_t*>(p)));
+  return acc;
+}
+
 // vpermt2d indices of the 16 x 8 dword transpose in three stages (TransposeSlice). Input I_p
 // (p < 8) holds rows 2p and 2p+1 (lane 8h + j = dword j of row 2p + h).
 struct TransposeIdx {
@@ -848,7 +860,7 @@ struct QuadCtl {
 
 template <uint32_t B, size_t RT>
 HWY_INLINE void KeyDotsLanesTile(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
-                                 size_t n, size_t r0) {
+                                 size_t n, size_t r0, const uint8_t* end) {
   constexpr uint32_t kQuads = 8 / B;
   static constexpr QuadCtl<B> kC;
   const size_t D = st.D, slices = row_bytes / 32;
@@ -860,6 +872,8 @@ HWY_INLINE void KeyDotsLanesTile(State& st, const uint8_t* packed, size_t row_by
   for (size_t i0 = 0; i0 < n; i0 += 16) {
     const size_t cnt = std::min<size_t>(16, n - i0);
     const uint8_t* rows = packed + i0 * row_bytes;
+    // The rows one segment ahead (see ValueDotsLanes).
+    if (r0 == 0) Prefetch(rows + kSeg * row_bytes, 16 * row_bytes, end);
     if (cnt < 16) {
       std::memcpy(pad, rows, cnt * row_bytes);
       std::memset(pad + cnt * row_bytes, 0, (16 - cnt) * row_bytes);
@@ -889,11 +903,8 @@ HWY_INLINE void KeyDotsLanesTile(State& st, const uint8_t* packed, size_t row_by
                            mask);
           const size_t c = 4 * ((s * 8 + j) * kQuads + b);  // first channel of the quad
           for (size_t r = 0; r < RT; ++r) {
-            int32_t qh, ql;
-            std::memcpy(&qh, qhi + r * D + c, 4);
-            std::memcpy(&ql, qlo + r * D + c, 4);
-            h[r] = _mm512_dpbusd_epi32(h[r], x, _mm512_set1_epi32(qh));
-            l[r] = _mm512_dpbusd_epi32(l[r], x, _mm512_set1_epi32(ql));
+            h[r] = DpbusdBcst(h[r], x, qhi + r * D + c);
+            l[r] = DpbusdBcst(l[r], x, qlo + r * D + c);
           }
         }
       }
@@ -908,18 +919,18 @@ HWY_INLINE void KeyDotsLanesTile(State& st, const uint8_t* packed, size_t row_by
 
 template <uint32_t B>
 HWY_INLINE void KeyDotsLanes(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
-                             size_t n) {
+                             size_t n, const uint8_t* end) {
   size_t r0 = 0;
-  for (; r0 + 4 <= st.R; r0 += 4) KeyDotsLanesTile<B, 4>(st, packed, row_bytes, off, n, r0);
-  for (; r0 < st.R; ++r0) KeyDotsLanesTile<B, 1>(st, packed, row_bytes, off, n, r0);
+  for (; r0 + 4 <= st.R; r0 += 4) KeyDotsLanesTile<B, 4>(st, packed, row_bytes, off, n, r0, end);
+  for (; r0 < st.R; ++r0) KeyDotsLanesTile<B, 1>(st, packed, row_bytes, off, n, r0, end);
 }
 
 // False for head dims without a specialization (the caller takes the generic path).
 template <uint32_t B>
 HWY_NOINLINE bool KeyDotsVnni(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
-                              size_t n) {
+                              size_t n, const uint8_t* end) {
   if (row_bytes % 32 == 0) {
-    KeyDotsLanes<B>(st, packed, row_bytes, off, n);
+    KeyDotsLanes<B>(st, packed, row_bytes, off, n, end);
     return true;
   }
   switch (st.D) {
@@ -963,15 +974,14 @@ HWY_INLINE __m512i PackOrder() {
 // One row and group's weight codes W = round(w / dv) in [0, kWMax] (the generic rounding and
 // clamp), as their high (W >> 7) and low 7-bit bytes, 4 tokens per dword: what ValueDotsVnni and
 // ValueDotsLanes broadcast. Tokens past n16 get 0.
-HWY_INLINE void WeightBytesVnni(State& st, const float* w, size_t n16, __m512 inv, size_t at) {
+HWY_INLINE void WeightBytesVnni(State& st, const __m512* w, size_t nv, __m512 inv, size_t at) {
   const __m512 half = _mm512_set1_ps(0.5f);
   const __m512i lim = _mm512_set1_epi32(kWMax), low7 = _mm512_set1_epi32(127);
   __m512i hi[kSeg / 16], lo[kSeg / 16];
   for (size_t k = 0; k < kSeg / 16; ++k) {
     __m512i c = _mm512_setzero_si512();
-    if (16 * k < n16) {
-      c = _mm512_cvt_roundps_epi32(_mm512_add_ps(_mm512_mul_ps(_mm512_load_ps(w + 16 * k), inv),
-                                                 half),
+    if (k < nv) {
+      c = _mm512_cvt_roundps_epi32(_mm512_add_ps(_mm512_mul_ps(w[k], inv), half),
                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
       c = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_setzero_si512()), lim);
     }
@@ -987,6 +997,35 @@ HWY_INLINE void WeightBytesVnni(State& st, const float* w, size_t n16, __m512 in
   _mm512_storeu_si512(st.At<uint32_t>(st.lay.whi) + at, pack(hi));
   _mm512_storeu_si512(st.At<uint32_t>(st.lay.wlo) + at, pack(lo));
 }
+
+// ValueWeights' per row and group work for the vpdpbusd layout with everything in registers:
+// the same products, the same max, the zero-point sums in the same order (lane i % 16, tokens
+// in order) and the same rounding, so the same bits.
+HWY_INLINE void WeightsVnni(State& st, const float* vs, const float* vz, size_t n16) {
+  const size_t ng = st.ng, nv = n16 / 16;
+  float* dv = st.F(st.lay.dv);
+  for (size_t r = 0; r < st.R; ++r) {
+    __m512 p[kSeg / 16];
+    for (size_t k = 0; k < nv; ++k) p[k] = _mm512_loadu_ps(st.sc + r * kSeg + 16 * k);
+    for (size_t g = 0; g < ng; ++g) {
+      __m512 w[kSeg / 16];
+      __m512 mx = _mm512_setzero_ps();
+      float* zl = st.zv + (r * ng + g) * 16;
+      __m512 z = _mm512_loadu_ps(zl);
+      for (size_t k = 0; k < nv; ++k) {
+        w[k] = _mm512_mul_ps(p[k], _mm512_loadu_ps(vs + g * kSeg + 16 * k));
+        mx = _mm512_max_ps(mx, w[k]);
+        z = _mm512_add_ps(z, _mm512_mul_ps(p[k], _mm512_loadu_ps(vz + g * kSeg + 16 * k)));
+      }
+      _mm512_storeu_ps(zl, z);
+      const float m = _mm512_reduce_max_ps(mx);
+      const bool zero = !(m >= kTiny);
+      dv[r * ng + g] = zero ? 0.0f : m * (1.0f / float(kWMax));
+      const __m512 inv = _mm512_set1_ps(zero ? 0.0f : float(kWMax) / m);
+      WeightBytesVnni(st, w, nv, inv, (r * ng + g) * (kSeg / 4));
+    }
+  }
+}
 #endif
 
 // Value weights of the segment: w = p * value scale per row, group and token, quantized per row
@@ -1001,6 +1040,11 @@ HWY_NOINLINE void ValueWeights(State& st, const KiviView& kv, size_t t0, size_t 
   float* tmp = st.F(st.lay.vtmp);  // [token][group] as stored, then transposed
   WidenF16(kv.vsc + t0 * ng, n * ng, tmp);
   WidenF16(kv.vz + t0 * ng, n * ng, tmp + kSeg * ng);
+  // The next segment's scales and zeros (loads of these waited on memory at 32k tokens).
+  Prefetch(reinterpret_cast<const uint8_t*>(kv.vsc + (t0 + kSeg) * ng), kSeg * ng * 2,
+           reinterpret_cast<const uint8_t*>(kv.vs_end));
+  Prefetch(reinterpret_cast<const uint8_t*>(kv.vz + (t0 + kSeg) * ng), kSeg * ng * 2,
+           reinterpret_cast<const uint8_t*>(kv.vz_end));
   size_t done = 0;
   if (ng == 4) {  // head_dim 128, G 32: de-interleave with vector loads
     for (; done + kL <= n; done += kL) {
@@ -1021,6 +1065,12 @@ HWY_NOINLINE void ValueWeights(State& st, const KiviView& kv, size_t t0, size_t 
     std::fill(vs + g * kSeg + n, vs + g * kSeg + n16, 0.0f);
     std::fill(vz + g * kSeg + n, vz + g * kSeg + n16, 0.0f);
   }
+#if HWY_TARGET == HWY_AVX3_DL
+  if (kv.vnni) {  // straight to the bytes the vpdpbusd value kernels read
+    WeightsVnni(st, vs, vz, n16);
+    return;
+  }
+#endif
   int32_t* wq = st.At<int32_t>(st.lay.wq);
   float* dv = st.F(st.lay.dv);
   HWY_ALIGN float w[kSeg];
@@ -1041,12 +1091,6 @@ HWY_NOINLINE void ValueWeights(State& st, const KiviView& kv, size_t t0, size_t 
       const bool zero = !(m >= kTiny);
       dv[r * ng + g] = zero ? 0.0f : m * (1.0f / float(kWMax));
       const VF inv = hn::Set(d, zero ? 0.0f : float(kWMax) / m);
-#if HWY_TARGET == HWY_AVX3_DL
-      if (kv.vnni) {  // straight to the bytes the vpdpbusd value kernels read
-        WeightBytesVnni(st, w, n16, inv.raw, (r * ng + g) * (kSeg / 4));
-        continue;
-      }
-#endif
       int32_t* out = wq + (r * ng + g) * kSeg;
       for (size_t i = 0; i < n16; i += kL) {
         VI v = RoundToInt(hn::Mul(hn::Load(d, w + i), inv));
@@ -1193,12 +1237,6 @@ struct ValueCtl {
   }
 };
 
-HWY_INLINE __m512i Bcast32(const uint32_t* p) {
-  int32_t x;
-  std::memcpy(&x, p, 4);
-  return _mm512_set1_epi32(x);
-}
-
 // RT rows of the integer sums of channel blocks cb and cb + 1 (one group g) over nq quads.
 template <size_t RT>
 HWY_INLINE void ValueLanesTile(State& st, const __m512i* xs, size_t nb, size_t nq, size_t cb,
@@ -1213,11 +1251,10 @@ HWY_INLINE void ValueLanesTile(State& st, const __m512i* xs, size_t nb, size_t n
     const __m512i x1 = _mm512_load_si512(xs + qd * nb + cb + 1);
     for (size_t r = 0; r < RT; ++r) {
       const size_t at = ((r0 + r) * ng + g) * (kSeg / 4) + qd;
-      const __m512i wh = Bcast32(whi + at), wl = Bcast32(wlo + at);
-      h[r][0] = _mm512_dpbusd_epi32(h[r][0], x0, wh);
-      h[r][1] = _mm512_dpbusd_epi32(h[r][1], x1, wh);
-      l[r][0] = _mm512_dpbusd_epi32(l[r][0], x0, wl);
-      l[r][1] = _mm512_dpbusd_epi32(l[r][1], x1, wl);
+      h[r][0] = DpbusdBcst(h[r][0], x0, whi + at);
+      h[r][1] = DpbusdBcst(h[r][1], x1, whi + at);
+      l[r][0] = DpbusdBcst(l[r][0], x0, wlo + at);
+      l[r][1] = DpbusdBcst(l[r][1], x1, wlo + at);
     }
   }
   int32_t* ii = st.At<int32_t>(st.lay.ii);
@@ -1231,7 +1268,8 @@ HWY_INLINE void ValueLanesTile(State& st, const __m512i* xs, size_t nb, size_t n
 
 // Needs row_bytes % 16 == 0 (whole 16-byte slices per row) and G % 32 == 0.
 template <uint32_t B>
-HWY_NOINLINE void ValueDotsLanes(State& st, const uint8_t* packed, size_t row_bytes, size_t n) {
+HWY_NOINLINE void ValueDotsLanes(State& st, const uint8_t* packed, size_t row_bytes, size_t n,
+                                 const uint8_t* end) {
   static constexpr ValueCtl<B> kC;
   const size_t D = st.D, G = st.vgroup, nq = (n + 3) / 4, nb = D / 16, nw = row_bytes / 16;
   const __m512i il = _mm512_load_si512(kC.il), ctl = _mm512_load_si512(kC.ctl);
@@ -1242,6 +1280,9 @@ HWY_NOINLINE void ValueDotsLanes(State& st, const uint8_t* packed, size_t row_by
     for (size_t t = 0; t < 4; ++t) {  // pad tokens repeat the last row (their weights are 0)
       rows[t] = packed + std::min(4 * qd + t, n - 1) * row_bytes;
     }
+    // The next segment's rows, a quad at a time: waiting on the code streams was a quarter of
+    // this function's time at 32k tokens (perf), spread prefetches keep few lines in flight.
+    Prefetch(packed + (4 * qd + kSeg) * row_bytes, 4 * row_bytes, end);
     for (size_t k = 0; k < nw; ++k) {
       const auto slice = [&](size_t t) {
         return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[t] + 16 * k));
@@ -1298,7 +1339,8 @@ HWY_INLINE void KeyRun(State& st, const KiviView& kv, size_t t, size_t off, size
   const size_t D = st.D;
   uint8_t* kb = st.At<uint8_t>(st.lay.kb);
 #if HWY_TARGET == HWY_AVX3_DL
-  const bool done = kv.vnni && KeyDotsVnni<B>(st, kv.kc + t * kv.row_bytes, kv.row_bytes, off, n);
+  const bool done = kv.vnni && KeyDotsVnni<B>(st, kv.kc + t * kv.row_bytes, kv.row_bytes, off, n,
+                                              kv.kc_end);
 #else
   const bool done = false;
 #endif
@@ -1319,7 +1361,7 @@ HWY_INLINE void ValueSegment(State& st, const KiviView& kv, size_t t, size_t n) 
 #if HWY_TARGET == HWY_AVX3_DL
   const bool done = kv.vnni;
   if (done && kv.row_bytes % 16 == 0) {
-    ValueDotsLanes<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n);
+    ValueDotsLanes<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n, kv.vc_end);
   } else if (done) {
     ValueDotsVnni<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n);
   }
@@ -1357,7 +1399,11 @@ void KiviQuantized(State& st, const KiviHeadStore& store, size_t first, size_t l
                     HWY_TARGET == HWY_AVX3_DL && (D == 64 || D == 128 || D == 256) &&
                         G % 32 == 0,
                     store.key_scales().data() + store.key_scales().size(),
-                    store.key_zeros().data() + store.key_zeros().size()};
+                    store.key_zeros().data() + store.key_zeros().size(),
+                    store.key_codes().data() + store.key_codes().size(),
+                    store.value_codes().data() + store.value_codes().size(),
+                    store.value_scales().data() + store.value_scales().size(),
+                    store.value_zeros().data() + store.value_zeros().size()};
   const std::vector<uint32_t>& counts = store.block_token_counts();
   size_t seg = first, fill = 0;  // current segment start and tokens in it
   size_t t0 = 0;
