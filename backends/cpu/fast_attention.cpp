@@ -52,7 +52,7 @@ constexpr float kTiny = 1e-30f;
 // Offsets (bytes, 64-aligned) of every buffer inside the scratch.
 struct Layout {
   size_t m, lv, acc, zv, sc, tile, tails, krow, qsb, zf, kf, qz, dq, qmx, q16, qhi, qlo, kb, vb,
-      vs, vz, vtmp, wq, dv, whi, wlo, ii, total;
+      vs, vz, vtmp, wq, dv, winv, whi, wlo, ii, total;
   Layout(size_t R, size_t D, size_t ng) {
     size_t o = 0;
     const auto take = [&o](size_t bytes) {
@@ -85,6 +85,7 @@ struct Layout {
     vtmp = take(2 * ng * kSeg * f);       // KIVI: both as stored, [token][group]
     wq = take(R * ng * kSeg * 4);         // KIVI: value weight codes [row][group][token]
     dv = take(R * ng * f);                // KIVI: their step per row and group
+    winv = take(R * ng * f);              // KIVI: its reciprocal (AVX3_DL weights)
     whi = take(R * ng * (kSeg / 4) * 4);  // KIVI: weight code bytes, 4 tokens per dword
     wlo = take(R * ng * (kSeg / 4) * 4);
     ii = take(R * D * 4);                 // KIVI: integer value sums of a segment
@@ -562,18 +563,28 @@ HWY_INLINE void QueryCodesVnni(State& st, const float* kf) {
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const __m512i lim = _mm512_set1_epi32(kQMax), low7 = _mm512_set1_epi32(127);
   const __m512 half = _mm512_set1_ps(0.5f);
+  // Two passes (every row's max and step, then the codes, the products formed again: the same
+  // bits), so the rows' chains of max, reduction and division overlap instead of queueing.
+  float* inv_of = st.F(st.lay.qmx);
   for (size_t r = 0; r < st.R; ++r) {
     const float* qr = st.q->q + r * D;
-    __m512 x[NV];
     __m512 mxv = _mm512_setzero_ps();
     for (size_t v = 0; v < NV; ++v) {
-      x[v] = _mm512_mul_ps(_mm512_loadu_ps(qr + 16 * v), _mm512_load_ps(kf + 16 * v));
-      mxv = _mm512_max_ps(mxv, _mm512_abs_ps(x[v]));
+      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(qr + 16 * v), _mm512_load_ps(kf + 16 * v));
+      mxv = _mm512_max_ps(mxv, _mm512_abs_ps(x));
     }
     const float m = _mm512_reduce_max_ps(mxv);  // max is exact in any order
     const bool zero = !(m >= kTiny);
     dq[r] = zero ? 0.0f : m * (1.0f / float(kQMax));
-    const __m512 inv = _mm512_set1_ps(zero ? 0.0f : float(kQMax) / m);
+    inv_of[r] = zero ? 0.0f : float(kQMax) / m;
+  }
+  for (size_t r = 0; r < st.R; ++r) {
+    const float* qr = st.q->q + r * D;
+    __m512 x[NV];
+    for (size_t v = 0; v < NV; ++v) {
+      x[v] = _mm512_mul_ps(_mm512_loadu_ps(qr + 16 * v), _mm512_load_ps(kf + 16 * v));
+    }
+    const __m512 inv = _mm512_set1_ps(inv_of[r]);
     for (size_t v0 = 0; v0 < NV; v0 += 4) {
       __m512i hi[4], lo[4];
       for (size_t k = 0; k < 4; ++k) {
@@ -1004,25 +1015,37 @@ HWY_INLINE void WeightBytesVnni(State& st, const __m512* w, size_t nv, __m512 in
 HWY_INLINE void WeightsVnni(State& st, const float* vs, const float* vz, size_t n16) {
   const size_t ng = st.ng, nv = n16 / 16;
   float* dv = st.F(st.lay.dv);
+  // Two passes (every row and group's max and step, then the codes, the products formed again:
+  // the same bits), so the chains of max, reduction and division overlap instead of queueing.
+  float* inv_buf = st.F(st.lay.winv);
   for (size_t r = 0; r < st.R; ++r) {
     __m512 p[kSeg / 16];
     for (size_t k = 0; k < nv; ++k) p[k] = _mm512_loadu_ps(st.sc + r * kSeg + 16 * k);
     for (size_t g = 0; g < ng; ++g) {
-      __m512 w[kSeg / 16];
       __m512 mx = _mm512_setzero_ps();
       float* zl = st.zv + (r * ng + g) * 16;
       __m512 z = _mm512_loadu_ps(zl);
       for (size_t k = 0; k < nv; ++k) {
-        w[k] = _mm512_mul_ps(p[k], _mm512_loadu_ps(vs + g * kSeg + 16 * k));
-        mx = _mm512_max_ps(mx, w[k]);
+        mx = _mm512_max_ps(mx, _mm512_mul_ps(p[k], _mm512_loadu_ps(vs + g * kSeg + 16 * k)));
         z = _mm512_add_ps(z, _mm512_mul_ps(p[k], _mm512_loadu_ps(vz + g * kSeg + 16 * k)));
       }
       _mm512_storeu_ps(zl, z);
       const float m = _mm512_reduce_max_ps(mx);
       const bool zero = !(m >= kTiny);
       dv[r * ng + g] = zero ? 0.0f : m * (1.0f / float(kWMax));
-      const __m512 inv = _mm512_set1_ps(zero ? 0.0f : float(kWMax) / m);
-      WeightBytesVnni(st, w, nv, inv, (r * ng + g) * (kSeg / 4));
+      inv_buf[r * ng + g] = zero ? 0.0f : float(kWMax) / m;
+    }
+  }
+  for (size_t r = 0; r < st.R; ++r) {
+    __m512 p[kSeg / 16];
+    for (size_t k = 0; k < nv; ++k) p[k] = _mm512_loadu_ps(st.sc + r * kSeg + 16 * k);
+    for (size_t g = 0; g < ng; ++g) {
+      __m512 w[kSeg / 16];
+      for (size_t k = 0; k < nv; ++k) {
+        w[k] = _mm512_mul_ps(p[k], _mm512_loadu_ps(vs + g * kSeg + 16 * k));
+      }
+      WeightBytesVnni(st, w, nv, _mm512_set1_ps(inv_buf[r * ng + g]),
+                      (r * ng + g) * (kSeg / 4));
     }
   }
 }
