@@ -267,13 +267,16 @@ struct State {
       }
       const VF mv = hn::Set(d, m[r]);
       float* l = lv + r * 16;
+      VF la[kN];  // the lane sums in registers (same adds in the same order as in memory)
+      for (size_t j = 0; j < kN; ++j) la[j] = hn::LoadU(d, l + j * kL);
       for (size_t i = 0; i < n16; i += 16) {
         for (size_t j = 0; j < kN; ++j) {
           const VF p = ExpVec(hn::Sub(hn::LoadU(d, s + i + j * kL), mv));  // -inf -> 0
           hn::StoreU(p, d, s + i + j * kL);
-          hn::StoreU(hn::Add(hn::LoadU(d, l + j * kL), p), d, l + j * kL);
+          la[j] = hn::Add(la[j], p);
         }
       }
+      for (size_t j = 0; j < kN; ++j) hn::StoreU(la[j], d, l + j * kL);
     }
   }
 
