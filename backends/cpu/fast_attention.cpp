@@ -12,10 +12,13 @@
 // Where the time goes (perf, Llama-like head: 4 query rows, head_dim 128, Zen 4): the f16 kernel
 // is bound by reading the rows (the fixed reduction tree runs transposed over 16 tokens instead
 // of per token; rows are prefetched a segment ahead). KIVI runs its dot products on integer codes
-// (vpdpbusd) decoded in registers; what is left is spread over per-block query quantization
-// (~20%), key dots (~20%), value dots (~15%), value-weight quantization (~15%) and memory stalls
-// on the code streams. Software prefetch of the code streams made KIVI slower (the prefetches
-// stalled on full fill buffers); only the sparse per-block scales are prefetched.
+// (vpdpbusd) decoded in registers, with one token per lane for keys and one value group's 16
+// channels per vector for values, so neither needs a horizontal reduction or per-lane weights.
+// At 32k tokens (KIVI-2): key dots ~23%, value dots ~27%, value weights ~16%, per-block query
+// codes ~15%, softmax ~8%; the dots are bound by vpdpbusd (2 per row, channel quad and token:
+// 15- and 14-bit codes take a high and a low byte). Code rows are prefetched a segment ahead a
+// few lines at a time (waiting on them was a quarter of the value dots), scales two blocks or
+// one segment ahead.
 #include "hwy_targets.h"  // the same Highway targets in every SIMD file (see there)
 
 #undef HWY_TARGET_INCLUDE
