@@ -12,10 +12,13 @@
 // Where the time goes (perf, Llama-like head: 4 query rows, head_dim 128, Zen 4): the f16 kernel
 // is bound by reading the rows (the fixed reduction tree runs transposed over 16 tokens instead
 // of per token; rows are prefetched a segment ahead). KIVI runs its dot products on integer codes
-// (vpdpbusd) decoded in registers; what is left is spread over per-block query quantization
-// (~20%), key dots (~20%), value dots (~15%), value-weight quantization (~15%) and memory stalls
-// on the code streams. Software prefetch of the code streams made KIVI slower (the prefetches
-// stalled on full fill buffers); only the sparse per-block scales are prefetched.
+// (vpdpbusd) decoded in registers, with one token per lane for keys and one value group's 16
+// channels per vector for values, so neither needs a horizontal reduction or per-lane weights.
+// At 32k tokens (KIVI-2): key dots ~23%, value dots ~27%, value weights ~16%, per-block query
+// codes ~15%, softmax ~8%; the dots are bound by vpdpbusd (2 per row, channel quad and token:
+// 15- and 14-bit codes take a high and a low byte). Code rows are prefetched a segment ahead a
+// few lines at a time (waiting on them was a quarter of the value dots), scales two blocks or
+// one segment ahead.
 #include "hwy_targets.h"  // the same Highway targets in every SIMD file (see there)
 
 #undef HWY_TARGET_INCLUDE
@@ -52,7 +55,7 @@ constexpr float kTiny = 1e-30f;
 // Offsets (bytes, 64-aligned) of every buffer inside the scratch.
 struct Layout {
   size_t m, lv, acc, zv, sc, tile, tails, krow, qsb, zf, kf, qz, dq, qmx, q16, qhi, qlo, kb, vb,
-      vs, vz, vtmp, wq, dv, whi, wlo, ii, total;
+      vs, vz, vtmp, wq, dv, winv, whi, wlo, ii, total;
   Layout(size_t R, size_t D, size_t ng) {
     size_t o = 0;
     const auto take = [&o](size_t bytes) {
@@ -85,6 +88,7 @@ struct Layout {
     vtmp = take(2 * ng * kSeg * f);       // KIVI: both as stored, [token][group]
     wq = take(R * ng * kSeg * 4);         // KIVI: value weight codes [row][group][token]
     dv = take(R * ng * f);                // KIVI: their step per row and group
+    winv = take(R * ng * f);              // KIVI: its reciprocal (AVX3_DL weights)
     whi = take(R * ng * (kSeg / 4) * 4);  // KIVI: weight code bytes, 4 tokens per dword
     wlo = take(R * ng * (kSeg / 4) * 4);
     ii = take(R * D * 4);                 // KIVI: integer value sums of a segment
@@ -266,13 +270,16 @@ struct State {
       }
       const VF mv = hn::Set(d, m[r]);
       float* l = lv + r * 16;
+      VF la[kN];  // the lane sums in registers (same adds in the same order as in memory)
+      for (size_t j = 0; j < kN; ++j) la[j] = hn::LoadU(d, l + j * kL);
       for (size_t i = 0; i < n16; i += 16) {
         for (size_t j = 0; j < kN; ++j) {
           const VF p = ExpVec(hn::Sub(hn::LoadU(d, s + i + j * kL), mv));  // -inf -> 0
           hn::StoreU(p, d, s + i + j * kL);
-          hn::StoreU(hn::Add(hn::LoadU(d, l + j * kL), p), d, l + j * kL);
+          la[j] = hn::Add(la[j], p);
         }
       }
+      for (size_t j = 0; j < kN; ++j) hn::StoreU(la[j], d, l + j * kL);
     }
   }
 
@@ -529,8 +536,10 @@ struct KiviView {
   const uint8_t *kc, *vc;
   const uint16_t *ks, *kz, *vsc, *vz;
   const int32_t* pos;
-  bool vnni;  // AVX3_DL integer layout applies (D % 64 == 0, G % 32 == 0)
+  bool vnni;  // AVX3_DL integer layout applies (D 64, 128 or 256, G % 32 == 0)
   const uint16_t *ks_end, *kz_end;
+  const uint8_t *kc_end, *vc_end;
+  const uint16_t *vs_end, *vz_end;
 };
 
 // f16 -> f32 of n values (exact; the vector conversion where whole vectors fit).
@@ -545,6 +554,9 @@ HWY_INLINE void WidenF16(const uint16_t* x, size_t n, float* out) {
   for (; i < n; ++i) out[i] = f16_to_f32(x[i]);
 }
 
+// The AVX3_DL lane kernels (QueryCodesVnni, KeyDotsLanes, WeightsVnni, ValueDotsLanes).
+#include "fast_attention_vnni-inl.h"
+
 // Per block and row: query codes Q = round(q * key scale / dq) in [-kQMax, kQMax], with
 // dq = max |q * scale| / kQMax, and the exact-float bias q . key zero.
 HWY_NOINLINE void PrepareKeyBlock(State& st, const KiviView& kv, size_t b) {
@@ -558,17 +570,28 @@ HWY_NOINLINE void PrepareKeyBlock(State& st, const KiviView& kv, size_t b) {
   float* qs = st.F(st.lay.qsb);
   WidenF16(kv.kz + b * D, D, zf);
   WidenF16(kv.ks + b * D, D, kf);
-  // The next block's scales and zeros: touched once per block, too sparse a stream for the
-  // hardware prefetcher to lead (a few lines; whole segments of codes it streams well itself).
-  Prefetch(reinterpret_cast<const uint8_t*>(kv.kz + (b + 1) * D), D * 2,
+  // The scales and zeros two blocks ahead: touched once per block, too sparse a stream for the
+  // hardware prefetcher to lead (one block ahead still left loads waiting at 32k tokens).
+  Prefetch(reinterpret_cast<const uint8_t*>(kv.kz + (b + 2) * D), D * 2,
            reinterpret_cast<const uint8_t*>(kv.kz_end));
-  Prefetch(reinterpret_cast<const uint8_t*>(kv.ks + (b + 1) * D), D * 2,
+  Prefetch(reinterpret_cast<const uint8_t*>(kv.ks + (b + 2) * D), D * 2,
            reinterpret_cast<const uint8_t*>(kv.ks_end));
   float* qz = st.F(st.lay.qz);
   float* dq = st.F(st.lay.dq);
   int16_t* q16 = st.At<int16_t>(st.lay.q16);
   int8_t* qhi = st.At<int8_t>(st.lay.qhi);
   int8_t* qlo = st.At<int8_t>(st.lay.qlo);
+#if HWY_TARGET == HWY_AVX3_DL
+  if (kv.vnni) {
+    switch (D) {
+      case 64: QueryCodesVnni<4>(st, kf); break;
+      case 128: QueryCodesVnni<8>(st, kf); break;
+      default: QueryCodesVnni<16>(st, kf); break;  // 256 (kv.vnni)
+    }
+    for (size_t r = 0; r < st.R; ++r) qz[r] = Dot16(st.q->q + r * D, zf, D);
+    return;
+  }
+#endif
   // Three passes over the rows, so the rows' dependency chains (max, divide, round) overlap.
   float* mx = st.F(st.lay.qmx);
   for (size_t r = 0; r < st.R; ++r) {
@@ -723,7 +746,11 @@ HWY_INLINE void KeyDotsVnniT(State& st, const uint8_t* packed, size_t row_bytes,
 // False for head dims without a specialization (the caller takes the generic path).
 template <uint32_t B>
 HWY_NOINLINE bool KeyDotsVnni(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
-                              size_t n) {
+                              size_t n, const uint8_t* end) {
+  if (row_bytes % 32 == 0) {
+    KeyDotsLanes<B>(st, packed, row_bytes, off, n, end);
+    return true;
+  }
   switch (st.D) {
     case 64: return KeyDotsVnniT<1, B>(st, packed, row_bytes, off, n), true;
     case 128: return KeyDotsVnniT<2, B>(st, packed, row_bytes, off, n), true;
@@ -767,6 +794,11 @@ HWY_NOINLINE void ValueWeights(State& st, const KiviView& kv, size_t t0, size_t 
   float* tmp = st.F(st.lay.vtmp);  // [token][group] as stored, then transposed
   WidenF16(kv.vsc + t0 * ng, n * ng, tmp);
   WidenF16(kv.vz + t0 * ng, n * ng, tmp + kSeg * ng);
+  // The next segment's scales and zeros (loads of these waited on memory at 32k tokens).
+  Prefetch(reinterpret_cast<const uint8_t*>(kv.vsc + (t0 + kSeg) * ng), kSeg * ng * 2,
+           reinterpret_cast<const uint8_t*>(kv.vs_end));
+  Prefetch(reinterpret_cast<const uint8_t*>(kv.vz + (t0 + kSeg) * ng), kSeg * ng * 2,
+           reinterpret_cast<const uint8_t*>(kv.vz_end));
   size_t done = 0;
   if (ng == 4) {  // head_dim 128, G 32: de-interleave with vector loads
     for (; done + kL <= n; done += kL) {
@@ -787,6 +819,12 @@ HWY_NOINLINE void ValueWeights(State& st, const KiviView& kv, size_t t0, size_t 
     std::fill(vs + g * kSeg + n, vs + g * kSeg + n16, 0.0f);
     std::fill(vz + g * kSeg + n, vz + g * kSeg + n16, 0.0f);
   }
+#if HWY_TARGET == HWY_AVX3_DL
+  if (kv.vnni) {  // straight to the bytes the vpdpbusd value kernels read
+    WeightsVnni(st, vs, vz, n16);
+    return;
+  }
+#endif
   int32_t* wq = st.At<int32_t>(st.lay.wq);
   float* dv = st.F(st.lay.dv);
   HWY_ALIGN float w[kSeg];
@@ -899,19 +937,7 @@ template <uint32_t B>
 HWY_NOINLINE void ValueDotsVnni(State& st, const uint8_t* packed, size_t row_bytes, size_t n) {
   const size_t D = st.D, G = st.vgroup, ng = st.ng, nq = (n + 3) / 4;
   const Decoder<B> dec;
-  const int32_t* wq = st.At<int32_t>(st.lay.wq);
-  uint32_t* whi = st.At<uint32_t>(st.lay.whi);
-  uint32_t* wlo = st.At<uint32_t>(st.lay.wlo);
-  // Weight bytes, 4 tokens per dword: vpmovdb packs 16 tokens into 4 dwords.
-  for (size_t rg = 0; rg < st.R * ng; ++rg) {
-    for (size_t i = 0; i < nq * 4; i += 16) {
-      const __m512i w = _mm512_loadu_si512(wq + rg * kSeg + i);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(whi + rg * (kSeg / 4) + i / 4),
-                       _mm512_cvtepi32_epi8(_mm512_srli_epi32(w, 7)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(wlo + rg * (kSeg / 4) + i / 4),
-                       _mm512_cvtepi32_epi8(_mm512_and_si512(w, _mm512_set1_epi32(127))));
-    }
-  }
+  // The weight bytes (whi, wlo) come from ValueWeights (WeightBytesVnni).
   alignas(64) __m512i x[kSeg / 4][4];
   for (size_t c0 = 0; c0 < D; c0 += 64) {
     for (size_t qd = 0; qd < nq; ++qd) {
@@ -971,7 +997,8 @@ HWY_INLINE void KeyRun(State& st, const KiviView& kv, size_t t, size_t off, size
   const size_t D = st.D;
   uint8_t* kb = st.At<uint8_t>(st.lay.kb);
 #if HWY_TARGET == HWY_AVX3_DL
-  const bool done = kv.vnni && KeyDotsVnni<B>(st, kv.kc + t * kv.row_bytes, kv.row_bytes, off, n);
+  const bool done = kv.vnni && KeyDotsVnni<B>(st, kv.kc + t * kv.row_bytes, kv.row_bytes, off, n,
+                                              kv.kc_end);
 #else
   const bool done = false;
 #endif
@@ -991,7 +1018,11 @@ HWY_INLINE void ValueSegment(State& st, const KiviView& kv, size_t t, size_t n) 
   ValueWeights(st, kv, t, n);
 #if HWY_TARGET == HWY_AVX3_DL
   const bool done = kv.vnni;
-  if (done) ValueDotsVnni<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n);
+  if (done && kv.row_bytes % 16 == 0) {
+    ValueDotsLanes<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n, kv.vc_end);
+  } else if (done) {
+    ValueDotsVnni<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n);
+  }
 #else
   const bool done = false;
 #endif
@@ -1021,9 +1052,16 @@ void KiviQuantized(State& st, const KiviHeadStore& store, size_t first, size_t l
                     store.value_scales().data(),
                     store.value_zeros().data(),
                     store.positions().data(),
-                    HWY_TARGET == HWY_AVX3_DL && D % 64 == 0 && G % 32 == 0,
+                    // Only the head dims with vpdpbusd key kernels: PrepareKeyBlock then writes
+                    // the byte codes alone, which the generic key dots do not read.
+                    HWY_TARGET == HWY_AVX3_DL && (D == 64 || D == 128 || D == 256) &&
+                        G % 32 == 0,
                     store.key_scales().data() + store.key_scales().size(),
-                    store.key_zeros().data() + store.key_zeros().size()};
+                    store.key_zeros().data() + store.key_zeros().size(),
+                    store.key_codes().data() + store.key_codes().size(),
+                    store.value_codes().data() + store.value_codes().size(),
+                    store.value_scales().data() + store.value_scales().size(),
+                    store.value_zeros().data() + store.value_zeros().size()};
   const std::vector<uint32_t>& counts = store.block_token_counts();
   size_t seg = first, fill = 0;  // current segment start and tokens in it
   size_t t0 = 0;

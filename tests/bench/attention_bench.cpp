@@ -7,6 +7,8 @@
 //   speedup_vs_fast_f16 / speedup_vs_ref_f32   time of that baseline / this time
 //   bytes                                       bytes the kernel reads (the layer's stored rows)
 //   floor_fraction                              (bytes / read bandwidth) / this time
+// and the layer's 8 KV heads on a ThreadPool of 1 and 2 threads (f16 and KIVI-2, wall time):
+//   speedup_vs_1_thread                         time on 1 thread / this time
 // Run the benchmarks in registration order (the baselines are measured first); results are in
 // docs/benchmarks.md.
 #include <benchmark/benchmark.h>
@@ -26,6 +28,7 @@
 #include "kivi_attention.h"
 #include "kivi_store.h"
 #include "util/half.h"
+#include "util/thread_pool.h"
 
 using namespace kvsdk::cpu;
 
@@ -234,6 +237,38 @@ void BM_fast_kivi(benchmark::State& state) {
   });
 }
 
+// The layer's KV heads on a pool of state.range(1) threads, as kvsdk_cache_attend runs them
+// (src/core/cache.cpp: one task per KV head, a Scratch per thread slot). Wall time, so the
+// ratio to 1 thread is the parallel speedup on this machine (the cores share one memory system).
+template <bool Kivi>
+void BM_threads(benchmark::State& state) {
+  const size_t n = size_t(state.range(0)), nt = size_t(state.range(1));
+  kvsdk::ThreadPool pool(nt);
+  std::vector<fast::Scratch> scratch(pool.size());
+  for (auto& s : scratch) s.reserve(kGroup, kDim, kDim / 32);
+  std::vector<float> out(kQHeads * kDim);
+  const Layer& L0 = layer(n);
+  const std::string name = std::string(Kivi ? "threads_kivi2_" : "threads_f16_") +
+                           std::to_string(nt) + "_";
+  run(state, name.c_str(), Kivi ? kivi_bytes(L0.kivi2) : dense_bytes(n, 2), [&](const Layer& L) {
+    pool.run(kKvHeads, [&](size_t h) {
+      fast::Scratch& s = scratch[kvsdk::ThreadPool::current_slot()];
+      const fast::Queries q{L.q.data() + h * kGroup * kDim, L.qpos.data(), kGroup, kDim, kScale};
+      if (Kivi) {
+        fast::attend_kivi(q, *L.kivi2[h], s, out.data() + h * kGroup * kDim);
+      } else {
+        fast::attend_f16(q, L.k16[h].data(), L.v16[h].data(), L.pos.data(), L.n, s,
+                         out.data() + h * kGroup * kDim);
+      }
+    });
+    benchmark::DoNotOptimize(out.data());
+  });
+  const auto base = seconds().find(std::string(Kivi ? "threads_kivi2_1_" : "threads_f16_1_") +
+                                   std::to_string(n));
+  const auto self = seconds().find(name + std::to_string(n));
+  state.counters["speedup_vs_1_thread"] = base->second / self->second;
+}
+
 #define KVSDK_ATTN_BENCH(fn) \
   BENCHMARK(fn)->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond)->MinTime(0.5)
 KVSDK_ATTN_BENCH(BM_ref_f32);
@@ -245,6 +280,10 @@ KVSDK_ATTN_BENCH(BM_fast_kivi<1>);
 KVSDK_ATTN_BENCH(BM_fast_kivi<2>);
 KVSDK_ATTN_BENCH(BM_fast_kivi<4>);
 KVSDK_ATTN_BENCH(BM_fast_kivi<8>);
+BENCHMARK(BM_threads<false>)->Args({32768, 1})->Args({32768, 2})->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5)->UseRealTime();
+BENCHMARK(BM_threads<true>)->Args({32768, 1})->Args({32768, 2})->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5)->UseRealTime();
 
 }  // namespace
 
