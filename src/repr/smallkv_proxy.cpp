@@ -82,7 +82,8 @@ void SmallKvProxyLink::on_proxy_queries(uint32_t layer, uint32_t n_kv_heads,
     size_t offset;  // into match_stats_
     std::vector<float> acc;
   };
-  std::vector<LatestQueries> latest(n_kv_heads);
+  if (staged_.size() < n_kv_heads) staged_.resize(n_kv_heads);
+  std::vector<LatestQueries>& latest = staged_;
   std::vector<Sum> sums;
   int64_t through = matched_through_;
   for (uint32_t kv_head = 0; kv_head < n_kv_heads; ++kv_head) {
@@ -96,7 +97,13 @@ void SmallKvProxyLink::on_proxy_queries(uint32_t layer, uint32_t n_kv_heads,
     if (m == 0) continue;
     const int32_t limit = s.size() >= match_tokens_ ? s.positions[match_tokens_ - 1]
                                                     : std::numeric_limits<int32_t>::max();
-    std::vector<float> k, q;
+    // Once the queries are past the matched tokens (every decode step after matching), Eq. 1 has
+    // nothing to add: return before touching any buffer.
+    bool any = false;
+    for (size_t r = 0; r < n_rows && !any; ++r) any = row_positions[r] <= limit;
+    if (!any) continue;
+    std::vector<float>& k = match_keys_;
+    std::vector<float> q;
     std::vector<int32_t> qpos;
     proxy_keys(s, m, dim, k);
     for (uint32_t j = 0; j < group; ++j) {

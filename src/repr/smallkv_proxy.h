@@ -91,6 +91,11 @@ class SmallKvProxyLink {
   mutable std::vector<int64_t> row_of_;
   mutable std::vector<std::pair<int32_t, uint32_t>> query_at_;  // (position, latest row)
   std::vector<LatestQueries> latest_;  // [layer * n_kv_heads + kv_head] of the proxy
+  // The rows of one proxy attend, staged before they replace latest_'s by swapping buffers: the
+  // two sets of buffers trade places every step and keep their capacity, so a decode step
+  // allocates nothing once both have grown.
+  std::vector<LatestQueries> staged_;
+  std::vector<float> match_keys_;  // the proxy's first match_tokens keys in f32 (Eq. 1), reused
   std::vector<float> match_stats_;     // [proxy head][match_tokens]
   int64_t matched_through_ = -1;
   bool stats_dropped_ = false;

@@ -80,6 +80,20 @@ void run_decode(const char* spec, uint64_t budget, float slack, DecodeRun* run) 
   auto ctx = make_context();
   auto c = make_cache(ctx.get(), g, &p);
   ASSERT_TRUE(c) << kvsdk_last_error();
+  // SmallKV runs with its proxy, as a host does: the proxy's step (append + attend of each of its
+  // layers) comes first, and the large cache reads the proxy's queries of that step.
+  const bool smallkv = p.method == KVSDK_METHOD_SMALLKV;
+  const kvsdk_geometry pg = make_geometry(2, 4, 1, 64);
+  CachePtr proxy;
+  if (smallkv) {
+    proxy = make_cache(ctx.get(), pg);
+    ASSERT_TRUE(proxy);
+    ASSERT_EQ(kvsdk_cache_set_proxy(c.get(), proxy.get()), KVSDK_OK) << kvsdk_last_error();
+  }
+  const size_t pkv = size_t(pg.n_kv_heads) * pg.head_dim, pqe = size_t(pg.n_q_heads) * pg.head_dim;
+  const auto pk = random_floats(512 * pkv, 4);
+  const auto pq = random_floats(64 * pqe, 5);
+  std::vector<float> pout(pqe);
   if (budget) ASSERT_EQ(kvsdk_cache_set_budget(c.get(), budget), KVSDK_OK) << kvsdk_last_error();
   const size_t kv = size_t(g.n_kv_heads) * g.head_dim, qe = size_t(g.n_q_heads) * g.head_dim;
   const auto k = random_floats(512 * kv, 1), v = random_floats(512 * kv, 2);
@@ -94,6 +108,18 @@ void run_decode(const char* spec, uint64_t budget, float slack, DecodeRun* run) 
     const float* kt = k.data() + size_t(pos % 384) * kv;
     const float* vt = v.data() + size_t(pos % 384) * kv;
     const float* qt = q.data() + size_t(pos % 64) * qe;
+    for (uint32_t l = 0; smallkv && l < pg.n_layers; ++l) {
+      for (size_t i = 0; i < n; ++i) ps[i] = pos + int32_t(i);
+      const float* pkt = pk.data() + size_t(pos % 384) * pkv;
+      ASSERT_EQ(kvsdk_cache_append(proxy.get(), l, n, pkt, pkt, ps.data(), n * pkv * 4),
+                KVSDK_OK)
+          << kvsdk_last_error();
+      const int32_t qp = pos + int32_t(n) - 1;
+      ASSERT_EQ(kvsdk_cache_attend(proxy.get(), l, 1, pq.data() + size_t(pos % 64) * pqe, &qp,
+                                   pqe * 4, pout.data(), pqe * 4),
+                KVSDK_OK)
+          << kvsdk_last_error();
+    }
     for (uint32_t l = 0; l < g.n_layers; ++l) {
       for (size_t i = 0; i < n; ++i) ps[i] = pos + int32_t(i);
       ASSERT_EQ(kvsdk_cache_append(c.get(), l, n, kt, vt, ps.data(), n * kv * 4), KVSDK_OK)
@@ -147,8 +173,11 @@ TEST_P(DecodeAllocation, ADecodeStepAllocatesNothing) {
   ASSERT_NO_FATAL_FAILURE(run_decode(GetParam(), 0, -1.0f, &r));
   std::printf("[ counts   ] %s, growing: %llu allocations in %d of 16 decode steps\n", GetParam(),
               static_cast<unsigned long long>(r.total), r.steps_allocating);
-  EXPECT_LE(r.steps_allocating, 1) << GetParam() << ": " << r.total << " allocations in "
-                                   << r.steps_allocating << " of 16 decode steps";
+  // SmallKV runs two caches (its proxy's too), whose rows cross a capacity in different steps.
+  const int growth_steps = std::string(GetParam()) == "smallkv" ? 2 : 1;
+  EXPECT_LE(r.steps_allocating, growth_steps)
+      << GetParam() << ": " << r.total << " allocations in " << r.steps_allocating
+      << " of 16 decode steps";
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, DecodeAllocation,
@@ -189,6 +218,8 @@ const Evicting kEvicting[] = {
     {"snapkv", 0.0f},        {"snapkv", -1.0f},        {"pyramidkv", 0.0f}, {"pyramidkv", -1.0f},
     {"xkv", 0.0f},           {"xkv", -1.0f},           {"xkv+kivi2", 0.0f}, {"xkv+kivi2", -1.0f},
     {"h2o+kivi4", 0.0f},     {"h2o+kivi4", -1.0f},
+    // (smallkv is not here yet: its eviction builds the kept heads anew on every step that
+    // evicts, a known gap listed in README.md.)
     // (spindlekv is not here: its codebook layers never evict, so its cache never stops growing;
     // its deep layers evict through the same selection stage as the presets above.)
 };
