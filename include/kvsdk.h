@@ -608,135 +608,6 @@ KVSDK_API kvsdk_status kvsdk_plan_allocation(uint32_t n_layers, const float *con
                                              const size_t *lengths, int32_t mode, double value,
                                              uint64_t *out_tokens);
 
-/* Allocation profiles (XKV §IV-C sampling): the averaged allocation of sample requests of one
- * task type, reused so that prefill compresses layer by layer without planning. A profile stores
- * per-layer shares of the token budget; applied to a cache, the cache's token capacity is split
- * by these shares. Saved as FlatBuffers (formats/allocation_profile.fbs, identifier "KVAP"). A
- * profile object is used by one thread at a time. */
-typedef struct kvsdk_profile kvsdk_profile;
-
-/** Creates an empty profile for `n_layers` layers. Errors: KVSDK_E_INVALID_ARG (NULL out,
- *  n_layers 0 or > 4096), KVSDK_E_NO_MEMORY. */
-KVSDK_API kvsdk_status kvsdk_profile_create(kvsdk_profile **out, uint32_t n_layers);
-/** Destroys a profile. NULL is a no-op. */
-KVSDK_API void kvsdk_profile_destroy(kvsdk_profile *profile);
-/** Records the allocation list of one sample request (tokens per layer, e.g. from
- *  kvsdk_cache_allocation); lists are normalised to shares and averaged. Errors:
- *  KVSDK_E_INVALID_ARG (NULL, n_layers mismatch, an all-zero list). */
-KVSDK_API kvsdk_status kvsdk_profile_record(kvsdk_profile *profile, const uint64_t *tokens,
-                                            uint32_t n_layers);
-/** Averaged shares (n_layers entries summing to 1) and the number of recorded samples. Either
- *  output may be NULL. Errors: KVSDK_E_INVALID_ARG (NULL profile, n_layers mismatch),
- *  KVSDK_E_STATE (nothing recorded). */
-KVSDK_API kvsdk_status kvsdk_profile_shares(const kvsdk_profile *profile, double *shares,
-                                            uint32_t n_layers, uint32_t *out_samples);
-/** Saves atomically to `path` (temporary file, fsync, rename). Errors: KVSDK_E_INVALID_ARG,
- *  KVSDK_E_STATE (nothing recorded), KVSDK_E_IO. */
-KVSDK_API kvsdk_status kvsdk_profile_save(const kvsdk_profile *profile, const char *path);
-/** Loads a profile saved by kvsdk_profile_save; `*out` owns it. Errors: KVSDK_E_INVALID_ARG,
- *  KVSDK_E_IO (unreadable), KVSDK_E_CORRUPT (fails verification), KVSDK_E_VERSION (newer
- *  format). */
-KVSDK_API kvsdk_status kvsdk_profile_load(kvsdk_profile **out, const char *path);
-/** Applies a profile to a cache (NULL profile: back to the policy's own allocation); with a
- *  budget, compresses now. The cache copies the shares. Errors: KVSDK_E_INVALID_ARG (NULL
- *  cache, layer count differs from the geometry), KVSDK_E_STATE (empty profile),
- *  KVSDK_E_UNSUPPORTED (a policy without exact-tier eviction, as kvsdk_cache_set_allocation),
- *  KVSDK_E_BUDGET. On error nothing changed. */
-KVSDK_API kvsdk_status kvsdk_cache_apply_profile(kvsdk_cache *cache,
-                                                 const kvsdk_profile *profile);
-
-/* Mini-prefill planner (XKV §IV-A): during a first, cache-free pass over the prompt the host
- * feeds every layer's keys and observation-window queries; the planner scores them (window
- * attention, pooled, averaged over KV heads), keeps only one importance vector per layer
- * (lengths floats) and discards the tensors. kvsdk_planner_finish returns the allocation for the
- * real prefill (pass it to kvsdk_cache_set_allocation). Used by one thread at a time. */
-typedef struct kvsdk_planner kvsdk_planner;
-
-/** Creates a planner for a geometry and a window policy (snapkv, pyramidkv or xkv parameters:
- *  obs_window, pool_kernel, pool_kind). Errors: KVSDK_E_INVALID_ARG (NULL, invalid geometry or
- *  policy), KVSDK_E_NO_MEMORY. */
-KVSDK_API kvsdk_status kvsdk_planner_create(kvsdk_planner **out, const kvsdk_geometry *geometry,
-                                            const kvsdk_policy *policy);
-/** Destroys a planner. NULL is a no-op. */
-KVSDK_API void kvsdk_planner_destroy(kvsdk_planner *planner);
-/** Scores one layer: `k` (n_tokens x n_kv_heads x head_dim, `k_bytes` long) at `positions`, and
- *  `q` (n_queries x n_q_heads x head_dim, `q_bytes` long) at `q_positions` (NULL: see all).
- *  Every position in 0 .. KVSDK_MAX_POSITION (a query's may also be INT32_MAX: sees all).
- *  Feeding a layer again replaces its vector. Errors: KVSDK_E_INVALID_ARG (NULL, zero counts,
- *  size mismatch, a position outside 0 .. KVSDK_MAX_POSITION), KVSDK_E_OUT_OF_RANGE (layer),
- *  KVSDK_E_NO_MEMORY. */
-KVSDK_API kvsdk_status kvsdk_planner_feed_layer(kvsdk_planner *planner, uint32_t layer,
-                                                size_t n_tokens, const void *k,
-                                                const int32_t *positions, size_t k_bytes,
-                                                size_t n_queries, const void *q,
-                                                const int32_t *q_positions, size_t q_bytes);
-/** Rows per KV head for every layer (`out_tokens`, n_layers entries): each layer keeps its
- *  newest min(obs_window, length) rows plus the XKV allocation of the context (mode and value as
- *  in kvsdk_plan_allocation; for TOTAL_TOKENS, value is the total of all entries, e.g. the
- *  cache's kvsdk_cache_token_capacity). Errors: KVSDK_E_INVALID_ARG, KVSDK_E_STATE (a layer was
- *  not fed). */
-KVSDK_API kvsdk_status kvsdk_planner_finish(kvsdk_planner *planner, int32_t mode, double value,
-                                            uint64_t *out_tokens, uint32_t n_layers);
-
-/* ------------------------------------------------------------------------------------------ */
-/* SpeCache: speculative prefetch and the off-budget backing store                             */
-/* ------------------------------------------------------------------------------------------ */
-/*
- * Policy 'specache' (KVSDK_METHOD_SPECACHE) keeps a 2-bit (or 1-bit: "specache+kivi1") KIVI copy
- * of every layer in the budget (with KIVI's exact f16 window of at least the quant_residual
- * newest rows), and the full-precision f16 rows in a backing store outside it
- * (kvsdk_cache_stats.backing_bytes). A decode step decodes the output token and a speculative
- * next token together: kvsdk_cache_attend for the output token uses the rows the previous step
- * fetched, and the speculative token's queries (its K/V are not appended) go to
- * kvsdk_cache_prefetch, which fetches each KV head's fetch_tokens most attended rows (attention
- * averaged over the GQA group, over the low-bit keys) into the budget for the next attend. Never
- * evicts: an append that does not fit fails with KVSDK_E_BUDGET. For snapshots see
- * kvsdk_save_options.include_backing.
- */
-
-/** Keeps the backing store of a 'specache' cache in the file `path` instead of host memory: the
- *  file is created or truncated (mode 0600), grown with ftruncate and mapped with mmap as tokens
- *  arrive, and kept (not deleted) when the cache is destroyed. Must be called before the first
- *  append. Results are identical to a host-memory backing store.
- *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path), KVSDK_E_UNSUPPORTED (the policy is not
- *          'specache', or the platform lacks mmap: POSIX only), KVSDK_E_STATE (tokens were
- *          already appended), KVSDK_E_IO (cannot create the file). On error the cache is
- *          unchanged. Later appends fail with KVSDK_E_IO (cache unchanged) when the file cannot
- *          grow.
- *  Threading: like every cache call, one thread at a time per cache. */
-KVSDK_API kvsdk_status kvsdk_cache_set_backing_file(kvsdk_cache *cache, const char *path);
-
-/** Speculative prefetch for one layer: `q` holds the speculative token's queries (one query:
- *  n_queries must be 1; n_q_heads x head_dim elements of the geometry's dtype, `q_bytes` long),
- *  `q_positions` NULL or its position (0 .. KVSDK_MAX_POSITION or INT32_MAX; causal). For each
- *  KV head the fetch_tokens rows with the most group-averaged attention over the low-bit keys are
- *  copied from the backing store into the budget, replacing the previous fetch of that layer;
- *  every kvsdk_cache_attend of the layer uses them in full precision instead of their low-bit
- *  rows until the next prefetch replaces them (kvsdk_cache_read shows them too). The fetched
- *  rows' bytes are reserved from the budget before fetching.
- *  Errors: KVSDK_E_INVALID_ARG (NULL cache/q, n_queries != 1, q_bytes mismatch, a position
- *          outside 0 .. KVSDK_MAX_POSITION and not INT32_MAX),
- *          KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_UNSUPPORTED (policy other than 'specache'),
- *          KVSDK_E_BUDGET (the fetched rows would not fit), KVSDK_E_NO_MEMORY.
- *  On error the cache is unchanged, except that KVSDK_E_NO_MEMORY part-way through may leave
- *  the KV heads already done with their new fetch (bytes and budget charge match).
- *  Threading: like every cache call, one thread at a time per cache. */
-KVSDK_API kvsdk_status kvsdk_cache_prefetch(kvsdk_cache *cache, uint32_t layer, size_t n_queries,
-                                            const void *q, const int32_t *q_positions,
-                                            size_t q_bytes);
-
-/** SpeCache's fetch hit rate: the share of the real queries' attention (over the low-bit keys)
- *  that fell on the prefetched rows, measured on the first kvsdk_cache_attend of each layer and
- *  KV head after a prefetch, per query, and averaged over every such measurement since the cache
- *  was created or loaded (not saved in snapshots; it never affects results). `*hit_rate` is in
- *  [0, 1], or -1 before the first measurement; `*samples` (NULL ok) receives the number of
- *  measurements.
- *  Errors: KVSDK_E_INVALID_ARG (NULL cache/hit_rate), KVSDK_E_UNSUPPORTED (policy other than
- *          'specache'). On error the outputs are untouched.
- *  Threading: like every cache call, one thread at a time per cache. */
-KVSDK_API kvsdk_status kvsdk_cache_fetch_stats(const kvsdk_cache *cache, double *hit_rate,
-                                               uint64_t *samples);
-
 /* ------------------------------------------------------------------------------------------ */
 /* Stats: what the cache holds and what it costs                                               */
 /* ------------------------------------------------------------------------------------------ */
@@ -797,56 +668,6 @@ KVSDK_API kvsdk_status kvsdk_layer_stats_init(kvsdk_layer_stats *stats);
  *  KVSDK_E_OUT_OF_RANGE (layer). */
 KVSDK_API kvsdk_status kvsdk_cache_layer_stats_get(const kvsdk_cache *cache, uint32_t layer,
                                                    kvsdk_layer_stats *out);
-
-/* ------------------------------------------------------------------------------------------ */
-/* SmallKV: the proxy cache of a smaller model                                                 */
-/* ------------------------------------------------------------------------------------------ */
-/*
- * Policy 'smallkv' (SmallKV, docs/papers.md) compresses a large model's cache with the help of a
- * small model of the same family (same tokenizer) that runs on the same tokens, in the same
- * order, at the same positions, with its own cache of policy 'full': the proxy.
- * The host runs the proxy's step (append + attend of every layer) just before the large model's
- * step; the large cache reads the proxy's queries of that step. Per KV head the large cache keeps
- * full rows (critical and recent tokens: KVSDK_TIER_EXACT), marginal rows (values only:
- * KVSDK_TIER_VALUE_ONLY) and per row its position and the proxy's accumulated attention
- * (KVSDK_TIER_METADATA, with the head mapping and the matching statistics).
- *  - Head matching: over the first policy.match_tokens tokens every large query head is mapped
- *    to the proxy head (any layer) whose top-10% accumulated-attention tokens have the highest
- *    Jaccard similarity; earlier when the budget forces an eviction before that.
- *  - Until the budget is reached every token is kept full. Beyond it, each KV head's share is
- *    split critical : recent : marginal = 2 : 1 : 2, critical tokens chosen by the matched proxy
- *    heads' accumulated attention over the proxy's full cache; marginal tokens drop their keys;
- *    other tokens are evicted (gone).
- *  - Attention: full rows with the large model's own softmax, marginal rows weighted by the
- *    matched proxy head's attention probability of the same step (SmallKV Eq. 6, normalised so
- *    that the weights sum to 1). kvsdk_cache_attend of a smallkv cache also updates its
- *    importance state (never its bytes). kvsdk_cache_read returns marginal rows with zero keys.
- *  - Without a proxy a smallkv cache appends within its budget and attends over full rows;
- *    evicting (an append beyond the budget, compress, set_budget) and attending over marginal
- *    rows fail with KVSDK_E_STATE and change nothing.
- *  - Snapshots keep the rows, scores, head mapping and the large model's matching statistics, but
- *    not the link: after loading, attach the proxy (itself loaded from its own snapshot) again.
- *    Attaching starts the proxy's matching statistics afresh, so a snapshot taken before every
- *    KV head was matched (before match_tokens tokens and before the first eviction) may resume
- *    with another head mapping, and then other evictions and outputs, than an uninterrupted
- *    run; a snapshot taken after the matching continues bit-identically.
- * The proxy's own cache is budgeted by its own context; the link's working state (the proxy's
- * latest queries, and its matching statistics until the matching is done) is not budgeted.
- */
-
-/** Links `proxy` to the smallkv cache `cache`, replacing any previous proxy, or detaches it
- *  (`proxy` NULL). The proxy must be a cache of policy 'full' holding the same tokens at the same
- *  positions as `cache` (its geometry may differ: smaller model, other head_dim or dtype). A
- *  proxy serves one cache at a time. `cache` does not own the proxy: keep the proxy alive while
- *  `cache` uses it; destroying either cache detaches the link (kvsdk_cache_set_proxy(cache, NULL)
- *  does so explicitly). Both caches must be used from one thread. Setting the current proxy again
- *  is a no-op.
- *  Errors: KVSDK_E_INVALID_ARG (NULL cache, proxy == cache, a proxy whose policy is not 'full'),
- *          KVSDK_E_UNSUPPORTED (`cache`'s policy is not smallkv),
- *          KVSDK_E_STATE (the proxy already serves another cache),
- *          KVSDK_E_GEOMETRY (a head mapping restored from a snapshot names proxy heads this
- *          proxy does not have). On error nothing changed. */
-KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache *cache, kvsdk_cache *proxy);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Snapshots: suspend and resume                                                               */
@@ -1048,6 +869,206 @@ KVSDK_API kvsdk_status kvsdk_cache_load_from_buffer(kvsdk_cache **out, kvsdk_con
  *  older kvsdk.h (smaller struct_size) receives the fields it has; struct_size is set to the
  *  bytes written. Errors: KVSDK_E_INVALID_ARG (NULL, struct_size below the first version's). */
 KVSDK_API kvsdk_status kvsdk_cache_policy(const kvsdk_cache *cache, kvsdk_policy *out);
+
+/* ========================================================================================== */
+/* Experimental API                                                                            */
+/* ========================================================================================== */
+/*
+ * Everything above is the stable API: it keeps its ABI and meaning across every 1.x version
+ * (structs only grow at their end; see the ABI rules at the top). The declarations below are
+ * experimental: XKV allocation profiles and the mini-prefill planner, SpeCache's speculative
+ * prefetch and backing store, and SmallKV's proxy link. They work, are tested like the rest, and
+ * the policies that use them (specache, smallkv) are stable, but their calls may change in a
+ * minor version as the methods evolve. They are declared only when the application defines
+ * KVSDK_EXPERIMENTAL before including this header (the library exports them either way), in the
+ * manner of zstd's ZSTD_STATIC_LINKING_ONLY.
+ */
+#if defined(KVSDK_EXPERIMENTAL)
+
+/* ------------------------------------------------------------------------------------------ */
+/* Allocation profiles and the mini-prefill planner (XKV)                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Allocation profiles (XKV §IV-C sampling): the averaged allocation of sample requests of one
+ * task type, reused so that prefill compresses layer by layer without planning. A profile stores
+ * per-layer shares of the token budget; applied to a cache, the cache's token capacity is split
+ * by these shares. Saved as FlatBuffers (formats/allocation_profile.fbs, identifier "KVAP"). A
+ * profile object is used by one thread at a time. */
+typedef struct kvsdk_profile kvsdk_profile;
+
+/** Creates an empty profile for `n_layers` layers. Errors: KVSDK_E_INVALID_ARG (NULL out,
+ *  n_layers 0 or > 4096), KVSDK_E_NO_MEMORY. */
+KVSDK_API kvsdk_status kvsdk_profile_create(kvsdk_profile **out, uint32_t n_layers);
+/** Destroys a profile. NULL is a no-op. */
+KVSDK_API void kvsdk_profile_destroy(kvsdk_profile *profile);
+/** Records the allocation list of one sample request (tokens per layer, e.g. from
+ *  kvsdk_cache_allocation); lists are normalised to shares and averaged. Errors:
+ *  KVSDK_E_INVALID_ARG (NULL, n_layers mismatch, an all-zero list). */
+KVSDK_API kvsdk_status kvsdk_profile_record(kvsdk_profile *profile, const uint64_t *tokens,
+                                            uint32_t n_layers);
+/** Averaged shares (n_layers entries summing to 1) and the number of recorded samples. Either
+ *  output may be NULL. Errors: KVSDK_E_INVALID_ARG (NULL profile, n_layers mismatch),
+ *  KVSDK_E_STATE (nothing recorded). */
+KVSDK_API kvsdk_status kvsdk_profile_shares(const kvsdk_profile *profile, double *shares,
+                                            uint32_t n_layers, uint32_t *out_samples);
+/** Saves atomically to `path` (temporary file, fsync, rename). Errors: KVSDK_E_INVALID_ARG,
+ *  KVSDK_E_STATE (nothing recorded), KVSDK_E_IO. */
+KVSDK_API kvsdk_status kvsdk_profile_save(const kvsdk_profile *profile, const char *path);
+/** Loads a profile saved by kvsdk_profile_save; `*out` owns it. Errors: KVSDK_E_INVALID_ARG,
+ *  KVSDK_E_IO (unreadable), KVSDK_E_CORRUPT (fails verification), KVSDK_E_VERSION (newer
+ *  format). */
+KVSDK_API kvsdk_status kvsdk_profile_load(kvsdk_profile **out, const char *path);
+/** Applies a profile to a cache (NULL profile: back to the policy's own allocation); with a
+ *  budget, compresses now. The cache copies the shares. Errors: KVSDK_E_INVALID_ARG (NULL
+ *  cache, layer count differs from the geometry), KVSDK_E_STATE (empty profile),
+ *  KVSDK_E_UNSUPPORTED (a policy without exact-tier eviction, as kvsdk_cache_set_allocation),
+ *  KVSDK_E_BUDGET. On error nothing changed. */
+KVSDK_API kvsdk_status kvsdk_cache_apply_profile(kvsdk_cache *cache,
+                                                 const kvsdk_profile *profile);
+
+/* Mini-prefill planner (XKV §IV-A): during a first, cache-free pass over the prompt the host
+ * feeds every layer's keys and observation-window queries; the planner scores them (window
+ * attention, pooled, averaged over KV heads), keeps only one importance vector per layer
+ * (lengths floats) and discards the tensors. kvsdk_planner_finish returns the allocation for the
+ * real prefill (pass it to kvsdk_cache_set_allocation). Used by one thread at a time. */
+typedef struct kvsdk_planner kvsdk_planner;
+
+/** Creates a planner for a geometry and a window policy (snapkv, pyramidkv or xkv parameters:
+ *  obs_window, pool_kernel, pool_kind). Errors: KVSDK_E_INVALID_ARG (NULL, invalid geometry or
+ *  policy), KVSDK_E_NO_MEMORY. */
+KVSDK_API kvsdk_status kvsdk_planner_create(kvsdk_planner **out, const kvsdk_geometry *geometry,
+                                            const kvsdk_policy *policy);
+/** Destroys a planner. NULL is a no-op. */
+KVSDK_API void kvsdk_planner_destroy(kvsdk_planner *planner);
+/** Scores one layer: `k` (n_tokens x n_kv_heads x head_dim, `k_bytes` long) at `positions`, and
+ *  `q` (n_queries x n_q_heads x head_dim, `q_bytes` long) at `q_positions` (NULL: see all).
+ *  Every position in 0 .. KVSDK_MAX_POSITION (a query's may also be INT32_MAX: sees all).
+ *  Feeding a layer again replaces its vector. Errors: KVSDK_E_INVALID_ARG (NULL, zero counts,
+ *  size mismatch, a position outside 0 .. KVSDK_MAX_POSITION), KVSDK_E_OUT_OF_RANGE (layer),
+ *  KVSDK_E_NO_MEMORY. */
+KVSDK_API kvsdk_status kvsdk_planner_feed_layer(kvsdk_planner *planner, uint32_t layer,
+                                                size_t n_tokens, const void *k,
+                                                const int32_t *positions, size_t k_bytes,
+                                                size_t n_queries, const void *q,
+                                                const int32_t *q_positions, size_t q_bytes);
+/** Rows per KV head for every layer (`out_tokens`, n_layers entries): each layer keeps its
+ *  newest min(obs_window, length) rows plus the XKV allocation of the context (mode and value as
+ *  in kvsdk_plan_allocation; for TOTAL_TOKENS, value is the total of all entries, e.g. the
+ *  cache's kvsdk_cache_token_capacity). Errors: KVSDK_E_INVALID_ARG, KVSDK_E_STATE (a layer was
+ *  not fed). */
+KVSDK_API kvsdk_status kvsdk_planner_finish(kvsdk_planner *planner, int32_t mode, double value,
+                                            uint64_t *out_tokens, uint32_t n_layers);
+
+/* ------------------------------------------------------------------------------------------ */
+/* SpeCache: speculative prefetch and the off-budget backing store                             */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * Policy 'specache' (KVSDK_METHOD_SPECACHE) keeps a 2-bit (or 1-bit: "specache+kivi1") KIVI copy
+ * of every layer in the budget (with KIVI's exact f16 window of at least the quant_residual
+ * newest rows), and the full-precision f16 rows in a backing store outside it
+ * (kvsdk_cache_stats.backing_bytes). A decode step decodes the output token and a speculative
+ * next token together: kvsdk_cache_attend for the output token uses the rows the previous step
+ * fetched, and the speculative token's queries (its K/V are not appended) go to
+ * kvsdk_cache_prefetch, which fetches each KV head's fetch_tokens most attended rows (attention
+ * averaged over the GQA group, over the low-bit keys) into the budget for the next attend. Never
+ * evicts: an append that does not fit fails with KVSDK_E_BUDGET. For snapshots see
+ * kvsdk_save_options.include_backing.
+ */
+
+/** Keeps the backing store of a 'specache' cache in the file `path` instead of host memory: the
+ *  file is created or truncated (mode 0600), grown with ftruncate and mapped with mmap as tokens
+ *  arrive, and kept (not deleted) when the cache is destroyed. Must be called before the first
+ *  append. Results are identical to a host-memory backing store.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path), KVSDK_E_UNSUPPORTED (the policy is not
+ *          'specache', or the platform lacks mmap: POSIX only), KVSDK_E_STATE (tokens were
+ *          already appended), KVSDK_E_IO (cannot create the file). On error the cache is
+ *          unchanged. Later appends fail with KVSDK_E_IO (cache unchanged) when the file cannot
+ *          grow.
+ *  Threading: like every cache call, one thread at a time per cache. */
+KVSDK_API kvsdk_status kvsdk_cache_set_backing_file(kvsdk_cache *cache, const char *path);
+
+/** Speculative prefetch for one layer: `q` holds the speculative token's queries (one query:
+ *  n_queries must be 1; n_q_heads x head_dim elements of the geometry's dtype, `q_bytes` long),
+ *  `q_positions` NULL or its position (0 .. KVSDK_MAX_POSITION or INT32_MAX; causal). For each
+ *  KV head the fetch_tokens rows with the most group-averaged attention over the low-bit keys are
+ *  copied from the backing store into the budget, replacing the previous fetch of that layer;
+ *  every kvsdk_cache_attend of the layer uses them in full precision instead of their low-bit
+ *  rows until the next prefetch replaces them (kvsdk_cache_read shows them too). The fetched
+ *  rows' bytes are reserved from the budget before fetching.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache/q, n_queries != 1, q_bytes mismatch, a position
+ *          outside 0 .. KVSDK_MAX_POSITION and not INT32_MAX),
+ *          KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_UNSUPPORTED (policy other than 'specache'),
+ *          KVSDK_E_BUDGET (the fetched rows would not fit), KVSDK_E_NO_MEMORY.
+ *  On error the cache is unchanged, except that KVSDK_E_NO_MEMORY part-way through may leave
+ *  the KV heads already done with their new fetch (bytes and budget charge match).
+ *  Threading: like every cache call, one thread at a time per cache. */
+KVSDK_API kvsdk_status kvsdk_cache_prefetch(kvsdk_cache *cache, uint32_t layer, size_t n_queries,
+                                            const void *q, const int32_t *q_positions,
+                                            size_t q_bytes);
+
+/** SpeCache's fetch hit rate: the share of the real queries' attention (over the low-bit keys)
+ *  that fell on the prefetched rows, measured on the first kvsdk_cache_attend of each layer and
+ *  KV head after a prefetch, per query, and averaged over every such measurement since the cache
+ *  was created or loaded (not saved in snapshots; it never affects results). `*hit_rate` is in
+ *  [0, 1], or -1 before the first measurement; `*samples` (NULL ok) receives the number of
+ *  measurements.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache/hit_rate), KVSDK_E_UNSUPPORTED (policy other than
+ *          'specache'). On error the outputs are untouched.
+ *  Threading: like every cache call, one thread at a time per cache. */
+KVSDK_API kvsdk_status kvsdk_cache_fetch_stats(const kvsdk_cache *cache, double *hit_rate,
+                                               uint64_t *samples);
+
+/* ------------------------------------------------------------------------------------------ */
+/* SmallKV: the proxy cache of a smaller model                                                 */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * Policy 'smallkv' (SmallKV, docs/papers.md) compresses a large model's cache with the help of a
+ * small model of the same family (same tokenizer) that runs on the same tokens, in the same
+ * order, at the same positions, with its own cache of policy 'full': the proxy.
+ * The host runs the proxy's step (append + attend of every layer) just before the large model's
+ * step; the large cache reads the proxy's queries of that step. Per KV head the large cache keeps
+ * full rows (critical and recent tokens: KVSDK_TIER_EXACT), marginal rows (values only:
+ * KVSDK_TIER_VALUE_ONLY) and per row its position and the proxy's accumulated attention
+ * (KVSDK_TIER_METADATA, with the head mapping and the matching statistics).
+ *  - Head matching: over the first policy.match_tokens tokens every large query head is mapped
+ *    to the proxy head (any layer) whose top-10% accumulated-attention tokens have the highest
+ *    Jaccard similarity; earlier when the budget forces an eviction before that.
+ *  - Until the budget is reached every token is kept full. Beyond it, each KV head's share is
+ *    split critical : recent : marginal = 2 : 1 : 2, critical tokens chosen by the matched proxy
+ *    heads' accumulated attention over the proxy's full cache; marginal tokens drop their keys;
+ *    other tokens are evicted (gone).
+ *  - Attention: full rows with the large model's own softmax, marginal rows weighted by the
+ *    matched proxy head's attention probability of the same step (SmallKV Eq. 6, normalised so
+ *    that the weights sum to 1). kvsdk_cache_attend of a smallkv cache also updates its
+ *    importance state (never its bytes). kvsdk_cache_read returns marginal rows with zero keys.
+ *  - Without a proxy a smallkv cache appends within its budget and attends over full rows;
+ *    evicting (an append beyond the budget, compress, set_budget) and attending over marginal
+ *    rows fail with KVSDK_E_STATE and change nothing.
+ *  - Snapshots keep the rows, scores, head mapping and the large model's matching statistics, but
+ *    not the link: after loading, attach the proxy (itself loaded from its own snapshot) again.
+ *    Attaching starts the proxy's matching statistics afresh, so a snapshot taken before every
+ *    KV head was matched (before match_tokens tokens and before the first eviction) may resume
+ *    with another head mapping, and then other evictions and outputs, than an uninterrupted
+ *    run; a snapshot taken after the matching continues bit-identically.
+ * The proxy's own cache is budgeted by its own context; the link's working state (the proxy's
+ * latest queries, and its matching statistics until the matching is done) is not budgeted.
+ */
+
+/** Links `proxy` to the smallkv cache `cache`, replacing any previous proxy, or detaches it
+ *  (`proxy` NULL). The proxy must be a cache of policy 'full' holding the same tokens at the same
+ *  positions as `cache` (its geometry may differ: smaller model, other head_dim or dtype). A
+ *  proxy serves one cache at a time. `cache` does not own the proxy: keep the proxy alive while
+ *  `cache` uses it; destroying either cache detaches the link (kvsdk_cache_set_proxy(cache, NULL)
+ *  does so explicitly). Both caches must be used from one thread. Setting the current proxy again
+ *  is a no-op.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache, proxy == cache, a proxy whose policy is not 'full'),
+ *          KVSDK_E_UNSUPPORTED (`cache`'s policy is not smallkv),
+ *          KVSDK_E_STATE (the proxy already serves another cache),
+ *          KVSDK_E_GEOMETRY (a head mapping restored from a snapshot names proxy heads this
+ *          proxy does not have). On error nothing changed. */
+KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache *cache, kvsdk_cache *proxy);
+
+#endif /* KVSDK_EXPERIMENTAL */
 
 #ifdef __cplusplus
 } /* extern "C" */
