@@ -263,7 +263,9 @@ TEST(BackendOps, AttendF16WithinToleranceOfTheReference) {
 
 TEST(BackendOps, AttendKiviWithinToleranceOfTheReference) {
   for_each_backend([](const Candidate& c) {
-    for (size_t dim : kDims) {
+    // (192: a multiple of 64 without a VNNI key kernel of its own, which must take the general
+    // path rather than read query codes that were never written.)
+    for (size_t dim : {size_t(64), size_t(128), size_t(192), size_t(256)}) {
       for (uint32_t bits : kBits) {
         for (size_t n : {size_t(37), size_t(300)}) {
           for (bool ragged : {false, true}) {
