@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
@@ -60,6 +61,18 @@ inline std::vector<int32_t> iota_positions(size_t n, int32_t start = 0) {
   std::vector<int32_t> p(n);
   for (size_t i = 0; i < n; ++i) p[i] = start + int32_t(i);
   return p;
+}
+
+// FNV-1a over the bytes of every float: a digest that pins a kernel's exact outputs (the same
+// bits on every SIMD target and architecture) in one constant.
+inline uint64_t float_digest(const std::vector<float>& x) {
+  uint64_t h = 1469598103934665603ull;
+  for (float f : x) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    for (int i = 0; i < 4; ++i) h = (h ^ ((u >> (8 * i)) & 0xffu)) * 1099511628211ull;
+  }
+  return h;
 }
 
 // Exact f16 exact-tier bytes per token per layer (keys, values, position per KV head).

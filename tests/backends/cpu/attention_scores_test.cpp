@@ -20,6 +20,7 @@
 #include "fast_attention.h"  // available_targets / force_target (Highway's process-wide choice)
 #include "policy/importance.h"
 #include "portable_math.h"
+#include "test_util.h"
 
 namespace kvsdk::cpu {
 namespace {
@@ -262,23 +263,14 @@ std::vector<float> fixed_scores(bool reference) {
   return all;
 }
 
-uint64_t digest(const std::vector<float>& x) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes of every float
-  for (float f : x) {
-    const uint32_t u = bits_of(f);
-    for (int i = 0; i < 4; ++i) h = (h ^ ((u >> (8 * i)) & 0xffu)) * 1099511628211ull;
-  }
-  return h;
-}
-
 // The same digest on every architecture and target, and from the reference: recorded on x86-64
 // (AVX-512); the test passes unchanged on aarch64 (NEON) under qemu, so both compute the same
 // bits.
 TEST(AttentionScores, DigestMatchesAcrossArchitectures) {
   constexpr uint64_t kDigest = 0xa98502a018af9ffbull;
-  EXPECT_EQ(digest(fixed_scores(true)), kDigest) << "reference";
+  EXPECT_EQ(kvsdk_test::float_digest(fixed_scores(true)), kDigest) << "reference";
   for_each_target([&](const std::string& target) {
-    EXPECT_EQ(digest(fixed_scores(false)), kDigest) << target;
+    EXPECT_EQ(kvsdk_test::float_digest(fixed_scores(false)), kDigest) << target;
   });
 }
 

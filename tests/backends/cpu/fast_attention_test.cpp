@@ -14,6 +14,7 @@
 
 #include "attention.h"
 #include "fast_attention.h"
+#include "test_util.h"
 #include "kivi_attention.h"
 #include "kivi_quant.h"
 #include "kivi_store.h"
@@ -430,16 +431,6 @@ std::vector<float> fixed_outputs() {
   return all;
 }
 
-uint64_t digest(const std::vector<float>& x) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes of every float
-  for (float f : x) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    for (int i = 0; i < 4; ++i) h = (h ^ ((u >> (8 * i)) & 0xffu)) * 1099511628211ull;
-  }
-  return h;
-}
-
 TEST(FastAttention, SameBitsOnEveryCompiledTarget) {
   const std::vector<fast::Target> targets = fast::available_targets();
   ASSERT_FALSE(targets.empty());
@@ -469,7 +460,7 @@ TEST(FastAttention, SameBitsOnEveryCompiledTarget) {
 // The same digest on every architecture: this constant was recorded on x86-64 (AVX-512) and the
 // test passes unchanged on aarch64 (NEON) under qemu, so both compute the same bits.
 TEST(FastAttention, DigestMatchesAcrossArchitectures) {
-  EXPECT_EQ(digest(fixed_outputs()), 0x4962daa7ca9b2418ull);
+  EXPECT_EQ(kvsdk_test::float_digest(fixed_outputs()), 0x4962daa7ca9b2418ull);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fast_attention.h"
+#include "test_util.h"
 #include "fast_chunk_attention.h"
 
 namespace kvsdk::cpu {
@@ -68,16 +69,6 @@ std::vector<float> fixed_outputs() {
   return all;
 }
 
-uint64_t digest(const std::vector<float>& x) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes of every float
-  for (float f : x) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    for (int i = 0; i < 4; ++i) h = (h ^ ((u >> (8 * i)) & 0xffu)) * 1099511628211ull;
-  }
-  return h;
-}
-
 TEST(FastChunkAttention, SameBitsOnEveryCompiledTarget) {
   const std::vector<fast::Target> targets = fast::available_targets();
   ASSERT_FALSE(targets.empty());
@@ -102,7 +93,7 @@ TEST(FastChunkAttention, SameBitsOnEveryCompiledTarget) {
 
 // Recorded on x86-64 (AVX-512); passes unchanged on aarch64 (NEON) under qemu.
 TEST(FastChunkAttention, DigestMatchesAcrossArchitectures) {
-  const uint64_t d = digest(fixed_outputs());
+  const uint64_t d = kvsdk_test::float_digest(fixed_outputs());
   std::printf("digest 0x%016llx\n", static_cast<unsigned long long>(d));
   EXPECT_EQ(d, 0x53b7291476fd5491ull);
 }
