@@ -396,6 +396,36 @@ KVSDK_API void kvsdk_cache_destroy(kvsdk_cache *cache);
  *  Threading: reads `cache` (one thread at a time per cache, as every cache call). */
 KVSDK_API kvsdk_status kvsdk_cache_fork(kvsdk_cache **out, const kvsdk_cache *cache);
 
+/** Rewinds a conversation: removes every token at a position >= `position` from every layer and
+ *  tier of `cache` and returns their bytes to the budget, e.g. to regenerate or edit the last
+ *  reply (position = where it began). Exact or nothing: on success the cache holds exactly what
+ *  a cache that never received those tokens would hold (rows, codes, codebooks, merges, policy
+ *  state), so appending the same tokens again gives the same attention outputs and the same
+ *  snapshot, bit for bit; when some tier cannot guarantee that, the call fails with
+ *  KVSDK_E_STATE, says why (kvsdk_last_error), and changes nothing. A position past every held
+ *  token is a successful no-op. How far back each policy can go:
+ *    - full: always.
+ *    - Eviction (streaming_llm, h2o, snapkv, pyramidkv, xkv and their +kivi compositions): back
+ *      to the last eviction (the rows it kept depended on every token held then) and, for h2o,
+ *      to just after the newest query given to kvsdk_cache_observe (its scores added them up);
+ *      window methods also to the last observation that slid their window. With a budget that
+ *      forces evictions, that is at most about policy.evict_slack of a layer's cap back.
+ *    - kivi (and +kivi): only tokens still in the exact residual window that arrived after its
+ *      last flush of a quantized block, i.e. up to quant_group - 1 tokens once a block has been
+ *      quantized; any token before the first flush.
+ *    - spindlekv, minicache, smallkv, specache: see docs/truncation.md (per-store rules: whole
+ *      appends of a codebook layer, tokens merged after the first prefill, tokens no eviction or
+ *      attention statistic saw yet, the low-bit shadow's residual window).
+ *    - After kvsdk_cache_load or kvsdk_cache_fork, policies whose history a snapshot does not
+ *      carry (everything but full and kivi) can remove only tokens appended since.
+ *  A smallkv cache's proxy is a separate cache: truncate it at the same position too.
+ *  kvsdk_cache_save_delta records a truncation like any other change (the next delta rewrites
+ *  the heads that lost rows).
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache, position outside 0 .. KVSDK_MAX_POSITION),
+ *          KVSDK_E_STATE (not exact for this policy here; nothing changed).
+ *  Threading: changes `cache` (one thread at a time per cache). */
+KVSDK_API kvsdk_status kvsdk_cache_truncate(kvsdk_cache *cache, int32_t position);
+
 /** Copies the cache's geometry into `*out` (out->struct_size must be set, e.g. by
  *  kvsdk_geometry_init). A struct of an older kvsdk.h (smaller struct_size) receives the fields
  *  it has; struct_size is set to the bytes written.

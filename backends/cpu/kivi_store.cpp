@@ -46,6 +46,33 @@ void KiviHeadStore::append(const float* k, const float* v, const int32_t* positi
   while (residual_tokens() >= size_t(cfg_.residual) + cfg_.group) flush_block();
 }
 
+bool KiviHeadStore::can_remove_from(int32_t position) const {
+  const size_t first_free = n_quant_ == 0 ? 0 : n_quant_ + size_t(cfg_.residual);
+  for (size_t t = 0; t < std::min(first_free, size()); ++t) {
+    if (positions_[t] >= position) return false;
+  }
+  return true;
+}
+
+size_t KiviHeadStore::remove_from(int32_t position) noexcept {
+  size_t j = n_quant_;
+  for (size_t t = n_quant_; t < size(); ++t) {
+    if (positions_[t] >= position) continue;
+    if (j != t) {
+      positions_[j] = positions_[t];
+      const size_t from = (t - n_quant_) * dim_, to = (j - n_quant_) * dim_;
+      std::copy_n(res_k_.data() + from, dim_, res_k_.data() + to);
+      std::copy_n(res_v_.data() + from, dim_, res_v_.data() + to);
+    }
+    ++j;
+  }
+  const size_t removed = size() - j;
+  positions_.resize(j);
+  res_k_.resize((j - n_quant_) * dim_);
+  res_v_.resize((j - n_quant_) * dim_);
+  return removed;
+}
+
 void KiviHeadStore::flush_block() {
   const size_t G = cfg_.group;
   std::vector<float>& rows = flush_scratch(2 * G * dim_);  // (reserve() grew it)

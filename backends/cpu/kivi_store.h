@@ -83,6 +83,17 @@ class KiviHeadStore {
   // unchanged if that throws.
   void retain(const std::vector<uint32_t>& keep);
   void retain(const uint32_t* keep, size_t n_keep);  // the same over an array
+  // Truncation (kvsdk_cache_truncate): the store after removing every token at a position >=
+  // `position` is exactly a store that never held them only when they are all exact residual
+  // rows appended since the last flush. A flush quantizes a block when the residual reaches R + G,
+  // so it depended on every token held then; after one, the residual holds R tokens (appends
+  // from then on sit at index >= quantized_tokens() + R). Before any flush every token counts.
+  // Stores that were retained (ragged) follow the same rule: a retain is an eviction, which the
+  // cache checks itself, and a flush after it again leaves R tokens.
+  bool can_remove_from(int32_t position) const;
+  // Removes them (only after can_remove_from()): no allocation, nothing re-quantized. Returns
+  // how many tokens it removed.
+  size_t remove_from(int32_t position) noexcept;
   // Whether the store records per-block token counts (a retain() dropped a quantized token).
   bool ragged() const { return !block_tokens_.empty(); }
   // Tokens held by each key block, oldest first.

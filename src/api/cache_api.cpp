@@ -73,6 +73,10 @@ KVSDK_API kvsdk_status kvsdk_cache_fork(kvsdk_cache** out, const kvsdk_cache* ca
   });
 }
 
+KVSDK_API kvsdk_status kvsdk_cache_truncate(kvsdk_cache* cache, int32_t position) {
+  return guard("kvsdk_cache_truncate", [&] { impl(cache).truncate(position); });
+}
+
 KVSDK_API kvsdk_status kvsdk_cache_geometry(const kvsdk_cache* cache, kvsdk_geometry* out) {
   return guard("kvsdk_cache_geometry", [&] {
     const Cache& c = impl(cache);

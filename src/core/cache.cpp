@@ -21,7 +21,9 @@ Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk
       geometry_(geometry),
       policy_(policy),
       traits_(method_traits(policy)),
-      layers_(geometry.n_layers) {
+      layers_(geometry.n_layers),
+      max_position_(geometry.n_layers, -1),
+      exact_floor_(geometry.n_layers, 0) {
   for (LayerPolicyState& l : layers_) {
     if (traits_.scores_rows()) l.scores.resize(geometry_.n_kv_heads);
   }
@@ -75,6 +77,8 @@ void Cache::append(uint32_t layer, size_t n_tokens, const void* k, const void* v
                    const int32_t* positions) {
   check_layer(layer);
   check_positions(positions, n_tokens, "positions");  // before anything changes
+  // (An upper bound: a refused append leaves it raised, which only makes truncation stricter.)
+  note_positions(layer, positions, n_tokens);
   if (selects(layer)) {
     append_compressing(layer, n_tokens, k, v, positions);
   } else {
@@ -132,6 +136,7 @@ void Cache::append_stored(uint32_t layer, size_t n_tokens, const void* k, const 
     }
     if (freed > 0) {
       const uint64_t full = stored_bytes();
+      note_eviction();
       plan.commit();
       r.take_from_charge(full - stored_bytes());  // == freed
     }

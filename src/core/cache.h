@@ -63,6 +63,15 @@ class Cache final : public StoreView {
               size_t capacity) const;
   size_t head_tokens(uint32_t layer, uint32_t kv_head) const override;
 
+  // Removes every token at a position >= `position` from every layer and tier (kvsdk_cache_truncate;
+  // cache_truncate.cpp), leaving exactly the cache that never held them, or throws
+  // KVSDK_E_STATE (nothing changed) where some layer cannot be exact: a store's own reason
+  // (Representation::truncate_refusal), or an eviction or observation since those tokens came.
+  void truncate(int32_t position);
+  // The smallest position every layer can be truncated to from the cache's side (evictions,
+  // H2O scores, windows that slid): the stores may refuse more (tests and messages).
+  int32_t exact_floor(uint32_t layer) const { return exact_floor_[layer]; }
+
   // Compression (cache_compress.cpp). Each throws kvsdk::Error; the cache is unchanged on failure.
   void observe(uint32_t layer, size_t n_queries, const void* q, const int32_t* q_positions);
   void compress();
@@ -213,6 +222,21 @@ class Cache final : public StoreView {
   };
   SelectScratch select_;
   uint64_t selection_passes_ = 0;
+
+  // Truncation bookkeeping (cache_truncate.cpp), per layer; not saved in snapshots (a restored
+  // cache starts from restored_floor()). max_position_: an upper bound of the positions the layer
+  // ever held (-1: none). exact_floor_: the positions at or above which truncation is exact from
+  // the cache's side: an eviction (any layer's: the allocation stage weighs all layers) or an
+  // observation that changed the layer's state (H2O's scores, a window that slid) depended on
+  // every token held then, and so moves it past them.
+  std::vector<int32_t> max_position_, exact_floor_;
+  void note_positions(uint32_t layer, const int32_t* positions, size_t n);
+  void note_eviction();  // every layer's floor past what it held
+  // An observation of `layer` with queries at `q_positions` (INT32_MAX: no position, sees all).
+  void note_observation(uint32_t layer, const int32_t* q_positions, size_t n);
+  // After a restore: each layer's bound from what it holds, and a floor past it when the policy's
+  // history (evictions, scores, windows) is unknown.
+  void restored_floor();
 };
 
 }  // namespace kvsdk

@@ -20,6 +20,7 @@
 #include "policy/selection.h"
 #include "util/dtype.h"
 #include "util/error.h"
+#include "util/positions.h"
 
 namespace kvsdk {
 
@@ -309,6 +310,7 @@ bool Cache::apply_caps(const std::vector<uint64_t>& caps, const Append* in, uint
   }
   // 4. Mutate (no allocation from here on): the row store keeps the selected rows, and H2O's
   // scores follow them (kept incoming rows start at 0: nothing attended to them yet).
+  note_eviction();
   plan.commit();
   selection_passes_ += evicts;
   for (uint32_t l = 0; l < n_layers; ++l) {
@@ -481,6 +483,7 @@ void Cache::compress_to(uint64_t target, bool slack) {
       if (charged_ - std::min(charged_, freed) <= target) {
         BudgetReservation r = reservation();
         const uint64_t before = stored_bytes();
+        note_eviction();
         repr_->commit_eviction();
         r.settle(before, stored_bytes());  // returns what the eviction freed
       } else {
@@ -613,6 +616,7 @@ void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32
       policy::h2o_accumulate(qb, geometry_, h, load, store->row_positions(layer, h), n,
                              added[h].data(), scratch_.sums);
     }
+    note_observation(layer, pos, n_queries);
     for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
       float* sc = L.scores[h].data();
       const float* add = added[h].data();
@@ -655,6 +659,11 @@ void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32
       }
     }
   }
+  // A window that drops queries no longer holds what it would without the newest ones; one that
+  // only grew gives them back on truncation.
+  // (Queries without a position would never be given back: they count as every token's.)
+  const bool unpositioned = std::find(pos, pos + n_queries, kUnpositionedQuery) != pos + n_queries;
+  if (drop > 0 || unpositioned) note_observation(layer, pos, n_queries);
   // Slide (no allocation: the capacity is there).
   const uint64_t before = (old_n) * row_bytes;
   if (drop >= old_n) {

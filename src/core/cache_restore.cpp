@@ -47,6 +47,7 @@ std::unique_ptr<Cache> Cache::restore(std::shared_ptr<Context> ctx, const Geomet
          cache->ctx_->available(), " of its ", cache->ctx_->budget(), " budget bytes free");
   }
   r.commit();
+  cache->restored_floor();
   return cache;
 }
 
@@ -64,6 +65,10 @@ std::unique_ptr<Cache> Cache::fork() const {
   }
   std::unique_ptr<Cache> copy = restore(ctx_, geometry_, policy_, std::move(layers), tiers);
   copy->restore_policy_runtime(policy_runtime());
+  // The copy continues this cache's history exactly, so it can truncate as far back as this one
+  // from the cache's side (its stores restart their own history, as after a load).
+  copy->max_position_ = max_position_;
+  copy->exact_floor_ = exact_floor_;
   return copy;
 }
 

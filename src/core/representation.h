@@ -183,6 +183,22 @@ class Representation {
   }
   virtual void restore_exact(uint32_t layer, std::vector<ExactStore> heads);
 
+  // --- Truncation (Cache::truncate, kvsdk_cache_truncate): removing every row of `layer` whose
+  // position is >= `position`, so that the store holds exactly what it would hold had those rows
+  // never been appended: the remaining rows, codes, codebooks, merges, thresholds and statistics
+  // bit for bit. truncate_refusal() says whether the store can: empty when it can (or when the
+  // layer holds no such row), else why not, which the cache reports with KVSDK_E_STATE, changing
+  // nothing. It changes nothing itself. truncate() then removes the rows (no-throw, no
+  // allocation). The cache calls truncate() for every layer with the same position, and only
+  // after truncate_refusal() returned empty for every layer, so a store of layer pairs may cut a
+  // pair on the call of either layer. What the cache itself keeps (H2O's scores, observation
+  // windows, the row counts) and the evictions of the selection stage are the cache's to check.
+  // The defaults refuse whenever the layer holds such a row.
+  virtual std::string truncate_refusal(uint32_t layer, int32_t position) const;
+  virtual void truncate(uint32_t /*layer*/, int32_t /*position*/) noexcept {}
+  // Whether any head of `layer` holds a row at a position >= `position` (through read()).
+  bool holds_from(uint32_t layer, int32_t position) const;
+
   // Snapshot: every store of a covered layer as tier records, and the inverse. restore() is
   // called on a fresh representation with the records of one layer, in the order save() gave.
   virtual std::vector<TierRecord> save(uint32_t layer) const = 0;

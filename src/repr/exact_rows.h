@@ -47,6 +47,12 @@ class ExactRows final : public Representation {
     return &heads_[layer][kv_head];
   }
   void restore_exact(uint32_t layer, std::vector<ExactStore> heads) override;
+  // Any row can go: nothing else depends on it (evictions are the cache's to check).
+  std::string truncate_refusal(uint32_t, int32_t) const override { return {}; }
+  void truncate(uint32_t layer, int32_t position) noexcept override {
+    for (ExactStore& s : heads_[layer]) s.remove_from(position, geometry_.head_dim);
+  }
+
   // Exact rows travel as typed row tables (exact_rows()), not as tier records.
   std::vector<TierRecord> save(uint32_t) const override { return {}; }
   void restore(uint32_t layer, const std::vector<TierRecord>& records) override;

@@ -110,6 +110,22 @@ void KiviRepresentation::read(uint32_t layer, uint32_t kv_head, float* k, float*
   read_head_store(heads_[layer][kv_head], geometry_.head_dim, k, v, positions);
 }
 
+std::string KiviRepresentation::truncate_refusal(uint32_t layer, int32_t position) const {
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    const cpu::KiviHeadStore& s = heads_[layer][h];
+    if (s.can_remove_from(position)) continue;
+    return "layer " + std::to_string(layer) + " quantized tokens at positions >= " +
+           std::to_string(position) + " (or tokens appended with them) into a KIVI block; " +
+           "the exact residual window holds only the last " +
+           std::to_string(s.residual_tokens()) + " tokens";
+  }
+  return {};
+}
+
+void KiviRepresentation::truncate(uint32_t layer, int32_t position) noexcept {
+  for (cpu::KiviHeadStore& s : heads_[layer]) s.remove_from(position);
+}
+
 std::vector<TierRecord> KiviRepresentation::save(uint32_t layer) const {
   std::vector<TierRecord> out(geometry_.n_kv_heads);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
