@@ -8,10 +8,24 @@
 // again, in this or any later process, and goes on numbering its turns. Works interactively or
 // with piped input.
 //
+// Commands (a line starting with '/'), each journaled like a turn (a delta is saved and the turn
+// record rewritten) so that a resume sees it:
+//   /undo        drops the last turn (kvsdk_cache_truncate back to where it began);
+//   /regenerate  drops the last reply and samples a new one (its attempt number changes the
+//                sampling seed);
+//   /fork FILE   saves a copy of the conversation (kvsdk_cache_fork) as a session file of its own
+//                with its own turn record, to be continued later with --resume FILE.
+// A policy that cannot truncate exactly that far back (see kvsdk_cache_truncate) refuses /undo
+// and /regenerate with the library's reason and leaves the conversation as it was. Each reply is
+// sampled from a seed made of --seed, the position where the reply starts and its attempt
+// number, so a resumed conversation samples exactly what an uninterrupted one would.
+//
 // Turn numbers: the snapshot holds the conversation's K/V rows, not its text, and its journal
 // frames are not turns (a delta may span several frames), so the turn count cannot be read back
-// from it. Next to the session file, FILE.turns lists the conversation's length in tokens after
-// each saved turn, one number per line; it is rewritten atomically (temporary file, fsync, rename)
+// from it. Next to the session file, FILE.turns lists each saved turn on a line: the
+// conversation's length in tokens after it, then where its reply began, the prompt's last token
+// and the reply's attempt number (what /regenerate needs; records of older versions hold only
+// the length, and their turns cannot be regenerated); it is rewritten atomically (temporary file, fsync, rename)
 // right after every autosave. A resume counts the listed turns that the loaded conversation
 // contains, plus one when the snapshot holds a turn the list missed (a crash between the two
 // writes); a torn last delta that the load dropped is not counted. Without the record (a session
@@ -23,6 +37,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -66,26 +81,45 @@ void usage(std::FILE* f) {
                "  --journal-percent P   fold the journal into a full save past P%% of the snapshot\n"
                "                        (kvsdk_save_options.max_journal_percent; default 50, 0 never)\n"
                "  --temperature T       0 = greedy (default 0.8)\n"
-               "  --seed N              sampling seed (default 1)\n");
+               "  --seed N              sampling seed (default 1)\n"
+               "commands (a line of their own): /undo (drop the last turn), /regenerate (a new\n"
+               "  last reply), /fork FILE (save a copy of the conversation to continue with\n"
+               "  --resume FILE)\n");
 }
 
 // The turn record next to a session file (see the top of this file).
 std::string turns_path(const std::string& session_file) { return session_file + ".turns"; }
 
-// Conversation length (tokens) after each saved turn; empty when there is no readable record.
-std::vector<int> read_turns(const std::string& session_file) {
-  std::vector<int> ends;
+struct Turn {
+  int end = 0;           // conversation length (tokens) after the turn
+  int reply_start = -1;  // position of the reply's first token (-1: unknown, an older record)
+  int prompt_last = -1;  // the prompt's last token, fed again to regenerate
+  int attempt = 0;       // how many times the reply was regenerated
+};
+
+// The record's turns; empty when there is no readable record.
+std::vector<Turn> read_turns(const std::string& session_file) {
+  std::vector<Turn> turns;
   std::ifstream in(turns_path(session_file));
-  int end = 0;
-  while (in >> end) ends.push_back(end);
-  return ends;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    Turn t;
+    if (!(fields >> t.end)) break;
+    if (!(fields >> t.reply_start >> t.prompt_last >> t.attempt)) t = Turn{t.end};
+    turns.push_back(t);
+  }
+  return turns;
 }
 
 // Rewrites the record atomically: a crash leaves the previous record or the new one.
-void write_turns(const std::string& session_file, const std::vector<int>& ends) {
+void write_turns(const std::string& session_file, const std::vector<Turn>& turns) {
   const std::string path = turns_path(session_file), tmp = path + ".tmp";
   std::string text;
-  for (int e : ends) text += std::to_string(e) + "\n";
+  for (const Turn& t : turns) {
+    text += std::to_string(t.end) + " " + std::to_string(t.reply_start) + " " +
+            std::to_string(t.prompt_last) + " " + std::to_string(t.attempt) + "\n";
+  }
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   bool ok = fd >= 0;
   if (ok) ok = ::write(fd, text.data(), text.size()) == ssize_t(text.size()) && ::fsync(fd) == 0;
@@ -97,17 +131,23 @@ void write_turns(const std::string& session_file, const std::vector<int>& ends) 
   }
 }
 
-// Turns a loaded conversation of `position` tokens holds, from the record `ends`.
-int turns_held(const std::vector<int>& ends, int position) {
-  int turns = 0, last_end = 0;
-  for (int e : ends) {
-    if (e > position) break;  // a turn the snapshot does not hold (e.g. a dropped torn delta)
-    ++turns;
-    last_end = e;
+// Turns a loaded conversation of `position` tokens holds, from the record `turns`.
+int turns_held(const std::vector<Turn>& turns, int position) {
+  int held = 0, last_end = 0;
+  for (const Turn& t : turns) {
+    if (t.end > position) break;  // a turn the snapshot does not hold (e.g. a dropped torn delta)
+    ++held;
+    last_end = t.end;
   }
   // The autosave of the last turn completed but its record did not (a crash in between).
-  if (position > last_end) ++turns;
-  return turns;
+  if (position > last_end) ++held;
+  return held;
+}
+
+// The sampling seed of a reply: the same reply start and attempt sample the same way in any
+// process.
+uint64_t reply_seed(uint64_t seed, int reply_start, int attempt) {
+  return seed + uint64_t(reply_start) * 0x9E3779B97F4A7C15ull + uint64_t(attempt) * 0xBF58476D1CE4E5B9ull;
 }
 
 uint64_t stats_of(const kvsdk_cache* cache, uint64_t* appended) {
@@ -141,7 +181,7 @@ int run(const Options& o) {
 
   std::unique_ptr<llama::Session> session;
   bool saved_once = false;
-  std::vector<int> turn_ends;  // conversation length after each saved turn (FILE.turns)
+  std::vector<Turn> turns;  // the saved turns (FILE.turns)
   if (o.resume) {
     const kvsdk_geometry g = llama::geometry_of(cfg);
     kvsdk_cache* cache = nullptr;
@@ -154,18 +194,18 @@ int run(const Options& o) {
     const int position = int(appended / uint64_t(cfg.n_layers));
     session.reset(new llama::Session(model, cache, position));
     saved_once = true;
-    const std::vector<int> record = read_turns(o.session_file);
+    const std::vector<Turn> record = read_turns(o.session_file);
     if (record.empty()) {
       std::fprintf(stderr, "[no turn record %s: turn numbers restart at 1]\n",
                    turns_path(o.session_file).c_str());
     } else {
-      // Keep the record's ends of the turns held; a turn it missed ends at `position`.
-      const size_t turns = size_t(turns_held(record, position));
-      turn_ends.assign(record.begin(), record.begin() + long(std::min(record.size(), turns)));
-      if (turn_ends.size() < turns) turn_ends.push_back(position);
+      // Keep the record's turns held; a turn it missed ends at `position`.
+      const size_t held = size_t(turns_held(record, position));
+      turns.assign(record.begin(), record.begin() + long(std::min(record.size(), held)));
+      if (turns.size() < held) turns.push_back(Turn{position});
     }
     std::fprintf(stderr, "[resumed %s: %d tokens, %d turns, %u journal turns applied%s]\n",
-                 o.session_file.c_str(), position, int(turn_ends.size()),
+                 o.session_file.c_str(), position, int(turns.size()),
                  unsigned(info.journal_frames_applied),
                  info.journal_frames_dropped ? ", a torn last turn was dropped" : "");
   } else {
@@ -174,25 +214,13 @@ int run(const Options& o) {
     session.reset(new llama::Session(model, ctx, &policy));
   }
 
-  llama::Sampler sampler(o.temperature, o.seed + uint64_t(session->position()));
   const int newline = tok.encode("\n", false).empty() ? -1 : tok.encode("\n", false).back();
-  std::string line;
-  const bool interactive = isatty(0);
-  if (interactive) std::printf("%s: ", o.user.c_str());
-  while (std::getline(std::cin, line)) {
-    if (line.empty()) continue;
-    const std::string framed = o.user + ":\n" + line + "\n\n" + o.bot + ":\n";
-    std::vector<int> ids = tok.encode(framed, session->position() == 0 && tok.size() > 258);
-    if (session->position() == 0 && tok.size() > 258) ids.insert(ids.begin(), llama::Tokenizer::kBos);
-    if (session->position() + int(ids.size()) + o.reply_tokens > cfg.seq_len) {
-      std::fprintf(stderr, "[the conversation reached the model's context of %d tokens]\n", cfg.seq_len);
-      break;
-    }
-    std::vector<float> logits(V);
-    llama::prefill(*session, ids, 16, logits.data());
+  std::vector<float> logits(V);
+  // Samples, prints and feeds a reply after `prev` (the prompt's last token), whose logits are in
+  // `logits`; stops after a blank line (the end of a speech) or the token limit.
+  const auto reply = [&](int prev, int attempt) {
+    llama::Sampler sampler(o.temperature, reply_seed(o.seed, session->position(), attempt));
     std::printf("%s:\n", o.bot.c_str());
-    // Reply: sample, print, feed; stop after a blank line (end of a speech) or the token limit.
-    int prev = ids.back();
     bool spoke = false;  // a blank line only ends the speech after some text
     for (int i = 0; i < o.reply_tokens; ++i) {
       const int next = sampler.sample(logits.data(), V);
@@ -206,7 +234,9 @@ int run(const Options& o) {
       if (end_of_speech || next == llama::Tokenizer::kEos) break;
     }
     if (prev != newline) std::fputc('\n', stdout);
-    // Autosave: a full snapshot once, then one journal delta per turn.
+  };
+  // Autosave (a full snapshot once, then one journal delta per change) and the turn record.
+  const auto autosave = [&](const char* what) {
     kvsdk_save_options save;
     kvsdk_save_options_init(&save);
     save.max_journal_percent = o.journal_percent;
@@ -214,11 +244,80 @@ int run(const Options& o) {
                                        : kvsdk_cache_save(session->cache(), o.session_file.c_str(), &save);
     llama::check(st, saved_once ? "kvsdk_cache_save_delta" : "kvsdk_cache_save");
     saved_once = true;
-    turn_ends.push_back(session->position());
-    write_turns(o.session_file, turn_ends);
-    std::fprintf(stderr, "[turn %d saved to %s: %d tokens, %llu cache bytes]\n",
-                 int(turn_ends.size()), o.session_file.c_str(), session->position(),
+    write_turns(o.session_file, turns);
+    std::fprintf(stderr, "[%s %d saved to %s: %d tokens, %llu cache bytes]\n", what,
+                 int(turns.size()), o.session_file.c_str(), session->position(),
                  (unsigned long long)stats_of(session->cache(), nullptr));
+  };
+  // Rewinds to `position`; false (the library's reason printed, nothing changed) when the
+  // policy cannot do it exactly.
+  const auto rewind = [&](int position, const char* command) {
+    try {
+      session->truncate(position);
+      return true;
+    } catch (const llama::KvsdkError& e) {
+      if (e.status() != KVSDK_E_STATE) throw;
+      std::fprintf(stderr, "[%s refused, the conversation is unchanged: %s]\n", command, e.what());
+      return false;
+    }
+  };
+
+  std::string line;
+  const bool interactive = isatty(0);
+  if (interactive) std::printf("%s: ", o.user.c_str());
+  while (std::getline(std::cin, line)) {
+    if (line.empty()) continue;
+    if (line == "/undo") {
+      if (turns.empty()) {
+        std::fprintf(stderr, "[/undo: no turn to undo]\n");
+      } else if (rewind(turns.size() > 1 ? turns[turns.size() - 2].end : 0, "/undo")) {
+        turns.pop_back();
+        autosave("undo: back to turn");
+      }
+    } else if (line == "/regenerate") {
+      if (turns.empty() || turns.back().reply_start < 1 || turns.back().prompt_last < 0) {
+        std::fprintf(stderr, "[/regenerate: no reply this session can regenerate]\n");
+      } else if (rewind(turns.back().reply_start - 1, "/regenerate")) {
+        // The prompt's last token again gives the logits the reply starts from.
+        Turn& t = turns.back();
+        std::copy_n(session->step(t.prompt_last), V, logits.data());
+        ++t.attempt;
+        reply(t.prompt_last, t.attempt);
+        t.end = session->position();
+        autosave("regenerated turn");
+      }
+    } else if (line.rfind("/fork ", 0) == 0 && line.size() > 6) {
+      const std::string file = line.substr(6);
+      kvsdk_cache* copy = nullptr;
+      llama::check(kvsdk_cache_fork(&copy, session->cache()), "kvsdk_cache_fork");
+      kvsdk_save_options save;
+      kvsdk_save_options_init(&save);
+      save.max_journal_percent = o.journal_percent;
+      const kvsdk_status st = kvsdk_cache_save(copy, file.c_str(), &save);
+      kvsdk_cache_destroy(copy);
+      llama::check(st, "kvsdk_cache_save");
+      write_turns(file, turns);
+      std::fprintf(stderr, "[forked turn %d to %s: continue it with --resume %s]\n",
+                   int(turns.size()), file.c_str(), file.c_str());
+    } else if (line[0] == '/') {
+      std::fprintf(stderr, "[unknown command %s: /undo, /regenerate, /fork FILE]\n", line.c_str());
+    } else {
+      const std::string framed = o.user + ":\n" + line + "\n\n" + o.bot + ":\n";
+      std::vector<int> ids = tok.encode(framed, session->position() == 0 && tok.size() > 258);
+      if (session->position() == 0 && tok.size() > 258) ids.insert(ids.begin(), llama::Tokenizer::kBos);
+      if (session->position() + int(ids.size()) + o.reply_tokens > cfg.seq_len) {
+        std::fprintf(stderr, "[the conversation reached the model's context of %d tokens]\n", cfg.seq_len);
+        break;
+      }
+      llama::prefill(*session, ids, 16, logits.data());
+      Turn t;
+      t.reply_start = session->position();
+      t.prompt_last = ids.back();
+      reply(ids.back(), 0);
+      t.end = session->position();
+      turns.push_back(t);
+      autosave("turn");
+    }
     if (interactive) std::printf("%s: ", o.user.c_str());
   }
   return 0;

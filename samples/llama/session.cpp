@@ -65,6 +65,15 @@ void Session::forward(const int* tokens, size_t n, float* logits, bool all_logit
   final_logits(model_, x.data(), n, all_logits ? 0 : n - 1, logits);
 }
 
+void Session::truncate(int position) {
+  if (position < 0 || position > position_) {
+    throw Error("Session::truncate: position " + std::to_string(position) + " outside 0 .. " +
+                std::to_string(position_));
+  }
+  check(kvsdk_cache_truncate(cache_, position), "kvsdk_cache_truncate");
+  position_ = position;
+}
+
 void Session::plan_prefill(const int* tokens, size_t n, kvsdk_planner* planner,
                            size_t window) const {
   if (n == 0) return;

@@ -42,6 +42,11 @@ class Session {
   // Feeds one token and returns its next-token logits (vocab_size floats, owned by the session).
   const float* step(int token);
 
+  // Rewinds the conversation to `position` (kvsdk_cache_truncate): the tokens from there on are
+  // gone and the next token goes to `position`. Throws KvsdkError (the session unchanged) when
+  // the cache's policy cannot remove them exactly (KVSDK_E_STATE).
+  void truncate(int position);
+
   int position() const { return position_; }
   kvsdk_cache* cache() const { return cache_; }
   const Model& model() const { return model_; }

@@ -114,10 +114,11 @@ std::string KiviRepresentation::truncate_refusal(uint32_t layer, int32_t positio
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     const cpu::KiviHeadStore& s = heads_[layer][h];
     if (s.can_remove_from(position)) continue;
-    return "layer " + std::to_string(layer) + " quantized tokens at positions >= " +
-           std::to_string(position) + " (or tokens appended with them) into a KIVI block; " +
-           "the exact residual window holds only the last " +
-           std::to_string(s.residual_tokens()) + " tokens";
+    const size_t since = s.residual_tokens() - std::min<size_t>(s.residual_tokens(),
+                                                                  s.config().residual);
+    return "layer " + std::to_string(layer) + " quantized a KIVI block while it held tokens " +
+           "from position " + std::to_string(position) + " on; only the " +
+           std::to_string(since) + " tokens appended since its last flush can go";
   }
   return {};
 }
