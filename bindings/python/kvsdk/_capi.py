@@ -112,6 +112,7 @@ _FUNCTIONS = {
                                     POINTER(kvsdk_policy)]),
     "kvsdk_cache_destroy": (None, [handle]),
     "kvsdk_cache_fork": (status, [POINTER(handle), handle]),
+    "kvsdk_cache_truncate": (status, [handle, c_int32]),
     "kvsdk_cache_geometry": (status, [handle, POINTER(kvsdk_geometry)]),
     "kvsdk_cache_append": (status, [handle, c_uint32, c_size_t, c_void_p, c_void_p,
                                     POINTER(c_int32), c_size_t]),

@@ -55,6 +55,16 @@ class Cache(OwnedHandle, CompressionMixin, SnapshotMixin, SpeCacheMixin):
         check(lib.kvsdk_cache_fork(ctypes.byref(handle), self.handle))
         return type(self)._from_handle(handle)
 
+    def truncate(self, position):
+        """Removes every token at `position` or later (kvsdk_cache_truncate), exactly or not at
+        all: afterwards the cache holds what one that never received them would. Raises
+        KvsdkError with status STATE (the cache unchanged) where the policy cannot be exact
+        that far back; kvsdk.h lists each policy's reach."""
+        position = int(position)
+        if not -2**31 <= position < 2**31:
+            raise ValueError(f"position {position} does not fit an int32")
+        check(lib.kvsdk_cache_truncate(self.handle, position))
+
     @classmethod
     def _from_handle(cls, handle):
         """Takes ownership of a raw handle returned by the library (e.g. a loader)."""

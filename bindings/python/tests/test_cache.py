@@ -40,6 +40,33 @@ class CacheTest(unittest.TestCase):
         b.append(0, kv([6], g, 1.0), kv([6], g, -0.5), [6])
         self.assertEqual(b.stats().tokens, 7 * g.n_kv_heads)
 
+    def test_truncate_rewinds_exactly_or_refuses(self):
+        g = geometry()
+        ctx = kvsdk.Context()
+        a = kvsdk.Cache(ctx, g, kvsdk.Policy.parse("full"))
+        b = kvsdk.Cache(ctx, g, kvsdk.Policy.parse("full"))
+        a.append(0, kv(range(6), g, 1.0), kv(range(6), g, -0.5), range(6))
+        b.append(0, kv(range(4), g, 1.0), kv(range(4), g, -0.5), range(4))
+        a.truncate(4)
+        self.assertEqual(a.stats().tokens, 4 * g.n_kv_heads)
+        self.assertEqual(a.stats().bytes, b.stats().bytes)
+        q = [(i % 5) / 4.0 for i in range(g.q_elems_per_query)]
+        self.assertEqual(list(a.attend(0, q, [9])), list(b.attend(0, q, [9])))
+        with self.assertRaises(kvsdk.KvsdkError) as e:
+            a.truncate(-1)
+        self.assertEqual(e.exception.status, kvsdk.Status.INVALID_ARG)
+        with self.assertRaises(ValueError):
+            a.truncate(2**31)
+        # kivi (blocks of 32 after a residual of 128) has quantized the first tokens of 200.
+        k = kvsdk.Cache(ctx, g, kvsdk.Policy.parse("kivi"))
+        k.append(0, kv(range(200), g, 1.0), kv(range(200), g, -0.5), range(200))
+        before = k.stats().bytes
+        with self.assertRaises(kvsdk.KvsdkError) as e:
+            k.truncate(10)
+        self.assertEqual(e.exception.status, kvsdk.Status.STATE)
+        self.assertIn("exactly", str(e.exception))
+        self.assertEqual(k.stats().bytes, before)
+
     def test_append_read_attend_and_stats(self):
         g = geometry()
         ctx = kvsdk.Context()

@@ -177,6 +177,8 @@ int main(int argc, char **argv) {
     kvsdk_cache *branch = NULL;
     must(kvsdk_cache_fork(&branch, loaded), "fork");
     for (layer = 0; layer < LAYERS; ++layer) decode_step(branch, layer, PROMPT + DECODE + 1, 0);
+    put_i32(kvsdk_cache_truncate(branch, PROMPT + DECODE + 1));
+    for (layer = 0; layer < LAYERS; ++layer) decode_step(branch, layer, PROMPT + DECODE + 1, 0);
     kvsdk_cache_destroy(branch);
   }
 

@@ -87,6 +87,13 @@ def main(record_path, snapshot_path):
     branch = loaded.fork()
     for layer in range(LAYERS):
         decode_step(branch, layer, PROMPT + DECODE + 1, False)
+    try:
+        branch.truncate(PROMPT + DECODE + 1)
+        rec.i32s([0])
+    except kvsdk.KvsdkError as e:
+        rec.i32s([int(e.status)])
+    for layer in range(LAYERS):
+        decode_step(branch, layer, PROMPT + DECODE + 1, False)
     branch.close()
     loaded.close()
     cache.close()

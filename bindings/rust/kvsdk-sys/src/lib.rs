@@ -234,6 +234,7 @@ extern "C" {
     pub fn kvsdk_cache_destroy(cache: *mut kvsdk_cache);
     pub fn kvsdk_cache_fork(out: *mut *mut kvsdk_cache, cache: *const kvsdk_cache)
         -> kvsdk_status;
+    pub fn kvsdk_cache_truncate(cache: *mut kvsdk_cache, position: i32) -> kvsdk_status;
     pub fn kvsdk_cache_geometry(
         cache: *const kvsdk_cache,
         out: *mut kvsdk_geometry,

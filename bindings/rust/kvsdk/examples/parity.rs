@@ -133,6 +133,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for layer in 0..LAYERS {
         sc.decode_step(&mut branch, layer, PROMPT + DECODE + 1, false)?;
     }
+    let status = match branch.truncate(PROMPT + DECODE + 1) {
+        Ok(()) => 0,
+        Err(e) => e.status.raw(),
+    };
+    sc.rec.i32s(&[status]);
+    for layer in 0..LAYERS {
+        sc.decode_step(&mut branch, layer, PROMPT + DECODE + 1, false)?;
+    }
     std::fs::write(&record_path, &sc.rec.0)?;
     Ok(())
 }

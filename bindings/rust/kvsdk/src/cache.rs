@@ -76,6 +76,15 @@ impl Cache {
         Ok(Cache { raw, geometry: self.geometry })
     }
 
+    /// Removes every token at `position` or later (kvsdk_cache_truncate), exactly or not at
+    /// all: afterwards the cache holds what one that never received them would. Fails with
+    /// `Status::State` (the cache unchanged) where the policy cannot be exact that far back;
+    /// kvsdk.h lists each policy's reach.
+    pub fn truncate(&mut self, position: i32) -> Result<()> {
+        // SAFETY: live handle.
+        check(unsafe { sys::kvsdk_cache_truncate(self.raw.as_ptr(), position) })
+    }
+
     /// The raw handle, still owned by `self`.
     pub fn as_ptr(&self) -> *mut sys::kvsdk_cache {
         self.raw.as_ptr()

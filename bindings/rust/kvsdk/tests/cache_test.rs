@@ -219,6 +219,33 @@ fn smallkv_proxy_link_borrows_both_caches() {
 }
 
 #[test]
+fn truncate_rewinds_exactly_or_refuses() {
+    let g = geometry();
+    let ctx = Context::with_budget(0).unwrap();
+    let full = Policy::parse("full").unwrap();
+    let mut a = Cache::new(&ctx, &g, &full).unwrap();
+    let mut b = Cache::new(&ctx, &g, &full).unwrap();
+    let six: Vec<i32> = (0..6).collect();
+    a.append(0, &kv(0..6, &g, 1.0), &kv(0..6, &g, -0.5), &six).unwrap();
+    b.append(0, &kv(0..4, &g, 1.0), &kv(0..4, &g, -0.5), &six[..4]).unwrap();
+    a.truncate(4).unwrap();
+    assert_eq!(a.stats().unwrap().tokens, 4 * g.n_kv_heads as u64);
+    assert_eq!(a.stats().unwrap().bytes, b.stats().unwrap().bytes);
+    let q: Vec<f32> = (0..g.n_q_heads * g.head_dim).map(|i| (i % 5) as f32 / 4.0).collect();
+    assert_eq!(a.attend(0, &q, Some(&[9])).unwrap(), b.attend(0, &q, Some(&[9])).unwrap());
+    assert_eq!(a.truncate(-1).unwrap_err().status, Status::InvalidArg);
+    // kivi (blocks of 32 after a residual of 128) has quantized the first tokens of 200.
+    let mut k = Cache::new(&ctx, &g, &Policy::parse("kivi").unwrap()).unwrap();
+    let many: Vec<i32> = (0..200).collect();
+    k.append(0, &kv(0..200, &g, 1.0), &kv(0..200, &g, -0.5), &many).unwrap();
+    let before = k.stats().unwrap().bytes;
+    let err = k.truncate(10).unwrap_err();
+    assert_eq!(err.status, Status::State);
+    assert!(err.message.contains("exactly"), "{}", err.message);
+    assert_eq!(k.stats().unwrap().bytes, before);
+}
+
+#[test]
 fn fork_continues_like_the_original_and_is_charged() {
     let g = geometry();
     let ctx = Context::with_budget(0).unwrap();

@@ -51,6 +51,14 @@ public final class Cache {
         return try Cache(adopting: out!)
     }
 
+    /// Removes every token at `position` or later (kvsdk_cache_truncate), exactly or not at all:
+    /// afterwards the cache holds what one that never received them would. Throws
+    /// KVSDKError with status .state (the cache unchanged) where the policy cannot be exact that
+    /// far back; kvsdk.h lists each policy's reach.
+    public func truncate(from position: Int32) throws {
+        try check(kvsdk_cache_truncate(handle, position))
+    }
+
     static func geometry(of handle: OpaquePointer) throws -> Geometry {
         var raw = kvsdk_geometry()
         _ = kvsdk_geometry_init(&raw)

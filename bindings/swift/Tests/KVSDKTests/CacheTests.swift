@@ -93,6 +93,34 @@ final class CacheTests: XCTestCase {
         XCTAssertEqual(status { _ = try Policy(parsing: "no-such-method") }, .invalidArg)
     }
 
+    func testTruncateRewindsExactlyOrRefuses() throws {
+        let context = try Context()
+        let a = try Cache(context: context, geometry: geometry)
+        let b = try Cache(context: context, geometry: geometry)
+        try a.append(layer: 0, keys: kv(0..<6, scale: 1), values: kv(0..<6, scale: -0.5),
+                     positions: [0, 1, 2, 3, 4, 5])
+        try b.append(layer: 0, keys: kv(0..<4, scale: 1), values: kv(0..<4, scale: -0.5),
+                     positions: [0, 1, 2, 3])
+        try a.truncate(from: 4)
+        XCTAssertEqual(try a.stats().tokens, 8)
+        XCTAssertEqual(try a.stats().bytes, try b.stats().bytes)
+        let q = (0..<geometry.qElementsPerQuery).map { Float($0 % 5) / 4 }
+        XCTAssertEqual(try a.attend(layer: 0, queries: q, queryPositions: [9]),
+                       try b.attend(layer: 0, queries: q, queryPositions: [9]))
+        XCTAssertThrowsError(try a.truncate(from: -1)) { e in
+            XCTAssertEqual((e as? KVSDKError)?.status, .invalidArg)
+        }
+        // kivi (blocks of 32 after a residual of 128) has quantized the first tokens of 200.
+        let k = try Cache(context: context, geometry: geometry, policy: Policy(parsing: "kivi"))
+        try k.append(layer: 0, keys: kv(0..<200, scale: 1), values: kv(0..<200, scale: -0.5),
+                     positions: (0..<200).map { Int32($0) })
+        let before = try k.stats()
+        XCTAssertThrowsError(try k.truncate(from: 10)) { e in
+            XCTAssertEqual((e as? KVSDKError)?.status, .state)
+        }
+        XCTAssertEqual(try k.stats(), before)
+    }
+
     func testMethodsRoundTripThroughNames() throws {
         for m in Method.allCases {
             XCTAssertEqual(try Policy(parsing: m.name).method, m)
