@@ -426,6 +426,41 @@ KVSDK_API kvsdk_status kvsdk_cache_fork(kvsdk_cache **out, const kvsdk_cache *ca
  *  Threading: changes `cache` (one thread at a time per cache). */
 KVSDK_API kvsdk_status kvsdk_cache_truncate(kvsdk_cache *cache, int32_t position);
 
+/** Freezes `cache`, e.g. a system prompt's, so that it can be the shared prefix of many
+ *  conversations (kvsdk_cache_create_on_prefix). A frozen cache is read-only: attend, read,
+ *  stats, save and fork work; append, truncate, observe, compress, set_budget, allocations,
+ *  prefetch and being a SmallKV proxy fail with KVSDK_E_STATE, changing nothing. Freezing is
+ *  final (a fork of a frozen cache is not frozen) and idempotent.
+ *  Errors: KVSDK_E_INVALID_ARG (NULL), KVSDK_E_UNSUPPORTED (policies whose attention changes their
+ *          own state cannot be shared: smallkv, specache), KVSDK_E_STATE (the cache is a SmallKV
+ *          proxy right now).
+ *  Threading: changes `cache` (one thread at a time per cache). */
+KVSDK_API kvsdk_status kvsdk_cache_freeze(kvsdk_cache *cache);
+
+/** Creates in `*out` an empty conversation that continues the frozen cache `prefix`: its
+ *  attention runs over the prefix's rows and then its own, in one softmax, without copying the
+ *  prefix. It lives in the prefix's context and takes its geometry; `policy` (NULL: full) applies
+ *  to its own rows only: eviction never touches the prefix, and the prefix stays as its own
+ *  policy stored it (e.g. a kivi prefix stays quantized as it was when frozen, and a conversation
+ *  of policy kivi quantizes its own rows in blocks of its own). So the outputs equal those of one
+ *  cache holding the prefix's rows and then the conversation's, to float rounding (the two parts
+ *  are merged by their log-sum-exps, within about 1e-6 relative); for 'full' over 'full' that is
+ *  exactly a private copy of the prefix. Append the conversation's tokens at positions after the
+ *  prefix's: a query sees the prefix tokens at positions <= its own.
+ *  Budget: the prefix's bytes are charged once, to the prefix (the handle may be destroyed: the
+ *  prefix stays alive, and charged, until its last conversation is destroyed); each conversation
+ *  charges, and its stats, read and truncate report, only its own rows. Forks share the prefix.
+ *  Snapshots: kvsdk_save_options.prefix says whether a conversation's snapshot embeds its
+ *  prefix or references it by content hash (kvsdk_cache_load_on_prefix).
+ *  Cost: each attend also computes the two parts' log-sum-exps in a second pass over the keys
+ *  (reference speed), and the conversations of one prefix attend over it one at a time (a lock).
+ *  Errors: KVSDK_E_INVALID_ARG (NULL out/prefix, invalid policy), KVSDK_E_STATE (the prefix is not
+ *          frozen), KVSDK_E_UNSUPPORTED (policy not built), KVSDK_E_NO_MEMORY. On failure `*out`
+ *          is untouched.
+ *  Threading: reads `prefix`; conversations of one prefix may run on different threads. */
+KVSDK_API kvsdk_status kvsdk_cache_create_on_prefix(kvsdk_cache **out, kvsdk_cache *prefix,
+                                                    const kvsdk_policy *policy);
+
 /** Copies the cache's geometry into `*out` (out->struct_size must be set, e.g. by
  *  kvsdk_geometry_init). A struct of an older kvsdk.h (smaller struct_size) receives the fields
  *  it has; struct_size is set to the bytes written.

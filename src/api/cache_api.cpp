@@ -73,6 +73,23 @@ KVSDK_API kvsdk_status kvsdk_cache_fork(kvsdk_cache** out, const kvsdk_cache* ca
   });
 }
 
+KVSDK_API kvsdk_status kvsdk_cache_freeze(kvsdk_cache* cache) {
+  return guard("kvsdk_cache_freeze", [&] { impl(cache).freeze(); });
+}
+
+KVSDK_API kvsdk_status kvsdk_cache_create_on_prefix(kvsdk_cache** out, kvsdk_cache* prefix,
+                                                    const kvsdk_policy* policy) {
+  return guard("kvsdk_cache_create_on_prefix", [&] {
+    KVSDK_REQUIRE(out != nullptr, "out is NULL");
+    KVSDK_REQUIRE(prefix != nullptr && prefix->impl, "prefix is NULL");
+    const kvsdk_policy p = policy ? policy_from_c(policy) : policy_defaults(KVSDK_METHOD_FULL);
+    require_policy_implemented(p);
+    auto handle = std::make_unique<kvsdk_cache>();
+    handle->impl = Cache::on_prefix(prefix->impl, p);
+    *out = handle.release();
+  });
+}
+
 KVSDK_API kvsdk_status kvsdk_cache_truncate(kvsdk_cache* cache, int32_t position) {
   return guard("kvsdk_cache_truncate", [&] { impl(cache).truncate(position); });
 }

@@ -30,6 +30,10 @@ KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache* cache, kvsdk_cache* pr
     KVSDK_REQUIRE(p.policy().method == KVSDK_METHOD_FULL, "the proxy's policy is '",
                   policy_spec(p.policy()), "'; it must be 'full' (SmallKV needs the proxy's "
                   "attention over its whole cache)");
+    if (p.frozen()) {
+      fail(KVSDK_E_STATE, "the proxy cache is frozen (a shared prefix); a proxy keeps growing "
+           "with the conversation");
+    }
     if (p.has_attention_tap()) {
       // Either this cache's current proxy (set again: nothing to do) or another cache's.
       if (repr->proxy_cache() == &p) return;

@@ -23,6 +23,10 @@ namespace {
 
 kvsdk_cache& handle(kvsdk_cache* cache) {
   KVSDK_REQUIRE(cache != nullptr && cache->impl, "cache is NULL");
+  if (cache->impl->prefix()) {
+    fail(KVSDK_E_UNSUPPORTED, "snapshots of a conversation on a shared prefix are not "
+         "implemented yet");
+  }
   return *cache;
 }
 

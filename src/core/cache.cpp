@@ -75,6 +75,7 @@ LayerState Cache::layer_image(uint32_t l) const {
 
 void Cache::append(uint32_t layer, size_t n_tokens, const void* k, const void* v,
                    const int32_t* positions) {
+  check_mutable("append");
   check_layer(layer);
   check_positions(positions, n_tokens, "positions");  // before anything changes
   // (An upper bound: a refused append leaves it raised, which only makes truncation stricter.)
@@ -174,6 +175,7 @@ void Cache::pack_queries(uint32_t kv_head, size_t n_queries, const void* q,
 
 void Cache::prefetch(uint32_t layer, size_t n_queries, const void* q,
                      const int32_t* q_positions) {
+  check_mutable("prefetch");
   check_layer(layer);
   Representation& s = store(layer);
   if (!traits_.prefetches) {
@@ -248,6 +250,7 @@ void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_
   } else {
     for (uint32_t g = 0; g < n_kv; ++g) head(g);
   }
+  if (prefix_) merge_prefix(layer, q_rows.data(), row_pos.data(), n_rows, out_rows.data());
   for (uint32_t g = 0; g < n_kv; ++g) {
     for (size_t i = 0; i < n_queries; ++i) {
       for (uint32_t j = 0; j < group; ++j) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "core/budget_reservation.h"
@@ -63,6 +64,19 @@ class Cache final : public StoreView {
               size_t capacity) const;
   size_t head_tokens(uint32_t layer, uint32_t kv_head) const override;
 
+  // Shared prefixes (kvsdk_cache_freeze, kvsdk_cache_create_on_prefix; cache_prefix.cpp). A frozen
+  // cache is read-only (every mutator throws KVSDK_E_STATE) and may be the prefix of caches in
+  // its context, which attend over its rows and their own ones without copying them; it stays
+  // alive (and charged, once) as long as any of them does. Throws KVSDK_E_UNSUPPORTED for
+  // policies whose attention changes their state (smallkv, specache).
+  void freeze();
+  bool frozen() const { return frozen_; }
+  // A new, empty cache of `policy` whose rows continue `prefix` (frozen; KVSDK_E_STATE
+  // otherwise), in its context and geometry.
+  static std::unique_ptr<Cache> on_prefix(std::shared_ptr<const Cache> prefix,
+                                          const kvsdk_policy& policy);
+  const std::shared_ptr<const Cache>& prefix() const { return prefix_; }
+
   // Removes every token at a position >= `position` from every layer and tier (kvsdk_cache_truncate;
   // cache_truncate.cpp), leaving exactly the cache that never held them, or throws
   // KVSDK_E_STATE (nothing changed) where some layer cannot be exact: a store's own reason
@@ -118,6 +132,12 @@ class Cache final : public StoreView {
  private:
   Representation& store(uint32_t layer);
   void check_layer(uint32_t layer) const;
+  // Every mutator starts here: a frozen cache changes no more (KVSDK_E_STATE).
+  void check_mutable(const char* what) const;
+  // attend() over a shared prefix: merges each KV head's output over the own rows (out_rows)
+  // with the prefix's, weighted by their log-sum-exps (cache_prefix.cpp).
+  void merge_prefix(uint32_t layer, const float* q_rows, const int32_t* row_pos, size_t n_rows,
+                    float* out_rows) const;
   bool covered(uint32_t layer) const;
   BudgetReservation reservation() { return BudgetReservation(*ctx_, charged_, cache_budget_); }
   // The queries of KV head `kv_head`'s group as f32 rows [n_queries * group][head_dim].
@@ -223,6 +243,18 @@ class Cache final : public StoreView {
   SelectScratch select_;
   uint64_t selection_passes_ = 0;
 
+  // Shared prefixes: the frozen cache this one continues (null: none), whether this one is
+  // frozen, and in a prefix the lock that serializes its dependents' attention over it (its
+  // stores keep per-call scratch, and dependents may run on different threads).
+  std::shared_ptr<const Cache> prefix_;
+  bool frozen_ = false;
+  mutable std::mutex prefix_lock_;
+  struct PrefixScratch {
+    std::vector<float> out, lse_own, lse_prefix;
+    Representation::LseScratch lse;
+  };
+  mutable PrefixScratch prefix_scratch_;
+
   // Truncation bookkeeping (cache_truncate.cpp), per layer; not saved in snapshots (a restored
   // cache starts from restored_floor()). max_position_: an upper bound of the positions the layer
   // ever held (-1: none). exact_floor_: the positions at or above which truncation is exact from
@@ -246,7 +278,8 @@ struct JournalBase;
 }
 
 struct kvsdk_cache {
-  std::unique_ptr<kvsdk::Cache> impl;
+  // Shared: a frozen cache stays alive while caches that continue it hold it as their prefix.
+  std::shared_ptr<kvsdk::Cache> impl;
   // What the last snapshot save/load of this cache recorded, so that kvsdk_cache_save_delta can
   // append exactly what changed since (formats/journal.h). Null until the first save or load.
   std::shared_ptr<kvsdk::format::JournalBase> journal;

@@ -519,12 +519,14 @@ void Cache::compress_to(uint64_t target, bool slack) {
 }
 
 void Cache::compress() {
+  check_mutable("compress");
   const uint64_t target = target_bytes();
   if (target == kUnlimited && fixed_alloc_.empty()) return;  // no budget: nothing to enforce
   compress_to(target);
 }
 
 void Cache::set_budget(uint64_t bytes) {
+  check_mutable("set_budget");
   const uint64_t old = cache_budget_;
   cache_budget_ = bytes;
   try {
@@ -536,6 +538,7 @@ void Cache::set_budget(uint64_t bytes) {
 }
 
 void Cache::set_allocation(const std::vector<uint64_t>& tokens) {
+  check_mutable("set_allocation");
   if (!tokens.empty()) {
     KVSDK_REQUIRE(tokens.size() == geometry_.n_layers, "the allocation has ", tokens.size(),
                   " layers but the geometry has ", geometry_.n_layers);
@@ -566,6 +569,7 @@ void Cache::set_allocation(const std::vector<uint64_t>& tokens) {
 }
 
 void Cache::set_profile_shares(const std::vector<double>& shares) {
+  check_mutable("set_profile_shares");
   if (!shares.empty()) {
     KVSDK_REQUIRE(shares.size() == geometry_.n_layers, "the profile has ", shares.size(),
                   " layers but the geometry has ", geometry_.n_layers);
@@ -585,6 +589,7 @@ void Cache::set_profile_shares(const std::vector<double>& shares) {
 }
 
 void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32_t* q_positions) {
+  check_mutable("observe");
   check_layer(layer);
   const bool h2o = traits_.scores_rows();
   if (!h2o && !traits_.uses_window()) return;  // no attention signal (full, streaming_llm, ...)

@@ -67,6 +67,7 @@ std::unique_ptr<Cache> Cache::fork() const {
   copy->restore_policy_runtime(policy_runtime());
   // The copy continues this cache's history exactly, so it can truncate as far back as this one
   // from the cache's side (its stores restart their own history, as after a load).
+  copy->prefix_ = prefix_;  // the same shared prefix (the copy itself is not frozen)
   copy->max_position_ = max_position_;
   copy->exact_floor_ = exact_floor_;
   return copy;

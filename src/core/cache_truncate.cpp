@@ -64,6 +64,7 @@ void Cache::restored_floor() {
 }
 
 void Cache::truncate(int32_t position) {
+  check_mutable("truncate");
   if (!valid_position(position)) {
     fail(KVSDK_E_INVALID_ARG, "truncate position ", position,
          " is outside 0 .. KVSDK_MAX_POSITION = ", KVSDK_MAX_POSITION);

@@ -199,6 +199,18 @@ class Representation {
   // Whether any head of `layer` holds a row at a position >= `position` (through read()).
   bool holds_from(uint32_t layer, int32_t position) const;
 
+  // The log-sum-exp of each query row's scaled scores over one KV head's rows as attention sees
+  // them (causal as attend(); -inf when the row sees none): with attend()'s output, what merges
+  // the attention of two stores (a shared prefix and a conversation's own rows) exactly. A second
+  // pass over the keys through read(), in `scratch` (reused: no allocation once grown).
+  struct LseScratch {
+    std::vector<float> k, v;
+    std::vector<int32_t> pos;
+  };
+  void attention_lse(uint32_t layer, uint32_t kv_head, const float* q_rows,
+                     const int32_t* row_positions, size_t n_rows, float* lse,
+                     LseScratch& scratch) const;
+
   // Snapshot: every store of a covered layer as tier records, and the inverse. restore() is
   // called on a fresh representation with the records of one layer, in the order save() gave.
   virtual std::vector<TierRecord> save(uint32_t layer) const = 0;

@@ -1,6 +1,8 @@
 #include "core/representation.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/method_traits.h"
@@ -83,6 +85,41 @@ bool Representation::holds_from(uint32_t layer, int32_t position) const {
     }
   }
   return false;
+}
+
+void Representation::attention_lse(uint32_t layer, uint32_t kv_head, const float* q_rows,
+                                   const int32_t* row_positions, size_t n_rows, float* lse,
+                                   LseScratch& s) const {
+  const size_t n = head_tokens(layer, kv_head), dim = geometry_.head_dim;
+  float* k = at_least(s.k, n * dim).data();
+  float* v = at_least(s.v, n * dim).data();  // (read() fills both; values unused)
+  int32_t* pos = at_least(s.pos, n).data();
+  if (n > 0) read(layer, kv_head, k, v, pos);
+  const float scale = geometry_.attn_scale;
+  for (size_t r = 0; r < n_rows; ++r) {
+    const float* q = q_rows + r * dim;
+    // Two passes (max, then the sum of exponentials below it) in double: the weights of the
+    // merge are differences of log-sum-exps, whose error is what the merged output inherits.
+    double m = -std::numeric_limits<double>::infinity();
+    for (size_t t = 0; t < n; ++t) {
+      if (pos[t] > row_positions[r]) continue;
+      double d = 0.0;
+      for (size_t c = 0; c < dim; ++c) d += double(q[c]) * double(k[t * dim + c]);
+      m = std::max(m, d * scale);
+    }
+    if (m == -std::numeric_limits<double>::infinity()) {
+      lse[r] = -std::numeric_limits<float>::infinity();
+      continue;
+    }
+    double sum = 0.0;
+    for (size_t t = 0; t < n; ++t) {
+      if (pos[t] > row_positions[r]) continue;
+      double d = 0.0;
+      for (size_t c = 0; c < dim; ++c) d += double(q[c]) * double(k[t * dim + c]);
+      sum += std::exp(d * scale - m);
+    }
+    lse[r] = float(m + std::log(sum));
+  }
 }
 
 std::string Representation::truncate_refusal(uint32_t layer, int32_t position) const {
