@@ -323,4 +323,29 @@ TEST(SpindleKvRepr, AfterARestoreOnlyNewerAppendsCanGo) {
   EXPECT_EQ(b.truncate_refusal(0, 0), "");
 }
 
+TEST(SpindleKvRepr, ALongAppendCanBeCutBetweenItsPrefillBlocks) {
+  // A long append is encoded block by block (kSpindlePrefillBlock rows each), every block as an
+  // append of its own would be: a cut between two blocks is exact, one inside a block is not.
+  const size_t n = cpu::kSpindlePrefillBlock + 6;
+  const std::vector<int32_t> pos = kvsdk_test::iota_positions(n);
+  const std::vector<float> k = clustered(n, 61, &pos), v = clustered(n, 62, nullptr);
+  const std::vector<float> k0 = head(k, 0), v0 = head(v, 0);
+  cpu::SpindleHeadStore a(kDim, 10000.0f, KVSDK_ROPE_HALF), b(kDim, 10000.0f, KVSDK_ROPE_HALF);
+  a.append(k0.data(), v0.data(), pos.data(), n);
+  b.append(k0.data(), v0.data(), pos.data(), cpu::kSpindlePrefillBlock);
+  const int32_t block = int32_t(cpu::kSpindlePrefillBlock);
+  EXPECT_NE(a.removal_refusal(block + 3), nullptr);
+  EXPECT_NE(a.removal_refusal(block - 1), nullptr);
+  ASSERT_EQ(a.removal_refusal(block), nullptr);
+  a.remove_from(block);
+  EXPECT_EQ(a.positions(), b.positions());
+  EXPECT_EQ(a.keys().entry_data(), b.keys().entry_data());
+  EXPECT_EQ(a.keys().index(), b.keys().index());
+  EXPECT_EQ(a.keys().magnitude(), b.keys().magnitude());
+  EXPECT_EQ(a.values().entry_data(), b.values().entry_data());
+  EXPECT_EQ(a.values().index(), b.values().index());
+  EXPECT_EQ(a.values().magnitude(), b.values().magnitude());
+  EXPECT_EQ(a.bytes().total(), b.bytes().total());
+}
+
 }  // namespace
