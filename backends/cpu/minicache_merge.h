@@ -82,10 +82,10 @@ class MergedLayerPair {
   // Truncation: keeping tokens [0, tokens) only. After the first non-empty append every token is
   // merged or retained by itself against the fixed threshold, so dropping the newest tokens
   // (slots, directions, magnitudes, retained rows) leaves exactly the pair of a history without
-  // them. The first append fixed the threshold over all of its tokens together (MiniCache's
-  // retention of the γ most distant tokens), so a cut inside it is not exact; dropping every
-  // token gives the fresh pair back (threshold unset), whatever the history. A restored pair
-  // does not know how many of its tokens the first append held: all of them count.
+  // them. The first append fixed the threshold over all of its tokens together (the retention of
+  // the γ most distant tokens, MiniCache (docs/papers.md)), so a cut inside it is not exact;
+  // dropping every token gives the fresh pair back (threshold unset), whatever the history. A
+  // restored pair does not know how many of its tokens the first append held: all of them count.
   bool can_truncate(size_t tokens) const {
     return tokens >= size() || tokens == 0 || tokens >= threshold_tokens_;
   }

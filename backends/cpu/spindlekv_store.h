@@ -66,7 +66,8 @@ class SpindleHeadStore {
 
   // Truncation (kvsdk_cache_truncate): removing every token at a position >= `position`, so
   // that the store is exactly one that never appended them. Every codebook decision about a row
-  // (joining an entry, or Algorithm 1's greedy construction over the leftovers of its batch)
+  // (joining an entry, or the greedy construction of SpindleKV (docs/papers.md) §3.4 Algorithm 1
+  // over the leftovers of its batch)
   // depends only on the rows appended before it and on the rows of its own batch (one append, or
   // one kSpindlePrefillBlock of a longer one), so the tokens can go exactly when they are the
   // newest rows and no multi-row batch holds both some of them and older ones. Rows held when
