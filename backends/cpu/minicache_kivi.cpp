@@ -79,6 +79,7 @@ void MiniCacheKiviPair::append(const float* k_prev, const float* v_prev, const f
     for (size_t i = 0; i < n_keep; ++i) keep[order[i]] = 1;
     threshold_ = n_keep > 0 ? dist[order[n_keep - 1]] : 2.0f;
     threshold_set_ = true;
+    threshold_tokens_ = size() + n;  // (size() is 0: the pair was empty)
   } else {
     for (size_t i = 0; i < n; ++i) keep[i] = dist[i] >= threshold_;
   }
@@ -154,6 +155,55 @@ void MiniCacheKiviPair::read_rows(int layer, size_t first, size_t count, float* 
   }
 }
 
+const char* MiniCacheKiviPair::removal_refusal(int32_t position) const {
+  const size_t k = minicache_kept_tokens(positions_, position);
+  if (k == SIZE_MAX) return "it holds tokens from that position before older ones";
+  if (k >= size() || k == 0) return nullptr;  // nothing goes, or all: the fresh pair
+  if (k < threshold_tokens_) {
+    return "MiniCache fixed its retention threshold over the first tokens it merged (or every "
+           "token restored from a snapshot or fork), and those mix tokens from that position "
+           "with older ones";
+  }
+  if (!directions_.can_remove_from(position)) {
+    return "its KIVI store quantized merged directions from that position (or the flush that "
+           "quantized older ones counted them); only directions appended since the last flush "
+           "can go";
+  }
+  return nullptr;
+}
+
+void MiniCacheKiviPair::remove_from(int32_t position) noexcept {
+  const size_t k = minicache_kept_tokens(positions_, position);
+  if (k >= size()) return;  // nothing goes (or refused: not called then)
+  size_t merged = norm_k_prev_.size(), retained = this->retained();
+  for (size_t t = k; t < size(); ++t) {
+    if (slot_[t] & kRetainedBit) {
+      --retained;
+    } else {
+      --merged;
+    }
+  }
+  if (k == 0) {
+    // The fresh pair. The store's constructor only checks a config it already accepted and
+    // allocates nothing; the move releases the old buffers.
+    directions_ = KiviHeadStore(dim_, directions_.config());
+    threshold_set_ = false;
+    threshold_ = 2.0f;
+    threshold_tokens_ = 0;
+  } else {
+    directions_.remove_from(position);  // exactly the merged tokens that go
+  }
+  slot_.resize(k);  // shrinking: no allocation
+  positions_.resize(k);
+  for (std::vector<float>* v : {&norm_k_prev_, &norm_k_cur_, &norm_v_prev_, &norm_v_cur_}) {
+    v->resize(merged);
+  }
+  for (std::vector<uint16_t>* v :
+       {&retained_k_prev_, &retained_k_cur_, &retained_v_prev_, &retained_v_cur_}) {
+    v->resize(retained * dim_);
+  }
+}
+
 MiniCacheKiviPair::Buffers MiniCacheKiviPair::buffers() const {
   return {threshold_set_,   threshold_,       slot_,            positions_,
           directions_.buffers(), norm_k_prev_, norm_k_cur_,     norm_v_prev_,
@@ -189,6 +239,8 @@ MiniCacheKiviPair MiniCacheKiviPair::restore(size_t dim, const MiniCacheConfig& 
   if (!ok) fail(KVSDK_E_CORRUPT, "MiniCache+KIVI buffers are inconsistent (head_dim ", dim, ")");
   p.threshold_set_ = b.threshold_set;
   p.threshold_ = b.threshold;
+  // How many tokens the first append held is not recorded: every restored token counts.
+  p.threshold_tokens_ = b.threshold_set ? b.slots.size() : 0;
   p.slot_ = std::move(b.slots);
   p.positions_ = std::move(b.positions);
   p.norm_k_prev_ = std::move(b.norm_k_prev);

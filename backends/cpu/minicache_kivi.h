@@ -56,6 +56,15 @@ class MiniCacheKiviPair {
   bool threshold_set() const { return threshold_set_; }
   float threshold() const { return threshold_; }
 
+  // Truncation: removing every token at a position >= `position`. MergedLayerPair's rule (the
+  // newest tokens, none of those that fixed the retention threshold unless all of them go; a
+  // restored pair counts every restored token as one of those), and the KIVI store of the
+  // directions must be able to drop the merged ones (KiviHeadStore::can_remove_from: only
+  // directions appended since its last flush). Dropping every token gives the fresh pair back,
+  // quantized blocks included. Null when exact (or nothing goes), else why not.
+  const char* removal_refusal(int32_t position) const;
+  void remove_from(int32_t position) noexcept;  // only after removal_refusal() returned null
+
   // Snapshot support: every buffer, and a pair rebuilt from them. restore() throws kvsdk::Error
   // KVSDK_E_CORRUPT when sizes, slots or the KIVI store are inconsistent.
   struct Buffers {
@@ -77,6 +86,7 @@ class MiniCacheKiviPair {
   MiniCacheConfig cfg_;
   bool threshold_set_ = false;
   float threshold_ = 2.0f;
+  size_t threshold_tokens_ = 0;  // tokens that fixed it (all restored ones after restore())
   std::vector<uint32_t> slot_;
   std::vector<int32_t> positions_;
   KiviHeadStore directions_;  // merged tokens' SLERP directions of K ("keys") and V ("values")

@@ -55,6 +55,15 @@ void minicache_slerp(const float* a, const float* b, size_t dim, float t, float*
   for (size_t i = 0; i < dim; ++i) out[i] = float(wa * a[i] / na + wb * b[i] / nb);
 }
 
+size_t minicache_kept_tokens(const std::vector<int32_t>& positions, int32_t position) {
+  size_t k = positions.size();
+  while (k > 0 && positions[k - 1] >= position) --k;
+  for (size_t i = 0; i < k; ++i) {
+    if (positions[i] >= position) return SIZE_MAX;
+  }
+  return k;
+}
+
 MergedLayerPair::MergedLayerPair(size_t dim, const MiniCacheConfig& config)
     : dim_(dim), cfg_(config) {
   KVSDK_REQUIRE(dim > 0, "MiniCache dim must be > 0");
@@ -130,6 +139,7 @@ void MergedLayerPair::append(const float* rows_prev, const float* rows_cur, size
     for (size_t i = 0; i < n_keep; ++i) keep[order[i]] = 1;
     threshold_ = n_keep > 0 ? dist[order[n_keep - 1]] : 2.0f;  // 2 > any distance: none kept
     threshold_set_ = true;
+    threshold_tokens_ = size() + n;  // (size() is 0: the pair was empty)
   } else {
     for (size_t i = 0; i < n; ++i) keep[i] = dist[i] >= threshold_;
   }
@@ -161,6 +171,50 @@ void MergedLayerPair::reconstruct(int layer, size_t first, size_t count, float* 
   }
 }
 
+void MergedLayerPair::truncate(size_t tokens) noexcept {
+  if (tokens >= size()) return;
+  // Slots number merged and retained tokens in order within each kind: the dropped tokens are
+  // the newest of their kind.
+  size_t merged = this->merged(), retained = this->retained();
+  for (size_t t = tokens; t < size(); ++t) {
+    if (slot_[t] & kRetainedBit) {
+      --retained;
+    } else {
+      --merged;
+    }
+  }
+  slot_.resize(tokens);  // shrinking: no allocation
+  direction_.resize(merged * dim_);
+  mag_prev_.resize(merged);
+  mag_cur_.resize(merged);
+  retained_prev_.resize(retained * dim_);
+  retained_cur_.resize(retained * dim_);
+  if (tokens == 0) {  // the fresh pair: the next append fixes the threshold again
+    threshold_set_ = false;
+    threshold_ = 2.0f;
+    threshold_tokens_ = 0;
+  }
+}
+
+const char* MiniCacheHeadPair::removal_refusal(int32_t position) const {
+  const size_t k = minicache_kept_tokens(positions, position);
+  if (k == SIZE_MAX) return "it holds tokens from that position before older ones";
+  if (!keys.can_truncate(k) || !values.can_truncate(k)) {
+    return "MiniCache fixed its retention threshold over the first tokens it merged (or every "
+           "token restored from a snapshot or fork), and those mix tokens from that position "
+           "with older ones";
+  }
+  return nullptr;
+}
+
+void MiniCacheHeadPair::remove_from(int32_t position) noexcept {
+  const size_t k = minicache_kept_tokens(positions, position);
+  if (k >= positions.size()) return;  // nothing goes (or refused: not called then)
+  keys.truncate(k);
+  values.truncate(k);
+  positions.resize(k);
+}
+
 MergedLayerPair::Buffers MergedLayerPair::buffers() const {
   return {threshold_set_, threshold_, slot_, direction_, mag_prev_, mag_cur_, retained_prev_,
           retained_cur_};
@@ -181,6 +235,8 @@ MergedLayerPair MergedLayerPair::restore(size_t dim, const MiniCacheConfig& conf
   if (!ok) fail(KVSDK_E_CORRUPT, "MiniCache buffers are inconsistent (head_dim ", dim, ")");
   p.threshold_set_ = b.threshold_set;
   p.threshold_ = b.threshold;
+  // How many tokens the first append held is not recorded: every restored token counts.
+  p.threshold_tokens_ = b.threshold_set ? b.slots.size() : 0;
   p.slot_ = std::move(b.slots);
   p.direction_ = std::move(b.directions);
   p.mag_prev_ = std::move(b.magnitudes_prev);

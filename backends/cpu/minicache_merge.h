@@ -36,6 +36,11 @@ float minicache_angular_distance(const float* a, const float* b, size_t dim);
 // SLERP of the directions of a and b (any norms, both non-zero) into out [dim].
 void minicache_slerp(const float* a, const float* b, size_t dim, float t, float* out);
 
+// Truncation (kvsdk_cache_truncate) of a store whose tokens carry `positions`: how many tokens stay
+// when every token at a position >= `position` goes, or SIZE_MAX when those are not the newest
+// tokens (a token that stays would follow one that goes).
+size_t minicache_kept_tokens(const std::vector<int32_t>& positions, int32_t position);
+
 // Tokens restored per attention chunk.
 constexpr size_t kMiniCacheAttendChunk = 256;
 
@@ -74,6 +79,19 @@ class MergedLayerPair {
   const uint16_t* direction(size_t token) const { return &direction_[(slot_[token]) * dim_]; }
   uint64_t bytes() const;
 
+  // Truncation: keeping tokens [0, tokens) only. After the first non-empty append every token is
+  // merged or retained by itself against the fixed threshold, so dropping the newest tokens
+  // (slots, directions, magnitudes, retained rows) leaves exactly the pair of a history without
+  // them. The first append fixed the threshold over all of its tokens together (the retention of
+  // the γ most distant tokens, MiniCache (docs/papers.md)), so a cut inside it is not exact;
+  // dropping every token gives the fresh pair back (threshold unset), whatever the history. A
+  // restored pair does not know how many of its tokens the first append held: all of them count.
+  bool can_truncate(size_t tokens) const {
+    return tokens >= size() || tokens == 0 || tokens >= threshold_tokens_;
+  }
+  // Only after can_truncate(tokens). No allocation, no throw.
+  void truncate(size_t tokens) noexcept;
+
   // Snapshot support: every buffer, and a pair rebuilt from them (throws kvsdk::Error
   // KVSDK_E_CORRUPT when sizes or slots are inconsistent).
   struct Buffers {
@@ -96,6 +114,7 @@ class MergedLayerPair {
   MiniCacheConfig cfg_;
   bool threshold_set_ = false;
   float threshold_ = 2.0f;            // Ω/π at or above which a token is retained
+  size_t threshold_tokens_ = 0;       // tokens that fixed it (all restored ones after restore())
   std::vector<uint32_t> slot_;        // per token: merged index, or kRetainedBit | retained index
   std::vector<uint16_t> direction_;   // [merged][dim] f16
   std::vector<float> mag_prev_, mag_cur_;                  // [merged]
@@ -119,6 +138,11 @@ struct MiniCacheHeadPair {
     positions.insert(positions.end(), pos, pos + n);
   }
   uint64_t bytes() const { return keys.bytes() + values.bytes() + 4 * uint64_t(positions.size()); }
+
+  // Truncation: removing every token at a position >= `position` (MergedLayerPair::can_truncate
+  // for keys and values). Null when exact (or nothing goes), else why not.
+  const char* removal_refusal(int32_t position) const;
+  void remove_from(int32_t position) noexcept;  // only after removal_refusal() returned null
 
   MergedLayerPair keys, values;
   std::vector<int32_t> positions;

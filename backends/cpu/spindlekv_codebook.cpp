@@ -262,6 +262,15 @@ SpindleCodebook SpindleCodebook::restore(size_t dim, float theta, std::vector<ui
   return cb;
 }
 
+void SpindleCodebook::truncate(size_t rows) noexcept {
+  if (rows >= size()) return;
+  size_t n_entries = 0;
+  for (size_t i = 0; i < rows; ++i) n_entries = std::max(n_entries, size_t(index_[i]) + 1);
+  index_.resize(rows);
+  magnitude_.resize(rows);
+  entries_.resize(n_entries * dim_);  // shrinking: no allocation
+}
+
 KVSDK_TARGET_CLONES  // elementwise: the same bits in every clone (target_clones.h)
 void SpindleCodebook::reconstruct(size_t first, size_t count, float* out) const {
   for (size_t i = 0; i < count; ++i) {

@@ -60,6 +60,15 @@ class SpindleCodebook {
   static SpindleCodebook restore(size_t dim, float theta, std::vector<uint16_t> entries,
                                  std::vector<uint32_t> index, std::vector<float> magnitude);
 
+  // Truncation: keeps rows [0, rows) and drops the entries no kept row uses. Exact (the codebook
+  // of a history that never appended the dropped rows) only when rows [rows, size()) came in
+  // appends of their own, after every kept row: an append adds its new entries at the end, and
+  // every entry is the direction of a row of the append that created it (Algorithm 1 points the
+  // picked row at its own entry; an all-zero append's entry 0 is used by its zero rows), so the
+  // entries the kept appends created are exactly [0, largest kept index + 1). Which appends the
+  // rows came in is the caller's to know (SpindleHeadStore). No allocation, no throw.
+  void truncate(size_t rows) noexcept;
+
   // Codebook entries + per-row index and magnitude.
   uint64_t bytes() const {
     return 2 * uint64_t(entries_.size()) + 4 * uint64_t(index_.size()) +

@@ -31,6 +31,11 @@ void SpindleHeadStore::append(const float* k, const float* v, const int32_t* pos
     const size_t c = std::min(kSpindlePrefillBlock, n - first);
     keys_.append(&pre[first * dim], c, scratch.codebook);
     values_.append(v + first * dim, c, scratch.codebook);
+    // A block is encoded as an append of its own would be (it joins the entries of the blocks
+    // before it, its leftovers build new ones): a batch for truncation. A single row (decode)
+    // needs no record, so the decode path does not grow this.
+    const size_t at = positions_.size() + first;
+    if (c > 1) batches_.push_back({at, at + c});
   }
   positions_.insert(positions_.end(), positions, positions + n);
 }
@@ -64,7 +69,45 @@ SpindleHeadStore SpindleHeadStore::restore(size_t head_dim, float rope_theta,
   s.keys_ = std::move(keys);
   s.values_ = std::move(values);
   s.positions_ = std::move(positions);
+  s.restored_rows_ = s.positions_.size();
   return s;
+}
+
+size_t SpindleHeadStore::rows_before(int32_t position) const {
+  size_t k = positions_.size();
+  while (k > 0 && positions_[k - 1] >= position) --k;
+  return k;
+}
+
+const char* SpindleHeadStore::removal_refusal(int32_t position) const {
+  const size_t k = rows_before(position);
+  for (size_t i = 0; i < k; ++i) {
+    if (positions_[i] >= position) {
+      return "it holds tokens from that position before older rows that would stay";
+    }
+  }
+  if (k == positions_.size() || k == 0) return nullptr;  // nothing goes, or all: the empty store
+  if (k < restored_rows_) {
+    return "the tokens from that position were restored from a snapshot or a fork, which does "
+           "not record which of them SpindleKV encoded together with older ones";
+  }
+  for (const Batch& b : batches_) {
+    if (b.first < k && k < b.end) {
+      return "SpindleKV encoded tokens from that position in one append with older ones (the "
+             "greedy codebook construction saw both)";
+    }
+  }
+  return nullptr;
+}
+
+void SpindleHeadStore::remove_from(int32_t position) noexcept {
+  const size_t k = rows_before(position);
+  if (k == positions_.size()) return;
+  keys_.truncate(k);
+  values_.truncate(k);
+  positions_.resize(k);
+  while (!batches_.empty() && batches_.back().first >= k) batches_.pop_back();
+  restored_rows_ = std::min(restored_rows_, k);
 }
 
 SpindleBytes SpindleHeadStore::bytes() const {

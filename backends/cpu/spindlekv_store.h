@@ -64,6 +64,21 @@ class SpindleHeadStore {
   const SpindleCodebook& values() const { return values_; }
   SpindleBytes bytes() const;
 
+  // Truncation (kvsdk_cache_truncate): removing every token at a position >= `position`, so
+  // that the store is exactly one that never appended them. Every codebook decision about a row
+  // (joining an entry, or the greedy construction of SpindleKV (docs/papers.md) §3.4 Algorithm 1
+  // over the leftovers of its batch)
+  // depends only on the rows appended before it and on the rows of its own batch (one append, or
+  // one kSpindlePrefillBlock of a longer one), so the tokens can go exactly when they are the
+  // newest rows and no multi-row batch holds both some of them and older ones. Rows held when
+  // the store was restored (snapshot load, fork) came in batches the snapshot does not record:
+  // they can only all go together (removing every row gives the empty store back, whatever the
+  // history). Returns null when the removal is exact (or removes nothing), else why not.
+  const char* removal_refusal(int32_t position) const;
+  // Removes them (only after removal_refusal() returned null): rows, positions and the codebook
+  // entries only they used. No allocation, no throw.
+  void remove_from(int32_t position) noexcept;
+
   // Snapshot support: a store rebuilt from its two codebooks (SpindleCodebook::restore) and the
   // tokens' positions. Throws kvsdk::Error KVSDK_E_CORRUPT when the codebooks do not both hold
   // one row per position or their dimension differs from head_dim.
@@ -75,6 +90,16 @@ class SpindleHeadStore {
   Rope rope_;
   SpindleCodebook keys_, values_;
   std::vector<int32_t> positions_;
+  // Truncation history: the row ranges [first, end) encoded together (batches of more than one
+  // row; a single row is a batch of its own), oldest first, since the store was made or
+  // restored; and the rows it was restored with (their batches are unknown).
+  struct Batch {
+    size_t first, end;
+  };
+  std::vector<Batch> batches_;
+  size_t restored_rows_ = 0;
+  // The rows that stay when every token at a position >= `position` goes.
+  size_t rows_before(int32_t position) const;
 };
 
 // Adds every token of `store` to `attn`, reconstructing bounded chunks.

@@ -1,6 +1,8 @@
 #include "repr/minicache_repr.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
 
 #include "attention.h"
 #include "repr/kivi_repr.h"
@@ -308,6 +310,53 @@ void MiniCacheRepresentation::read(uint32_t layer, uint32_t kv_head, float* k, f
     if (positions) std::copy_n(pos, n, positions + at);
     at += n;
   });
+}
+
+std::string MiniCacheRepresentation::truncate_refusal(uint32_t layer, int32_t position) const {
+  const Pair& p = pairs_[pair_of(layer)];
+  const uint32_t first = boundary_ + 2 * uint32_t(pair_of(layer));
+  const auto refuse = [&](uint32_t h, const char* why) {
+    return "layer " + std::to_string(layer) + " (MiniCache pair " + std::to_string(first) + "+" +
+           std::to_string(first + 1) + ", KV head " + std::to_string(h) +
+           ") cannot remove its tokens at positions >= " + std::to_string(position) + ": " + why;
+  };
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    const std::vector<int32_t>& merged = kivi_ ? p.kivi[h].positions() : p.f16[h].positions;
+    const char* why = kivi_ ? p.kivi[h].removal_refusal(position)
+                            : p.f16[h].removal_refusal(position);
+    if (why) return refuse(h, why);
+    if (p.pending.empty() || p.pending[h].size() == 0) continue;
+    // The leading layer holds its pending rows after the merged ones: if a merged token goes,
+    // every pending row must go too, and the pending rows that go must be the newest.
+    const std::vector<int32_t>& waiting = p.pending[h].positions;
+    const size_t kept = cpu::minicache_kept_tokens(waiting, position);
+    const bool merged_go = !merged.empty() && merged.back() >= position;
+    if (kept == SIZE_MAX || (merged_go && kept > 0)) {
+      return refuse(h, "it holds tokens from that position before older ones");
+    }
+  }
+  return {};
+}
+
+void MiniCacheRepresentation::truncate(uint32_t layer, int32_t position) noexcept {
+  // Cuts the whole pair: the cache calls this for both layers (the second call finds nothing).
+  Pair& p = pairs_[pair_of(layer)];
+  const size_t dim = geometry_.head_dim;
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    if (kivi_) {
+      p.kivi[h].remove_from(position);
+    } else {
+      p.f16[h].remove_from(position);
+    }
+  }
+  // Pending rows are exact rows no merge saw: the newest go as if never appended.
+  for (Pending& q : p.pending) {
+    const size_t kept = cpu::minicache_kept_tokens(q.positions, position);
+    if (kept >= q.size()) continue;
+    q.positions.resize(kept);  // shrinking: no allocation
+    q.k.resize(kept * dim);
+    q.v.resize(kept * dim);
+  }
 }
 
 std::vector<TierRecord> MiniCacheRepresentation::save(uint32_t layer) const {

@@ -51,6 +51,13 @@ class MiniCacheRepresentation final : public Representation {
   size_t head_tokens(uint32_t layer, uint32_t kv_head) const override;
   void read(uint32_t layer, uint32_t kv_head, float* k, float* v,
             int32_t* positions) const override;
+  // Truncation, per layer pair (either layer's call cuts both; idempotent): the merged tokens by
+  // the pair stores' rule (cpu::MiniCacheHeadPair / MiniCacheKiviPair::removal_refusal: the
+  // newest tokens, not inside the threshold-setting first merge, and for '+kivi' only directions
+  // since the last flush), the pending rows of the leading layer freely (exact f16 rows that no
+  // merge saw yet), as long as the tokens that go are the newest of each layer.
+  std::string truncate_refusal(uint32_t layer, int32_t position) const override;
+  void truncate(uint32_t layer, int32_t position) noexcept override;
   std::vector<TierRecord> save(uint32_t layer) const override;
   void restore(uint32_t layer, const std::vector<TierRecord>& records) override;
 

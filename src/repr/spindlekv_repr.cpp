@@ -1,6 +1,7 @@
 #include "repr/spindlekv_repr.h"
 
 #include <algorithm>
+#include <string>
 
 #include "attention.h"
 #include "repr/head_store.h"
@@ -84,6 +85,21 @@ size_t SpindleKvRepresentation::head_tokens(uint32_t layer, uint32_t kv_head) co
 void SpindleKvRepresentation::read(uint32_t layer, uint32_t kv_head, float* k, float* v,
                                    int32_t* positions) const {
   read_head_store(heads_[layer][kv_head], geometry_.head_dim, k, v, positions);
+}
+
+std::string SpindleKvRepresentation::truncate_refusal(uint32_t layer, int32_t position) const {
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    if (const char* why = heads_[layer][h].removal_refusal(position)) {
+      return "layer " + std::to_string(layer) + " (KV head " + std::to_string(h) +
+             ") cannot remove its tokens at positions >= " + std::to_string(position) + ": " +
+             why;
+    }
+  }
+  return {};
+}
+
+void SpindleKvRepresentation::truncate(uint32_t layer, int32_t position) noexcept {
+  for (cpu::SpindleHeadStore& s : heads_[layer]) s.remove_from(position);
 }
 
 std::vector<TierRecord> SpindleKvRepresentation::save(uint32_t layer) const {

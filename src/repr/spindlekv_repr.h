@@ -33,6 +33,10 @@ class SpindleKvRepresentation final : public Representation {
   size_t head_tokens(uint32_t layer, uint32_t kv_head) const override;
   void read(uint32_t layer, uint32_t kv_head, float* k, float* v,
             int32_t* positions) const override;
+  // Truncation: per KV head, SpindleHeadStore::removal_refusal's rule (whole appends from the
+  // end; after a restore only rows appended since, or every row).
+  std::string truncate_refusal(uint32_t layer, int32_t position) const override;
+  void truncate(uint32_t layer, int32_t position) noexcept override;
   std::vector<TierRecord> save(uint32_t layer) const override;
   void restore(uint32_t layer, const std::vector<TierRecord>& records) override;
 

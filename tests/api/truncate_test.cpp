@@ -70,6 +70,13 @@ class Truncate : public ::testing::TestWithParam<const char*> {
     policy.fetch_tokens = 4;
     policy.match_tokens = 8;
     policy.evict_slack = 0.5f;  // after an eviction, room for the rest of the scenario
+    // minicache+kivi4 quantizes only the merged tokens' directions: the prefill keeps
+    // ceil(γ·24) = 2 tokens unmerged, so that KIVI store's flushes come 2 tokens later than the
+    // comment above says (at 14, 22, 30 tokens), the last inside the detour: its tokens made a
+    // flush quantize older directions, which no truncation can undo (MiniCacheKiviTruncate below
+    // checks that refusal). A residual of 6 flushes at 16 and 24 tokens and not again before 32,
+    // so the detour stays inside the residual window.
+    if (std::string(GetParam()) == "minicache+kivi4") policy.quant_residual = 6;
     smallkv = policy.method == KVSDK_METHOD_SMALLKV;
     specache = policy.method == KVSDK_METHOD_SPECACHE;
     g = make_geometry(kLayers, kQ, kKv, kDim);
@@ -283,6 +290,43 @@ INSTANTIATE_TEST_SUITE_P(Presets, Truncate, ::testing::ValuesIn(kPresets),
                            }
                            return s;
                          });
+
+TEST(MiniCacheKiviTruncate, ADetourThatFlushedTheDirectionsIsRefused) {
+  // minicache+kivi4 with the scenario's KIVI window (G 8, R 4): the merged directions flush at 12,
+  // 20, 28 merged tokens; the prefill retains 2 of its 24 tokens unmerged (and, with these inputs,
+  // no later token), so the flush at 28 comes with the detour's second token. It quantized
+  // directions that the history without the detour holds exact: the cut is refused and nothing
+  // changes. Tokens appended after that flush can go.
+  ContextPtr ctx = make_context();
+  kvsdk_policy p;
+  ASSERT_EQ(kvsdk_policy_parse(&p, "minicache+kivi4"), KVSDK_OK);
+  p.quant_group = 8;
+  p.quant_residual = 4;
+  const kvsdk_geometry g = make_geometry(kLayers, kQ, kKv, kDim);
+  CachePtr c = make_cache(ctx.get(), g, &p);
+  ASSERT_TRUE(c) << kvsdk_last_error();
+  auto feed = [&](int32_t pos, size_t n, uint32_t seed) {
+    const std::vector<float> k = random_floats(n * kKvRow, seed), v = random_floats(n * kKvRow, seed + 1);
+    const std::vector<int32_t> ps = iota_positions(n, pos);
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      ASSERT_EQ(kvsdk_cache_append(c.get(), l, n, k.data(), v.data(), ps.data(), n * kKvRow * 4),
+                KVSDK_OK)
+          << kvsdk_last_error();
+    }
+  };
+  feed(0, kPrefill, 1);
+  for (int32_t t = kPrefill; t < kCut + kDetour; ++t) feed(t, 1, 10 + uint32_t(t));
+  const uint64_t before = used(ctx.get());
+  const std::vector<uint8_t> snap = snapshot(c.get());
+  EXPECT_EQ(kvsdk_cache_truncate(c.get(), kCut), KVSDK_E_STATE);
+  EXPECT_NE(std::string(kvsdk_last_error()).find("since the last flush"), std::string::npos)
+      << kvsdk_last_error();
+  EXPECT_EQ(used(ctx.get()), before);
+  EXPECT_EQ(snapshot(c.get()), snap);
+  feed(kCut + kDetour, 1, 99);
+  EXPECT_EQ(kvsdk_cache_truncate(c.get(), kCut + kDetour), KVSDK_OK) << kvsdk_last_error();
+  EXPECT_EQ(snapshot(c.get()), snap);
+}
 
 TEST(TruncateFull, CutsAnywhereAsIfTheTokensNeverCame) {
   // 'full' keeps no history: any cut is exact, and the cache equals one that got only the

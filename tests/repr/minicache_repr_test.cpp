@@ -354,4 +354,149 @@ TEST(MiniCacheRepr, DamagedRecordsAreCorrupt) {
   }
 }
 
+// The pair's records (both layers) equal field for field, and so do reads, attention and bytes.
+void expect_same_records(const Representation& a, const Representation& b) {
+  for (uint32_t layer : {2u, 3u}) {
+    const std::vector<TierRecord> ra = a.save(layer), rb = b.save(layer);
+    ASSERT_EQ(ra.size(), rb.size());
+    for (size_t h = 0; h < ra.size(); ++h) {
+      ASSERT_EQ(ra[h].fields.size(), rb[h].fields.size());
+      for (size_t f = 0; f < ra[h].fields.size(); ++f) {
+        const TierField &x = ra[h].fields[f], &y = rb[h].fields[f];
+        EXPECT_EQ(x.name, y.name);
+        EXPECT_TRUE(x.u8 == y.u8 && x.u16 == y.u16 && x.i32 == y.i32 && x.u32 == y.u32 &&
+                    x.f32 == y.f32 && x.u64 == y.u64)
+            << "layer " << layer << " head " << h << " field " << x.name;
+      }
+    }
+  }
+  expect_same(a, b);
+}
+
+// Tokens [from, from + n) of the pair's two layers, in one append per layer (layer `lead` first).
+struct PairFeed {
+  static constexpr size_t kN = 120;
+  std::vector<float> k = rows(kN, 51), v = rows(kN, 52), k3 = near(k, 53), v3 = near(v, 54);
+  std::vector<int32_t> pos = kvsdk_test::iota_positions(kN);
+  void layer(Representation& r, uint32_t l, size_t from, size_t n) const {
+    const size_t row = kKv * kDim;
+    const std::vector<float>& kk = l == 2 ? k : k3;
+    const std::vector<float>& vv = l == 2 ? v : v3;
+    r.append(l, n, &kk[from * row], &vv[from * row], &pos[from]);
+  }
+  void operator()(Representation& r, size_t from, size_t n, uint32_t lead = 2) const {
+    layer(r, lead, from, n);
+    layer(r, 5 - lead, from, n);
+  }
+  void steps(Representation& r, size_t from, size_t to) const {
+    for (size_t t = from; t < to; ++t) (*this)(r, t, 1, t % 2 ? 3 : 2);
+  }
+};
+
+bool refuses(const Representation& r, int32_t position, const std::string& with) {
+  for (uint32_t layer : {2u, 3u}) {
+    const std::string why = r.truncate_refusal(layer, position);
+    if (why.find("layer " + std::to_string(layer)) == std::string::npos ||
+        why.find(with) == std::string::npos) {
+      ADD_FAILURE() << "cut at " << position << ", layer " << layer << ": '" << why << "'";
+      return false;
+    }
+  }
+  return true;
+}
+
+// What Cache::truncate does: every layer's check, then every layer's cut.
+void cut(Representation& r, int32_t position) {
+  for (uint32_t layer : {2u, 3u}) ASSERT_EQ(r.truncate_refusal(layer, position), "") << position;
+  for (uint32_t layer : {2u, 3u}) r.truncate(layer, position);
+}
+
+// MiniCache merges each token after the first merge by itself against the fixed retention
+// threshold: removing the newest tokens (merged or retained, and rows waiting for the partner)
+// leaves the pair of a history without them, and continuing gives the same pair.
+TEST(MiniCacheRepr, TruncationAfterTheFirstMergeIsExact) {
+  for (int32_t bits : {0, 4}) {
+    SCOPED_TRACE("bits " + std::to_string(bits));
+    const PairFeed feed;
+    MiniCacheRepresentation a(geometry(), policy(bits)), b(geometry(), policy(bits)),
+        c(geometry(), policy(bits));
+    // 30 tokens (about 28 merged directions: one KIVI flush at 24, residual 16 + 4), 3 steps.
+    for (MiniCacheRepresentation* r : {&a, &b, &c}) feed(*r, 0, 30);
+    feed.steps(a, 30, 33);
+    feed.steps(c, 30, 31);
+    feed.layer(a, 2, 33, 2);  // two rows of layer 2 wait for layer 3
+    cut(a, 35);               // nothing goes
+    cut(a, 31);
+    expect_same_records(a, c);
+    cut(a, 30);
+    expect_same_records(a, b);
+    for (MiniCacheRepresentation* r : {&a, &b}) {
+      feed.steps(*r, 30, 32);
+      feed(*r, 32, 3, 3);
+    }
+    expect_same_records(a, b);
+    // Only waiting rows: the leading layer's newest go.
+    for (MiniCacheRepresentation* r : {&a, &b}) feed.layer(*r, 3, 35, 2);
+    feed.layer(a, 3, 37, 1);
+    cut(a, 37);
+    EXPECT_EQ(a.pending_tokens(3), 2u);
+    expect_same_records(a, b);
+  }
+}
+
+TEST(MiniCacheRepr, TruncationInsideTheFirstMergeIsRefusedAndEverythingGoesExactly) {
+  for (int32_t bits : {0, 4}) {
+    SCOPED_TRACE("bits " + std::to_string(bits));
+    const PairFeed feed;
+    MiniCacheRepresentation a(geometry(), policy(bits)), b(geometry(), policy(bits));
+    feed(a, 0, 20);
+    feed.steps(a, 20, 22);
+    const std::vector<TierRecord> before2 = a.save(2), before3 = a.save(3);
+    // The retention threshold is the γ-quantile of the first merge's distances: a cut inside
+    // it would have fixed another one.
+    for (int32_t at : {1, 10, 19}) refuses(a, at, "threshold");
+    b.restore(2, before2);
+    b.restore(3, before3);
+    expect_same_records(a, b);
+    // Everything: the fresh pair, whose next append fixes a threshold again.
+    cut(a, 0);
+    MiniCacheRepresentation fresh(geometry(), policy(bits));
+    expect_same_records(a, fresh);
+    EXPECT_EQ(total_bytes(a), 0u);
+    for (MiniCacheRepresentation* r : {&a, &fresh}) {
+      feed(*r, 40, 12, 3);
+      feed.steps(*r, 52, 54);
+    }
+    expect_same_records(a, fresh);
+  }
+}
+
+TEST(MiniCacheRepr, AfterARestoreOnlyNewerTokensCanGo) {
+  // A snapshot does not say how many tokens the first merge held: every restored token counts.
+  for (int32_t bits : {0, 4}) {
+    SCOPED_TRACE("bits " + std::to_string(bits));
+    const PairFeed feed;
+    MiniCacheRepresentation a(geometry(), policy(bits)), b(geometry(), policy(bits));
+    feed(a, 0, 10);
+    feed.steps(a, 10, 14);
+    for (uint32_t layer : {2u, 3u}) b.restore(layer, a.save(layer));
+    EXPECT_EQ(a.truncate_refusal(2, 12), "");
+    refuses(b, 12, "snapshot");
+    feed.steps(b, 14, 16);
+    EXPECT_EQ(b.truncate_refusal(2, 14), "");
+    EXPECT_EQ(b.truncate_refusal(3, 0), "");
+  }
+}
+
+TEST(MiniCacheReprKivi, DirectionsQuantizedByAFlushCannotGo) {
+  // KIVI (G 8, R 16) flushes its oldest 8 directions when the residual reaches 24: the tokens
+  // that made it flush can no longer go (the history without them holds those directions exact).
+  const PairFeed feed;
+  MiniCacheRepresentation a(geometry(), policy(4));
+  feed(a, 0, 20);  // γ = 5%: one token retained, 19 directions exact
+  feed.steps(a, 20, 30);  // (merged, these inputs: the 24th direction, token 24, flushes)
+  refuses(a, 24, "since the last flush");
+  EXPECT_EQ(a.truncate_refusal(2, 25), "");
+}
+
 }  // namespace

@@ -216,4 +216,136 @@ TEST(SpindleKvRepr, DamagedRecordsAreCorrupt) {
   expect_corrupt(fresh, 2, good, "record for an evicting layer");
 }
 
+// The store's records equal field for field (what a snapshot of the layer holds).
+void expect_same_records(const Representation& a, const Representation& b, uint32_t layer) {
+  const std::vector<TierRecord> ra = a.save(layer), rb = b.save(layer);
+  ASSERT_EQ(ra.size(), rb.size());
+  for (size_t h = 0; h < ra.size(); ++h) {
+    ASSERT_EQ(ra[h].fields.size(), rb[h].fields.size());
+    for (size_t f = 0; f < ra[h].fields.size(); ++f) {
+      const TierField &x = ra[h].fields[f], &y = rb[h].fields[f];
+      EXPECT_EQ(x.name, y.name);
+      EXPECT_TRUE(x.u8 == y.u8 && x.u16 == y.u16 && x.i32 == y.i32 && x.u32 == y.u32 &&
+                  x.f32 == y.f32 && x.u64 == y.u64)
+          << "head " << h << " field " << x.name;
+    }
+  }
+  EXPECT_EQ(a.layer_bytes(layer), b.layer_bytes(layer));
+}
+
+// Tokens [from, from + n) of clustered rows (k rotated at their positions) in one append.
+struct Feed {
+  std::vector<int32_t> pos = kvsdk_test::iota_positions(200);
+  std::vector<float> k = clustered(200, 41, &pos), v = clustered(200, 42, nullptr);
+  void operator()(Representation& r, uint32_t layer, size_t from, size_t n) const {
+    const size_t row = kKv * kDim;
+    r.append(layer, n, &k[from * row], &v[from * row], &pos[from]);
+  }
+};
+
+TEST(SpindleKvRepr, TruncationRemovesWholeAppendsExactly) {
+  // SpindleKV's greedy construction (Algorithm 1) only ever adds entries at the end, for the
+  // leftovers of one append: removing whole appends from the end gives the codebook of a history
+  // without them, and continuing gives the same codes.
+  const Feed feed;
+  SpindleKvRepresentation a(geometry(), policy());
+  feed(a, 0, 0, 40);                                 // prefill
+  for (size_t t = 40; t < 45; ++t) feed(a, 0, t, 1);  // decode
+  feed(a, 0, 45, 30);                                // a second multi-row append
+  for (size_t t = 75; t < 78; ++t) feed(a, 0, t, 1);
+  SpindleKvRepresentation b(geometry(), policy()), c(geometry(), policy());
+  feed(b, 0, 0, 40);
+  for (size_t t = 40; t < 45; ++t) feed(b, 0, t, 1);
+  feed(c, 0, 0, 40);
+  for (size_t t = 40; t < 45; ++t) feed(c, 0, t, 1);
+  feed(c, 0, 45, 30);
+  EXPECT_EQ(a.truncate_refusal(0, 78), "");  // nothing to remove
+  EXPECT_EQ(a.truncate_refusal(0, 75), "");
+  a.truncate(0, 75);
+  expect_same_records(a, c, 0);
+  EXPECT_EQ(a.truncate_refusal(0, 45), "");
+  a.truncate(0, 45);
+  a.truncate(0, 45);  // idempotent
+  expect_same_records(a, b, 0);
+  expect_same(a, b, 0);
+  for (SpindleKvRepresentation* r : {&a, &b}) {
+    feed(*r, 0, 45, 20);
+    feed(*r, 0, 65, 1);
+  }
+  expect_same_records(a, b, 0);
+  expect_same(a, b, 0);
+  // Everything: the empty store.
+  EXPECT_EQ(a.truncate_refusal(0, 0), "");
+  a.truncate(0, 0);
+  SpindleKvRepresentation fresh(geometry(), policy());
+  expect_same_records(a, fresh, 0);
+  EXPECT_EQ(a.layer_bytes(0), 0u);
+}
+
+TEST(SpindleKvRepr, TruncationInsideAnAppendIsRefused) {
+  const Feed feed;
+  SpindleKvRepresentation a(geometry(), policy());
+  feed(a, 1, 0, 40);
+  feed(a, 1, 40, 2);
+  feed(a, 1, 42, 1);
+  const std::vector<TierRecord> before = a.save(1);
+  for (int32_t cut : {1, 20, 39, 41}) {
+    const std::string why = a.truncate_refusal(1, cut);
+    EXPECT_NE(why.find("layer 1"), std::string::npos) << cut << ": " << why;
+    EXPECT_NE(why.find("one append"), std::string::npos) << cut << ": " << why;
+  }
+  for (int32_t cut : {0, 40, 42, 43}) EXPECT_EQ(a.truncate_refusal(1, cut), "") << cut;
+  SpindleKvRepresentation same(geometry(), policy());
+  same.restore(1, before);
+  expect_same_records(a, same, 1);
+}
+
+TEST(SpindleKvRepr, AfterARestoreOnlyNewerAppendsCanGo) {
+  // A snapshot does not record which rows were encoded together: the restored rows stay (or all
+  // go), the rows appended since follow the usual rule.
+  const Feed feed;
+  SpindleKvRepresentation a(geometry(), policy());
+  feed(a, 0, 0, 30);
+  for (size_t t = 30; t < 34; ++t) feed(a, 0, t, 1);
+  SpindleKvRepresentation b(geometry(), policy());
+  b.restore(0, a.save(0));
+  EXPECT_EQ(a.truncate_refusal(0, 32), "");
+  EXPECT_NE(b.truncate_refusal(0, 32).find("snapshot"), std::string::npos);
+  for (size_t t = 34; t < 36; ++t) feed(b, 0, t, 1);
+  feed(b, 0, 36, 10);
+  EXPECT_NE(b.truncate_refusal(0, 40), "");
+  EXPECT_EQ(b.truncate_refusal(0, 36), "");
+  EXPECT_EQ(b.truncate_refusal(0, 34), "");
+  b.truncate(0, 34);
+  SpindleKvRepresentation c(geometry(), policy());
+  c.restore(0, a.save(0));
+  expect_same_records(b, c, 0);
+  EXPECT_EQ(b.truncate_refusal(0, 0), "");
+}
+
+TEST(SpindleKvRepr, ALongAppendCanBeCutBetweenItsPrefillBlocks) {
+  // A long append is encoded block by block (kSpindlePrefillBlock rows each), every block as an
+  // append of its own would be: a cut between two blocks is exact, one inside a block is not.
+  const size_t n = cpu::kSpindlePrefillBlock + 6;
+  const std::vector<int32_t> pos = kvsdk_test::iota_positions(n);
+  const std::vector<float> k = clustered(n, 61, &pos), v = clustered(n, 62, nullptr);
+  const std::vector<float> k0 = head(k, 0), v0 = head(v, 0);
+  cpu::SpindleHeadStore a(kDim, 10000.0f, KVSDK_ROPE_HALF), b(kDim, 10000.0f, KVSDK_ROPE_HALF);
+  a.append(k0.data(), v0.data(), pos.data(), n);
+  b.append(k0.data(), v0.data(), pos.data(), cpu::kSpindlePrefillBlock);
+  const int32_t block = int32_t(cpu::kSpindlePrefillBlock);
+  EXPECT_NE(a.removal_refusal(block + 3), nullptr);
+  EXPECT_NE(a.removal_refusal(block - 1), nullptr);
+  ASSERT_EQ(a.removal_refusal(block), nullptr);
+  a.remove_from(block);
+  EXPECT_EQ(a.positions(), b.positions());
+  EXPECT_EQ(a.keys().entry_data(), b.keys().entry_data());
+  EXPECT_EQ(a.keys().index(), b.keys().index());
+  EXPECT_EQ(a.keys().magnitude(), b.keys().magnitude());
+  EXPECT_EQ(a.values().entry_data(), b.values().entry_data());
+  EXPECT_EQ(a.values().index(), b.values().index());
+  EXPECT_EQ(a.values().magnitude(), b.values().magnitude());
+  EXPECT_EQ(a.bytes().total(), b.bytes().total());
+}
+
 }  // namespace
