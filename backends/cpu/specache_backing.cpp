@@ -70,7 +70,9 @@ class FileBacking final : public BackingArena {
       --released_;
       return i;
     }
-    free_.reserve(blocks_ + 1);  // so that release_block() never allocates
+    // Room for this block's flag now (geometric, amortized), so that release_block() never
+    // allocates.
+    if (free_.size() == free_.capacity()) free_.reserve(std::max<size_t>(16, 2 * free_.size()));
     const size_t block_bytes = block_elems() * 2;
     if ((blocks_ + 1) * block_bytes > mapped_) {
       // Grow geometrically so that appends stay amortized O(1) in remaps.
