@@ -62,6 +62,31 @@ void SpeCacheBackingStore::append_f16(const uint16_t* k_rows, const uint16_t* v_
   }
 }
 
+size_t SpeCacheBackingStore::remove_from(size_t first, const int32_t* positions,
+                                         int32_t position) noexcept {
+  size_t j = first;
+  for (size_t t = first; t < n_; ++t) {
+    if (positions[t] >= position) continue;
+    if (j != t) {
+      std::copy_n(key_row(t), dim_, row(j, false));
+      std::copy_n(value_row(t), dim_, row(j, true));
+    }
+    ++j;
+  }
+  const size_t removed = n_ - j;
+  for (size_t t = j; t < n_; ++t) {  // a store that never held them reads zeros there
+    std::fill_n(row(t, false), dim_, uint16_t(0));
+    std::fill_n(row(t, true), dim_, uint16_t(0));
+  }
+  n_ = j;
+  const size_t need = (n_ + kBlockTokens - 1) / kBlockTokens;
+  while (blocks_.size() > need) {
+    arena_->release_block(blocks_.back());
+    blocks_.pop_back();
+  }
+  return removed;
+}
+
 std::vector<uint32_t> specache_select(const KiviHeadStore& lowbit, const float* q, size_t group,
                                       int32_t q_position, float scale, size_t k,
                                       std::vector<float>* avg_probs) {
@@ -194,6 +219,13 @@ void SpeCacheHead::append(const float* k, const float* v, const int32_t* positio
   backing_.reserve(n);  // the only step of the backing append that can fail
   lowbit_.append(k, v, positions, n);
   backing_.append(k, v, n);
+}
+
+size_t SpeCacheHead::remove_from(int32_t position) noexcept {
+  // The backing first: it reads the low-bit copy's positions of the rows it drops. Both drop the
+  // same rows: those after the quantized blocks at positions >= `position`.
+  backing_.remove_from(lowbit_.quantized_tokens(), lowbit_.positions().data(), position);
+  return lowbit_.remove_from(position);
 }
 
 void SpeCacheHead::prefetch(const float* spec_q, size_t group, int32_t q_position, float scale,

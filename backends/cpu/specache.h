@@ -40,6 +40,11 @@ class SpeCacheBackingStore {
   void reserve(size_t n_more);
   void append(const float* k_rows, const float* v_rows, size_t n);  // reserve(), then writes
   void append_f16(const uint16_t* k_rows, const uint16_t* v_rows, size_t n);
+  // Truncation (kvsdk_cache_truncate): removes the rows from index `first` on whose position
+  // (positions[t], t < size(): the low-bit copy's, same token order) is >= `position`, keeping
+  // the others in order, zeroes the rows it vacated (as a store that never held them reads) and
+  // gives blocks left empty back to the arena. No allocation, no throw. Returns the rows removed.
+  size_t remove_from(size_t first, const int32_t* positions, int32_t position) noexcept;
   size_t size() const { return n_; }
   size_t dim() const { return dim_; }
   const uint16_t* key_row(size_t t) const;
@@ -178,6 +183,20 @@ class SpeCacheHead {
   // Fetches the rows of `tokens` (ascending, from a selection), replacing the previous fetch and
   // reusing its capacity; on a throw the previous fetch stays.
   void fetch(const std::vector<uint32_t>& tokens) { specache_fetch(backing_, tokens, fetched_); }
+  // Drops the fetched rows (capacity kept: no allocation), as after kvsdk_cache_truncate: they
+  // were picked for a step that no longer exists.
+  void drop_fetch() noexcept {
+    fetched_.tokens.clear();
+    fetched_.k.clear();
+    fetched_.v.clear();
+  }
+
+  // Truncation: whether every token at a position >= `position` can go exactly (the low-bit
+  // copy's KIVI rule, KiviHeadStore::can_remove_from: the backing rows are kept per token, so
+  // they never stand in the way), and removing them from both copies (no allocation; the
+  // fetched rows are the caller's to drop). Returns the tokens removed.
+  bool can_remove_from(int32_t position) const { return lowbit_.can_remove_from(position); }
+  size_t remove_from(int32_t position) noexcept;
 
   // Fraction of the real queries' group-averaged attention (over the low-bit keys) that falls on
   // the fetched tokens: how well the speculative token guessed.

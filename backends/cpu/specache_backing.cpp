@@ -22,17 +22,28 @@ class HostBacking final : public BackingArena {
  public:
   using BackingArena::BackingArena;
   size_t add_block() override {
+    if (released_ > 0) {  // the lowest released index (rare: only after a truncation)
+      const size_t i = size_t(std::find(blocks_.begin(), blocks_.end(), nullptr) - blocks_.begin());
+      blocks_[i] = std::make_unique<uint16_t[]>(block_elems());  // may throw: nothing changed
+      --released_;
+      return i;
+    }
     blocks_.reserve(blocks_.size() + 1);  // may throw before anything changes
     blocks_.push_back(std::make_unique<uint16_t[]>(block_elems()));  // value-initialized: zeros
     return blocks_.size() - 1;
   }
+  void release_block(size_t i) noexcept override {
+    blocks_[i].reset();
+    ++released_;
+  }
   uint16_t* block(size_t i) override { return blocks_[i].get(); }
   const uint16_t* block(size_t i) const override { return blocks_[i].get(); }
-  size_t blocks() const override { return blocks_.size(); }
+  size_t blocks() const override { return blocks_.size() - released_; }
   std::string where() const override { return "host memory"; }
 
  private:
-  std::vector<std::unique_ptr<uint16_t[]>> blocks_;
+  std::vector<std::unique_ptr<uint16_t[]>> blocks_;  // null: released
+  size_t released_ = 0;
 };
 
 #ifdef KVSDK_HAVE_MMAP
@@ -52,20 +63,35 @@ class FileBacking final : public BackingArena {
   }
 
   size_t add_block() override {
+    if (released_ > 0) {  // reused in place, zeroed as a new block reads
+      const size_t i = size_t(std::find(free_.begin(), free_.end(), char(1)) - free_.begin());
+      std::fill_n(block(i), block_elems(), uint16_t(0));
+      free_[i] = 0;
+      --released_;
+      return i;
+    }
+    // Room for this block's flag now (geometric, amortized), so that release_block() never
+    // allocates.
+    if (free_.size() == free_.capacity()) free_.reserve(std::max<size_t>(16, 2 * free_.size()));
     const size_t block_bytes = block_elems() * 2;
     if ((blocks_ + 1) * block_bytes > mapped_) {
       // Grow geometrically so that appends stay amortized O(1) in remaps.
       const size_t want = std::max<size_t>(mapped_ * 2, 16 * block_bytes);
       grow(want);
     }
+    free_.push_back(0);  // (reserved above)
     // ftruncate zero-fills, so a new block reads as zeros.
     return blocks_++;
+  }
+  void release_block(size_t i) noexcept override {
+    free_[i] = 1;
+    ++released_;
   }
   uint16_t* block(size_t i) override { return base() + i * block_elems(); }
   const uint16_t* block(size_t i) const override {
     return reinterpret_cast<const uint16_t*>(map_) + i * block_elems();
   }
-  size_t blocks() const override { return blocks_; }
+  size_t blocks() const override { return blocks_ - released_; }
   std::string where() const override { return path_; }
 
  private:
@@ -99,7 +125,9 @@ class FileBacking final : public BackingArena {
   int fd_ = -1;
   void* map_ = nullptr;
   size_t mapped_ = 0;  // bytes mapped = the file's size
-  size_t blocks_ = 0;
+  size_t blocks_ = 0;  // blocks ever added (released ones included)
+  std::vector<char> free_;  // [blocks_]: 1 = released, to be reused
+  size_t released_ = 0;
 };
 #endif
 

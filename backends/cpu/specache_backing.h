@@ -26,9 +26,15 @@ class BackingArena {
 
   // Appends one zero-filled block of block_elems() f16 values and returns its index. Throws
   // kvsdk::Error (KVSDK_E_NO_MEMORY / KVSDK_E_IO) and changes nothing when it cannot.
+  // A block released earlier is handed out again (zero-filled) before the arena grows.
   virtual size_t add_block() = 0;
+  // Gives block `index` back (kvsdk_cache_truncate: a head that lost its last rows in it); its
+  // index is handed out again by a later add_block(). No allocation, no throw: host memory is
+  // freed, a file keeps its size (the block is reused in place).
+  virtual void release_block(size_t index) noexcept = 0;
   virtual uint16_t* block(size_t index) = 0;
   virtual const uint16_t* block(size_t index) const = 0;
+  // Blocks in use (added and not released).
   virtual size_t blocks() const = 0;
   // Where the rows live, for messages and tests: "host memory" or the file's path.
   virtual std::string where() const = 0;

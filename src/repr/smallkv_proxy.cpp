@@ -72,6 +72,14 @@ void SmallKvProxyLink::drop_match_stats() noexcept {
   std::vector<float>().swap(match_stats_);
 }
 
+int64_t SmallKvProxyLink::newest_query() const {
+  int64_t newest = -1;
+  for (const LatestQueries& lq : latest_) {
+    for (int32_t p : lq.positions) newest = std::max<int64_t>(newest, p);
+  }
+  return newest;
+}
+
 void SmallKvProxyLink::on_proxy_queries(uint32_t layer, uint32_t n_kv_heads,
                                         const float* q_rows, const int32_t* row_positions,
                                         size_t n_rows) {

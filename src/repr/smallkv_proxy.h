@@ -56,6 +56,12 @@ class SmallKvProxyLink {
   int64_t matched_through() const { return matched_through_; }
   // Frees the matching statistics (every large head is matched).
   void drop_match_stats() noexcept;
+  // Whether the matching statistics are still kept (a large head is not matched yet).
+  bool keeps_match_stats() const { return !stats_dropped_; }
+  // The newest position among the proxy's latest queries of every layer (-1: none; INT32_MAX
+  // for a query without a position), for the large cache's kvsdk_cache_truncate: those queries
+  // serve the large cache's next attend (Eq. 6), so they must not come from removed tokens.
+  int64_t newest_query() const;
 
   // The attention probabilities of proxy head `head` at this step for the query rows at
   // `row_positions` [n_rows] over the proxy's full cache, gathered at `wanted` [n_wanted]

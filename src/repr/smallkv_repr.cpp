@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "core/cache.h"
 #include "smallkv.h"
@@ -136,16 +137,23 @@ void SmallKvRepresentation::append(uint32_t layer, size_t n, const float* k, con
     reserve_for_growth(h.full_v, (h.full_pos.size() + n) * dim);
     reserve_for_growth(h.full_score, h.full_pos.size() + n);
   }
+  const int32_t lo = *std::min_element(positions, positions + n);
+  const int32_t hi = *std::max_element(positions, positions + n);
   if (!L.started) {
     const bool matched =
         std::all_of(L.heads.begin(), L.heads.end(), [](const Head& h) { return h.matched; });
     if (!matched) L.match_stats.assign(size_t(geometry_.n_q_heads) * match_tokens_, 0.0f);
     L.started = true;
+    L.first_min = lo;  // a cut at or below it undoes the start (truncate())
   }
   // Only this layer's bytes may change here (the Cache charges this layer's change).
   if (std::all_of(L.heads.begin(), L.heads.end(), [](const Head& h) { return h.matched; })) {
+    // The statistics' values are gone: a cut that removes this whole append cannot bring them
+    // back (one that keeps part of it leaves an append that frees them too).
+    if (!L.match_stats.empty()) L.frozen_through = std::max(L.frozen_through, lo);
     std::vector<float>().swap(L.match_stats);
   }
+  L.newest_held = std::max(L.newest_held, hi);
   for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
     Head& h = L.heads[g];
     const size_t old = h.full_pos.size();
@@ -239,6 +247,11 @@ void SmallKvRepresentation::apply(AttendUpdate& u) const noexcept {
   Layer& L = layers_[u.layer];
   Head& H = L.heads[u.kv_head];
   const uint32_t group = geometry_.group_size();
+  // Matching statistics, mapping and scores are sums over every row held: once they changed,
+  // no row held then can be taken back exactly (truncate_refusal()).
+  if (u.has_stats || u.matched_now || u.has_scores || u.stats_done != H.stats_done) {
+    L.frozen_through = std::max(L.frozen_through, u.held_through);
+  }
   if (u.has_stats) {
     std::copy(u.stats.begin(), u.stats.end(),
               L.match_stats.begin() + long(size_t(u.kv_head) * group * match_tokens_));
@@ -300,6 +313,7 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
   if (spare_.capacity() == 0) spare_.reserve(size_t(geometry_.n_layers) * geometry_.n_kv_heads);
   u.layer = layer;
   u.kv_head = kv_head;
+  u.held_through = L.newest_held;
   u.stats_done = H.stats_done;
   if (!H.matched && !H.stats_done) {
     accumulate_match_stats(layer, kv_head, q_rows, row_positions, n_rows, u);
@@ -622,6 +636,9 @@ void SmallKvRepresentation::commit_eviction() noexcept {
     H.stats_done = true;
   }
   for (ShrunkHead& sh : plan_.shrunk) layers_[sh.layer].heads[sh.kv_head] = std::move(sh.head);
+  // Which rows stayed (and every head's matching) depended on every row of every layer (the
+  // Cache records the same floor for its own check).
+  for (Layer& L : layers_) L.frozen_through = std::max(L.frozen_through, L.newest_held);
   drop_finished_stats();
   drop_eviction();
 }
@@ -630,6 +647,101 @@ void SmallKvRepresentation::drop_eviction() noexcept {
   plan_.matched.clear();
   plan_.shrunk.clear();
   plan_.active = false;
+}
+
+// Truncation (kvsdk_cache_truncate). SmallKV (docs/papers.md) §4 keeps, besides the rows, an
+// importance state that sums over them: the large model's Eq. 1 over the matching tokens, the
+// head mapping of Eqs. 2-3 chosen from it, and every row's accumulated proxy attention (saliency
+// shift compensation). A float sum cannot be taken back bit for bit, and what one attend added
+// depended on every row the head held (its softmax), so:
+//  - every attend that changed that state, and every eviction, freezes the rows the layer held
+//    then (frozen_through: the newest of their positions); a cut at or below it is refused;
+//  - rows appended since (appends only) go exactly: their rows, positions and zero scores, and
+//    what their append did to the layer: the append that started it (it allocated the matching
+//    statistics, zeros) is undone with it; an append that freed the statistics (the layer's heads
+//    all matched) freezes its rows, as their values are gone. Matching tokens are the first
+//    match_tokens rows of a head, but no matching counted rows that were not frozen, so after a
+//    cut among them the next appended rows become matching tokens as they would have;
+//  - the proxy link (not saved) must hold nothing of the removed positions: its matching
+//    statistics (Eq. 1 of the proxy, while a head still needs them) and its latest queries
+//    (which weight the next attend's marginal rows, Eq. 6) come from the proxy's attends, which
+//    the app truncates separately and cannot take back either;
+//  - after restore(), only rows appended since (restore() freezes the rest).
+std::string SmallKvRepresentation::truncate_refusal(uint32_t layer, int32_t position) const {
+  const Layer& L = layers_[layer];
+  if (L.newest_held < position) return {};  // nothing to remove
+  const std::string where = "layer " + std::to_string(layer) + ": ";
+  if (position <= L.frozen_through) {
+    return where + "SmallKV's importance state (matching statistics, head mapping, rows' " +
+           "accumulated proxy attention) already counts the rows held through position " +
+           std::to_string(L.frozen_through) + " (an attend, eviction, restore or the end of " +
+           "matching while they were held) and cannot be taken back; the earliest position it " +
+           "can truncate at is " + std::to_string(int64_t(L.frozen_through) + 1);
+  }
+  if (link_->proxy() && link_->keeps_match_stats() && link_->matched_through() >= position) {
+    return where + "the proxy's matching statistics (SmallKV Eq. 1) count its queries at " +
+           "positions up to " + std::to_string(link_->matched_through()) +
+           ", which cannot be taken back";
+  }
+  const int64_t newest_query = link_->newest_query();
+  if (newest_query >= position) {
+    return where + "the proxy's latest attention pass has queries at positions >= " +
+           std::to_string(position) + " (up to " + std::to_string(newest_query) +
+           "), which would weight this cache's next attend";
+  }
+  if (L.started && L.first_min != kUnknown && L.first_min >= position) {
+    for (const Head& h : L.heads) {
+      for (int32_t p : h.full_pos) {
+        if (p < position) {
+          return where + "the cut removes the append that started the layer but keeps rows " +
+                 "appended after it at older positions (position " + std::to_string(p) +
+                 "); only cuts that keep part of the first append or remove every row are exact";
+        }
+      }
+    }
+  }
+  return {};
+}
+
+void SmallKvRepresentation::truncate(uint32_t layer, int32_t position) noexcept {
+  Layer& L = layers_[layer];
+  const size_t dim = geometry_.head_dim;
+  // Keeps the rows before `position` in order (positions, scores, `per_row` f16 arrays).
+  const auto compact = [&](std::vector<int32_t>& pos, std::vector<float>& score,
+                           std::vector<uint16_t>* a, std::vector<uint16_t>* b) {
+    size_t j = 0;
+    for (size_t i = 0; i < pos.size(); ++i) {
+      if (pos[i] >= position) continue;
+      if (j != i) {
+        pos[j] = pos[i];
+        score[j] = score[i];
+        for (std::vector<uint16_t>* x : {a, b}) {
+          if (x) std::copy_n(x->data() + i * dim, dim, x->data() + j * dim);
+        }
+      }
+      ++j;
+    }
+    pos.resize(j);
+    score.resize(j);
+    for (std::vector<uint16_t>* x : {a, b}) {
+      if (x) x->resize(j * dim);
+    }
+  };
+  int32_t newest = -1;
+  for (Head& h : L.heads) {
+    compact(h.full_pos, h.full_score, &h.full_k, &h.full_v);
+    compact(h.marg_pos, h.marg_score, &h.marg_v, nullptr);
+    for (int32_t p : h.full_pos) newest = std::max(newest, p);
+    for (int32_t p : h.marg_pos) newest = std::max(newest, p);
+  }
+  L.newest_held = newest;
+  if (L.started && L.first_min != kUnknown && L.first_min >= position) {
+    // The append that started the layer is gone with every row (truncate_refusal()): the layer
+    // is as before its first append. Nothing else changed since (frozen_through < position).
+    L.started = false;
+    L.first_min = kNotStarted;
+    std::vector<float>().swap(L.match_stats);  // (freeing only)
+  }
 }
 
 std::vector<TierRecord> SmallKvRepresentation::save(uint32_t layer) const {
@@ -734,8 +846,15 @@ void SmallKvRepresentation::restore(uint32_t layer, const std::vector<TierRecord
     if (h.size() > 0 && !L.started) {
       fail(KVSDK_E_CORRUPT, "snapshot smallkv layer ", layer, " holds rows but is not started");
     }
+    for (int32_t p : h.full_pos) L.newest_held = std::max(L.newest_held, p);
+    for (int32_t p : h.marg_pos) L.newest_held = std::max(L.newest_held, p);
     L.heads.push_back(std::move(h));
   }
+  // A snapshot does not say which rows the importance state has counted, nor which append
+  // started the layer: conservatively, only rows appended after the restore can go (as the
+  // Cache's restored floor says too).
+  L.frozen_through = L.newest_held;
+  L.first_min = L.started ? kUnknown : kNotStarted;
   layers_[layer] = std::move(L);
 }
 

@@ -27,7 +27,9 @@
 //    stages its importance updates per KV head and commit_attend() applies them together.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/representation.h"
@@ -69,6 +71,11 @@ class SmallKvRepresentation final : public Representation {
   uint64_t plan_eviction(uint64_t bytes, uint32_t append_layer, size_t append_tokens) override;
   void commit_eviction() noexcept override;
   void drop_eviction() noexcept override;
+  // Truncation: only rows that no importance update saw (see the .cpp): rows appended after the
+  // layer's last state-changing attend, eviction or restore, and only while the proxy link holds
+  // no query of the removed positions.
+  std::string truncate_refusal(uint32_t layer, int32_t position) const override;
+  void truncate(uint32_t layer, int32_t position) noexcept override;
   std::vector<TierRecord> save(uint32_t layer) const override;
   void restore(uint32_t layer, const std::vector<TierRecord>& records) override;
 
@@ -99,7 +106,14 @@ class SmallKvRepresentation final : public Representation {
     bool started = false;            // first append charged the mapping and matching statistics
     std::vector<uint32_t> mapping;   // [n_q_heads] proxy head per query head (Eq. 3)
     std::vector<float> match_stats;  // [n_q_heads][match_tokens] Eq. 1; freed once all matched
+    // Truncation bookkeeping (not saved; see truncate_refusal()):
+    int32_t newest_held = -1;     // the newest position any head holds (-1: none)
+    int32_t frozen_through = -1;  // rows at positions <= this may not be cut (-1: none)
+    // The smallest position of the append that started the layer: kNotStarted before it,
+    // kUnknown after a restore (the snapshot does not say).
+    int64_t first_min = kNotStarted;
   };
+  static constexpr int64_t kNotStarted = INT64_MAX, kUnknown = INT64_MIN;
 
   // Head matching of one KV head (Eqs. 2-3), computed without changing anything: the proxy head
   // of each query head of its group, and the proxy's Eq. 1 over the head's first `n` rows.
@@ -119,6 +133,7 @@ class SmallKvRepresentation final : public Representation {
     int64_t scores_from = 0;
     std::vector<float> full_score, marg_score;  // the new row scores
     bool has_scores = false;
+    int32_t held_through = -1;  // the layer's newest held position when it was computed
   };
   // A planned eviction: heads matched by it (mapping, scores with the proxy's statistics) and the
   // new contents of the heads it shrinks (their flags and scores already those after matching).

@@ -219,6 +219,48 @@ double SpeCacheRepresentation::hit_rate() const {
   return hit_count_ ? hit_sum_ / double(hit_count_) : -1.0;
 }
 
+// Truncation. What a SpeCache layer holds per KV head, and what each part needs:
+//  - the low-bit KIVI copy: KIVI's streaming rule. A flush quantized its block from the f16
+//    residual rows held then, so only residual rows appended after the last flush can go
+//    (every row before the first flush).
+//  - the f16 backing store (SpeCache §3.2, the full-precision cache off the budget): one row per
+//    token in the same order, nothing shared between rows, so the same rows simply go.
+//    (It could in principle un-flush a block too, since the copy's blocks are quantized from the
+//    same f16 bits, but the KIVI rule is kept: the shadow stays a plain KIVI store and kvsdk.h
+//    states one rule for both.)
+//  - the rows prefetch() fetched for the next step (§3.3: the speculative token's top-k). They
+//    were chosen for a step after the removed tokens, which no longer exists; a cache that never
+//    received them holds the rows its own last prefetch chose, which this one cannot know. They
+//    are all dropped when the layer loses a token, and the app prefetches again with its next
+//    speculative queries (the same queries give the same rows: the low-bit keys they are scored
+//    on are the same bits again). Until then attention uses the low-bit rows alone.
+//  - attend() keeps nothing in snapshots: the kept single-query scores of the layer are dropped
+//    (they scored removed tokens), and the hit rate is a measurement of the attends that ran,
+//    the removed steps' included (not saved, never affects results; kvsdk_cache_fetch_stats).
+std::string SpeCacheRepresentation::truncate_refusal(uint32_t layer, int32_t position) const {
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    const cpu::SpeCacheHead& s = heads_[layer][h];
+    if (s.can_remove_from(position)) continue;
+    return "layer " + std::to_string(layer) + " KV head " + std::to_string(h) +
+           ": SpeCache's low-bit copy quantized tokens at positions >= " +
+           std::to_string(position) + " (or tokens appended with them) into a KIVI block; " +
+           "only its exact residual rows appended since the last flush can go (it holds " +
+           std::to_string(s.lowbit().residual_tokens()) + ")";
+  }
+  return {};
+}
+
+void SpeCacheRepresentation::truncate(uint32_t layer, int32_t position) noexcept {
+  size_t removed = 0;
+  for (cpu::SpeCacheHead& h : heads_[layer]) removed += h.remove_from(position);
+  if (removed == 0) return;  // the layer's current step still exists: its fetch stays
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    heads_[layer][h].drop_fetch();
+    pending_[layer][h] = 0;  // no prefetch to measure until the next one
+  }
+  for (AttendScores& a : attend_scores_) a.valid = a.valid && a.layer != layer;
+}
+
 std::vector<TierRecord> SpeCacheRepresentation::save(uint32_t layer) const {
   std::vector<TierRecord> out(geometry_.n_kv_heads);
   const size_t dim = geometry_.head_dim;

@@ -49,6 +49,11 @@ class SpeCacheRepresentation final : public Representation {
   double hit_rate() const override;
   uint64_t hit_rate_samples() const override { return hit_count_; }
   void set_backing_file(const std::string& path) override;
+  // Truncation: the low-bit copy's KIVI rule (only residual rows appended since its last flush
+  // can go; cpu::KiviHeadStore::can_remove_from); the backing rows go with them, and the layer's
+  // fetched rows are dropped (the next prefetch() fetches again). See the .cpp.
+  std::string truncate_refusal(uint32_t layer, int32_t position) const override;
+  void truncate(uint32_t layer, int32_t position) noexcept override;
   std::vector<TierRecord> save(uint32_t layer) const override;
   void restore(uint32_t layer, const std::vector<TierRecord>& records) override;
 

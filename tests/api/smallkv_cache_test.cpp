@@ -405,3 +405,137 @@ TEST(SmallKvCache, StatsAndSnapshotRefusal) {
     }
   }
 }
+
+// kvsdk_cache_truncate under smallkv (docs/truncation.md): rows appended since the last attend
+// go exactly (with the start of a layer they began), rows an attend counted are refused, and so
+// are positions the proxy link still holds queries of.
+namespace truncation {
+
+std::vector<uint8_t> snapshot(kvsdk_cache* c) {
+  size_t size = 0;
+  EXPECT_EQ(kvsdk_cache_save_to_buffer(c, nullptr, nullptr, 0, &size), KVSDK_OK);
+  std::vector<uint8_t> out(size);
+  EXPECT_EQ(kvsdk_cache_save_to_buffer(c, nullptr, out.data(), size, &size), KVSDK_OK)
+      << kvsdk_last_error();
+  out.resize(size);
+  return out;
+}
+
+struct Duo {
+  ContextPtr ctx = make_context();
+  CachePtr large, proxy;
+  Duo() {
+    const kvsdk_policy p = smallkv_policy();
+    large = make_cache(ctx.get(), make_geometry(kLayers, kQ, kKv, kDim), &p);
+    proxy = make_cache(ctx.get(), make_geometry(kLayers, kPQ, 1, kDim));
+    EXPECT_EQ(kvsdk_cache_set_proxy(large.get(), proxy.get()), KVSDK_OK) << kvsdk_last_error();
+  }
+  // n tokens from `pos` into both caches, attended by both (proxy first) when `attend`.
+  void tokens(int32_t pos, size_t n, uint32_t seed, bool attend, bool attend_proxy) {
+    const std::vector<int32_t> p = iota_positions(n, pos);
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      const std::vector<float> pk = random_floats(n * kDim, seed + l),
+                               pq = random_floats(n * kPQ * kDim, seed + 10 + l);
+      std::vector<float> po(pq.size());
+      ASSERT_EQ(kvsdk_cache_append(proxy.get(), l, n, pk.data(), pk.data(), p.data(),
+                                   pk.size() * 4),
+                KVSDK_OK);
+      if (attend_proxy) {
+        ASSERT_EQ(kvsdk_cache_attend(proxy.get(), l, n, pq.data(), p.data(), pq.size() * 4,
+                                     po.data(), po.size() * 4),
+                  KVSDK_OK);
+      }
+    }
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      const std::vector<float> k = random_floats(n * kKv * kDim, seed + 20 + l),
+                               q = random_floats(n * kQ * kDim, seed + 30 + l);
+      std::vector<float> o(q.size());
+      ASSERT_EQ(kvsdk_cache_append(large.get(), l, n, k.data(), k.data(), p.data(), k.size() * 4),
+                KVSDK_OK);
+      if (attend) {
+        ASSERT_EQ(kvsdk_cache_attend(large.get(), l, n, q.data(), p.data(), q.size() * 4,
+                                     o.data(), o.size() * 4),
+                  KVSDK_OK)
+            << kvsdk_last_error();
+      }
+    }
+  }
+  kvsdk_status truncate(int32_t position) {
+    const kvsdk_status s = kvsdk_cache_truncate(large.get(), position);
+    if (s == KVSDK_OK) EXPECT_EQ(kvsdk_cache_truncate(proxy.get(), position), KVSDK_OK);
+    return s;
+  }
+};
+
+TEST(SmallKvTruncate, AppendsOnlyGoBackToAFreshCache) {
+  // Nothing attended: even a cut at 0 (among the matching tokens, and the appends that started
+  // the layers and allocated their matching statistics) is exact.
+  Duo a, fresh;
+  a.tokens(0, 12, 1, false, false);
+  ASSERT_EQ(a.truncate(0), KVSDK_OK) << kvsdk_last_error();
+  EXPECT_EQ(snapshot(a.large.get()), snapshot(fresh.large.get()));
+  EXPECT_EQ(bytes_of(a.large.get()), 0u);
+  // And it continues as the fresh cache does.
+  a.tokens(0, 50, 2, true, true);
+  fresh.tokens(0, 50, 2, true, true);
+  EXPECT_EQ(snapshot(a.large.get()), snapshot(fresh.large.get()));
+}
+
+TEST(SmallKvTruncate, RowsAnAttendCountedStay) {
+  Duo a, b;
+  for (Duo* d : {&a, &b}) {
+    d->tokens(0, 50, 1, true, true);  // matched (50 >= match_tokens), scores accumulated
+    // The first append after the matching freed the matching statistics (that append can never
+    // go), and its attend counted every row.
+    d->tokens(50, 1, 2, true, true);
+  }
+  a.tokens(51, 3, 3, false, false);
+  const std::vector<uint8_t> before = snapshot(a.large.get());
+  const uint64_t bytes = bytes_of(a.large.get());
+  EXPECT_EQ(kvsdk_cache_truncate(a.large.get(), 50), KVSDK_E_STATE);
+  const std::string why = kvsdk_last_error();
+  EXPECT_NE(why.find("exactly"), std::string::npos) << why;
+  EXPECT_NE(why.find("importance state"), std::string::npos) << why;
+  EXPECT_NE(why.find("at is 51"), std::string::npos) << why;
+  EXPECT_EQ(snapshot(a.large.get()), before);
+  EXPECT_EQ(bytes_of(a.large.get()), bytes);
+  ASSERT_EQ(a.truncate(52), KVSDK_OK) << kvsdk_last_error();  // keeps 51
+  ASSERT_EQ(a.truncate(51), KVSDK_OK) << kvsdk_last_error();
+  EXPECT_EQ(snapshot(a.large.get()), snapshot(b.large.get()));
+  EXPECT_EQ(bytes_of(a.large.get()), bytes_of(b.large.get()));
+  a.tokens(51, 2, 4, true, true);
+  b.tokens(51, 2, 4, true, true);
+  EXPECT_EQ(snapshot(a.large.get()), snapshot(b.large.get()));
+}
+
+TEST(SmallKvTruncate, TheProxysQueriesOfRemovedPositionsRefuse) {
+  Duo a;
+  a.tokens(0, 50, 1, true, true);
+  a.tokens(50, 1, 2, true, true);
+  a.tokens(51, 2, 3, false, true);  // the proxy attended 51..52, the large cache did not
+  EXPECT_EQ(kvsdk_cache_truncate(a.large.get(), 51), KVSDK_E_STATE);
+  EXPECT_NE(std::string(kvsdk_last_error()).find("proxy's latest"), std::string::npos)
+      << kvsdk_last_error();
+}
+
+TEST(SmallKvTruncate, AfterALoadOnlyNewRowsGo) {
+  Duo a;
+  a.tokens(0, 12, 1, false, false);  // appends only, but a snapshot does not say so
+  const std::vector<uint8_t> snap = snapshot(a.large.get());
+  kvsdk_cache* raw = nullptr;
+  ASSERT_EQ(kvsdk_cache_load_from_buffer(&raw, a.ctx.get(), snap.data(), snap.size(), nullptr,
+                                         nullptr),
+            KVSDK_OK);
+  CachePtr loaded(raw);
+  EXPECT_EQ(kvsdk_cache_truncate(loaded.get(), 6), KVSDK_E_STATE);
+  const std::vector<float> k = random_floats(kKv * kDim, 5);
+  const int32_t pos = 12;
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    ASSERT_EQ(kvsdk_cache_append(loaded.get(), l, 1, k.data(), k.data(), &pos, k.size() * 4),
+              KVSDK_OK);
+  }
+  ASSERT_EQ(kvsdk_cache_truncate(loaded.get(), 12), KVSDK_OK) << kvsdk_last_error();
+  EXPECT_EQ(snapshot(loaded.get()), snap);
+}
+
+}  // namespace truncation

@@ -79,6 +79,47 @@ TEST(SpeCacheBacking, StoresInAFileReadBackTheirRows) {
   std::remove(path.c_str());
 }
 
+// kvsdk_cache_truncate: a head that removes rows gives blocks left empty back to its arena, which
+// hands them out again (zeroed) before it grows; the rows kept and the rows appended afterwards
+// read as in a store that never held the removed ones.
+TEST(SpeCacheBacking, RemovedRowsGiveTheirBlocksBack) {
+  const std::string path = temp_path();
+  const size_t dim = 8, n = 150, B = SpeCacheBackingStore::kBlockTokens;
+  for (const bool in_file : {false, true}) {
+    SCOPED_TRACE(in_file ? "file" : "host");
+    std::shared_ptr<BackingArena> arena =
+        in_file ? std::shared_ptr<BackingArena>(
+                      open_file_backing(path, SpeCacheBackingStore::block_elems(dim)))
+                : make_host_backing(SpeCacheBackingStore::block_elems(dim));
+    SpeCacheBackingStore a(dim, arena), never(dim, arena);
+    const std::vector<float> k = normal_rows(n * dim, 3), v = normal_rows(n * dim, 4);
+    std::vector<int32_t> pos(n);
+    for (size_t t = 0; t < n; ++t) pos[t] = int32_t(t);
+    pos[100] = 10;  // an older position after the cut stays (removal goes by position)
+    a.append(k.data(), v.data(), n);  // 3 blocks
+    ASSERT_EQ(arena->blocks(), 3u);
+    EXPECT_EQ(a.remove_from(2, pos.data(), 60), n - 61);  // keeps rows 0..59 and row 100
+    ASSERT_EQ(a.size(), 61u);
+    EXPECT_EQ(a.bytes(), uint64_t(2 * B * dim * 2));  // blocks 1 and 2 went back
+    EXPECT_EQ(arena->bytes(), a.bytes());
+    EXPECT_EQ(a.remove_from(0, pos.data(), 1000), 0u);  // nothing at or past 1000
+    // The store that never held the removed rows, appended in the released blocks.
+    never.append(k.data(), v.data(), 60);
+    never.append(&k[100 * dim], &v[100 * dim], 1);
+    EXPECT_EQ(arena->blocks(), 2u);  // block 1 was reused
+    for (size_t t = 0; t < 61; ++t) {
+      for (size_t d = 0; d < dim; ++d) {
+        ASSERT_EQ(a.key_row(t)[d], never.key_row(t)[d]) << t;
+        ASSERT_EQ(a.value_row(t)[d], never.value_row(t)[d]) << t;
+      }
+    }
+    a.append(k.data(), v.data(), 10);  // grows into a reused, zeroed block
+    EXPECT_EQ(a.key_row(70)[3], kvsdk::f32_to_f16(k[9 * dim + 3]));
+    EXPECT_EQ(arena->blocks(), 3u);
+  }
+  std::remove(path.c_str());
+}
+
 TEST(SpeCacheBacking, UncreatableFileIsAnIoError) {
   try {
     open_file_backing("/nonexistent-dir-kvsdk/backing.bin", 64);
