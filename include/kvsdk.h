@@ -18,9 +18,9 @@
  *     (kvsdk_cache_save_to_buffer's buffer; KVSDK_E_NO_MEMORY part-way through an append or a
  *     prefetch of some compressed policies, see kvsdk_cache_append and kvsdk_cache_prefetch).
  *     `kvsdk_last_error()` adds detail (and is cleared by every call that succeeds).
- *   - Every struct begins with `uint32_t struct_size` and has an `*_init()` function that sets it
- *     (and the defaults). Structs only grow at their end, so an app keeps working with the
- *     header it was built against:
+ *   - Every struct begins with `uint32_t struct_size` and has an `*_init()` that sets it (and the
+ *     defaults). Structs only grow at their end, so an app keeps working with the header it was
+ *     built against:
  *       - input structs (options, geometry, policy): a struct from an older header gets the
  *         defaults for the fields it lacks; one from a newer header (larger `struct_size`) is
  *         accepted if the fields this library does not know are zero;
@@ -28,6 +28,24 @@
  *         writes the fields that fit in `struct_size` (never a byte past it) and sets
  *         `struct_size` to the bytes it wrote;
  *       - a `struct_size` below the struct's first published size is KVSDK_E_INVALID_ARG.
+ *   - Initialising a struct: `kvsdk_X_init(p, ...)` is a macro for
+ *     `kvsdk_X_init_sized(p, sizeof(kvsdk_X), ...)`, sizeof taken where the app is compiled, so
+ *     the library learns the size of the app's struct and writes exactly that many bytes (a NULL
+ *     `p` still compiles and is refused at run time): never past the end of an app's
+ *     struct, however many fields the library's own struct has gained since. `*_init_sized`
+ *     writes the first min(struct_size, library's sizeof) bytes: struct_size set to that count,
+ *     every field that fits set to its default. A size above the library's sizeof (an app built
+ *     against a newer kvsdk.h) gets the library's sizeof bytes and struct_size says so; the rest
+ *     of the app's struct is left as it was (the app zeroes it, or reads struct_size to see which
+ *     fields this library knows: a field past struct_size is ignored by every call). A size below
+ *     the struct's first published size, or a NULL pointer, is KVSDK_E_INVALID_ARG and writes
+ *     nothing. Bindings call the `*_init_sized` functions with their own struct sizes.
+ *   - Legacy init symbols: apps built before the `*_init_sized` functions existed call
+ *     `kvsdk_X_init` as a function. Those symbols stay exported but are frozen: they write the
+ *     struct's FIRST published size (and set struct_size to it), which fits every app's struct,
+ *     so later fields keep their "older structs" defaults. They are declared with a parenthesized
+ *     name, `(kvsdk_X_init)(...)`, so that the macro does not apply to the declaration; new code
+ *     uses the macro (or `*_init_sized`) and gets every field its header knows.
  *   - Outputs come back through pointer arguments and are owned by the caller.
  *   - Same major version means same ABI.
  *
@@ -38,7 +56,8 @@
  *     concurrently, even when they share a context. Exception: a smallkv cache and its proxy
  *     (kvsdk_cache_set_proxy) read and update each other's state, so the pair is used by one
  *     thread at a time.
- *   - Free functions without a handle (version, status strings, *_init) are thread-safe.
+ *   - Free functions without a handle (version, status strings, *_init, *_init_sized) are
+ *     thread-safe.
  *
  * C99-clean: no C++ and no dependency types appear here.
  */
@@ -167,9 +186,22 @@ typedef struct kvsdk_context_options {
  *  pool, a concurrent call on another cache runs on its own thread alone instead of waiting. An
  *  app that already keeps every core busy sets n_threads = 1. */
 
-/** Fills `options` with defaults (CPU, unlimited budget, every core) and sets struct_size.
- *  Errors: KVSDK_E_INVALID_ARG if `options` is NULL. */
-KVSDK_API kvsdk_status kvsdk_context_options_init(kvsdk_context_options *options);
+/** Initialises the app's `*options` of `struct_size` bytes: defaults for the fields that fit
+ *  (CPU, device 0, unlimited budget, every core) (the ABI rules, "Initialising a struct").
+ *  Writes min(struct_size, sizeof(kvsdk_context_options)) bytes, never more, and sets
+ *  struct_size to that count.
+ *  Errors: KVSDK_E_INVALID_ARG (`options` NULL, `struct_size` below the first version's: the
+ *          end of `budget_bytes`); nothing is written. Thread-safe. */
+KVSDK_API kvsdk_status kvsdk_context_options_init_sized(kvsdk_context_options *options,
+                                                        size_t struct_size);
+/** Legacy symbol, frozen (the ABI rules, "Legacy init symbols"): as
+ *  kvsdk_context_options_init_sized with the first version's size, up to `budget_bytes`;
+ *  n_threads is left out (a context created from it uses every core). Not for new code or
+ *  bindings. */
+KVSDK_API kvsdk_status (kvsdk_context_options_init)(kvsdk_context_options *options);
+/** kvsdk_context_options_init_sized with the size of the app's struct. */
+#define kvsdk_context_options_init(options) \
+  kvsdk_context_options_init_sized((options), sizeof(kvsdk_context_options))
 
 /** Creates a context. `options` may be NULL for defaults. On success `*out` owns a new context;
  *  the caller releases it with kvsdk_context_destroy (caches on it keep it alive until they are
@@ -230,9 +262,19 @@ typedef struct kvsdk_geometry {
   float attn_scale;      /**< Softmax scale; 0 means 1/sqrt(head_dim). Default 0. */
 } kvsdk_geometry;
 
-/** Fills `geometry` with defaults (all counts 0, which the host must set) and sets struct_size.
- *  Errors: KVSDK_E_INVALID_ARG if `geometry` is NULL. */
-KVSDK_API kvsdk_status kvsdk_geometry_init(kvsdk_geometry *geometry);
+/** Initialises the app's `*geometry` of `struct_size` bytes: defaults for the fields that fit
+ *  (all counts 0, which the host must set; F32, interleaved RoPE, theta 10000, scale 0) (the
+ *  ABI rules, "Initialising a struct"). Writes min(struct_size, sizeof(kvsdk_geometry)) bytes,
+ *  never more, and sets struct_size to that count.
+ *  Errors: KVSDK_E_INVALID_ARG (`geometry` NULL, `struct_size` below the first version's: the
+ *          end of `attn_scale`); nothing is written. Thread-safe. */
+KVSDK_API kvsdk_status kvsdk_geometry_init_sized(kvsdk_geometry *geometry, size_t struct_size);
+/** Legacy symbol, frozen (the ABI rules, "Legacy init symbols"): as kvsdk_geometry_init_sized
+ *  with the first version's size, up to `attn_scale`. Not for new code or bindings. */
+KVSDK_API kvsdk_status (kvsdk_geometry_init)(kvsdk_geometry *geometry);
+/** kvsdk_geometry_init_sized with the size of the app's struct. */
+#define kvsdk_geometry_init(geometry) \
+  kvsdk_geometry_init_sized((geometry), sizeof(kvsdk_geometry))
 
 /* ------------------------------------------------------------------------------------------ */
 /* Policy: how a cache stays inside its budget                                                 */
@@ -343,9 +385,22 @@ typedef struct kvsdk_policy {
                                  and snapshots written before this field: 0. */
 } kvsdk_policy;
 
-/** Fills `policy` with the defaults of `method` (a kvsdk_method value) and sets struct_size.
- *  Errors: KVSDK_E_INVALID_ARG if `policy` is NULL or `method` is not a kvsdk_method. */
-KVSDK_API kvsdk_status kvsdk_policy_init(kvsdk_policy *policy, int32_t method);
+/** Initialises the app's `*policy` of `struct_size` bytes: the defaults of `method` (a
+ *  kvsdk_method value) for the fields that fit (the ABI rules, "Initialising a struct"). Writes
+ *  min(struct_size, sizeof(kvsdk_policy)) bytes, never more, and sets struct_size to that
+ *  count.
+ *  Errors: KVSDK_E_INVALID_ARG (`policy` NULL, `struct_size` below the first version's: the end
+ *          of `match_tokens`; `method` not a kvsdk_method); nothing is written. Thread-safe. */
+KVSDK_API kvsdk_status kvsdk_policy_init_sized(kvsdk_policy *policy, size_t struct_size,
+                                               int32_t method);
+/** Legacy symbol, frozen (the ABI rules, "Legacy init symbols"): as kvsdk_policy_init_sized
+ *  with the first version's size, up to `match_tokens` (evict_slack is left out: a cache
+ *  created from it evicts with slack 0, as before that field existed). Not for new code or
+ *  bindings. */
+KVSDK_API kvsdk_status (kvsdk_policy_init)(kvsdk_policy *policy, int32_t method);
+/** kvsdk_policy_init_sized with the size of the app's struct. */
+#define kvsdk_policy_init(policy, method) \
+  kvsdk_policy_init_sized((policy), sizeof(kvsdk_policy), (method))
 
 /** Parses a preset name such as "full", "snapkv", "kivi" or a composition "xkv+kivi2"
  *  (method, then '+kiviN' for N-bit KIVI, N = 1, 2, 4 or 8) into `policy` (initialised with the
@@ -703,9 +758,19 @@ typedef struct kvsdk_cache_stats {
   uint64_t context_used_bytes;            /**< Bytes charged to the context by all its caches. */
 } kvsdk_cache_stats;
 
-/** Zeroes `stats` and sets struct_size to sizeof(kvsdk_cache_stats), ready for
- *  kvsdk_cache_stats_get. Errors: KVSDK_E_INVALID_ARG if `stats` is NULL. Thread-safe. */
-KVSDK_API kvsdk_status kvsdk_cache_stats_init(kvsdk_cache_stats *stats);
+/** Initialises the app's `*stats` of `struct_size` bytes: zeroes the fields that fit, ready for
+ *  kvsdk_cache_stats_get (the ABI rules, "Initialising a struct"). Writes min(struct_size,
+ *  sizeof(kvsdk_cache_stats)) bytes, never more, and sets struct_size to that count.
+ *  Errors: KVSDK_E_INVALID_ARG (`stats` NULL, `struct_size` below the first version's: the end
+ *          of `context_used_bytes`); nothing is written. Thread-safe. */
+KVSDK_API kvsdk_status kvsdk_cache_stats_init_sized(kvsdk_cache_stats *stats, size_t struct_size);
+/** Legacy symbol, frozen (the ABI rules, "Legacy init symbols"): as
+ *  kvsdk_cache_stats_init_sized with the first version's size, up to `context_used_bytes`. Not
+ *  for new code or bindings. */
+KVSDK_API kvsdk_status (kvsdk_cache_stats_init)(kvsdk_cache_stats *stats);
+/** kvsdk_cache_stats_init_sized with the size of the app's struct. */
+#define kvsdk_cache_stats_init(stats) \
+  kvsdk_cache_stats_init_sized((stats), sizeof(kvsdk_cache_stats))
 
 /** Fills `*out`. out->struct_size must be set (kvsdk_cache_stats_init); an older, smaller struct
  *  receives the fields it has, and struct_size is set to the bytes written.
@@ -723,9 +788,20 @@ typedef struct kvsdk_layer_stats {
   uint64_t bytes_by_tier[KVSDK_TIER_SLOTS];
 } kvsdk_layer_stats;
 
-/** Zeroes `stats` and sets struct_size to sizeof(kvsdk_layer_stats), ready for
- *  kvsdk_cache_layer_stats_get. Errors: KVSDK_E_INVALID_ARG if `stats` is NULL. Thread-safe. */
-KVSDK_API kvsdk_status kvsdk_layer_stats_init(kvsdk_layer_stats *stats);
+/** Initialises the app's `*stats` of `struct_size` bytes: zeroes the fields that fit, ready for
+ *  kvsdk_cache_layer_stats_get (the ABI rules, "Initialising a struct"). Writes
+ *  min(struct_size, sizeof(kvsdk_layer_stats)) bytes, never more, and sets struct_size to that
+ *  count.
+ *  Errors: KVSDK_E_INVALID_ARG (`stats` NULL, `struct_size` below the first version's: the end
+ *          of `bytes_by_tier`); nothing is written. Thread-safe. */
+KVSDK_API kvsdk_status kvsdk_layer_stats_init_sized(kvsdk_layer_stats *stats, size_t struct_size);
+/** Legacy symbol, frozen (the ABI rules, "Legacy init symbols"): as
+ *  kvsdk_layer_stats_init_sized with the first version's size, up to `bytes_by_tier`. Not for
+ *  new code or bindings. */
+KVSDK_API kvsdk_status (kvsdk_layer_stats_init)(kvsdk_layer_stats *stats);
+/** kvsdk_layer_stats_init_sized with the size of the app's struct. */
+#define kvsdk_layer_stats_init(stats) \
+  kvsdk_layer_stats_init_sized((stats), sizeof(kvsdk_layer_stats))
 
 /** Fills `*out` for one layer. out->struct_size must be set (kvsdk_layer_stats_init); an older,
  *  smaller struct receives the fields it has, and struct_size is set to the bytes written.
@@ -811,10 +887,21 @@ typedef struct kvsdk_save_options {
                                   the journal. */
 } kvsdk_save_options;
 
-/** Fills `options` with defaults (zstd level 3, SpeCache's backing store included, 8 MiB
- *  frames, no journal compaction).
- *  Errors: KVSDK_E_INVALID_ARG if `options` is NULL. Thread-safe. */
-KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options *options);
+/** Initialises the app's `*options` of `struct_size` bytes: defaults for the fields that fit
+ *  (zstd level 3, SpeCache's backing store included, 8 MiB frames, no journal compaction) (the
+ *  ABI rules, "Initialising a struct"). Writes min(struct_size, sizeof(kvsdk_save_options))
+ *  bytes, never more, and sets struct_size to that count.
+ *  Errors: KVSDK_E_INVALID_ARG (`options` NULL, `struct_size` below the first version's: the
+ *          end of `max_journal_percent`); nothing is written. Thread-safe. */
+KVSDK_API kvsdk_status kvsdk_save_options_init_sized(kvsdk_save_options *options,
+                                                     size_t struct_size);
+/** Legacy symbol, frozen (the ABI rules, "Legacy init symbols"): as
+ *  kvsdk_save_options_init_sized with the first version's size, up to `max_journal_percent`.
+ *  Not for new code or bindings. */
+KVSDK_API kvsdk_status (kvsdk_save_options_init)(kvsdk_save_options *options);
+/** kvsdk_save_options_init_sized with the size of the app's struct. */
+#define kvsdk_save_options_init(options) \
+  kvsdk_save_options_init_sized((options), sizeof(kvsdk_save_options))
 
 /** Saves the whole cache to the file `path` atomically: the snapshot is written to a temporary
  *  file in the same directory, flushed to disk (fsync), renamed over `path`, and the directory is
@@ -898,9 +985,18 @@ typedef struct kvsdk_load_info {
   uint32_t journal_frames_dropped;  /**< Frames of an incomplete (torn) last delta ignored. */
 } kvsdk_load_info;
 
-/** Zeroes `info` and sets struct_size to sizeof(kvsdk_load_info), ready for kvsdk_cache_load.
- *  Errors: KVSDK_E_INVALID_ARG if `info` is NULL. Thread-safe. */
-KVSDK_API kvsdk_status kvsdk_load_info_init(kvsdk_load_info *info);
+/** Initialises the app's `*info` of `struct_size` bytes: zeroes the fields that fit, ready for
+ *  kvsdk_cache_load (the ABI rules, "Initialising a struct"). Writes min(struct_size,
+ *  sizeof(kvsdk_load_info)) bytes, never more, and sets struct_size to that count.
+ *  Errors: KVSDK_E_INVALID_ARG (`info` NULL, `struct_size` below the first version's: the end
+ *          of `journal_frames_dropped`); nothing is written. Thread-safe. */
+KVSDK_API kvsdk_status kvsdk_load_info_init_sized(kvsdk_load_info *info, size_t struct_size);
+/** Legacy symbol, frozen (the ABI rules, "Legacy init symbols"): as kvsdk_load_info_init_sized
+ *  with the first version's size, up to `journal_frames_dropped`. Not for new code or bindings. */
+KVSDK_API kvsdk_status (kvsdk_load_info_init)(kvsdk_load_info *info);
+/** kvsdk_load_info_init_sized with the size of the app's struct. */
+#define kvsdk_load_info_init(info) \
+  kvsdk_load_info_init_sized((info), sizeof(kvsdk_load_info))
 
 /** Loads a snapshot file into a new cache on `ctx`, applying every complete
  *  journal delta. `expected`: NULL accepts the file's geometry; otherwise the file's geometry

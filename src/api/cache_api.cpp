@@ -39,10 +39,17 @@ size_t tensor_bytes(size_t rows, size_t elems, kvsdk_dtype dtype, const char* wh
 
 extern "C" {
 
-KVSDK_API kvsdk_status kvsdk_geometry_init(kvsdk_geometry* geometry) {
+KVSDK_API kvsdk_status kvsdk_geometry_init_sized(kvsdk_geometry* geometry, size_t struct_size) {
+  return guard("kvsdk_geometry_init_sized", [&] {
+    init_versioned(geometry, struct_size, geometry_defaults(), kGeometrySizeV1, "geometry");
+  });
+}
+
+// The legacy *_init symbols are frozen at the first version's size: an app built before the
+// *_init_sized functions existed may have a struct that small (include/kvsdk.h, ABI rules).
+KVSDK_API kvsdk_status(kvsdk_geometry_init)(kvsdk_geometry* geometry) {
   return guard("kvsdk_geometry_init", [&] {
-    KVSDK_REQUIRE(geometry != nullptr, "geometry is NULL");
-    *geometry = geometry_defaults();
+    init_versioned(geometry, kGeometrySizeV1, geometry_defaults(), kGeometrySizeV1, "geometry");
   });
 }
 
@@ -147,19 +154,29 @@ KVSDK_API kvsdk_status kvsdk_cache_read(const kvsdk_cache* cache, uint32_t layer
   });
 }
 
-KVSDK_API kvsdk_status kvsdk_cache_stats_init(kvsdk_cache_stats* stats) {
-  return guard("kvsdk_cache_stats_init", [&] {
-    KVSDK_REQUIRE(stats != nullptr, "stats is NULL");
-    *stats = kvsdk_cache_stats{};
-    stats->struct_size = sizeof(kvsdk_cache_stats);
+KVSDK_API kvsdk_status kvsdk_cache_stats_init_sized(kvsdk_cache_stats* stats,
+                                                    size_t struct_size) {
+  return guard("kvsdk_cache_stats_init_sized", [&] {
+    init_versioned(stats, struct_size, kvsdk_cache_stats{}, kCacheStatsSizeV1, "stats");
   });
 }
 
-KVSDK_API kvsdk_status kvsdk_layer_stats_init(kvsdk_layer_stats* stats) {
+KVSDK_API kvsdk_status(kvsdk_cache_stats_init)(kvsdk_cache_stats* stats) {
+  return guard("kvsdk_cache_stats_init", [&] {
+    init_versioned(stats, kCacheStatsSizeV1, kvsdk_cache_stats{}, kCacheStatsSizeV1, "stats");
+  });
+}
+
+KVSDK_API kvsdk_status kvsdk_layer_stats_init_sized(kvsdk_layer_stats* stats,
+                                                    size_t struct_size) {
+  return guard("kvsdk_layer_stats_init_sized", [&] {
+    init_versioned(stats, struct_size, kvsdk_layer_stats{}, kLayerStatsSizeV1, "stats");
+  });
+}
+
+KVSDK_API kvsdk_status(kvsdk_layer_stats_init)(kvsdk_layer_stats* stats) {
   return guard("kvsdk_layer_stats_init", [&] {
-    KVSDK_REQUIRE(stats != nullptr, "stats is NULL");
-    *stats = kvsdk_layer_stats{};
-    stats->struct_size = sizeof(kvsdk_layer_stats);
+    init_versioned(stats, kLayerStatsSizeV1, kvsdk_layer_stats{}, kLayerStatsSizeV1, "stats");
   });
 }
 

@@ -28,10 +28,18 @@ kvsdk_context_options context_defaults() {
 
 extern "C" {
 
-KVSDK_API kvsdk_status kvsdk_context_options_init(kvsdk_context_options* options) {
+KVSDK_API kvsdk_status kvsdk_context_options_init_sized(kvsdk_context_options* options,
+                                                        size_t struct_size) {
+  return guard("kvsdk_context_options_init_sized", [&] {
+    init_versioned(options, struct_size, context_defaults(), kContextOptionsSizeV1, "options");
+  });
+}
+
+// Frozen at the first version's size: an app built before *_init_sized may have that struct.
+KVSDK_API kvsdk_status(kvsdk_context_options_init)(kvsdk_context_options* options) {
   return guard("kvsdk_context_options_init", [&] {
-    KVSDK_REQUIRE(options != nullptr, "options is NULL");
-    *options = context_defaults();
+    init_versioned(options, kContextOptionsSizeV1, context_defaults(), kContextOptionsSizeV1,
+                   "options");
   });
 }
 

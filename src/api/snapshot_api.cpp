@@ -121,18 +121,30 @@ void save_full(kvsdk_cache& c, const char* path, const SaveParams& params) {
 
 extern "C" {
 
-KVSDK_API kvsdk_status kvsdk_save_options_init(kvsdk_save_options* options) {
-  return guard("kvsdk_save_options_init", [&] {
-    KVSDK_REQUIRE(options != nullptr, "options is NULL");
-    *options = save_options_defaults();
+KVSDK_API kvsdk_status kvsdk_save_options_init_sized(kvsdk_save_options* options,
+                                                     size_t struct_size) {
+  return guard("kvsdk_save_options_init_sized", [&] {
+    init_versioned(options, struct_size, save_options_defaults(), kSaveOptionsSizeV1, "options");
   });
 }
 
-KVSDK_API kvsdk_status kvsdk_load_info_init(kvsdk_load_info* info) {
+// The legacy *_init symbols are frozen at the first version's size (include/kvsdk.h, ABI rules).
+KVSDK_API kvsdk_status(kvsdk_save_options_init)(kvsdk_save_options* options) {
+  return guard("kvsdk_save_options_init", [&] {
+    init_versioned(options, kSaveOptionsSizeV1, save_options_defaults(), kSaveOptionsSizeV1,
+                   "options");
+  });
+}
+
+KVSDK_API kvsdk_status kvsdk_load_info_init_sized(kvsdk_load_info* info, size_t struct_size) {
+  return guard("kvsdk_load_info_init_sized", [&] {
+    init_versioned(info, struct_size, kvsdk_load_info{}, kLoadInfoSizeV1, "info");
+  });
+}
+
+KVSDK_API kvsdk_status(kvsdk_load_info_init)(kvsdk_load_info* info) {
   return guard("kvsdk_load_info_init", [&] {
-    KVSDK_REQUIRE(info != nullptr, "info is NULL");
-    *info = kvsdk_load_info{};
-    info->struct_size = sizeof(kvsdk_load_info);
+    init_versioned(info, kLoadInfoSizeV1, kvsdk_load_info{}, kLoadInfoSizeV1, "info");
   });
 }
 

@@ -118,14 +118,6 @@ KVSDK_API const char* kvsdk_method_name(int32_t method) {
   return method_valid(method) ? method_traits(method).name : nullptr;
 }
 
-KVSDK_API kvsdk_status kvsdk_policy_init(kvsdk_policy* policy, int32_t method) {
-  return guard("kvsdk_policy_init", [&] {
-    KVSDK_REQUIRE(policy != nullptr, "policy is NULL");
-    KVSDK_REQUIRE(method_valid(method), "method ", method, " is not a kvsdk_method");
-    *policy = policy_defaults(kvsdk_method(method));
-  });
-}
-
 KVSDK_API kvsdk_status kvsdk_policy_parse(kvsdk_policy* policy, const char* spec) {
   return guard("kvsdk_policy_parse", [&] {
     KVSDK_REQUIRE(policy != nullptr, "policy is NULL");

@@ -2,7 +2,8 @@
 // struct of any size into the version this library knows. Older (smaller, but at least the first
 // version) structs keep defaults for the fields they lack; newer (larger) structs are accepted when
 // their unknown tail is zero. Output structs go the other way (write_versioned): a caller's
-// struct of any size from the first version up receives the fields it has room for.
+// struct of any size from the first version up receives the fields it has room for; the
+// *_init_sized entry points fill a struct of the caller's size with defaults (init_versioned).
 #pragma once
 
 #include <cstddef>
@@ -46,6 +47,24 @@ void write_versioned(T* out, const T& value, size_t first_version_size, const ch
                 " (too small; call the *_init function first)");
   const size_t n = size < sizeof(T) ? size : sizeof(T);
   T copy = value;
+  copy.struct_size = static_cast<uint32_t>(n);
+  std::memcpy(out, &copy, n);
+}
+
+// The *_init_sized entry points (include/kvsdk.h, "Initialising a struct"): `size` is the size
+// of the app's struct, which may be older (smaller) or newer (larger) than T. Writes the first
+// min(size, sizeof(T)) bytes of `defaults` to `out`, struct_size set to that count, so that no
+// byte past the app's struct is ever touched. Refuses (and writes nothing) a NULL `out` or a size
+// below the first version's.
+template <class T>
+void init_versioned(T* out, size_t size, const T& defaults, size_t first_version_size,
+                    const char* what) {
+  KVSDK_REQUIRE(out != nullptr, what, " is NULL");
+  KVSDK_REQUIRE(size >= first_version_size, "struct_size ", size, " is below the ",
+                first_version_size, " bytes of the first version of ", what,
+                "'s struct (pass sizeof of the struct)");
+  const size_t n = size < sizeof(T) ? size : sizeof(T);
+  T copy = defaults;
   copy.struct_size = static_cast<uint32_t>(n);
   std::memcpy(out, &copy, n);
 }

@@ -3,7 +3,10 @@
     called by the safe Rust crate, the Python package and the Swift wrapper;
   - every option/stats struct has the same fields in the same order in kvsdk-sys and in the
     Python ctypes declarations (a missing or reordered field would corrupt the ABI);
-  - every enum constant of the header has the same value in kvsdk-sys.
+  - every enum constant of the header has the same value in kvsdk-sys;
+  - every struct with a struct_size has a *_init_sized function and a *_init macro that passes the
+    caller's size to it; the legacy *_init symbols (declared with parenthesized names, frozen at
+    the first struct versions for apps built before) are not for bindings, and none calls them.
 
 usage: header_coverage_test.py SOURCE_DIR
 """
@@ -23,8 +26,28 @@ def read_all(pattern, exclude=()):
                      if os.path.basename(p) not in exclude)
 
 
+def header_declarations(header):
+    return re.findall(r"KVSDK_API\s[^;{]*;", header)
+
+
+# A legacy symbol is declared as `KVSDK_API kvsdk_status (kvsdk_X_init)(...)`: the parentheses
+# keep the `kvsdk_X_init` macro from expanding.
+LEGACY = re.compile(r"KVSDK_API\s[^;{(]*?\(\s*(kvsdk_\w+)\s*\)\s*\(")
+
+
 def header_functions(header):
-    return re.findall(r"KVSDK_API\s[^;{]*?\b(kvsdk_\w+)\s*\(", header)
+    names = []
+    for decl in header_declarations(header):
+        if LEGACY.match(decl):
+            continue
+        m = re.match(r"KVSDK_API\s[^;{(]*?\b(kvsdk_\w+)\s*\(", decl)
+        if m:
+            names.append(m.group(1))
+    return names
+
+
+def legacy_functions(header):
+    return [m.group(1) for d in header_declarations(header) for m in [LEGACY.match(d)] if m]
 
 
 def header_structs(header):
@@ -67,7 +90,31 @@ def main(src):
             if not re.search(pattern, text):
                 problems.append(f"{fn}: missing {what}")
 
+    legacy = legacy_functions(header)
+    if len(legacy) < 7:
+        problems.append(f"found only {len(legacy)} legacy (kvsdk_*_init) symbols; parser broken?")
+    for fn in legacy:
+        if fn in functions:
+            problems.append(f"{fn}: declared both as a legacy symbol and as a plain function")
+        if f"{fn}_sized" not in functions:
+            problems.append(f"{fn}: legacy symbol without a {fn}_sized function")
+        macro = rf"#define {fn}\((\w+)[^)]*\)\s*\\?\s*{fn}_sized\(\(\1\), sizeof\(\w+\)"
+        if not re.search(macro, header):
+            problems.append(f"{fn}: no macro passing the caller's size to {fn}_sized")
+        uses = [
+            ("kvsdk-sys", rf"pub fn {fn}\(", sys_rs),
+            ("safe Rust crate", rf"sys::{fn}\(", safe_rs),
+            ("Python ctypes", rf'"{fn}":', capi_py),
+            ("Python package", rf"lib\.{fn}\b", api_py),
+            ("Swift wrapper", rf"\b{fn}\(", swift),
+        ]
+        for what, pattern, text in uses:
+            if re.search(pattern, text):
+                problems.append(f"{fn}: the {what} uses the legacy symbol (use {fn}_sized)")
+
     for name, fields in header_structs(header).items():
+        if fields and fields[0] == "struct_size" and f"{name}_init_sized" not in functions:
+            problems.append(f"struct {name}: has struct_size but no {name}_init_sized")
         m = re.search(rf"pub struct {name} \{{(.*?)\}}", sys_rs, flags=re.S)
         rs_fields = re.findall(r"pub (\w+):", m.group(1)) if m else None
         if rs_fields != fields:
@@ -86,8 +133,9 @@ def main(src):
 
     for p in problems:
         print("MISSING:", p)
-    print(f"header coverage: {len(functions)} functions, {len(header_structs(header))} structs, "
-          f"{len(header_constants(header))} constants checked; {len(problems)} problems")
+    print(f"header coverage: {len(functions)} functions, {len(legacy)} legacy init symbols, "
+          f"{len(header_structs(header))} structs, {len(header_constants(header))} constants "
+          f"checked; {len(problems)} problems")
     return 1 if problems else 0
 
 

@@ -96,15 +96,15 @@ _FUNCTIONS = {
     "kvsdk_status_str": (c_char_p, [c_int32]),
     "kvsdk_last_error": (c_char_p, []),
     # Context
-    "kvsdk_context_options_init": (status, [POINTER(kvsdk_context_options)]),
+    "kvsdk_context_options_init_sized": (status, [POINTER(kvsdk_context_options), c_size_t]),
     "kvsdk_context_create": (status, [POINTER(handle), POINTER(kvsdk_context_options)]),
     "kvsdk_context_destroy": (None, [handle]),
     "kvsdk_context_used_bytes": (status, [handle, POINTER(c_uint64)]),
     "kvsdk_context_budget_bytes": (status, [handle, POINTER(c_uint64)]),
     # Geometry
-    "kvsdk_geometry_init": (status, [POINTER(kvsdk_geometry)]),
+    "kvsdk_geometry_init_sized": (status, [POINTER(kvsdk_geometry), c_size_t]),
     # Policy
-    "kvsdk_policy_init": (status, [POINTER(kvsdk_policy), c_int32]),
+    "kvsdk_policy_init_sized": (status, [POINTER(kvsdk_policy), c_size_t, c_int32]),
     "kvsdk_policy_parse": (status, [POINTER(kvsdk_policy), c_char_p]),
     "kvsdk_method_name": (c_char_p, [c_int32]),
     # Cache
@@ -150,15 +150,15 @@ _FUNCTIONS = {
                                       c_size_t]),
     "kvsdk_cache_fetch_stats": (status, [handle, POINTER(c_double), POINTER(c_uint64)]),
     # Stats
-    "kvsdk_cache_stats_init": (status, [POINTER(kvsdk_cache_stats)]),
-    "kvsdk_layer_stats_init": (status, [POINTER(kvsdk_layer_stats)]),
+    "kvsdk_cache_stats_init_sized": (status, [POINTER(kvsdk_cache_stats), c_size_t]),
+    "kvsdk_layer_stats_init_sized": (status, [POINTER(kvsdk_layer_stats), c_size_t]),
     "kvsdk_cache_stats_get": (status, [handle, POINTER(kvsdk_cache_stats)]),
     "kvsdk_cache_layer_stats_get": (status, [handle, c_uint32, POINTER(kvsdk_layer_stats)]),
     # SmallKV
     "kvsdk_cache_set_proxy": (status, [handle, handle]),
     # Snapshots
-    "kvsdk_save_options_init": (status, [POINTER(kvsdk_save_options)]),
-    "kvsdk_load_info_init": (status, [POINTER(kvsdk_load_info)]),
+    "kvsdk_save_options_init_sized": (status, [POINTER(kvsdk_save_options), c_size_t]),
+    "kvsdk_load_info_init_sized": (status, [POINTER(kvsdk_load_info), c_size_t]),
     "kvsdk_cache_save": (status, [handle, c_char_p, POINTER(kvsdk_save_options)]),
     "kvsdk_cache_save_to_buffer": (status, [handle, POINTER(kvsdk_save_options), c_void_p,
                                             c_size_t, POINTER(c_size_t)]),

@@ -21,7 +21,7 @@ from .specache import SpeCacheMixin
 from ._capi import lib
 from .errors import check, invalid
 from .owned import OwnedHandle
-from .structs import CacheStats, Geometry, LayerStats, Policy, _initialised
+from .structs import CacheStats, Geometry, LayerStats, Policy, _initialised_sized
 
 
 class HeadData:
@@ -177,12 +177,12 @@ class Cache(OwnedHandle, CompressionMixin, SnapshotMixin, SpeCacheMixin):
         return HeadData(kb.obj, vb.obj, pb.obj)
 
     def stats(self):
-        raw = _initialised(_capi.kvsdk_cache_stats, lib.kvsdk_cache_stats_init)
+        raw = _initialised_sized(_capi.kvsdk_cache_stats, lib.kvsdk_cache_stats_init_sized)
         check(lib.kvsdk_cache_stats_get(self.handle, ctypes.byref(raw)))
         return CacheStats.from_c(raw)
 
     def layer_stats(self, layer):
-        raw = _initialised(_capi.kvsdk_layer_stats, lib.kvsdk_layer_stats_init)
+        raw = _initialised_sized(_capi.kvsdk_layer_stats, lib.kvsdk_layer_stats_init_sized)
         check(lib.kvsdk_cache_layer_stats_get(self.handle, layer, ctypes.byref(raw)))
         return LayerStats.from_c(raw)
 

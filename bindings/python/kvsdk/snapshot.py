@@ -7,7 +7,7 @@ import os
 from . import _capi
 from ._capi import lib
 from .errors import check
-from .structs import Policy, _from_c, _initialised, _to_c
+from .structs import Policy, _from_c, _initialised_sized, _to_c
 
 FORMAT_VERSION = (_capi.KVSDK_SNAPSHOT_FORMAT_MAJOR, _capi.KVSDK_SNAPSHOT_FORMAT_MINOR)
 
@@ -21,7 +21,7 @@ class SaveOptions:
     max_journal_percent: int = None
 
     def __post_init__(self):
-        defaults = _initialised(_capi.kvsdk_save_options, lib.kvsdk_save_options_init)
+        defaults = _initialised_sized(_capi.kvsdk_save_options, lib.kvsdk_save_options_init_sized)
         for f in dataclasses.fields(self):
             if getattr(self, f.name) is None:
                 setattr(self, f.name, getattr(defaults, f.name))
@@ -48,7 +48,7 @@ def _expected(geometry):
 
 
 def _load_info():
-    return _initialised(_capi.kvsdk_load_info, lib.kvsdk_load_info_init)
+    return _initialised_sized(_capi.kvsdk_load_info, lib.kvsdk_load_info_init_sized)
 
 
 class SnapshotMixin:

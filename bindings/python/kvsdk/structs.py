@@ -90,8 +90,17 @@ def _to_c(value, ctype):
 
 
 def _initialised(ctype, init, *args):
+    """A struct filled by `init` (kvsdk_policy_parse: no size argument)."""
     raw = ctype()
     check(init(ctypes.byref(raw), *args))
+    return raw
+
+
+def _initialised_sized(ctype, init_sized, *args):
+    """A struct filled by a kvsdk_*_init_sized function, told this binding's size of it so that
+    a library with a larger struct never writes past ours (kvsdk.h, ABI rules)."""
+    raw = ctype()
+    check(init_sized(ctypes.byref(raw), ctypes.sizeof(ctype), *args))
     return raw
 
 
@@ -104,7 +113,8 @@ class ContextOptions:
     n_threads: int = None  # threads the kernels run on, the caller's included; 0 = every core
 
     def __post_init__(self):
-        defaults = _initialised(_capi.kvsdk_context_options, lib.kvsdk_context_options_init)
+        defaults = _initialised_sized(_capi.kvsdk_context_options,
+                                      lib.kvsdk_context_options_init_sized)
         for name in ("backend", "device", "budget_bytes", "n_threads"):
             if getattr(self, name) is None:
                 setattr(self, name, getattr(defaults, name))
@@ -134,7 +144,7 @@ class Geometry:
     attn_scale: float = None
 
     def __post_init__(self):
-        defaults = _initialised(_capi.kvsdk_geometry, lib.kvsdk_geometry_init)
+        defaults = _initialised_sized(_capi.kvsdk_geometry, lib.kvsdk_geometry_init_sized)
         for name in ("dtype", "rope_style", "rope_theta", "attn_scale"):
             if getattr(self, name) is None:
                 v = getattr(defaults, name)
@@ -180,7 +190,7 @@ class Policy:
 
     @classmethod
     def defaults(cls, method):
-        raw = _initialised(_capi.kvsdk_policy, lib.kvsdk_policy_init, int(method))
+        raw = _initialised_sized(_capi.kvsdk_policy, lib.kvsdk_policy_init_sized, int(method))
         return cls.from_c(raw)
 
     @classmethod

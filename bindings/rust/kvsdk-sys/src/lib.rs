@@ -7,6 +7,9 @@
 //!
 //! Adding a function to the header: add its `extern "C"` line in the matching section below
 //! (tests/bindings/header_coverage_test.py fails until every `KVSDK_API` function is here).
+//! Structs are initialised with the `*_init_sized` functions and this crate's `size_of` of the
+//! struct; the legacy `(kvsdk_*_init)` symbols (frozen at the first struct versions, for apps
+//! built before) are deliberately not declared.
 #![allow(non_camel_case_types)]
 #![no_std]
 
@@ -203,7 +206,10 @@ extern "C" {
     pub fn kvsdk_last_error() -> *const c_char;
 
     // Context
-    pub fn kvsdk_context_options_init(options: *mut kvsdk_context_options) -> kvsdk_status;
+    pub fn kvsdk_context_options_init_sized(
+        options: *mut kvsdk_context_options,
+        struct_size: usize,
+    ) -> kvsdk_status;
     pub fn kvsdk_context_create(
         out: *mut *mut kvsdk_context,
         options: *const kvsdk_context_options,
@@ -217,10 +223,17 @@ extern "C" {
     ) -> kvsdk_status;
 
     // Geometry
-    pub fn kvsdk_geometry_init(geometry: *mut kvsdk_geometry) -> kvsdk_status;
+    pub fn kvsdk_geometry_init_sized(
+        geometry: *mut kvsdk_geometry,
+        struct_size: usize,
+    ) -> kvsdk_status;
 
     // Policy
-    pub fn kvsdk_policy_init(policy: *mut kvsdk_policy, method: i32) -> kvsdk_status;
+    pub fn kvsdk_policy_init_sized(
+        policy: *mut kvsdk_policy,
+        struct_size: usize,
+        method: i32,
+    ) -> kvsdk_status;
     pub fn kvsdk_policy_parse(policy: *mut kvsdk_policy, spec: *const c_char) -> kvsdk_status;
     pub fn kvsdk_method_name(method: i32) -> *const c_char;
 
@@ -232,8 +245,7 @@ extern "C" {
         policy: *const kvsdk_policy,
     ) -> kvsdk_status;
     pub fn kvsdk_cache_destroy(cache: *mut kvsdk_cache);
-    pub fn kvsdk_cache_fork(out: *mut *mut kvsdk_cache, cache: *const kvsdk_cache)
-        -> kvsdk_status;
+    pub fn kvsdk_cache_fork(out: *mut *mut kvsdk_cache, cache: *const kvsdk_cache) -> kvsdk_status;
     pub fn kvsdk_cache_truncate(cache: *mut kvsdk_cache, position: i32) -> kvsdk_status;
     pub fn kvsdk_cache_geometry(
         cache: *const kvsdk_cache,
@@ -270,8 +282,14 @@ extern "C" {
     ) -> kvsdk_status;
 
     // Stats
-    pub fn kvsdk_cache_stats_init(stats: *mut kvsdk_cache_stats) -> kvsdk_status;
-    pub fn kvsdk_layer_stats_init(stats: *mut kvsdk_layer_stats) -> kvsdk_status;
+    pub fn kvsdk_cache_stats_init_sized(
+        stats: *mut kvsdk_cache_stats,
+        struct_size: usize,
+    ) -> kvsdk_status;
+    pub fn kvsdk_layer_stats_init_sized(
+        stats: *mut kvsdk_layer_stats,
+        struct_size: usize,
+    ) -> kvsdk_status;
     pub fn kvsdk_cache_stats_get(
         cache: *const kvsdk_cache,
         out: *mut kvsdk_cache_stats,
@@ -295,6 +313,7 @@ pub use snapshot::*;
 mod tests {
     extern crate std;
     use super::*;
+    use core::mem::size_of;
 
     // The library checks struct_size; a layout that differs from the header's shows up as a
     // rejected struct or a wrong field. The init functions fill sizes the library agrees with.
@@ -302,18 +321,20 @@ mod tests {
     fn option_structs_match_the_library() {
         unsafe {
             let mut g = kvsdk_geometry::default();
-            assert_eq!(kvsdk_geometry_init(&mut g), KVSDK_OK);
+            assert_eq!(kvsdk_geometry_init_sized(&mut g, size_of::<kvsdk_geometry>()), KVSDK_OK);
             assert_eq!(g.struct_size as usize, core::mem::size_of::<kvsdk_geometry>());
             assert_eq!(g.rope_theta, 10000.0);
             assert_eq!(g.rope_style, KVSDK_ROPE_INTERLEAVED);
             let mut p = kvsdk_policy::default();
-            assert_eq!(kvsdk_policy_init(&mut p, KVSDK_METHOD_KIVI), KVSDK_OK);
+            let size = size_of::<kvsdk_policy>();
+            assert_eq!(kvsdk_policy_init_sized(&mut p, size, KVSDK_METHOD_KIVI), KVSDK_OK);
             assert_eq!(p.struct_size as usize, core::mem::size_of::<kvsdk_policy>());
             assert_eq!(p.method, KVSDK_METHOD_KIVI);
             assert_eq!(p.quant_group, 32);
             assert_eq!(p.quant_residual, 128);
             let mut o = kvsdk_context_options::default();
-            assert_eq!(kvsdk_context_options_init(&mut o), KVSDK_OK);
+            let size = size_of::<kvsdk_context_options>();
+            assert_eq!(kvsdk_context_options_init_sized(&mut o, size), KVSDK_OK);
             assert_eq!(o.struct_size as usize, core::mem::size_of::<kvsdk_context_options>());
             assert_eq!(kvsdk_version() / 10000, KVSDK_VERSION_MAJOR);
         }

@@ -26,8 +26,14 @@ pub struct kvsdk_load_info {
 }
 
 extern "C" {
-    pub fn kvsdk_save_options_init(options: *mut kvsdk_save_options) -> kvsdk_status;
-    pub fn kvsdk_load_info_init(info: *mut kvsdk_load_info) -> kvsdk_status;
+    pub fn kvsdk_save_options_init_sized(
+        options: *mut kvsdk_save_options,
+        struct_size: usize,
+    ) -> kvsdk_status;
+    pub fn kvsdk_load_info_init_sized(
+        info: *mut kvsdk_load_info,
+        struct_size: usize,
+    ) -> kvsdk_status;
     pub fn kvsdk_cache_save(
         cache: *mut kvsdk_cache,
         path: *const c_char,

@@ -13,6 +13,7 @@ use crate::policy::Policy;
 use crate::stats::{CacheStats, LayerStats};
 use crate::sys;
 use std::ffi::c_void;
+use std::mem::size_of;
 use std::ptr::{self, NonNull};
 
 /// An owned cache. It keeps its context alive on the library side, so it needs no borrow of
@@ -242,7 +243,8 @@ impl Cache {
     pub fn stats(&self) -> Result<CacheStats> {
         let mut raw = sys::kvsdk_cache_stats::default();
         // SAFETY: valid pointer; the init sets struct_size.
-        check(unsafe { sys::kvsdk_cache_stats_init(&mut raw) })?;
+        let size = size_of::<sys::kvsdk_cache_stats>();
+        check(unsafe { sys::kvsdk_cache_stats_init_sized(&mut raw, size) })?;
         // SAFETY: live handle, valid pointer with struct_size set.
         check(unsafe { sys::kvsdk_cache_stats_get(self.raw.as_ptr(), &mut raw) })?;
         Ok(CacheStats::from_raw(&raw))
@@ -252,7 +254,8 @@ impl Cache {
     pub fn layer_stats(&self, layer: u32) -> Result<LayerStats> {
         let mut raw = sys::kvsdk_layer_stats::default();
         // SAFETY: valid pointer; the init sets struct_size.
-        check(unsafe { sys::kvsdk_layer_stats_init(&mut raw) })?;
+        let size = size_of::<sys::kvsdk_layer_stats>();
+        check(unsafe { sys::kvsdk_layer_stats_init_sized(&mut raw, size) })?;
         // SAFETY: live handle, valid pointer with struct_size set.
         check(unsafe { sys::kvsdk_cache_layer_stats_get(self.raw.as_ptr(), layer, &mut raw) })?;
         Ok(LayerStats::from_raw(&raw))

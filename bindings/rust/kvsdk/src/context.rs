@@ -1,6 +1,7 @@
 //! Context: a backend and a memory budget shared by the caches created on it.
 use crate::error::{check, Result};
 use crate::sys;
+use std::mem::size_of;
 use std::ptr::NonNull;
 
 /// Where cache storage lives and attention runs.
@@ -49,8 +50,9 @@ impl Default for ContextOptions {
     fn default() -> Self {
         let mut raw = sys::kvsdk_context_options::default();
         // SAFETY: valid pointer; cannot fail for a non-NULL argument.
-        check(unsafe { sys::kvsdk_context_options_init(&mut raw) })
-            .expect("kvsdk_context_options_init");
+        let size = size_of::<sys::kvsdk_context_options>();
+        check(unsafe { sys::kvsdk_context_options_init_sized(&mut raw, size) })
+            .expect("kvsdk_context_options_init_sized");
         ContextOptions::from_raw(&raw)
     }
 }

@@ -1,6 +1,7 @@
 //! Geometry: the shape of one model's attention.
 use crate::error::check;
 use crate::sys;
+use std::mem::size_of;
 
 /// Element type of keys, values, queries and outputs. `Unknown` keeps values from a newer
 /// library (it is rejected by `Cache::new`).
@@ -77,7 +78,9 @@ impl Default for Geometry {
     fn default() -> Self {
         let mut raw = sys::kvsdk_geometry::default();
         // SAFETY: valid pointer; cannot fail for a non-NULL argument.
-        check(unsafe { sys::kvsdk_geometry_init(&mut raw) }).expect("kvsdk_geometry_init");
+        let size = size_of::<sys::kvsdk_geometry>();
+        check(unsafe { sys::kvsdk_geometry_init_sized(&mut raw, size) })
+            .expect("kvsdk_geometry_init_sized");
         Geometry::from_raw(&raw)
     }
 }

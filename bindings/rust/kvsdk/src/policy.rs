@@ -2,6 +2,7 @@
 use crate::error::{check, Error, Result};
 use crate::sys;
 use std::ffi::CString;
+use std::mem::size_of;
 
 /// Compression methods (`kvsdk_method`); numbers match the header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -118,7 +119,8 @@ impl Policy {
     pub fn new(method: Method) -> Result<Policy> {
         let mut raw = sys::kvsdk_policy::default();
         // SAFETY: valid pointer.
-        check(unsafe { sys::kvsdk_policy_init(&mut raw, method.raw()) })?;
+        let size = size_of::<sys::kvsdk_policy>();
+        check(unsafe { sys::kvsdk_policy_init_sized(&mut raw, size, method.raw()) })?;
         Ok(Policy::from_raw(&raw))
     }
 

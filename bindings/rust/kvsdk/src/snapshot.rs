@@ -8,6 +8,7 @@ use crate::geometry::Geometry;
 use crate::policy::Policy;
 use crate::sys;
 use std::ffi::c_void;
+use std::mem::size_of;
 use std::path::Path;
 use std::ptr::{self, NonNull};
 
@@ -34,7 +35,9 @@ impl Default for SaveOptions {
     fn default() -> Self {
         let mut raw = sys::kvsdk_save_options::default();
         // SAFETY: valid pointer; cannot fail for a non-NULL argument.
-        check(unsafe { sys::kvsdk_save_options_init(&mut raw) }).expect("kvsdk_save_options_init");
+        let size = size_of::<sys::kvsdk_save_options>();
+        check(unsafe { sys::kvsdk_save_options_init_sized(&mut raw, size) })
+            .expect("kvsdk_save_options_init_sized");
         SaveOptions {
             zstd_level: raw.zstd_level,
             include_backing: raw.include_backing != 0,
@@ -79,7 +82,8 @@ impl LoadInfo {
 fn empty_load_info() -> Result<sys::kvsdk_load_info> {
     let mut info = sys::kvsdk_load_info::default();
     // SAFETY: valid pointer; the init sets struct_size.
-    check(unsafe { sys::kvsdk_load_info_init(&mut info) })?;
+    let size = size_of::<sys::kvsdk_load_info>();
+    check(unsafe { sys::kvsdk_load_info_init_sized(&mut info, size) })?;
     Ok(info)
 }
 

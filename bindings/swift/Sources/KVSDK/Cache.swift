@@ -61,7 +61,7 @@ public final class Cache {
 
     static func geometry(of handle: OpaquePointer) throws -> Geometry {
         var raw = kvsdk_geometry()
-        _ = kvsdk_geometry_init(&raw)
+        _ = kvsdk_geometry_init_sized(&raw, MemoryLayout<kvsdk_geometry>.size)
         try check(kvsdk_cache_geometry(handle, &raw))
         return Geometry(raw)
     }
@@ -169,14 +169,14 @@ public final class Cache {
 
     public func stats() throws -> CacheStats {
         var raw = kvsdk_cache_stats()
-        try check(kvsdk_cache_stats_init(&raw))
+        try check(kvsdk_cache_stats_init_sized(&raw, MemoryLayout<kvsdk_cache_stats>.size))
         try check(kvsdk_cache_stats_get(handle, &raw))
         return CacheStats(raw)
     }
 
     public func layerStats(layer: UInt32) throws -> LayerStats {
         var raw = kvsdk_layer_stats()
-        try check(kvsdk_layer_stats_init(&raw))
+        try check(kvsdk_layer_stats_init_sized(&raw, MemoryLayout<kvsdk_layer_stats>.size))
         try check(kvsdk_cache_layer_stats_get(handle, layer, &raw))
         return LayerStats(raw)
     }

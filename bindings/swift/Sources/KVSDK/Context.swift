@@ -4,7 +4,9 @@ import CKVSDK
 public enum Backend: Int32 { case cpu = 0, cuda = 1, cpuReference = 2 }
 
 /// Context options; defaults from kvsdk_context_options_init (CPU, device 0, no budget, every
-/// core).
+/// core). Swift does not import kvsdk.h's function-like `*_init` macros, so every struct here is
+/// initialised through `*_init_sized` with its MemoryLayout size (kvsdk.h, ABI rules): the library
+/// then writes exactly the bytes of the struct this wrapper was compiled with.
 public struct ContextOptions {
     public var backend: Backend
     public var device: Int32
@@ -15,7 +17,7 @@ public struct ContextOptions {
 
     public init(budgetBytes: UInt64? = nil) {
         var raw = kvsdk_context_options()
-        _ = kvsdk_context_options_init(&raw)
+        _ = kvsdk_context_options_init_sized(&raw, MemoryLayout<kvsdk_context_options>.size)
         backend = Backend(rawValue: raw.backend) ?? .cpu
         device = raw.device
         self.budgetBytes = budgetBytes ?? raw.budget_bytes
@@ -24,7 +26,7 @@ public struct ContextOptions {
 
     var raw: kvsdk_context_options {
         var r = kvsdk_context_options()
-        _ = kvsdk_context_options_init(&r)
+        _ = kvsdk_context_options_init_sized(&r, MemoryLayout<kvsdk_context_options>.size)
         r.backend = backend.rawValue
         r.device = device
         r.budget_bytes = budgetBytes

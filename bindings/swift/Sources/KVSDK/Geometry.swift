@@ -20,7 +20,7 @@ public struct Geometry: Equatable {
     public init(nLayers: UInt32, nQHeads: UInt32, nKVHeads: UInt32, headDim: UInt32,
                 dtype: Dtype? = nil) {
         var raw = kvsdk_geometry()
-        _ = kvsdk_geometry_init(&raw)
+        _ = kvsdk_geometry_init_sized(&raw, MemoryLayout<kvsdk_geometry>.size)
         raw.n_layers = nLayers
         raw.n_q_heads = nQHeads
         raw.n_kv_heads = nKVHeads
@@ -42,7 +42,7 @@ public struct Geometry: Equatable {
 
     var raw: kvsdk_geometry {
         var r = kvsdk_geometry()
-        _ = kvsdk_geometry_init(&r)
+        _ = kvsdk_geometry_init_sized(&r, MemoryLayout<kvsdk_geometry>.size)
         r.n_layers = nLayers
         r.n_q_heads = nQHeads
         r.n_kv_heads = nKVHeads

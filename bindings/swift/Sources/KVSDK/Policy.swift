@@ -25,7 +25,8 @@ public struct Policy {
     /// The defaults of `method` (kvsdk_policy_init).
     public init(method: Method) throws {
         raw = kvsdk_policy()
-        try check(kvsdk_policy_init(&raw, method.rawValue))
+        try check(kvsdk_policy_init_sized(&raw, MemoryLayout<kvsdk_policy>.size,
+                                          method.rawValue))
     }
 
     /// Parses a preset name (kvsdk_policy_parse).

@@ -15,7 +15,7 @@ public struct SaveOptions {
 
     public init() {
         var raw = kvsdk_save_options()
-        _ = kvsdk_save_options_init(&raw)
+        _ = kvsdk_save_options_init_sized(&raw, MemoryLayout<kvsdk_save_options>.size)
         zstdLevel = raw.zstd_level
         includeBacking = raw.include_backing != 0
         maxFrameBytes = raw.max_frame_bytes
@@ -24,7 +24,7 @@ public struct SaveOptions {
 
     var raw: kvsdk_save_options {
         var r = kvsdk_save_options()
-        _ = kvsdk_save_options_init(&r)
+        _ = kvsdk_save_options_init_sized(&r, MemoryLayout<kvsdk_save_options>.size)
         r.zstd_level = zstdLevel
         r.include_backing = includeBacking ? 1 : 0
         r.max_frame_bytes = maxFrameBytes
@@ -111,7 +111,8 @@ extension LoadInfo {
 
 func emptyLoadInfo() -> kvsdk_load_info {
     var info = kvsdk_load_info()
-    _ = kvsdk_load_info_init(&info)  // (cannot fail: the pointer is valid)
+    // (cannot fail: the pointer is valid and the size is the struct's)
+    _ = kvsdk_load_info_init_sized(&info, MemoryLayout<kvsdk_load_info>.size)
     return info
 }
 
