@@ -36,8 +36,13 @@ namespace kvsdk::format {
 // 4.1 (and 1.3 for major-1 files): Policy.evict_slack (field 17). An older reader ignores it and
 // continues with exact eviction (slack 0), which is still a correct cache; a newer reader gives
 // files without it slack 0.
-constexpr uint16_t kFormatMajor = 4;
-constexpr uint16_t kFormatMinor = 1;
+// 5.0: Metadata.prefix (PrefixRef): the cache continues a shared prefix (kvsdk_cache_create_on_prefix),
+// which the file references by content hash or embeds. A 4.x reader would load such a cache
+// without its prefix, so only these files carry major 5; every other file is written as before.
+constexpr uint16_t kFormatMajor = 5;  // the newest major this library reads
+constexpr uint16_t kFormatMinor = 0;
+constexpr uint16_t kFormatMajorTyped = 4;  // files without a prefix
+constexpr uint16_t kFormatMinorTyped = 1;
 constexpr uint16_t kFormatMajorV1 = 1;
 constexpr uint16_t kFormatMinorV1 = 3;  // 1: eviction policy state; 2: policy fields 12..16;
                                         // 3: policy field 17
@@ -60,8 +65,8 @@ enum class FrameKind : uint8_t { kMetadata = 1, kTierChunk = 2, kIndex = 3, kJou
 const char* frame_kind_name(uint8_t kind);
 
 struct FileHeader {
-  uint16_t major = kFormatMajor;
-  uint16_t minor = kFormatMinor;
+  uint16_t major = kFormatMajorTyped;
+  uint16_t minor = kFormatMinorTyped;
   uint64_t snapshot_id = 0;
 };
 

@@ -28,7 +28,7 @@ class FrameWriter {
   FrameWriter(Sink& sink, uint64_t snapshot_id, int zstd_level, uint64_t start_offset = 0);
 
   // Writes the file header with the given format version.
-  void write_file_header(uint16_t major = kFormatMajor, uint16_t minor = kFormatMinor);
+  void write_file_header(uint16_t major = kFormatMajorTyped, uint16_t minor = kFormatMinorTyped);
   // Compresses one finished FlatBuffer and writes it as a frame of `kind`.
   void write_frame(FrameKind kind, const uint8_t* flatbuffer, size_t size);
   // Writes the INDEX frame listing every frame written so far, then the trailer.

@@ -210,6 +210,16 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
   if (opt.require_implemented) require_policy_implemented(s.policy);
   s.budget_bytes = m.budget_bytes();
   s.includes_backing = m.includes_backing();
+  // Format 5: the shared prefix the cache continues; only files that have one carry major 5.
+  if ((m.prefix() != nullptr) != (s.format_major >= 5)) {
+    fail(KVSDK_E_CORRUPT, "a format ", s.format_major, " snapshot ",
+         m.prefix() ? "with" : "without", " a shared prefix reference");
+  }
+  if (const fb::PrefixRef* pr = m.prefix()) {
+    s.has_prefix = true;
+    s.prefix_hash = pr->content_hash();
+    if (pr->snapshot()) s.prefix_snapshot.assign(pr->snapshot()->begin(), pr->snapshot()->end());
+  }
   if (m.writer_version()) s.writer_version = m.writer_version()->str();
   const Geometry& g = s.geometry;
   if (m.layers()->size() != g.n_layers) {

@@ -43,6 +43,11 @@ struct Snapshot {
   uint64_t base_end = 0;            // offset just past the trailer
   uint64_t journal_end = 0;         // offset past the last complete delta
   uint64_t next_sequence = 1;
+  // Format 5: the cache continues a shared prefix of this content hash (snapshot_writer.h,
+  // content_hash), whose whole snapshot file the save may have embedded (empty: referenced only).
+  bool has_prefix = false;
+  uint64_t prefix_hash = 0;
+  std::vector<uint8_t> prefix_snapshot;
   uint32_t journal_frames_applied = 0;
   uint32_t journal_frames_dropped = 0;
   std::vector<FrameRecord> frames;  // every frame of the full snapshot, index included

@@ -9,6 +9,7 @@
 #include "container.h"
 #include "core/store_view.h"
 #include "frame_writer.h"
+#include "journal.h"
 #include "kvsdk_generated.h"
 #include "policy_state.h"
 #include "tier_schema.h"
@@ -28,9 +29,26 @@ struct RowSpan {
   size_t rows;
 };
 
+// A conversation's shared prefix: its content hash, and its whole snapshot when embedded.
+flatbuffers::Offset<fb::PrefixRef> build_prefix(flatbuffers::FlatBufferBuilder& fbb,
+                                                const StoreView& cache, const SaveParams& params) {
+  const StoreView* prefix = cache.prefix_view();
+  if (!prefix) return 0;
+  const uint64_t hash = content_hash(*prefix);
+  flatbuffers::Offset<flatbuffers::Vector<uint8_t>> embedded = 0;
+  if (params.embed_prefix) {
+    std::vector<unsigned char> bytes;
+    VectorSink sink(bytes);
+    write_snapshot(*prefix, params, hash, sink);
+    embedded = fbb.CreateVector(bytes.data(), bytes.size());
+  }
+  return fb::CreatePrefixRef(fbb, hash, embedded);
+}
+
 flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder& fbb,
-                                                 const StoreView& cache, bool includes_backing,
+                                                 const StoreView& cache, const SaveParams& params,
                                                  uint16_t major, uint16_t minor) {
+  const bool includes_backing = params.include_backing;
   const Geometry& g = cache.geometry();
   const kvsdk_policy& p = cache.policy();
   std::vector<flatbuffers::Offset<fb::LayerInfo>> layers;
@@ -52,10 +70,11 @@ flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder&
                                        p.merge_t, p.retain_ratio, p.fetch_tokens,
                                        p.match_tokens, p.evict_slack);
   const auto policy_state = build_policy_state(fbb, cache);
+  const auto prefix = build_prefix(fbb, cache, params);
   return fb::CreateMetadata(fbb, major, minor,
                             fbb.CreateString(kvsdk_version_string()), geometry, policy,
                             cache.context_budget(), fbb.CreateVector(layers), includes_backing,
-                            policy_state);
+                            policy_state, prefix);
 }
 
 void write_tier_frame(FrameWriter& out, flatbuffers::FlatBufferBuilder& fbb, const StoreView& cache,
@@ -134,16 +153,21 @@ SaveParams save_params_from_c(const kvsdk_save_options* options) {
   p.zstd_level = o.zstd_level == 0 ? kDefaultZstdLevel : o.zstd_level;
   p.include_backing = o.include_backing != 0;
   p.max_frame_bytes = o.max_frame_bytes == 0 ? kDefaultFrameBytes : o.max_frame_bytes;
+  KVSDK_REQUIRE(o.embed_prefix <= 1, "options.embed_prefix is ", o.embed_prefix, " (0 or 1)");
+  p.embed_prefix = o.embed_prefix != 0;
   p.max_journal_percent = o.max_journal_percent;
   return p;
 }
 
 uint16_t format_major_for(const StoreView& cache, bool any_tier) {
-  return any_tier || method_traits(cache.policy()).uses_window() ? kFormatMajor : kFormatMajorV1;
+  if (cache.prefix_view()) return kFormatMajor;
+  return any_tier || method_traits(cache.policy()).uses_window() ? kFormatMajorTyped
+                                                                 : kFormatMajorV1;
 }
 
 uint16_t format_minor_for(uint16_t major) {
-  return major == kFormatMajor ? kFormatMinor : kFormatMinorV1;
+  if (major == kFormatMajor) return kFormatMinor;
+  return major == kFormatMajorTyped ? kFormatMinorTyped : kFormatMinorV1;
 }
 
 uint64_t snapshot_id_of(const StoreView& cache, const std::vector<std::vector<uint64_t>>& rows) {
@@ -170,8 +194,16 @@ uint64_t snapshot_id_of(const StoreView& cache, const std::vector<std::vector<ui
     add_vec(L.window_pos);
   }
   for (const auto& head : rows) add_vec(head);
+  if (const StoreView* prefix = cache.prefix_view()) {
+    const uint64_t ph = content_hash(*prefix);  // the same rows on another prefix differ
+    h.update(&ph, sizeof ph);
+  }
   const uint64_t id = h.digest();
   return id != 0 ? id : 1;
+}
+
+uint64_t content_hash(const StoreView& cache) {
+  return snapshot_id_of(cache, fingerprint(cache).rows);
 }
 
 uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64_t snapshot_id,
@@ -199,7 +231,7 @@ uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64
   out.write_file_header(major, minor);
 
   flatbuffers::FlatBufferBuilder fbb(1024);
-  const auto meta = build_metadata(fbb, cache, params.include_backing, major, minor);
+  const auto meta = build_metadata(fbb, cache, params, major, minor);
   fbb.Finish(fb::CreateFrame(fbb, fb::Payload::Metadata, meta.Union()), fb::FrameIdentifier());
   out.write_frame(FrameKind::kMetadata, fbb.GetBufferPointer(), fbb.GetSize());
 

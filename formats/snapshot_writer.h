@@ -14,6 +14,7 @@ struct SaveParams {
   bool include_backing = false;
   uint64_t max_frame_bytes = 8ull << 20;
   uint32_t max_journal_percent = 0;  // save_delta compacts past this share of the base; 0: never
+  bool embed_prefix = false;         // a conversation's snapshot embeds its shared prefix
 };
 
 // Validates a caller's kvsdk_save_options (NULL = defaults); throws KVSDK_E_INVALID_ARG.
@@ -37,5 +38,8 @@ uint16_t format_major_for(const StoreView& cache, bool any_tier);
 uint16_t format_minor_for(uint16_t major);
 
 uint64_t snapshot_id_of(const StoreView& cache, const std::vector<std::vector<uint64_t>>& rows);
+// The content hash a conversation's snapshot references its shared prefix by: the snapshot id of
+// the prefix's state.
+uint64_t content_hash(const StoreView& cache);
 
 }  // namespace kvsdk::format

@@ -487,8 +487,8 @@ KVSDK_API kvsdk_status kvsdk_cache_truncate(kvsdk_cache *cache, int32_t position
  *  prefetch and being a SmallKV proxy fail with KVSDK_E_STATE, changing nothing. Freezing is
  *  final (a fork of a frozen cache is not frozen) and idempotent.
  *  Errors: KVSDK_E_INVALID_ARG (NULL), KVSDK_E_UNSUPPORTED (policies whose attention changes their
- *          own state cannot be shared: smallkv, specache), KVSDK_E_STATE (the cache is a SmallKV
- *          proxy right now).
+ *          own state cannot be shared: smallkv, specache; a cache that itself continues a prefix:
+ *          no chains), KVSDK_E_STATE (the cache is a SmallKV proxy right now).
  *  Threading: changes `cache` (one thread at a time per cache). */
 KVSDK_API kvsdk_status kvsdk_cache_freeze(kvsdk_cache *cache);
 
@@ -852,9 +852,14 @@ KVSDK_API kvsdk_status kvsdk_cache_layer_stats_get(const kvsdk_cache *cache, uin
  *  rows and are written as format 1.3, so readers that know only major 1 keep loading them.
  *  Minor 1 of format 4 (and 1.3) adds kvsdk_policy.evict_slack; files without it load with
  *  slack 0, and older readers ignore it. Files of formats 1.x, 2.0, 3.0, 3.1 and 4.0 written by
- *  earlier versions load, and their journals continue in their own format. */
-#define KVSDK_SNAPSHOT_FORMAT_MAJOR 4
-#define KVSDK_SNAPSHOT_FORMAT_MINOR 1
+ *  earlier versions load, and their journals continue in their own format.
+ *  Format 5.0 is 4.1 plus a reference to the shared prefix a conversation continues
+ *  (kvsdk_cache_create_on_prefix), by content hash or with the prefix's snapshot embedded: only
+ *  snapshots of such conversations are written as 5.0 (a 4.x reader would load them without
+ *  their prefix, so it must refuse them); every other cache is written as before (4.1 or 1.3).
+ *  These macros name the newest format this library reads and writes. */
+#define KVSDK_SNAPSHOT_FORMAT_MAJOR 5
+#define KVSDK_SNAPSHOT_FORMAT_MINOR 0
 
 typedef struct kvsdk_save_options {
   uint32_t struct_size;      /**< sizeof(kvsdk_save_options); set by kvsdk_save_options_init. */
@@ -885,6 +890,14 @@ typedef struct kvsdk_save_options {
                                   its file near one snapshot's size (e.g. 50: the file stays
                                   within 1.5 snapshots). 0..100000; 0, the default, never folds
                                   the journal. */
+  uint32_t embed_prefix;     /**< A conversation on a shared prefix (kvsdk_cache_create_on_prefix):
+                                  1 embeds the prefix's whole snapshot, so the file loads alone
+                                  (kvsdk_cache_load restores a private frozen copy of the prefix,
+                                  charged to the context); 0, the default, references it by
+                                  content hash: the file holds only the conversation's own rows
+                                  and loads with kvsdk_cache_load_on_prefix. Other caches ignore
+                                  it. 0 or 1. Added after the first version: a smaller struct
+                                  gets 0. */
 } kvsdk_save_options;
 
 /** Initialises the app's `*options` of `struct_size` bytes: defaults for the fields that fit
@@ -1005,13 +1018,17 @@ KVSDK_API kvsdk_status (kvsdk_load_info_init)(kvsdk_load_info *info);
  *  fields its struct_size has room for; struct_size is set to the bytes written). On success `*out` owns a new cache
  *  (release it with kvsdk_cache_destroy) whose bytes are charged to `ctx`'s budget, with the
  *  snapshot's policy; later kvsdk_cache_save_delta calls on `path` continue its journal.
+ *  A conversation on a shared prefix loads here only when its snapshot embeds the prefix
+ *  (kvsdk_save_options.embed_prefix): the prefix becomes a private frozen cache on `ctx`, charged
+ *  too; one that references its prefix loads with kvsdk_cache_load_on_prefix.
  *  The file is mapped read-only while loading; it must not be truncated meanwhile.
  *  Errors: KVSDK_E_INVALID_ARG (NULL out/ctx/path, bad struct_size), KVSDK_E_IO (cannot open or
  *          read), KVSDK_E_CORRUPT (bad magic, truncated, checksum mismatch, invalid contents),
  *          KVSDK_E_VERSION (newer major format), KVSDK_E_GEOMETRY (differs from `expected`),
  *          KVSDK_E_UNSUPPORTED (the snapshot's policy or composition is not supported by this
  *          build),
- *          KVSDK_E_BUDGET (the cache does not fit the budget), KVSDK_E_NO_MEMORY.
+ *          KVSDK_E_BUDGET (the cache does not fit the budget), KVSDK_E_STATE (the snapshot
+ *          references a shared prefix it does not embed), KVSDK_E_NO_MEMORY.
  *  On failure `*out` and `*info` are untouched and nothing stays charged to `ctx`.
  *  Threading: safe to call concurrently (it creates a new cache). */
 KVSDK_API kvsdk_status kvsdk_cache_load(kvsdk_cache **out, kvsdk_context *ctx, const char *path,
@@ -1024,6 +1041,21 @@ KVSDK_API kvsdk_status kvsdk_cache_load_from_buffer(kvsdk_cache **out, kvsdk_con
                                                     const void *buf, size_t size,
                                                     const kvsdk_geometry *expected,
                                                     kvsdk_load_info *info);
+
+/** Loads a snapshot of a conversation on a shared prefix (kvsdk_cache_create_on_prefix) that
+ *  references its prefix by content hash (kvsdk_save_options.embed_prefix 0): `prefix` must be a
+ *  frozen cache holding exactly the state the saved conversation continued (the same content
+ *  hash; e.g. the same system prompt appended under the same policy, or that prefix loaded from
+ *  its own snapshot). The new cache continues `prefix`, in its context and geometry, as
+ *  kvsdk_cache_create_on_prefix's would; later kvsdk_cache_save_delta calls on `path` continue
+ *  its journal. kvsdk_cache_load refuses such a snapshot (KVSDK_E_STATE) unless it embeds its
+ *  prefix. `info` as kvsdk_cache_load.
+ *  Errors: as kvsdk_cache_load, and KVSDK_E_STATE (the snapshot does not continue a shared
+ *          prefix, or continues another one than `prefix`, or `prefix` is not frozen). On failure
+ *          `*out` and `*info` are untouched and nothing stays charged.
+ *  Threading: reads `prefix`; safe to call concurrently. */
+KVSDK_API kvsdk_status kvsdk_cache_load_on_prefix(kvsdk_cache **out, kvsdk_cache *prefix,
+                                                  const char *path, kvsdk_load_info *info);
 
 /** Copies the cache's policy into `*out` (out->struct_size must be set, e.g. by
  *  kvsdk_policy_init), e.g. to see which policy a loaded snapshot carries. A struct of an

@@ -23,10 +23,6 @@ namespace {
 
 kvsdk_cache& handle(kvsdk_cache* cache) {
   KVSDK_REQUIRE(cache != nullptr && cache->impl, "cache is NULL");
-  if (cache->impl->prefix()) {
-    fail(KVSDK_E_UNSUPPORTED, "snapshots of a conversation on a shared prefix are not "
-         "implemented yet");
-  }
   return *cache;
 }
 
@@ -47,11 +43,72 @@ std::shared_ptr<JournalBase> make_base(Fingerprints fp, uint64_t id, uint64_t ba
   return b;
 }
 
-// Shared by both loads: validate, read, restore, remember the journal position.
-void load(kvsdk_cache** out, kvsdk_context* ctx, const unsigned char* data, size_t size,
-          const kvsdk_geometry* expected, kvsdk_load_info* info) {
+// A restored cache from a read snapshot: its stores checked against what the metadata declared
+// and its policy state applied. Charged to `ctx` (KVSDK_E_BUDGET when it does not fit).
+std::shared_ptr<Cache> restore_cache(const std::shared_ptr<Context>& ctx, Snapshot& s) {
+  std::shared_ptr<Cache> c = Cache::restore(ctx, s.geometry, s.policy, std::move(s.layers), s.tiers);
+  if (s.journal_frames_applied == 0) {
+    // Compressed layers: the restored stores must hold what the metadata declared.
+    for (uint32_t l = 0; l < s.geometry.n_layers; ++l) {
+      if (!s.covered[l]) continue;
+      for (uint32_t kh = 0; kh < s.geometry.n_kv_heads; ++kh) {
+        if (c->head_tokens(l, kh) != s.declared_rows[l][kh]) {
+          fail(KVSDK_E_CORRUPT, "snapshot layer ", l, " head ", kh, " holds ",
+               c->head_tokens(l, kh), " rows, its metadata declares ", s.declared_rows[l][kh]);
+        }
+      }
+    }
+  }
+  c->restore_policy_runtime(std::move(s.runtime));
+  return c;
+}
+
+// The shared prefix a snapshot's cache continues: the caller's `prefix` (which must be the one
+// the snapshot references), or the prefix the snapshot embeds, restored as a private frozen copy.
+std::shared_ptr<const Cache> prefix_for(const Snapshot& s, kvsdk_cache* prefix,
+                                        const std::shared_ptr<Context>& ctx) {
+  if (!s.has_prefix) {
+    if (prefix) fail(KVSDK_E_STATE, "the snapshot does not continue a shared prefix");
+    return nullptr;
+  }
+  std::shared_ptr<const Cache> p;
+  if (prefix) {
+    p = prefix->impl;
+    if (!p->frozen()) fail(KVSDK_E_STATE, "the prefix cache is not frozen");
+    if (content_hash(*p) != s.prefix_hash) {
+      fail(KVSDK_E_STATE, "the snapshot continues another shared prefix (content hash ",
+           std::to_string(s.prefix_hash), "; this prefix's is ", std::to_string(content_hash(*p)),
+           ")");
+    }
+  } else if (!s.prefix_snapshot.empty()) {
+    ReadOptions opt;
+    opt.available_bytes = ctx->available();
+    Snapshot ps = read_snapshot(s.prefix_snapshot.data(), s.prefix_snapshot.size(), opt);
+    if (ps.has_prefix || ps.journal_frames_applied != 0) {
+      fail(KVSDK_E_CORRUPT, "the snapshot's embedded prefix is not a plain snapshot");
+    }
+    std::shared_ptr<Cache> own = restore_cache(ctx, ps);
+    if (content_hash(*own) != s.prefix_hash) {
+      fail(KVSDK_E_CORRUPT, "the snapshot's embedded prefix does not match its content hash");
+    }
+    own->freeze();
+    p = std::move(own);
+  } else {
+    fail(KVSDK_E_STATE, "the snapshot continues a shared prefix (content hash ",
+         std::to_string(s.prefix_hash), ") that it does not embed: load it with ",
+         "kvsdk_cache_load_on_prefix and that prefix");
+  }
+  if (p->geometry() != s.geometry) {
+    fail(KVSDK_E_GEOMETRY, "the snapshot's geometry differs from its shared prefix's");
+  }
+  return p;
+}
+
+// Shared by every load: validate, read, restore, remember the journal position. With `prefix`,
+// the snapshot must continue it (kvsdk_cache_load_on_prefix).
+void load(kvsdk_cache** out, std::shared_ptr<Context> ctx, const unsigned char* data, size_t size,
+          const kvsdk_geometry* expected, kvsdk_load_info* info, kvsdk_cache* prefix = nullptr) {
   KVSDK_REQUIRE(out != nullptr, "out is NULL");
-  KVSDK_REQUIRE(ctx != nullptr, "ctx is NULL");
   KVSDK_REQUIRE(info == nullptr || info->struct_size >= kLoadInfoSizeV1, "info->struct_size is ",
                 info ? info->struct_size : 0, " (too small; call kvsdk_load_info_init first)");
   Geometry want;
@@ -60,24 +117,13 @@ void load(kvsdk_cache** out, kvsdk_context* ctx, const unsigned char* data, size
     want = Geometry::from_c(expected);
     opt.expected = &want;
   }
-  opt.available_bytes = ctx->impl->available();
+  opt.available_bytes = ctx->available();
   Snapshot s = read_snapshot(data, size, opt);
+  std::shared_ptr<const Cache> pre = prefix_for(s, prefix, ctx);
+  const uint16_t major = s.format_major, minor = s.format_minor;
   auto h = std::make_unique<kvsdk_cache>();
-  h->impl = Cache::restore(ctx->impl, s.geometry, s.policy, std::move(s.layers), s.tiers);
-  if (s.journal_frames_applied == 0) {
-    // Compressed layers: the restored stores must hold what the metadata declared.
-    for (uint32_t l = 0; l < s.geometry.n_layers; ++l) {
-      if (!s.covered[l]) continue;
-      for (uint32_t kh = 0; kh < s.geometry.n_kv_heads; ++kh) {
-        if (h->impl->head_tokens(l, kh) != s.declared_rows[l][kh]) {
-          fail(KVSDK_E_CORRUPT, "snapshot layer ", l, " head ", kh, " holds ",
-               h->impl->head_tokens(l, kh), " rows, its metadata declares ",
-               s.declared_rows[l][kh]);
-        }
-      }
-    }
-  }
-  h->impl->restore_policy_runtime(std::move(s.runtime));
+  h->impl = restore_cache(ctx, s);
+  if (pre) h->impl->attach_prefix(std::move(pre));
   // Deltas continue the records as the file holds them (a file saved without SpeCache's backing
   // store has none, although the restored cache rebuilt it).
   Fingerprints fp = fingerprint(*h->impl);
@@ -85,11 +131,11 @@ void load(kvsdk_cache** out, kvsdk_context* ctx, const unsigned char* data, size
     fp.tiers[l] = sign_layer(s.tiers[l]);
   }
   h->journal = make_base(std::move(fp), s.snapshot_id, s.base_end, s.journal_end,
-                         s.next_sequence, s.format_major, s.format_minor);
+                         s.next_sequence, major, minor);
   if (info) {
     kvsdk_load_info found{};
-    found.format_major = s.format_major;
-    found.format_minor = s.format_minor;
+    found.format_major = major;
+    found.format_minor = minor;
     found.journal_frames_applied = s.journal_frames_applied;
     found.journal_frames_dropped = s.journal_frames_dropped;
     write_versioned(info, found, kLoadInfoSizeV1, "info");  // (its size was checked above)
@@ -209,7 +255,18 @@ KVSDK_API kvsdk_status kvsdk_cache_load(kvsdk_cache** out, kvsdk_context* ctx, c
     KVSDK_REQUIRE(path != nullptr, "path is NULL");
     KVSDK_REQUIRE(out != nullptr && ctx != nullptr, "out or ctx is NULL");
     MappedFile f(path);
-    load(out, ctx, f.data(), f.size(), expected, info);
+    load(out, ctx->impl, f.data(), f.size(), expected, info);
+  });
+}
+
+KVSDK_API kvsdk_status kvsdk_cache_load_on_prefix(kvsdk_cache** out, kvsdk_cache* prefix,
+                                                  const char* path, kvsdk_load_info* info) {
+  return guard("kvsdk_cache_load_on_prefix", [&] {
+    KVSDK_REQUIRE(path != nullptr, "path is NULL");
+    KVSDK_REQUIRE(out != nullptr && prefix != nullptr && prefix->impl, "out or prefix is NULL");
+    MappedFile f(path);
+    const kvsdk_geometry g = prefix->impl->geometry().to_c();
+    load(out, prefix->impl->context_ptr(), f.data(), f.size(), &g, info, prefix);
   });
 }
 
@@ -219,7 +276,8 @@ KVSDK_API kvsdk_status kvsdk_cache_load_from_buffer(kvsdk_cache** out, kvsdk_con
                                                     kvsdk_load_info* info) {
   return guard("kvsdk_cache_load_from_buffer", [&] {
     KVSDK_REQUIRE(buf != nullptr, "buf is NULL");
-    load(out, ctx, static_cast<const unsigned char*>(buf), size, expected, info);
+    KVSDK_REQUIRE(ctx != nullptr, "ctx is NULL");
+    load(out, ctx->impl, static_cast<const unsigned char*>(buf), size, expected, info);
   });
 }
 

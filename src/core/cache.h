@@ -46,6 +46,7 @@ class Cache final : public StoreView {
   const Geometry& geometry() const override { return geometry_; }
   const kvsdk_policy& policy() const override { return policy_; }
   const Context& context() const { return *ctx_; }
+  const std::shared_ptr<Context>& context_ptr() const { return ctx_; }
   const LayerPolicyState& layer(uint32_t l) const override { return layers_[l]; }
   // The exact rows of one head (empty for layers another store holds); snapshots write them.
   const ExactStore& exact_rows(uint32_t layer, uint32_t kv_head) const override;
@@ -76,6 +77,9 @@ class Cache final : public StoreView {
   static std::unique_ptr<Cache> on_prefix(std::shared_ptr<const Cache> prefix,
                                           const kvsdk_policy& policy);
   const std::shared_ptr<const Cache>& prefix() const { return prefix_; }
+  const StoreView* prefix_view() const override { return prefix_.get(); }
+  // Snapshot loading: a restored cache continues `prefix` (frozen, same context and geometry).
+  void attach_prefix(std::shared_ptr<const Cache> prefix) { prefix_ = std::move(prefix); }
 
   // Removes every token at a position >= `position` from every layer and tier (kvsdk_cache_truncate;
   // cache_truncate.cpp), leaving exactly the cache that never held them, or throws

@@ -33,6 +33,10 @@ void Cache::freeze() {
     fail(KVSDK_E_UNSUPPORTED, "policy '", policy_spec(policy_), "' cannot be a shared prefix: ",
          "its attention updates its own state");
   }
+  if (prefix_) {
+    // Attention merges one prefix with the own rows; a chain would need one merge per link.
+    fail(KVSDK_E_UNSUPPORTED, "a conversation on a shared prefix cannot itself be frozen as one");
+  }
   if (attention_tap_) {
     fail(KVSDK_E_STATE, "the cache is a SmallKV proxy; detach it before freezing it");
   }

@@ -65,6 +65,8 @@ class StoreView {
   // scores are parallel to.
   virtual std::vector<int32_t> row_positions(uint32_t layer, uint32_t kv_head) const = 0;
   virtual kvsdk_layer_stats layer_stats(uint32_t layer) const = 0;
+  // The shared prefix the cache continues (kvsdk_cache_create_on_prefix), or null.
+  virtual const StoreView* prefix_view() const { return nullptr; }
 };
 
 // Which store holds each layer of a cache of `policy` (a snapshot reader's view: nothing is

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -240,6 +241,138 @@ TEST(SharedPrefix, OnlyFrozenCachesOfStatelessAttentionArePrefixes) {
   ASSERT_EQ(kvsdk_cache_fork(&f, open.get()), KVSDK_OK);
   CachePtr reopened(f);
   append(reopened.get(), 0, 1, 3);
+}
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "shared_prefix_" +
+         std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" + name;
+}
+
+kvsdk_save_options save_options(bool embed) {
+  kvsdk_save_options o;
+  kvsdk_save_options_init(&o);
+  o.embed_prefix = embed ? 1 : 0;
+  return o;
+}
+
+// A frozen 'kivi' prefix of 64 tokens and one conversation on it with 30 own tokens.
+struct PrefixedChat {
+  ContextPtr ctx = make_context();
+  kvsdk_geometry g = make_geometry(kLayers, kQ, kKv, kDim);
+  CachePtr prefix, chat;
+  explicit PrefixedChat(uint32_t seed = 3) {
+    const kvsdk_policy pp = policy_of("kivi");
+    prefix = make_cache(ctx.get(), g, &pp);
+    append(prefix.get(), 0, 64, seed);
+    EXPECT_EQ(kvsdk_cache_freeze(prefix.get()), KVSDK_OK);
+    kvsdk_cache* raw = nullptr;
+    const kvsdk_policy op = policy_of("snapkv");
+    EXPECT_EQ(kvsdk_cache_create_on_prefix(&raw, prefix.get(), &op), KVSDK_OK);
+    chat.reset(raw);
+    append(chat.get(), 64, 30, 900);
+  }
+};
+
+TEST(SharedPrefixSnapshot, AReferencingSnapshotLoadsOnlyOnItsPrefix) {
+  PrefixedChat a;
+  const std::string path = temp_path("ref.kvs");
+  const kvsdk_save_options ref = save_options(false);
+  ASSERT_EQ(kvsdk_cache_save(a.chat.get(), path.c_str(), &ref), KVSDK_OK) << kvsdk_last_error();
+  kvsdk_cache* raw = nullptr;
+  EXPECT_EQ(kvsdk_cache_load(&raw, a.ctx.get(), path.c_str(), nullptr, nullptr), KVSDK_E_STATE);
+  EXPECT_NE(std::string(kvsdk_last_error()).find("kvsdk_cache_load_on_prefix"),
+            std::string::npos)
+      << kvsdk_last_error();
+  EXPECT_EQ(raw, nullptr);
+  // Another prefix (other tokens) is refused too.
+  PrefixedChat other(4);
+  EXPECT_EQ(kvsdk_cache_load_on_prefix(&raw, other.prefix.get(), path.c_str(), nullptr),
+            KVSDK_E_STATE);
+  EXPECT_NE(std::string(kvsdk_last_error()).find("another shared prefix"), std::string::npos);
+  // A plain snapshot is not a conversation on a prefix.
+  const std::string plain = temp_path("plain.kvs");
+  ASSERT_EQ(kvsdk_cache_save(other.prefix.get(), plain.c_str(), &ref), KVSDK_OK);
+  EXPECT_EQ(kvsdk_cache_load_on_prefix(&raw, a.prefix.get(), plain.c_str(), nullptr),
+            KVSDK_E_STATE);
+  // Its own prefix: the loaded conversation continues bit for bit, and only its rows are charged.
+  const uint64_t before = used(a.ctx.get());
+  kvsdk_load_info info;
+  kvsdk_load_info_init(&info);
+  ASSERT_EQ(kvsdk_cache_load_on_prefix(&raw, a.prefix.get(), path.c_str(), &info), KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr loaded(raw);
+  EXPECT_EQ(info.format_major, 5u) << "older readers must refuse a conversation on a prefix";
+  EXPECT_EQ(used(a.ctx.get()), before + bytes_of(a.chat.get()));
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    const std::vector<float> q = random_floats(kQRow, 40 + l);
+    EXPECT_EQ(attend(loaded.get(), l, q, 120), attend(a.chat.get(), l, q, 120));
+  }
+  // Journal deltas continue it: append to both, save a delta, load again.
+  append(a.chat.get(), 94, 3, 77);
+  ASSERT_EQ(kvsdk_cache_save(a.chat.get(), path.c_str(), &ref), KVSDK_OK);
+  append(a.chat.get(), 97, 2, 78);
+  ASSERT_EQ(kvsdk_cache_save_delta(a.chat.get(), path.c_str(), &ref), KVSDK_OK)
+      << kvsdk_last_error();
+  ASSERT_EQ(kvsdk_cache_load_on_prefix(&raw, a.prefix.get(), path.c_str(), &info), KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr again(raw);
+  EXPECT_EQ(info.journal_frames_applied, 1u);
+  const std::vector<float> q = random_floats(kQRow, 50);
+  EXPECT_EQ(attend(again.get(), 1, q, 120), attend(a.chat.get(), 1, q, 120));
+  // A prefix loaded from its own snapshot has the same content: it serves as well.
+  const std::string prefix_path = temp_path("prefix.kvs");
+  ASSERT_EQ(kvsdk_cache_save(a.prefix.get(), prefix_path.c_str(), &ref), KVSDK_OK);
+  ASSERT_EQ(kvsdk_cache_load(&raw, a.ctx.get(), prefix_path.c_str(), nullptr, nullptr), KVSDK_OK);
+  CachePtr reloaded_prefix(raw);
+  EXPECT_EQ(kvsdk_cache_load_on_prefix(&raw, reloaded_prefix.get(), path.c_str(), nullptr),
+            KVSDK_E_STATE)
+      << "not frozen yet";
+  ASSERT_EQ(kvsdk_cache_freeze(reloaded_prefix.get()), KVSDK_OK);
+  ASSERT_EQ(kvsdk_cache_load_on_prefix(&raw, reloaded_prefix.get(), path.c_str(), nullptr),
+            KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr on_reloaded(raw);
+  EXPECT_EQ(attend(on_reloaded.get(), 0, q, 120), attend(a.chat.get(), 0, q, 120));
+  for (const std::string& p : {path, plain, prefix_path}) std::remove(p.c_str());
+}
+
+TEST(SharedPrefixSnapshot, AnEmbeddingSnapshotLoadsAloneWithAPrivatePrefix) {
+  PrefixedChat a;
+  const kvsdk_save_options embed = save_options(true);
+  size_t size = 0;
+  ASSERT_EQ(kvsdk_cache_save_to_buffer(a.chat.get(), &embed, nullptr, 0, &size), KVSDK_OK)
+      << kvsdk_last_error();
+  std::vector<uint8_t> buf(size);
+  ASSERT_EQ(kvsdk_cache_save_to_buffer(a.chat.get(), &embed, buf.data(), size, &size), KVSDK_OK);
+  size_t ref_size = 0;
+  const kvsdk_save_options ref = save_options(false);
+  ASSERT_EQ(kvsdk_cache_save_to_buffer(a.chat.get(), &ref, nullptr, 0, &ref_size), KVSDK_OK);
+  EXPECT_LT(ref_size, size) << "a reference is smaller than the embedded prefix";
+  // Another context, without the prefix: the conversation loads with a private copy of it.
+  ContextPtr ctx = make_context();
+  kvsdk_cache* raw = nullptr;
+  ASSERT_EQ(kvsdk_cache_load_from_buffer(&raw, ctx.get(), buf.data(), size, nullptr, nullptr),
+            KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr loaded(raw);
+  EXPECT_EQ(used(ctx.get()), bytes_of(a.prefix.get()) + bytes_of(a.chat.get()))
+      << "the private prefix is charged too";
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    const std::vector<float> q = random_floats(kQRow, 60 + l);
+    EXPECT_EQ(attend(loaded.get(), l, q, 120), attend(a.chat.get(), l, q, 120));
+  }
+  loaded.reset();
+  EXPECT_EQ(used(ctx.get()), 0u) << "the private prefix went with its conversation";
+  // A damaged embedded prefix is refused, not loaded.
+  kvsdk_save_options bad = embed;
+  bad.embed_prefix = 2;
+  EXPECT_EQ(kvsdk_cache_save_to_buffer(a.chat.get(), &bad, nullptr, 0, &size), KVSDK_E_INVALID_ARG);
+}
+
+TEST(SharedPrefix, AConversationIsNotAPrefixItself) {
+  PrefixedChat a;
+  EXPECT_EQ(kvsdk_cache_freeze(a.chat.get()), KVSDK_E_UNSUPPORTED);
+  EXPECT_NE(std::string(kvsdk_last_error()).find("cannot itself be frozen"), std::string::npos);
 }
 
 }  // namespace

@@ -70,13 +70,13 @@ class kvsdk_layer_stats(Structure):
                 ("bytes_by_tier", c_uint64 * KVSDK_TIER_SLOTS)]
 
 # ----- Snapshots -----------------------------------------------------------------------------
-KVSDK_SNAPSHOT_FORMAT_MAJOR = 4
-KVSDK_SNAPSHOT_FORMAT_MINOR = 1
+KVSDK_SNAPSHOT_FORMAT_MAJOR = 5
+KVSDK_SNAPSHOT_FORMAT_MINOR = 0
 
 class kvsdk_save_options(Structure):
     _fields_ = [("struct_size", c_uint32), ("zstd_level", c_int32),
                 ("include_backing", c_uint32), ("max_frame_bytes", c_uint64),
-                ("max_journal_percent", c_uint32)]
+                ("max_journal_percent", c_uint32), ("embed_prefix", c_uint32)]
 
 class kvsdk_load_info(Structure):
     _fields_ = [("struct_size", c_uint32), ("format_major", c_uint32),
@@ -165,6 +165,8 @@ _FUNCTIONS = {
     "kvsdk_cache_save_delta": (status, [handle, c_char_p, POINTER(kvsdk_save_options)]),
     "kvsdk_cache_load": (status, [POINTER(handle), handle, c_char_p, POINTER(kvsdk_geometry),
                                   POINTER(kvsdk_load_info)]),
+    "kvsdk_cache_load_on_prefix": (status, [POINTER(handle), handle, c_char_p,
+                                            POINTER(kvsdk_load_info)]),
     "kvsdk_cache_load_from_buffer": (status, [POINTER(handle), handle, c_void_p, c_size_t,
                                               POINTER(kvsdk_geometry), POINTER(kvsdk_load_info)]),
     "kvsdk_cache_policy": (status, [handle, POINTER(kvsdk_policy)]),

@@ -19,6 +19,7 @@ class SaveOptions:
     include_backing: int = None
     max_frame_bytes: int = None
     max_journal_percent: int = None
+    embed_prefix: int = None  # a conversation on a shared prefix: 1 embeds the prefix
 
     def __post_init__(self):
         defaults = _initialised_sized(_capi.kvsdk_save_options, lib.kvsdk_save_options_init_sized)
@@ -78,6 +79,18 @@ class SnapshotMixin:
         check(lib.kvsdk_cache_load(ctypes.byref(handle), context.handle, os.fsencode(path),
                                    _expected(expected), ctypes.byref(info)))
         return cls._from_handle(handle), _from_c(LoadInfo, info)
+
+    @classmethod
+    def load_on_prefix(cls, prefix, path):
+        """Loads the snapshot of a conversation that references its shared prefix by content
+        hash (kvsdk_cache_load_on_prefix); `prefix`: the frozen cache it continued (or one with
+        the same content). Returns (cache, LoadInfo); the cache keeps `prefix` alive."""
+        handle, info = ctypes.c_void_p(), _load_info()
+        check(lib.kvsdk_cache_load_on_prefix(ctypes.byref(handle), prefix.handle,
+                                             os.fsencode(path), ctypes.byref(info)))
+        cache = cls._from_handle(handle)
+        cache._prefix = prefix
+        return cache, _from_c(LoadInfo, info)
 
     @classmethod
     def load_from_bytes(cls, context, data, expected=None):

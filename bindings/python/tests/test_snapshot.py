@@ -29,9 +29,9 @@ class SnapshotTest(unittest.TestCase):
             # Each save carries a fresh random snapshot id: same length, not same bytes.
             self.assertEqual(os.path.getsize(path), len(data))
             from_file, info = kvsdk.Cache.load(ctx, path, expected=geometry())
-            # Caches of exact rows only are written as 1.2 (kvsdk.h); the newest is 4.0.
+            # Caches of exact rows only are written as 1.3 (kvsdk.h); the newest is 5.0.
             self.assertEqual((info.format_major, info.format_minor), (1, 3))
-            self.assertEqual(kvsdk.SNAPSHOT_FORMAT, (4, 1))
+            self.assertEqual(kvsdk.SNAPSHOT_FORMAT, (5, 0))
             from_bytes, _ = kvsdk.Cache.load_from_bytes(ctx, data)
             self.assertEqual(from_file.policy, cache.policy)
             q = rng.draw(2 * 32)

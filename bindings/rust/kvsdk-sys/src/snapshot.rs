@@ -2,8 +2,8 @@
 use crate::{kvsdk_cache, kvsdk_context, kvsdk_geometry, kvsdk_policy, kvsdk_status};
 use core::ffi::{c_char, c_void};
 
-pub const KVSDK_SNAPSHOT_FORMAT_MAJOR: u32 = 4;
-pub const KVSDK_SNAPSHOT_FORMAT_MINOR: u32 = 1;
+pub const KVSDK_SNAPSHOT_FORMAT_MAJOR: u32 = 5;
+pub const KVSDK_SNAPSHOT_FORMAT_MINOR: u32 = 0;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -13,6 +13,7 @@ pub struct kvsdk_save_options {
     pub include_backing: u32,
     pub max_frame_bytes: u64,
     pub max_journal_percent: u32,
+    pub embed_prefix: u32,
 }
 
 #[repr(C)]
@@ -56,6 +57,12 @@ extern "C" {
         ctx: *mut kvsdk_context,
         path: *const c_char,
         expected: *const kvsdk_geometry,
+        info: *mut kvsdk_load_info,
+    ) -> kvsdk_status;
+    pub fn kvsdk_cache_load_on_prefix(
+        out: *mut *mut kvsdk_cache,
+        prefix: *mut kvsdk_cache,
+        path: *const c_char,
         info: *mut kvsdk_load_info,
     ) -> kvsdk_status;
     pub fn kvsdk_cache_load_from_buffer(

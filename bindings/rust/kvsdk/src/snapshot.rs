@@ -29,6 +29,9 @@ pub struct SaveOptions {
     /// save_delta: journal share of the base snapshot (percent) past which the file is rewritten
     /// as one full snapshot; 0 = the default (50).
     pub max_journal_percent: u32,
+    /// A conversation on a shared prefix: embed the prefix's snapshot (loads alone) instead of
+    /// referencing it by content hash (loads with [`Cache::load_on_prefix`]).
+    pub embed_prefix: bool,
 }
 
 impl Default for SaveOptions {
@@ -43,6 +46,7 @@ impl Default for SaveOptions {
             include_backing: raw.include_backing != 0,
             max_frame_bytes: raw.max_frame_bytes,
             max_journal_percent: raw.max_journal_percent,
+            embed_prefix: raw.embed_prefix != 0,
         }
     }
 }
@@ -55,6 +59,7 @@ impl SaveOptions {
             include_backing: self.include_backing as u32,
             max_frame_bytes: self.max_frame_bytes,
             max_journal_percent: self.max_journal_percent,
+            embed_prefix: self.embed_prefix as u32,
         }
     }
 }
@@ -148,6 +153,22 @@ impl Cache {
                 expected.as_ref().map_or(ptr::null(), |g| g as *const _),
                 &mut info,
             )
+        })?;
+        // SAFETY: a new handle that only this Cache releases.
+        let cache = unsafe { Cache::from_raw(NonNull::new(out).expect("load returned NULL"))? };
+        Ok((cache, LoadInfo::from_raw(&info)))
+    }
+
+    /// Loads the snapshot of a conversation that references its shared prefix by content hash
+    /// (kvsdk_cache_load_on_prefix): `prefix` must be the frozen cache it continued (or one with
+    /// the same content); the new cache continues it, in its context.
+    pub fn load_on_prefix(prefix: &Cache, path: impl AsRef<Path>) -> Result<(Cache, LoadInfo)> {
+        let path = c_path(path.as_ref())?;
+        let mut info = empty_load_info()?;
+        let mut out = ptr::null_mut();
+        // SAFETY: live prefix handle (only read), NUL-terminated path, valid pointers.
+        check(unsafe {
+            sys::kvsdk_cache_load_on_prefix(&mut out, prefix.as_ptr(), path.as_ptr(), &mut info)
         })?;
         // SAFETY: a new handle that only this Cache releases.
         let cache = unsafe { Cache::from_raw(NonNull::new(out).expect("load returned NULL"))? };

@@ -46,9 +46,9 @@ fn save_load_round_trip_is_bit_identical() {
     assert_eq!(std::fs::read(&path).unwrap().len(), bytes.len());
 
     let (mut from_file, info) = Cache::load(&ctx, &path, Some(&geometry())).unwrap();
-    // Caches of exact rows only are written as 1.2 (kvsdk.h); the newest format is 4.0.
+    // Caches of exact rows only are written as 1.3 (kvsdk.h); the newest format is 5.0.
     assert_eq!((info.format_major, info.format_minor), (1, 3));
-    assert_eq!(kvsdk::SNAPSHOT_FORMAT, (4, 1));
+    assert_eq!(kvsdk::SNAPSHOT_FORMAT, (5, 0));
     let (mut from_buf, _) = Cache::load_from_buffer(&ctx, &bytes, None).unwrap();
     assert_eq!(from_file.policy().unwrap(), cache.policy().unwrap());
     let q = draw(&mut rng, 2 * 32);

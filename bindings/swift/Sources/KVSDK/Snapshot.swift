@@ -12,6 +12,9 @@ public struct SaveOptions {
     /// saveDelta: journal share of the base snapshot (percent) past which the file is
     /// rewritten as one full snapshot; 0 = the default (50).
     public var maxJournalPercent: UInt32
+    /// A conversation on a shared prefix: embed the prefix's snapshot (loads alone) instead of
+    /// referencing it by content hash (loads with Cache.load(onPrefix:path:)).
+    public var embedPrefix: Bool
 
     public init() {
         var raw = kvsdk_save_options()
@@ -20,6 +23,7 @@ public struct SaveOptions {
         includeBacking = raw.include_backing != 0
         maxFrameBytes = raw.max_frame_bytes
         maxJournalPercent = raw.max_journal_percent
+        embedPrefix = raw.embed_prefix != 0
     }
 
     var raw: kvsdk_save_options {
@@ -29,6 +33,7 @@ public struct SaveOptions {
         r.include_backing = includeBacking ? 1 : 0
         r.max_frame_bytes = maxFrameBytes
         r.max_journal_percent = maxJournalPercent
+        r.embed_prefix = embedPrefix ? 1 : 0
         return r
     }
 }
@@ -74,6 +79,15 @@ extension Cache {
             kvsdk_cache_load(&out, context.handle, path, g, &info)
         }
         try check(status)
+        return (try Cache(adopting: out!), LoadInfo(info))
+    }
+
+    /// Loads the snapshot of a conversation that references its shared prefix by content hash
+    /// (kvsdk_cache_load_on_prefix); `prefix`: the frozen cache it continued.
+    public static func load(onPrefix prefix: Cache, path: String) throws -> (Cache, LoadInfo) {
+        var info = emptyLoadInfo()
+        var out: OpaquePointer?
+        try check(kvsdk_cache_load_on_prefix(&out, prefix.handle, path, &info))
         return (try Cache(adopting: out!), LoadInfo(info))
     }
 

@@ -17,8 +17,8 @@ final class SnapshotTests: XCTestCase {
         // Caches of exact rows only are written as 1.2 (kvsdk.h); the newest format is 4.0.
         XCTAssertEqual(info.formatMajor, 1)
         XCTAssertEqual(info.formatMinor, 2)
-        XCTAssertEqual(snapshotFormat.major, 4)
-        XCTAssertEqual(snapshotFormat.minor, 1)
+        XCTAssertEqual(snapshotFormat.major, 5)
+        XCTAssertEqual(snapshotFormat.minor, 0)
         let q = [Float](repeating: 0.5, count: geometry.qElementsPerQuery)
         XCTAssertEqual(try loaded.attend(layer: 1, queries: q),
                        try cache.attend(layer: 1, queries: q))
