@@ -41,11 +41,12 @@
  *     the struct's first published size, or a NULL pointer, is KVSDK_E_INVALID_ARG and writes
  *     nothing. Bindings call the `*_init_sized` functions with their own struct sizes.
  *   - Legacy init symbols: apps built before the `*_init_sized` functions existed call
- *     `kvsdk_X_init` as a function. Those symbols stay exported but are frozen: they write the
- *     struct's FIRST published size (and set struct_size to it), which fits every app's struct,
- *     so later fields keep their "older structs" defaults. They are declared with a parenthesized
- *     name, `(kvsdk_X_init)(...)`, so that the macro does not apply to the declaration; new code
- *     uses the macro (or `*_init_sized`) and gets every field its header knows.
+ *     `kvsdk_X_init` (and kvsdk_policy_parse, which fills a policy too) as a function. Those
+ *     symbols stay exported but are frozen: they write the struct's FIRST published size (and set
+ *     struct_size to it), which fits every app's struct, so later fields keep their "older
+ *     structs" defaults. They are declared with a parenthesized name, `(kvsdk_X_init)(...)`, so
+ *     that the macro does not apply to the declaration; new code uses the macro (or
+ *     `*_init_sized`, kvsdk_policy_parse_sized) and gets every field its header knows.
  *   - Outputs come back through pointer arguments and are owned by the caller.
  *   - Same major version means same ABI.
  *
@@ -56,8 +57,8 @@
  *     concurrently, even when they share a context. Exception: a smallkv cache and its proxy
  *     (kvsdk_cache_set_proxy) read and update each other's state, so the pair is used by one
  *     thread at a time.
- *   - Free functions without a handle (version, status strings, *_init, *_init_sized) are
- *     thread-safe.
+ *   - Free functions without a handle (version, status strings, *_init, *_init_sized,
+ *     kvsdk_policy_parse and kvsdk_policy_parse_sized) are thread-safe.
  *
  * C99-clean: no C++ and no dependency types appear here.
  */
@@ -403,11 +404,26 @@ KVSDK_API kvsdk_status (kvsdk_policy_init)(kvsdk_policy *policy, int32_t method)
   kvsdk_policy_init_sized((policy), sizeof(kvsdk_policy), (method))
 
 /** Parses a preset name such as "full", "snapkv", "kivi" or a composition "xkv+kivi2"
- *  (method, then '+kiviN' for N-bit KIVI, N = 1, 2, 4 or 8) into `policy` (initialised with the
- *  method's defaults, quant_bits = N). On failure `policy` is untouched. A name that parses may
- *  still name an unsupported combination ("full+kivi2": see kvsdk_method).
- *  Errors: KVSDK_E_INVALID_ARG (NULL arguments, unknown name, other N). */
-KVSDK_API kvsdk_status kvsdk_policy_parse(kvsdk_policy *policy, const char *spec);
+ *  (method, then '+kiviN' for N-bit KIVI, N = 1, 2, 4 or 8; `spec` is a NUL-terminated string,
+ *  read only during the call) into the app's `*policy` of `struct_size` bytes: the method's
+ *  defaults (as kvsdk_policy_init_sized), quant_bits = N, for the fields that fit (the ABI rules,
+ *  "Initialising a struct"). Writes min(struct_size, sizeof(kvsdk_policy)) bytes, never more, and
+ *  sets struct_size to that count; a larger struct's tail is left as it was. A name that parses
+ *  may still name an unsupported combination ("full+kivi2": see kvsdk_method), refused later by
+ *  kvsdk_cache_create.
+ *  Errors: KVSDK_E_INVALID_ARG (`policy` or `spec` NULL, `struct_size` below the first version's:
+ *          the end of `match_tokens`; unknown method name, an overlay other than kiviN, other N);
+ *          on every failure nothing is written. Thread-safe. */
+KVSDK_API kvsdk_status kvsdk_policy_parse_sized(kvsdk_policy *policy, size_t struct_size,
+                                                const char *spec);
+/** Legacy symbol, frozen (the ABI rules, "Legacy init symbols"): as kvsdk_policy_parse_sized
+ *  with the first version's size, up to `match_tokens` (evict_slack is left out: a cache
+ *  created from it evicts with slack 0, as before that field existed). Not for new code or
+ *  bindings. */
+KVSDK_API kvsdk_status (kvsdk_policy_parse)(kvsdk_policy *policy, const char *spec);
+/** kvsdk_policy_parse_sized with the size of the app's struct. */
+#define kvsdk_policy_parse(policy, spec) \
+  kvsdk_policy_parse_sized((policy), sizeof(kvsdk_policy), (spec))
 
 /** Canonical lower-case name of a kvsdk_method value ("full", "streaming_llm", ...), or NULL if
  *  `method` is not one. Thread-safe. */

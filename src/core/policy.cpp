@@ -101,6 +101,28 @@ void require_policy_implemented(const kvsdk_policy& p) {
   }
 }
 
+kvsdk_policy parse_policy_spec(const std::string& s) {
+  const size_t plus = s.find('+');
+  const std::string head = s.substr(0, plus);
+  int method = -1;
+  for (int m = 0; m < KVSDK_METHOD_COUNT; ++m) {
+    if (head == method_traits(m).name) method = m;
+  }
+  KVSDK_REQUIRE(method >= 0, "unknown method '", head, "' in policy '", s, "'");
+  kvsdk_policy p = policy_defaults(kvsdk_method(method));
+  if (plus != std::string::npos) {
+    const std::string overlay = s.substr(plus + 1);
+    const std::string prefix = "kivi";
+    KVSDK_REQUIRE(overlay.size() > prefix.size() && overlay.compare(0, 4, prefix) == 0,
+                  "unknown overlay '", overlay, "' in policy '", s, "' (expected kiviN)");
+    const std::string bits = overlay.substr(prefix.size());
+    KVSDK_REQUIRE(bits == "1" || bits == "2" || bits == "4" || bits == "8", "overlay '", overlay,
+                  "' in policy '", s, "': bits must be 1, 2, 4 or 8");
+    p.quant_bits = std::stoi(bits);
+  }
+  return p;
+}
+
 std::string policy_spec(const kvsdk_policy& p) {
   std::string s = method_traits(p).name;
   const bool quant_is_default = policy_defaults(kvsdk_method(p.method)).quant_bits == p.quant_bits;
@@ -116,33 +138,6 @@ extern "C" {
 
 KVSDK_API const char* kvsdk_method_name(int32_t method) {
   return method_valid(method) ? method_traits(method).name : nullptr;
-}
-
-KVSDK_API kvsdk_status kvsdk_policy_parse(kvsdk_policy* policy, const char* spec) {
-  return guard("kvsdk_policy_parse", [&] {
-    KVSDK_REQUIRE(policy != nullptr, "policy is NULL");
-    KVSDK_REQUIRE(spec != nullptr, "spec is NULL");
-    const std::string s(spec);
-    const size_t plus = s.find('+');
-    const std::string head = s.substr(0, plus);
-    int method = -1;
-    for (int m = 0; m < KVSDK_METHOD_COUNT; ++m) {
-      if (head == method_traits(m).name) method = m;
-    }
-    KVSDK_REQUIRE(method >= 0, "unknown method '", head, "' in policy '", s, "'");
-    kvsdk_policy p = policy_defaults(kvsdk_method(method));
-    if (plus != std::string::npos) {
-      const std::string overlay = s.substr(plus + 1);
-      const std::string prefix = "kivi";
-      KVSDK_REQUIRE(overlay.size() > prefix.size() && overlay.compare(0, 4, prefix) == 0,
-                    "unknown overlay '", overlay, "' in policy '", s, "' (expected kiviN)");
-      const std::string bits = overlay.substr(prefix.size());
-      KVSDK_REQUIRE(bits == "1" || bits == "2" || bits == "4" || bits == "8", "overlay '", overlay,
-                    "' in policy '", s, "': bits must be 1, 2, 4 or 8");
-      p.quant_bits = std::stoi(bits);
-    }
-    *policy = p;
-  });
 }
 
 }  // extern "C"

@@ -24,6 +24,10 @@ kvsdk_policy policy_defaults(kvsdk_method method);
 kvsdk_policy policy_from_c(const kvsdk_policy* caller);
 // Throws KVSDK_E_UNSUPPORTED when this build cannot run the policy yet.
 void require_policy_implemented(const kvsdk_policy& policy);
+// Parses a preset name such as "full", "snapkv" or "xkv+kivi2" (kvsdk_policy_parse_sized's
+// grammar) into the method's defaults with the overlay's quant_bits; a full-size struct
+// (struct_size = sizeof(kvsdk_policy)). Throws KVSDK_E_INVALID_ARG on a name that does not parse.
+kvsdk_policy parse_policy_spec(const std::string& spec);
 // "snapkv+kivi2"-style canonical name.
 std::string policy_spec(const kvsdk_policy& policy);
 

@@ -51,6 +51,14 @@ void write_versioned(T* out, const T& value, size_t first_version_size, const ch
   std::memcpy(out, &copy, n);
 }
 
+// The size check of init_versioned, for entry points that must refuse a too-small struct before
+// doing other work (e.g. kvsdk_policy_parse_sized, before parsing).
+inline void require_init_size(size_t size, size_t first_version_size, const char* what) {
+  KVSDK_REQUIRE(size >= first_version_size, "struct_size ", size, " is below the ",
+                first_version_size, " bytes of the first version of ", what,
+                "'s struct (pass sizeof of the struct)");
+}
+
 // The *_init_sized entry points (include/kvsdk.h, "Initialising a struct"): `size` is the size
 // of the app's struct, which may be older (smaller) or newer (larger) than T. Writes the first
 // min(size, sizeof(T)) bytes of `defaults` to `out`, struct_size set to that count, so that no
@@ -60,9 +68,7 @@ template <class T>
 void init_versioned(T* out, size_t size, const T& defaults, size_t first_version_size,
                     const char* what) {
   KVSDK_REQUIRE(out != nullptr, what, " is NULL");
-  KVSDK_REQUIRE(size >= first_version_size, "struct_size ", size, " is below the ",
-                first_version_size, " bytes of the first version of ", what,
-                "'s struct (pass sizeof of the struct)");
+  require_init_size(size, first_version_size, what);
   const size_t n = size < sizeof(T) ? size : sizeof(T);
   T copy = defaults;
   copy.struct_size = static_cast<uint32_t>(n);

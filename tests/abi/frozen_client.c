@@ -16,6 +16,11 @@
 #error "the frozen client must see only the frozen header, never include/kvsdk.h"
 #endif
 
+/* kvsdk_policy_parse as the first kvsdk.h declared it: a plain function, which today's header
+ * wraps in a macro over kvsdk_policy_parse_sized and keeps exported as a frozen legacy symbol.
+ * (Declared here, in the first header's words, because kvsdk_abi_v1.h is never edited.) */
+kvsdk_status kvsdk_policy_parse(kvsdk_policy *policy, const char *spec);
+
 #define END_OF(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
 #define CANARY 0xA5
 #define SLACK 64
@@ -162,6 +167,27 @@ int main(void) {
   expect(kvsdk_policy_init(pol, 999) == KVSDK_E_INVALID_ARG, "kvsdk_policy_init(bad method)");
   expect(pol->obs_window == 4 && pol->match_tokens == 77, "a refused init changed the policy");
   slot_check(&sp, "kvsdk_policy_init(bad method)");
+
+  /* The legacy parse into an old struct: the old bytes only, and the same values; a name that
+   * does not parse writes nothing. */
+  {
+    slot sq;
+    kvsdk_policy *parsed = slot_open(&sq, sp.size, "kvsdk_policy");
+    CALL(kvsdk_policy_parse(parsed, "snapkv"), "kvsdk_policy_parse");
+    slot_check(&sq, "kvsdk_policy_parse");
+    expect(parsed->method == KVSDK_METHOD_SNAPKV && parsed->quant_bits == 0 &&
+               parsed->obs_window == 32 && parsed->match_tokens == 128,
+           "parsed policy values");
+    CALL(kvsdk_policy_parse(parsed, "snapkv+kivi4"), "kvsdk_policy_parse (overlay)");
+    slot_check(&sq, "kvsdk_policy_parse (overlay)");
+    expect(parsed->method == KVSDK_METHOD_SNAPKV && parsed->quant_bits == 4,
+           "parsed overlay values");
+    parsed->obs_window = 9;
+    expect(kvsdk_policy_parse(parsed, "snapkv+kivi3") == KVSDK_E_INVALID_ARG,
+           "kvsdk_policy_parse(bad name)");
+    expect(parsed->obs_window == 9 && parsed->quant_bits == 4, "a refused parse changed it");
+    slot_check(&sq, "kvsdk_policy_parse (bad name)");
+  }
 
   CALL(kvsdk_cache_create(&cache, ctx, geom, pol), "kvsdk_cache_create");
   slot_check(&sg, "kvsdk_cache_create (geometry)");

@@ -53,6 +53,12 @@ std::vector<InitCase> cases() {
        [](void* p) {
          return (kvsdk_policy_init)(static_cast<kvsdk_policy*>(p), KVSDK_METHOD_SNAPKV);
        }},
+      // kvsdk_policy_parse_sized fills an app's policy as kvsdk_policy_init_sized does.
+      {"policy_parse", kvsdk::kPolicySizeV1, sizeof(kvsdk_policy),
+       [](void* p, size_t n) {
+         return kvsdk_policy_parse_sized(static_cast<kvsdk_policy*>(p), n, "xkv+kivi2");
+       },
+       [](void* p) { return (kvsdk_policy_parse)(static_cast<kvsdk_policy*>(p), "xkv+kivi2"); }},
       {"cache_stats", kvsdk::kCacheStatsSizeV1, sizeof(kvsdk_cache_stats),
        [](void* p, size_t n) {
          return kvsdk_cache_stats_init_sized(static_cast<kvsdk_cache_stats*>(p), n);
@@ -160,6 +166,53 @@ TEST(InitSized, BadPolicyMethodWritesNothing) {
   EXPECT_EQ(b.first_written(0), kBuffer);
   EXPECT_EQ((kvsdk_policy_init)(p, -1), KVSDK_E_INVALID_ARG);
   EXPECT_EQ(b.first_written(0), kBuffer);
+}
+
+TEST(InitSized, PolicyParseFillsWhatFitsAndRefusesBadNamesWritingNothing) {
+  // Every size: the parsed values in the bytes that fit, as the full-size parse has them.
+  kvsdk_policy full;
+  ASSERT_EQ(kvsdk_policy_parse(&full, "xkv+kivi2"), KVSDK_OK) << kvsdk_last_error();
+  EXPECT_EQ(full.struct_size, sizeof(kvsdk_policy));
+  EXPECT_EQ(full.method, KVSDK_METHOD_XKV);
+  EXPECT_EQ(full.quant_bits, 2);
+  EXPECT_EQ(full.evict_slack, kvsdk::kDefaultEvictSlack);
+  for (size_t n = kvsdk::kPolicySizeV1; n <= sizeof(kvsdk_policy); ++n) {
+    SCOPED_TRACE("struct_size " + std::to_string(n));
+    Buffer b;
+    ASSERT_EQ(kvsdk_policy_parse_sized(reinterpret_cast<kvsdk_policy*>(b.bytes), n, "xkv+kivi2"),
+              KVSDK_OK);
+    EXPECT_EQ(std::memcmp(b.bytes + sizeof(uint32_t),
+                          reinterpret_cast<const unsigned char*>(&full) + sizeof(uint32_t),
+                          n - sizeof(uint32_t)),
+              0);
+  }
+  // The legacy symbol: the first version's fields, the same values.
+  Buffer legacy;
+  ASSERT_EQ((kvsdk_policy_parse)(reinterpret_cast<kvsdk_policy*>(legacy.bytes), "xkv+kivi2"),
+            KVSDK_OK);
+  EXPECT_EQ(std::memcmp(legacy.bytes + sizeof(uint32_t),
+                        reinterpret_cast<const unsigned char*>(&full) + sizeof(uint32_t),
+                        kvsdk::kPolicySizeV1 - sizeof(uint32_t)),
+            0);
+  // A name that does not parse, or a NULL spec, writes nothing at any size, legacy included.
+  for (const char* bad : {"nope", "xkv+kivi3", "xkv+foo", "", "+kivi2"}) {
+    SCOPED_TRACE(bad);
+    Buffer b;
+    kvsdk_policy* p = reinterpret_cast<kvsdk_policy*>(b.bytes);
+    EXPECT_EQ(kvsdk_policy_parse_sized(p, sizeof(kvsdk_policy), bad), KVSDK_E_INVALID_ARG);
+    EXPECT_EQ(b.first_written(0), kBuffer) << "a refused parse wrote";
+    EXPECT_NE(std::string(kvsdk_last_error()).find(bad), std::string::npos)
+        << kvsdk_last_error();
+    EXPECT_EQ((kvsdk_policy_parse)(p, bad), KVSDK_E_INVALID_ARG);
+    EXPECT_EQ(b.first_written(0), kBuffer) << "a refused legacy parse wrote";
+  }
+  Buffer b;
+  kvsdk_policy* p = reinterpret_cast<kvsdk_policy*>(b.bytes);
+  EXPECT_EQ(kvsdk_policy_parse_sized(p, sizeof(kvsdk_policy), nullptr), KVSDK_E_INVALID_ARG);
+  EXPECT_EQ((kvsdk_policy_parse)(p, nullptr), KVSDK_E_INVALID_ARG);
+  EXPECT_EQ(b.first_written(0), kBuffer);
+  // The macro passes the caller's size; NULL still compiles through it.
+  EXPECT_EQ(kvsdk_policy_parse(nullptr, "full"), KVSDK_E_INVALID_ARG);
 }
 
 // A policy from the legacy symbol is a first-version struct: its cache evicts with the slack

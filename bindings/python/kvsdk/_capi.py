@@ -105,7 +105,7 @@ _FUNCTIONS = {
     "kvsdk_geometry_init_sized": (status, [POINTER(kvsdk_geometry), c_size_t]),
     # Policy
     "kvsdk_policy_init_sized": (status, [POINTER(kvsdk_policy), c_size_t, c_int32]),
-    "kvsdk_policy_parse": (status, [POINTER(kvsdk_policy), c_char_p]),
+    "kvsdk_policy_parse_sized": (status, [POINTER(kvsdk_policy), c_size_t, c_char_p]),
     "kvsdk_method_name": (c_char_p, [c_int32]),
     # Cache
     "kvsdk_cache_create": (status, [POINTER(handle), handle, POINTER(kvsdk_geometry),
@@ -113,6 +113,8 @@ _FUNCTIONS = {
     "kvsdk_cache_destroy": (None, [handle]),
     "kvsdk_cache_fork": (status, [POINTER(handle), handle]),
     "kvsdk_cache_truncate": (status, [handle, c_int32]),
+    "kvsdk_cache_freeze": (status, [handle]),
+    "kvsdk_cache_create_on_prefix": (status, [POINTER(handle), handle, POINTER(kvsdk_policy)]),
     "kvsdk_cache_geometry": (status, [handle, POINTER(kvsdk_geometry)]),
     "kvsdk_cache_append": (status, [handle, c_uint32, c_size_t, c_void_p, c_void_p,
                                     POINTER(c_int32), c_size_t]),

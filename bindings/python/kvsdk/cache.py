@@ -53,7 +53,37 @@ class Cache(OwnedHandle, CompressionMixin, SnapshotMixin, SpeCacheMixin):
         its own proxy (set_proxy, e.g. with a fork of the original's proxy)."""
         handle = ctypes.c_void_p()
         check(lib.kvsdk_cache_fork(ctypes.byref(handle), self.handle))
-        return type(self)._from_handle(handle)
+        copy = type(self)._from_handle(handle)
+        copy._prefix = getattr(self, "_prefix", None)  # a fork shares the shared prefix
+        return copy
+
+    def freeze(self):
+        """Freezes this cache (kvsdk_cache_freeze), e.g. a system prompt's, so that it can be the
+        shared prefix of many conversations (Cache.on_prefix). Final and idempotent; afterwards
+        attend, read, stats, save and fork work, and append, truncate, observe, compress and the
+        other calls that change it raise KvsdkError(STATE). Raises KvsdkError(UNSUPPORTED) for
+        policies that cannot be shared (smallkv, specache)."""
+        check(lib.kvsdk_cache_freeze(self.handle))
+
+    @classmethod
+    def on_prefix(cls, prefix, policy=None):
+        """A new, empty conversation continuing the frozen cache `prefix`
+        (kvsdk_cache_create_on_prefix): it attends over the prefix's rows and then its own,
+        without copying the prefix, in the prefix's context and geometry. `policy` (None: full)
+        applies to its own rows only. The prefix's bytes are charged once, to the prefix; the
+        conversation's stats count only its own rows. Append its tokens at positions after the
+        prefix's. Raises KvsdkError(STATE) if `prefix` is not frozen. The library keeps the
+        prefix alive while conversations use it; the new Cache also keeps the `prefix` object."""
+        if not isinstance(prefix, Cache):
+            raise invalid(f"prefix must be a kvsdk.Cache, got {type(prefix).__name__}")
+        raw_policy = None if policy is None else policy.to_c()
+        handle = ctypes.c_void_p()
+        check(lib.kvsdk_cache_create_on_prefix(
+            ctypes.byref(handle), prefix.handle,
+            None if raw_policy is None else ctypes.byref(raw_policy)))
+        cache = cls._from_handle(handle)
+        cache._prefix = prefix
+        return cache
 
     def truncate(self, position):
         """Removes every token at `position` or later (kvsdk_cache_truncate), exactly or not at

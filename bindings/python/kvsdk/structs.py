@@ -89,16 +89,10 @@ def _to_c(value, ctype):
     return raw
 
 
-def _initialised(ctype, init, *args):
-    """A struct filled by `init` (kvsdk_policy_parse: no size argument)."""
-    raw = ctype()
-    check(init(ctypes.byref(raw), *args))
-    return raw
-
-
 def _initialised_sized(ctype, init_sized, *args):
-    """A struct filled by a kvsdk_*_init_sized function, told this binding's size of it so that
-    a library with a larger struct never writes past ours (kvsdk.h, ABI rules)."""
+    """A struct filled by a kvsdk_*_init_sized function (or kvsdk_policy_parse_sized), told this
+    binding's size of it so that a library with a larger struct never writes past ours (kvsdk.h,
+    ABI rules)."""
     raw = ctype()
     check(init_sized(ctypes.byref(raw), ctypes.sizeof(ctype), *args))
     return raw
@@ -197,8 +191,8 @@ class Policy:
     def parse(cls, spec):
         if not isinstance(spec, str) or "\0" in spec:
             raise invalid(f"policy spec must be a string without NUL, got {spec!r}")
-        return cls.from_c(_initialised(_capi.kvsdk_policy, lib.kvsdk_policy_parse,
-                                       spec.encode()))
+        return cls.from_c(_initialised_sized(_capi.kvsdk_policy, lib.kvsdk_policy_parse_sized,
+                                             spec.encode()))
 
     @classmethod
     def from_c(cls, raw):

@@ -212,6 +212,72 @@ class CacheTest(unittest.TestCase):
 
 
 @unittest.skipUnless(kvsdk.buffers.NUMPY_AVAILABLE, "numpy is not installed (python3-numpy)")
+class SharedPrefixTest(unittest.TestCase):
+    def test_conversations_on_a_frozen_prefix(self):
+        g = geometry()
+        ctx = kvsdk.Context()
+        prefix = kvsdk.Cache(ctx, g)
+        for layer in range(g.n_layers):
+            prefix.append(layer, kv(range(8), g, 1.0), kv(range(8), g, -0.5), range(8))
+        # Only a frozen cache can be a prefix.
+        with self.assertRaises(kvsdk.KvsdkError) as e:
+            kvsdk.Cache.on_prefix(prefix)
+        self.assertEqual(e.exception.status, Status.STATE)
+        with self.assertRaises(kvsdk.KvsdkError) as e:
+            kvsdk.Cache.on_prefix(object())
+        self.assertEqual(e.exception.status, Status.INVALID_ARG)
+        prefix.freeze()
+        prefix.freeze()  # idempotent
+        prefix_bytes = prefix.stats().bytes
+        self.assertEqual(ctx.used_bytes, prefix_bytes)
+
+        a = kvsdk.Cache.on_prefix(prefix)
+        b = kvsdk.Cache.on_prefix(prefix, kvsdk.Policy.parse("snapkv"))
+        self.assertIs(a._prefix, prefix)
+        a_tokens, b_tokens = range(8, 11), range(8, 13)
+        for layer in range(g.n_layers):
+            a.append(layer, kv(a_tokens, g, 0.5), kv(a_tokens, g, 0.75), a_tokens)
+            b.append(layer, kv(b_tokens, g, -0.25), kv(b_tokens, g, 1.5), b_tokens)
+        self.assertEqual(a.stats().tokens, g.n_layers * g.n_kv_heads * len(a_tokens))
+        self.assertEqual(b.stats().tokens, g.n_layers * g.n_kv_heads * len(b_tokens))
+        self.assertEqual(a.token_count(0, 0), len(a_tokens))
+
+        # The prefix is charged once: the context holds it and each conversation's own rows.
+        used = prefix_bytes + a.stats().bytes + b.stats().bytes
+        self.assertGreater(a.stats().bytes, 0)
+        self.assertEqual(ctx.used_bytes, used)
+        self.assertEqual(a.stats().context_used_bytes, used)
+        self.assertEqual(b.stats().context_used_bytes, used)
+
+        # Full over full attends like one cache holding the prefix and then the conversation.
+        q = [(i % 5) / 4.0 - 0.3 for i in range(g.q_elems_per_query)]
+        with kvsdk.Context() as ref_ctx, kvsdk.Cache(ref_ctx, g) as ref:
+            ref.append(1, kv(range(8), g, 1.0), kv(range(8), g, -0.5), range(8))
+            ref.append(1, kv(a_tokens, g, 0.5), kv(a_tokens, g, 0.75), a_tokens)
+            expected = list(ref.attend(1, q, [20]))
+        got = list(a.attend(1, q, [20]))
+        for x, y in zip(got, expected):
+            self.assertAlmostEqual(x, y, delta=1e-5 * max(1.0, abs(y)))
+        self.assertNotEqual(got, list(b.attend(1, q, [20])))
+        # A query at a prefix position sees only the prefix tokens up to it.
+        self.assertEqual(list(a.attend(1, q, [3])), list(b.attend(1, q, [3])))
+
+        # The frozen prefix is read-only; a refused append changes nothing.
+        with self.assertRaises(kvsdk.KvsdkError) as e:
+            prefix.append(0, kv([8], g, 1.0), kv([8], g, 1.0), [8])
+        self.assertEqual(e.exception.status, Status.STATE)
+        self.assertEqual(prefix.stats().bytes, prefix_bytes)
+        self.assertEqual(ctx.used_bytes, used)
+
+        # Closing the prefix handle keeps it alive (and charged) for its conversations.
+        prefix.close()
+        self.assertEqual(list(a.attend(1, q, [20])), got)
+        self.assertEqual(ctx.used_bytes, used)
+        a.close()
+        b.close()
+        self.assertEqual(ctx.used_bytes, 0)
+
+
 class NumpyTest(unittest.TestCase):
     def test_numpy_in_numpy_out(self):
         import numpy as np

@@ -234,7 +234,11 @@ extern "C" {
         struct_size: usize,
         method: i32,
     ) -> kvsdk_status;
-    pub fn kvsdk_policy_parse(policy: *mut kvsdk_policy, spec: *const c_char) -> kvsdk_status;
+    pub fn kvsdk_policy_parse_sized(
+        policy: *mut kvsdk_policy,
+        struct_size: usize,
+        spec: *const c_char,
+    ) -> kvsdk_status;
     pub fn kvsdk_method_name(method: i32) -> *const c_char;
 
     // Cache
@@ -247,6 +251,12 @@ extern "C" {
     pub fn kvsdk_cache_destroy(cache: *mut kvsdk_cache);
     pub fn kvsdk_cache_fork(out: *mut *mut kvsdk_cache, cache: *const kvsdk_cache) -> kvsdk_status;
     pub fn kvsdk_cache_truncate(cache: *mut kvsdk_cache, position: i32) -> kvsdk_status;
+    pub fn kvsdk_cache_freeze(cache: *mut kvsdk_cache) -> kvsdk_status;
+    pub fn kvsdk_cache_create_on_prefix(
+        out: *mut *mut kvsdk_cache,
+        prefix: *mut kvsdk_cache,
+        policy: *const kvsdk_policy,
+    ) -> kvsdk_status;
     pub fn kvsdk_cache_geometry(
         cache: *const kvsdk_cache,
         out: *mut kvsdk_geometry,

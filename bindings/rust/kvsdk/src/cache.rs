@@ -77,6 +77,34 @@ impl Cache {
         Ok(Cache { raw, geometry: self.geometry })
     }
 
+    /// Freezes the cache (kvsdk_cache_freeze), e.g. a system prompt's, so that it can be the
+    /// shared prefix of many conversations ([`Cache::on_prefix`]). Final and idempotent:
+    /// afterwards attend, read, stats, save and fork work, and append, truncate, observe,
+    /// compress and the other calls that change it fail with `Status::State`. Fails with
+    /// `Status::Unsupported` for policies that cannot be shared (smallkv, specache).
+    pub fn freeze(&mut self) -> Result<()> {
+        // SAFETY: live handle.
+        check(unsafe { sys::kvsdk_cache_freeze(self.raw.as_ptr()) })
+    }
+
+    /// A new, empty conversation continuing the frozen cache `prefix`
+    /// (kvsdk_cache_create_on_prefix): it attends over the prefix's rows and then its own,
+    /// without copying the prefix, in the prefix's context and geometry; `policy` applies to its
+    /// own rows only. The prefix's bytes are charged once, to the prefix; the conversation's
+    /// stats count only its own rows. Append its tokens at positions after the prefix's. The
+    /// library keeps the prefix alive while conversations use it, so `prefix` may be dropped
+    /// before them. Fails with `Status::State` if `prefix` is not frozen.
+    pub fn on_prefix(prefix: &Cache, policy: &Policy) -> Result<Cache> {
+        let raw_policy = policy.to_raw();
+        let mut out = ptr::null_mut();
+        // SAFETY: live prefix handle (only read by the call), valid pointers.
+        check(unsafe {
+            sys::kvsdk_cache_create_on_prefix(&mut out, prefix.raw.as_ptr(), &raw_policy)
+        })?;
+        let raw = NonNull::new(out).expect("kvsdk_cache_create_on_prefix returned NULL");
+        Ok(Cache { raw, geometry: prefix.geometry })
+    }
+
     /// Removes every token at `position` or later (kvsdk_cache_truncate), exactly or not at
     /// all: afterwards the cache holds what one that never received them would. Fails with
     /// `Status::State` (the cache unchanged) where the policy cannot be exact that far back;

@@ -124,12 +124,13 @@ impl Policy {
         Ok(Policy::from_raw(&raw))
     }
 
-    /// Parses a preset name such as "full", "snapkv" or "xkv+kivi2" (kvsdk_policy_parse).
+    /// Parses a preset name such as "full", "snapkv" or "xkv+kivi2" (kvsdk_policy_parse_sized).
     pub fn parse(spec: &str) -> Result<Policy> {
         let spec = CString::new(spec).map_err(|_| Error::invalid("policy spec contains NUL"))?;
         let mut raw = sys::kvsdk_policy::default();
-        // SAFETY: valid pointers; spec is NUL-terminated.
-        check(unsafe { sys::kvsdk_policy_parse(&mut raw, spec.as_ptr()) })?;
+        let size = size_of::<sys::kvsdk_policy>();
+        // SAFETY: valid pointers; `size` is raw's size; spec is NUL-terminated.
+        check(unsafe { sys::kvsdk_policy_parse_sized(&mut raw, size, spec.as_ptr()) })?;
         Ok(Policy::from_raw(&raw))
     }
 

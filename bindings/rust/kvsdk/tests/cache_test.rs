@@ -263,3 +263,72 @@ fn fork_continues_like_the_original_and_is_charged() {
     b.append(0, &kv(6..7, &g, 1.0), &kv(6..7, &g, -0.5), &[6]).unwrap();
     assert_eq!(b.stats().unwrap().tokens, 7 * g.n_kv_heads as u64);
 }
+
+#[test]
+fn conversations_share_a_frozen_prefix() {
+    let g = geometry();
+    let ctx = Context::with_budget(0).unwrap();
+    let full = Policy::new(Method::Full).unwrap();
+    let mut prefix = Cache::new(&ctx, &g, &full).unwrap();
+    let prefix_positions: Vec<i32> = (0..8).collect();
+    for layer in 0..g.n_layers {
+        prefix.append(layer, &kv(0..8, &g, 1.0), &kv(0..8, &g, -0.5), &prefix_positions).unwrap();
+    }
+    // Only a frozen cache can be a prefix.
+    let err = Cache::on_prefix(&prefix, &full).unwrap_err();
+    assert_eq!(err.status, Status::State);
+    assert!(!err.message.is_empty());
+    prefix.freeze().unwrap();
+    prefix.freeze().unwrap(); // idempotent
+    let prefix_bytes = prefix.stats().unwrap().bytes;
+    assert_eq!(ctx.used_bytes().unwrap(), prefix_bytes);
+
+    let mut a = Cache::on_prefix(&prefix, &full).unwrap();
+    let mut b = Cache::on_prefix(&prefix, &Policy::parse("snapkv").unwrap()).unwrap();
+    let (a_pos, b_pos): (Vec<i32>, Vec<i32>) = ((8..11).collect(), (8..13).collect());
+    for layer in 0..g.n_layers {
+        a.append(layer, &kv(8..11, &g, 0.5), &kv(8..11, &g, 0.75), &a_pos).unwrap();
+        b.append(layer, &kv(8..13, &g, -0.25), &kv(8..13, &g, 1.5), &b_pos).unwrap();
+    }
+    let (sa, sb) = (a.stats().unwrap(), b.stats().unwrap());
+    assert_eq!(sa.tokens, (g.n_layers * g.n_kv_heads) as u64 * 3);
+    assert_eq!(sb.tokens, (g.n_layers * g.n_kv_heads) as u64 * 5);
+    assert_eq!(a.token_count(0, 0).unwrap(), 3);
+    // The prefix is charged once: the context holds it and each conversation's own rows.
+    assert!(sa.bytes > 0 && sb.bytes > 0);
+    let used = prefix_bytes + sa.bytes + sb.bytes;
+    assert_eq!(ctx.used_bytes().unwrap(), used);
+    assert_eq!(sa.context_used_bytes, used);
+    assert_eq!(sb.context_used_bytes, used);
+
+    // Full over full attends like one cache holding the prefix and then the conversation.
+    let q: Vec<f32> = (0..g.n_q_heads * g.head_dim).map(|i| (i % 5) as f32 / 4.0 - 0.3).collect();
+    let expected = {
+        let rctx = Context::with_budget(0).unwrap();
+        let mut r = Cache::new(&rctx, &g, &full).unwrap();
+        r.append(1, &kv(0..8, &g, 1.0), &kv(0..8, &g, -0.5), &prefix_positions).unwrap();
+        r.append(1, &kv(8..11, &g, 0.5), &kv(8..11, &g, 0.75), &a_pos).unwrap();
+        r.attend(1, &q, Some(&[20])).unwrap()
+    };
+    let got = a.attend(1, &q, Some(&[20])).unwrap();
+    for (x, y) in got.iter().zip(&expected) {
+        assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{x} vs {y}");
+    }
+    assert_ne!(got, b.attend(1, &q, Some(&[20])).unwrap());
+    // A query at a prefix position sees only the prefix tokens up to it.
+    assert_eq!(a.attend(1, &q, Some(&[3])).unwrap(), b.attend(1, &q, Some(&[3])).unwrap());
+
+    // The frozen prefix is read-only; a refused append changes nothing.
+    let err = prefix.append(0, &kv(8..9, &g, 1.0), &kv(8..9, &g, 1.0), &[8]).unwrap_err();
+    assert_eq!(err.status, Status::State);
+    assert_eq!(prefix.stats().unwrap().bytes, prefix_bytes);
+    assert_eq!(ctx.used_bytes().unwrap(), used);
+
+    // Dropping the prefix handle keeps it alive (and charged) for its conversations.
+    drop(prefix);
+    assert_eq!(a.attend(1, &q, Some(&[20])).unwrap(), got);
+    assert_eq!(ctx.used_bytes().unwrap(), used);
+    drop(a);
+    drop(b);
+    assert_eq!(ctx.used_bytes().unwrap(), 0);
+}

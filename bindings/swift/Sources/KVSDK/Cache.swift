@@ -20,6 +20,9 @@ public final class Cache {
     public let geometry: Geometry
     /// SmallKV's proxy while linked (setProxy), kept alive by this reference.
     private var proxy: Cache?
+    /// The frozen prefix this conversation continues (init(prefix:policy:)), if any. The library
+    /// keeps the prefix alive itself; this reference keeps the Swift object alive too.
+    private var sharedPrefix: Cache?
 
     public convenience init(context: Context, geometry: Geometry, policy: Policy? = nil) throws {
         var g = geometry.raw
@@ -27,6 +30,20 @@ public final class Cache {
         var out: OpaquePointer?
         try check(kvsdk_cache_create(&out, context.handle, &g, &p.raw))
         try self.init(adopting: out!)
+    }
+
+    /// A new, empty conversation continuing the frozen cache `prefix`
+    /// (kvsdk_cache_create_on_prefix): it attends over the prefix's rows and then its own,
+    /// without copying the prefix, in the prefix's context and geometry. `policy` (nil: full)
+    /// applies to its own rows only. The prefix's bytes are charged once, to the prefix; this
+    /// cache's stats count only its own rows. Append its tokens at positions after the prefix's.
+    /// Throws KVSDKError(.state) when `prefix` is not frozen (freeze()).
+    public convenience init(prefix: Cache, policy: Policy? = nil) throws {
+        var p = try policy ?? Policy(method: .full)
+        var out: OpaquePointer?
+        try check(kvsdk_cache_create_on_prefix(&out, prefix.handle, &p.raw))
+        try self.init(adopting: out!)
+        sharedPrefix = prefix
     }
 
     /// Takes ownership of a raw handle the library returned (e.g. a loader).
@@ -48,7 +65,18 @@ public final class Cache {
     public func fork() throws -> Cache {
         var out: OpaquePointer?
         try check(kvsdk_cache_fork(&out, handle))
-        return try Cache(adopting: out!)
+        let copy = try Cache(adopting: out!)
+        copy.sharedPrefix = sharedPrefix  // a fork shares the prefix
+        return copy
+    }
+
+    /// Freezes this cache (kvsdk_cache_freeze), e.g. a system prompt's, so that it can be the
+    /// shared prefix of many conversations (init(prefix:policy:)). Final and idempotent:
+    /// afterwards attend, read, stats, save and fork work, and append, truncate, observe,
+    /// compress and the other calls that change it throw KVSDKError(.state). Throws
+    /// .unsupported for policies that cannot be shared (smallkv, specache).
+    public func freeze() throws {
+        try check(kvsdk_cache_freeze(handle))
     }
 
     /// Removes every token at `position` or later (kvsdk_cache_truncate), exactly or not at all:

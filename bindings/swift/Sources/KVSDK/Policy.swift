@@ -29,10 +29,12 @@ public struct Policy {
                                           method.rawValue))
     }
 
-    /// Parses a preset name (kvsdk_policy_parse).
+    /// Parses a preset name such as "full", "snapkv" or "xkv+kivi2" (kvsdk_policy_parse_sized;
+    /// Swift does not see the kvsdk_policy_parse macro, and the symbol of that name is the
+    /// legacy one, frozen at the first struct version, so the size is passed here).
     public init(parsing spec: String) throws {
         raw = kvsdk_policy()
-        try check(kvsdk_policy_parse(&raw, spec))
+        try check(kvsdk_policy_parse_sized(&raw, MemoryLayout<kvsdk_policy>.size, spec))
     }
 
     public var method: Method? { Method(rawValue: raw.method) }

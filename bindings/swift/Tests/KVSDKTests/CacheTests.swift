@@ -121,6 +121,74 @@ final class CacheTests: XCTestCase {
         XCTAssertEqual(try k.stats(), before)
     }
 
+    func testConversationsShareAFrozenPrefix() throws {
+        let context = try Context()
+        var prefix: Cache? = try Cache(context: context, geometry: geometry)
+        let prefixPositions: [Int32] = Array(0..<8)
+        for layer in 0..<geometry.nLayers {
+            try prefix!.append(layer: layer, keys: kv(0..<8, scale: 1),
+                               values: kv(0..<8, scale: -0.5), positions: prefixPositions)
+        }
+        // Only a frozen cache can be a prefix.
+        XCTAssertThrowsError(try Cache(prefix: prefix!)) { e in
+            XCTAssertEqual((e as? KVSDKError)?.status, .state)
+        }
+        try prefix!.freeze()
+        try prefix!.freeze()  // idempotent
+        let prefixBytes = try prefix!.stats().bytes
+        XCTAssertEqual(try context.usedBytes(), prefixBytes)
+
+        let a = try Cache(prefix: prefix!)
+        let b = try Cache(prefix: prefix!, policy: Policy(parsing: "snapkv"))
+        let aPositions: [Int32] = Array(8..<11), bPositions: [Int32] = Array(8..<13)
+        for layer in 0..<geometry.nLayers {
+            try a.append(layer: layer, keys: kv(8..<11, scale: 0.5),
+                         values: kv(8..<11, scale: 0.75), positions: aPositions)
+            try b.append(layer: layer, keys: kv(8..<13, scale: -0.25),
+                         values: kv(8..<13, scale: 1.5), positions: bPositions)
+        }
+        let sa = try a.stats(), sb = try b.stats()
+        XCTAssertEqual(sa.tokens, UInt64(geometry.nLayers * geometry.nKVHeads) * 3)
+        XCTAssertEqual(sb.tokens, UInt64(geometry.nLayers * geometry.nKVHeads) * 5)
+        XCTAssertEqual(try a.tokenCount(layer: 0, kvHead: 0), 3)
+        // The prefix is charged once: the context holds it and each conversation's own rows.
+        XCTAssertGreaterThan(sa.bytes, 0)
+        let used = prefixBytes + sa.bytes + sb.bytes
+        XCTAssertEqual(try context.usedBytes(), used)
+        XCTAssertEqual(sa.contextUsedBytes, used)
+        XCTAssertEqual(sb.contextUsedBytes, used)
+
+        // Full over full attends like one cache holding the prefix and then the conversation.
+        let q = (0..<geometry.qElementsPerQuery).map { Float($0 % 5) / 4 - 0.3 }
+        let reference = try Cache(context: Context(), geometry: geometry)
+        try reference.append(layer: 1, keys: kv(0..<8, scale: 1), values: kv(0..<8, scale: -0.5),
+                             positions: prefixPositions)
+        try reference.append(layer: 1, keys: kv(8..<11, scale: 0.5),
+                             values: kv(8..<11, scale: 0.75), positions: aPositions)
+        let expected = try reference.attend(layer: 1, queries: q, queryPositions: [20])
+        let got = try a.attend(layer: 1, queries: q, queryPositions: [20])
+        for (x, y) in zip(got, expected) {
+            XCTAssertEqual(x, y, accuracy: 1e-5 * max(1, abs(y)))
+        }
+        XCTAssertNotEqual(got, try b.attend(layer: 1, queries: q, queryPositions: [20]))
+        // A query at a prefix position sees only the prefix tokens up to it.
+        XCTAssertEqual(try a.attend(layer: 1, queries: q, queryPositions: [3]),
+                       try b.attend(layer: 1, queries: q, queryPositions: [3]))
+
+        // The frozen prefix is read-only; a refused append changes nothing.
+        XCTAssertThrowsError(try prefix!.append(layer: 0, keys: kv(8..<9, scale: 1),
+                                                values: kv(8..<9, scale: 1), positions: [8])) {
+            e in XCTAssertEqual((e as? KVSDKError)?.status, .state)
+        }
+        XCTAssertEqual(try prefix!.stats().bytes, prefixBytes)
+        XCTAssertEqual(try context.usedBytes(), used)
+
+        // Dropping this reference: the prefix stays alive (and charged) for its conversations.
+        prefix = nil
+        XCTAssertEqual(try a.attend(layer: 1, queries: q, queryPositions: [20]), got)
+        XCTAssertEqual(try context.usedBytes(), used)
+    }
+
     func testMethodsRoundTripThroughNames() throws {
         for m in Method.allCases {
             XCTAssertEqual(try Policy(parsing: m.name).method, m)
