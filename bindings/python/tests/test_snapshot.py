@@ -17,6 +17,31 @@ def append_tokens(cache, rng, pos0, n):
 
 
 class SnapshotTest(unittest.TestCase):
+    def test_conversation_on_a_prefix_references_or_embeds_it(self):
+        ctx = kvsdk.Context()
+        rng = Rng(5)
+        prefix = kvsdk.Cache(ctx, geometry())
+        append_tokens(prefix, rng, 0, 12)
+        prefix.freeze()
+        chat = kvsdk.Cache.on_prefix(prefix)
+        append_tokens(chat, rng, 12, 5)
+        q = rng.draw(2 * 32)
+        expected = chat.attend(1, q)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "chat.kvsdk")
+            chat.save(path)  # references the prefix by content hash
+            self.assertEqual(status_of(lambda: kvsdk.Cache.load(ctx, path)), Status.STATE)
+            loaded, info = kvsdk.Cache.load_on_prefix(prefix, path)
+            self.assertEqual(info.format_major, 5)
+            self.assertEqual(loaded.attend(1, q), expected)
+            alone, _ = kvsdk.Cache.load_from_bytes(
+                kvsdk.Context(), chat.save_to_bytes(kvsdk.SaveOptions(embed_prefix=1)))
+            self.assertEqual(alone.attend(1, q), expected)
+            other = kvsdk.Cache(ctx, geometry())
+            other.freeze()
+            self.assertEqual(status_of(lambda: kvsdk.Cache.load_on_prefix(other, path)),
+                             Status.STATE)
+
     def test_save_load_round_trip_is_bit_identical(self):
         ctx = kvsdk.Context()
         cache = kvsdk.Cache(ctx, geometry())

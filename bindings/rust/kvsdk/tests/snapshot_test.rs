@@ -30,6 +30,34 @@ fn scratch_dir(name: &str) -> std::path::PathBuf {
 }
 
 #[test]
+fn a_conversation_on_a_prefix_references_or_embeds_it() {
+    let ctx = Context::with_budget(0).unwrap();
+    let full = Policy::parse("full").unwrap();
+    let mut rng = 5u32;
+    let mut prefix = Cache::new(&ctx, &geometry(), &full).unwrap();
+    append_tokens(&mut prefix, &mut rng, 0, 12);
+    prefix.freeze().unwrap();
+    let mut chat = Cache::on_prefix(&prefix, &full).unwrap();
+    append_tokens(&mut chat, &mut rng, 12, 5);
+    let q = draw(&mut rng, 2 * 32);
+    let expected = chat.attend(1, &q, None).unwrap();
+    let path = scratch_dir("prefix").join("chat.kvsdk");
+    chat.save(&path, &SaveOptions::default()).unwrap();
+    assert_eq!(Cache::load(&ctx, &path, None).unwrap_err().status, Status::State);
+    let (mut loaded, info) = Cache::load_on_prefix(&prefix, &path).unwrap();
+    assert_eq!(info.format_major, 5);
+    assert_eq!(loaded.attend(1, &q, None).unwrap(), expected);
+    let embed = SaveOptions { embed_prefix: true, ..SaveOptions::default() };
+    let bytes = chat.save_to_vec(&embed).unwrap();
+    let other_ctx = Context::with_budget(0).unwrap();
+    let (mut alone, _) = Cache::load_from_buffer(&other_ctx, &bytes, None).unwrap();
+    assert_eq!(alone.attend(1, &q, None).unwrap(), expected);
+    let mut other = Cache::new(&ctx, &geometry(), &full).unwrap();
+    other.freeze().unwrap();
+    assert_eq!(Cache::load_on_prefix(&other, &path).unwrap_err().status, Status::State);
+}
+
+#[test]
 fn save_load_round_trip_is_bit_identical() {
     let ctx = Context::with_budget(0).unwrap();
     let mut cache = Cache::new(&ctx, &geometry(), &Policy::parse("full").unwrap()).unwrap();

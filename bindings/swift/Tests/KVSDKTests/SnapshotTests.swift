@@ -14,9 +14,9 @@ final class SnapshotTests: XCTestCase {
         }
         let bytes = try cache.saveToBytes()
         let (loaded, info) = try Cache.load(context: context, bytes: bytes, expected: geometry)
-        // Caches of exact rows only are written as 1.2 (kvsdk.h); the newest format is 4.0.
+        // Caches of exact rows only are written as 1.3 (kvsdk.h); the newest format is 5.0.
         XCTAssertEqual(info.formatMajor, 1)
-        XCTAssertEqual(info.formatMinor, 2)
+        XCTAssertEqual(info.formatMinor, 3)
         XCTAssertEqual(snapshotFormat.major, 5)
         XCTAssertEqual(snapshotFormat.minor, 0)
         let q = [Float](repeating: 0.5, count: geometry.qElementsPerQuery)
@@ -29,5 +29,37 @@ final class SnapshotTests: XCTestCase {
         XCTAssertThrowsError(try Cache.load(context: context, bytes: corrupt)) { error in
             XCTAssertEqual((error as? KVSDKError)?.status, .corrupt)
         }
+    }
+
+    func testAConversationOnAPrefixReferencesOrEmbedsIt() throws {
+        let context = try Context()
+        let kv = (0..<(12 * 16)).map { Float($0 % 11) / 8 }
+        let prefix = try Cache(context: context, geometry: geometry)
+        for layer in UInt32(0)..<2 {
+            try prefix.append(layer: layer, keys: kv, values: kv,
+                              positions: (0..<12).map { Int32($0) })
+        }
+        try prefix.freeze()
+        let chat = try Cache(prefix: prefix)
+        let own = Array(kv[0..<(3 * 16)])
+        for layer in UInt32(0)..<2 {
+            try chat.append(layer: layer, keys: own, values: own, positions: [12, 13, 14])
+        }
+        let q = [Float](repeating: 0.25, count: geometry.qElementsPerQuery)
+        let expected = try chat.attend(layer: 1, queries: q)
+        let path = NSTemporaryDirectory() + "kvsdk-swift-prefix-\(getpid()).kvsdk"
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        try chat.save(to: path)
+        XCTAssertThrowsError(try Cache.load(context: context, path: path)) { error in
+            XCTAssertEqual((error as? KVSDKError)?.status, .state)
+        }
+        let (loaded, info) = try Cache.load(onPrefix: prefix, path: path)
+        XCTAssertEqual(info.formatMajor, 5)
+        XCTAssertEqual(try loaded.attend(layer: 1, queries: q), expected)
+        var embed = SaveOptions()
+        embed.embedPrefix = true
+        let (alone, _) = try Cache.load(context: try Context(),
+                                        bytes: try chat.saveToBytes(options: embed))
+        XCTAssertEqual(try alone.attend(layer: 1, queries: q), expected)
     }
 }
