@@ -4,6 +4,7 @@
 // policy stores them), which the reference backend's OnlineAttention computes from the rows both
 // caches read back; for 'full' over 'full' that is a private copy of the prefix.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -244,8 +245,7 @@ TEST(SharedPrefix, OnlyFrozenCachesOfStatelessAttentionArePrefixes) {
 }
 
 std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "shared_prefix_" +
-         std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" + name;
+  return ::testing::TempDir() + "shared_prefix_" + std::to_string(getpid()) + "_" + name;
 }
 
 kvsdk_save_options save_options(bool embed) {

@@ -7,6 +7,9 @@
 // for SmallKV), and the refusals below check where that reach ends.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -260,9 +263,11 @@ TEST_P(Truncate, BeyondItsReachAPolicyRefusesAndChangesNothing) {
 }
 
 TEST_P(Truncate, AJournalDeltaRecordsTheTruncation) {
-  const std::string path = ::testing::TempDir() + "truncate_" +
-                           std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-                           "_" + std::to_string(policy.method) + ".kvs";
+  // Unique per process and preset: ctest runs the presets in parallel.
+  std::string name = GetParam();
+  std::replace(name.begin(), name.end(), '+', '_');
+  const std::string path = ::testing::TempDir() + "truncate_" + std::to_string(getpid()) + "_" +
+                           name + ".kvs";
   Chat b = start();
   history(b);
   kvsdk_save_options opt;
