@@ -160,9 +160,7 @@ const char* MiniCacheKiviPair::removal_refusal(int32_t position) const {
   if (k == SIZE_MAX) return "it holds tokens from that position before older ones";
   if (k >= size() || k == 0) return nullptr;  // nothing goes, or all: the fresh pair
   if (k < threshold_tokens_) {
-    return "MiniCache fixed its retention threshold over the first tokens it merged (or every "
-           "token restored from a snapshot or fork), and those mix tokens from that position "
-           "with older ones";
+    return kMiniCacheFirstMergeRefusal;
   }
   if (!directions_.can_remove_from(position)) {
     return "its KIVI store quantized merged directions from that position (or the flush that "

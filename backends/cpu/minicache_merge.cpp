@@ -200,9 +200,7 @@ const char* MiniCacheHeadPair::removal_refusal(int32_t position) const {
   const size_t k = minicache_kept_tokens(positions, position);
   if (k == SIZE_MAX) return "it holds tokens from that position before older ones";
   if (!keys.can_truncate(k) || !values.can_truncate(k)) {
-    return "MiniCache fixed its retention threshold over the first tokens it merged (or every "
-           "token restored from a snapshot or fork), and those mix tokens from that position "
-           "with older ones";
+    return kMiniCacheFirstMergeRefusal;
   }
   return nullptr;
 }

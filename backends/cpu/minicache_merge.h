@@ -40,6 +40,10 @@ void minicache_slerp(const float* a, const float* b, size_t dim, float t, float*
 // when every token at a position >= `position` goes, or SIZE_MAX when those are not the newest
 // tokens (a token that stays would follow one that goes).
 size_t minicache_kept_tokens(const std::vector<int32_t>& positions, int32_t position);
+// Why a cut inside a pair's first merge is refused (its threshold came from all of its tokens).
+inline constexpr const char* kMiniCacheFirstMergeRefusal =
+    "MiniCache fixed its retention threshold over the first tokens it merged (or every token "
+    "restored from a snapshot or fork), and those mix tokens from that position with older ones";
 
 // Tokens restored per attention chunk.
 constexpr size_t kMiniCacheAttendChunk = 256;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvsdk.h"
+#include "preset_util.h"
 #include "test_util.h"
 
 using namespace kvsdk_test;
@@ -20,36 +21,6 @@ constexpr uint32_t kLayers = 4, kQ = 4, kKv = 2, kDim = 16;
 constexpr uint32_t kPLayers = 2, kPQ = 2;  // SmallKV's proxy: 1 KV head
 constexpr size_t kKvRow = size_t(kKv) * kDim, kQRow = size_t(kQ) * kDim;
 
-const char* const kPresets[] = {
-    "full",          "streaming_llm", "h2o",       "snapkv",         "pyramidkv",
-    "xkv",           "snapkv+kivi2",  "h2o+kivi4", "kivi",           "spindlekv",
-    "minicache",     "minicache+kivi4", "specache", "smallkv",
-};
-
-std::vector<uint8_t> snapshot(kvsdk_cache* c) {
-  kvsdk_save_options opt;
-  kvsdk_save_options_init(&opt);
-  opt.zstd_level = -7;  // only equality matters
-  size_t size = 0;
-  EXPECT_EQ(kvsdk_cache_save_to_buffer(c, &opt, nullptr, 0, &size), KVSDK_OK)
-      << kvsdk_last_error();
-  std::vector<uint8_t> out(size);
-  EXPECT_EQ(kvsdk_cache_save_to_buffer(c, &opt, out.data(), size, &size), KVSDK_OK)
-      << kvsdk_last_error();
-  out.resize(size);
-  return out;
-}
-
-uint64_t used(kvsdk_context* ctx) {
-  uint64_t u = 0;
-  EXPECT_EQ(kvsdk_context_used_bytes(ctx, &u), KVSDK_OK);
-  return u;
-}
-
-// One conversation: a cache (and SmallKV's proxy), driven one token per step through every layer.
-struct Chat {
-  CachePtr cache, proxy;
-};
 
 class Fork : public ::testing::TestWithParam<const char*> {
  protected:
@@ -68,32 +39,14 @@ class Fork : public ::testing::TestWithParam<const char*> {
     ASSERT_TRUE(ctx);
   }
 
+  // Eviction presets get a per-cache budget of about 24 tokens per layer, so that they evict;
+  // each cache has its own, so the original and the fork evict alike. (The others hold every
+  // token: the test stays below what they need.)
   Chat start() {
-    Chat c;
-    c.cache = make_cache(ctx.get(), g, &policy);
-    EXPECT_TRUE(c.cache) << kvsdk_last_error();
-    // Eviction presets get a per-cache budget of about 24 tokens per layer, so that they evict;
-    // each cache has its own, so the original and the fork evict alike. (The others hold every
-    // token: the test stays below what they need.)
-    if (evicts()) {
-      EXPECT_EQ(kvsdk_cache_set_budget(c.cache.get(), 24 * kLayers * exact_bytes_per_token(g)),
-                KVSDK_OK)
-          << kvsdk_last_error();
-    }
-    if (smallkv) {
-      c.proxy = make_cache(ctx.get(), make_geometry(kPLayers, kPQ, 1, kDim));
-      EXPECT_EQ(kvsdk_cache_set_proxy(c.cache.get(), c.proxy.get()), KVSDK_OK)
-          << kvsdk_last_error();
-    }
-    return c;
+    return start_chat(ctx.get(), g, policy, GetParam(), 24 * kLayers * exact_bytes_per_token(g),
+                      make_geometry(kPLayers, kPQ, 1, kDim));
   }
 
-  bool evicts() const {
-    for (const char* m : {"streaming_llm", "h2o", "snapkv", "pyramidkv", "xkv"}) {
-      if (std::string(GetParam()).rfind(m, 0) == 0) return true;
-    }
-    return false;
-  }
 
   // One step at position `pos` with inputs drawn from `seed`; returns every attention output.
   std::vector<float> step(Chat& c, int32_t pos, uint32_t seed) {
@@ -232,14 +185,7 @@ TEST_P(Fork, RefusedWhenTheContextBudgetIsFullAndNothingChanges) {
   EXPECT_EQ(snapshot(a.cache.get()), snap);
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, Fork, ::testing::ValuesIn(kPresets),
-                         [](const ::testing::TestParamInfo<const char*>& i) {
-                           std::string s = i.param;
-                           for (char& ch : s) {
-                             if (ch == '+') ch = '_';
-                           }
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(Presets, Fork, ::testing::ValuesIn(kPresets), preset_name);
 
 TEST(ForkArgs, NullsAreInvalid) {
   ContextPtr ctx = make_context();

@@ -14,6 +14,7 @@
 
 #include "cpu/attention.h"
 #include "kvsdk.h"
+#include "preset_util.h"
 #include "test_util.h"
 
 using namespace kvsdk_test;
@@ -23,11 +24,6 @@ namespace {
 constexpr uint32_t kLayers = 2, kQ = 4, kKv = 2, kDim = 16;
 constexpr size_t kKvRow = size_t(kKv) * kDim, kQRow = size_t(kQ) * kDim;
 
-uint64_t used(kvsdk_context* ctx) {
-  uint64_t u = 0;
-  EXPECT_EQ(kvsdk_context_used_bytes(ctx, &u), KVSDK_OK);
-  return u;
-}
 
 uint64_t bytes_of(kvsdk_cache* c) {
   kvsdk_cache_stats s;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvsdk.h"
+#include "preset_util.h"
 #include "test_util.h"
 
 using namespace kvsdk_test;
@@ -32,35 +33,6 @@ constexpr size_t kKvRow = size_t(kKv) * kDim, kQRow = size_t(kQ) * kDim;
 constexpr int32_t kPrefill = 24, kShared = 4, kDetour = 3, kTruth = 4;
 constexpr int32_t kCut = kPrefill + kShared;
 
-const char* const kPresets[] = {
-    "full",          "streaming_llm", "h2o",       "snapkv",         "pyramidkv",
-    "xkv",           "snapkv+kivi2",  "h2o+kivi4", "kivi",           "spindlekv",
-    "minicache",     "minicache+kivi4", "specache", "smallkv",
-};
-
-std::vector<uint8_t> snapshot(kvsdk_cache* c) {
-  kvsdk_save_options opt;
-  kvsdk_save_options_init(&opt);
-  opt.zstd_level = -7;  // only equality matters
-  size_t size = 0;
-  EXPECT_EQ(kvsdk_cache_save_to_buffer(c, &opt, nullptr, 0, &size), KVSDK_OK)
-      << kvsdk_last_error();
-  std::vector<uint8_t> out(size);
-  EXPECT_EQ(kvsdk_cache_save_to_buffer(c, &opt, out.data(), size, &size), KVSDK_OK)
-      << kvsdk_last_error();
-  out.resize(size);
-  return out;
-}
-
-uint64_t used(kvsdk_context* ctx) {
-  uint64_t u = 0;
-  EXPECT_EQ(kvsdk_context_used_bytes(ctx, &u), KVSDK_OK);
-  return u;
-}
-
-struct Chat {
-  CachePtr cache, proxy;
-};
 
 class Truncate : public ::testing::TestWithParam<const char*> {
  protected:
@@ -87,30 +59,13 @@ class Truncate : public ::testing::TestWithParam<const char*> {
     ASSERT_TRUE(ctx);
   }
 
-  bool evicts() const {
-    for (const char* m : {"streaming_llm", "h2o", "snapkv", "pyramidkv", "xkv"}) {
-      if (std::string(GetParam()).rfind(m, 0) == 0) return true;
-    }
-    return false;
-  }
 
+  // 26 exact tokens per layer for the eviction presets: the history evicts (the observation
+  // windows take their share), with a slack that leaves room for the rest of the scenario without
+  // another eviction.
   Chat start() {
-    Chat c;
-    c.cache = make_cache(ctx.get(), g, &policy);
-    EXPECT_TRUE(c.cache) << kvsdk_last_error();
-    // 24 exact tokens per layer: the history evicts (the observation windows take their share),
-    // with a slack that leaves room for the rest of the scenario without another eviction.
-    if (evicts()) {
-      EXPECT_EQ(kvsdk_cache_set_budget(c.cache.get(), 26 * kLayers * exact_bytes_per_token(g)),
-                KVSDK_OK)
-          << kvsdk_last_error();
-    }
-    if (smallkv) {
-      c.proxy = make_cache(ctx.get(), make_geometry(kPLayers, kPQ, 1, kDim));
-      EXPECT_EQ(kvsdk_cache_set_proxy(c.cache.get(), c.proxy.get()), KVSDK_OK)
-          << kvsdk_last_error();
-    }
-    return c;
+    return start_chat(ctx.get(), g, policy, GetParam(), 26 * kLayers * exact_bytes_per_token(g),
+                      make_geometry(kPLayers, kPQ, 1, kDim));
   }
 
   // `n` tokens from position `pos` in one append per layer, with inputs drawn from `seed`, each
@@ -211,7 +166,7 @@ TEST_P(Truncate, ADetourTruncatedAwayLeavesNoTrace) {
   Chat a = start(), b = start();
   history(a);
   history(b);
-  if (evicts() && policy.quant_bits == 0) {  // (+kivi: compressed rows fit the budget)
+  if (evicts(GetParam()) && policy.quant_bits == 0) {  // (+kivi: compressed rows fit the budget)
     kvsdk_cache_stats st;
     kvsdk_cache_stats_init(&st);
     ASSERT_EQ(kvsdk_cache_stats_get(b.cache.get(), &st), KVSDK_OK);
@@ -287,14 +242,7 @@ TEST_P(Truncate, AJournalDeltaRecordsTheTruncation) {
   std::remove(path.c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, Truncate, ::testing::ValuesIn(kPresets),
-                         [](const ::testing::TestParamInfo<const char*>& i) {
-                           std::string s = i.param;
-                           for (char& ch : s) {
-                             if (ch == '+') ch = '_';
-                           }
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(Presets, Truncate, ::testing::ValuesIn(kPresets), preset_name);
 
 TEST(MiniCacheKiviTruncate, ADetourThatFlushedTheDirectionsIsRefused) {
   // minicache+kivi4 with the scenario's KIVI window (G 8, R 4): the merged directions flush at 12,

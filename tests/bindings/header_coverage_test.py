@@ -75,18 +75,21 @@ def main(src):
     swift = read_all(os.path.join(src, "bindings/swift/Sources/KVSDK/**/*.swift"))
     problems = []
 
-    functions = header_functions(header)
-    if len(functions) < 20:
-        problems.append(f"found only {len(functions)} KVSDK_API functions; is the parser broken?")
-    for fn in functions:
-        checks = [
+    def binding_places(fn):
+        """Where each binding declares or calls `fn`: (what, pattern, text)."""
+        return [
             ("kvsdk-sys declaration", rf"pub fn {fn}\(", sys_rs),
             ("safe Rust crate call", rf"sys::{fn}\(", safe_rs),
             ("Python ctypes declaration", rf'"{fn}":', capi_py),
             ("Python package use", rf"lib\.{fn}\b", api_py),
             ("Swift wrapper call", rf"\b{fn}\(", swift),
         ]
-        for what, pattern, text in checks:
+
+    functions = header_functions(header)
+    if len(functions) < 20:
+        problems.append(f"found only {len(functions)} KVSDK_API functions; is the parser broken?")
+    for fn in functions:
+        for what, pattern, text in binding_places(fn):
             if not re.search(pattern, text):
                 problems.append(f"{fn}: missing {what}")
 
@@ -101,14 +104,7 @@ def main(src):
         macro = rf"#define {fn}\((\w+)[^)]*\)\s*\\?\s*{fn}_sized\(\(\1\), sizeof\(\w+\)"
         if not re.search(macro, header):
             problems.append(f"{fn}: no macro passing the caller's size to {fn}_sized")
-        uses = [
-            ("kvsdk-sys", rf"pub fn {fn}\(", sys_rs),
-            ("safe Rust crate", rf"sys::{fn}\(", safe_rs),
-            ("Python ctypes", rf'"{fn}":', capi_py),
-            ("Python package", rf"lib\.{fn}\b", api_py),
-            ("Swift wrapper", rf"\b{fn}\(", swift),
-        ]
-        for what, pattern, text in uses:
+        for what, pattern, text in binding_places(fn):
             if re.search(pattern, text):
                 problems.append(f"{fn}: the {what} uses the legacy symbol (use {fn}_sized)")
 

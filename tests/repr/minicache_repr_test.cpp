@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <random>
 
+#include "same_records.h"
 #include "../backends/cpu/reference_attention.h"
 #include "core/policy.h"
 #include "repr/minicache_repr.h"
@@ -356,20 +357,7 @@ TEST(MiniCacheRepr, DamagedRecordsAreCorrupt) {
 
 // The pair's records (both layers) equal field for field, and so do reads, attention and bytes.
 void expect_same_records(const Representation& a, const Representation& b) {
-  for (uint32_t layer : {2u, 3u}) {
-    const std::vector<TierRecord> ra = a.save(layer), rb = b.save(layer);
-    ASSERT_EQ(ra.size(), rb.size());
-    for (size_t h = 0; h < ra.size(); ++h) {
-      ASSERT_EQ(ra[h].fields.size(), rb[h].fields.size());
-      for (size_t f = 0; f < ra[h].fields.size(); ++f) {
-        const TierField &x = ra[h].fields[f], &y = rb[h].fields[f];
-        EXPECT_EQ(x.name, y.name);
-        EXPECT_TRUE(x.u8 == y.u8 && x.u16 == y.u16 && x.i32 == y.i32 && x.u32 == y.u32 &&
-                    x.f32 == y.f32 && x.u64 == y.u64)
-            << "layer " << layer << " head " << h << " field " << x.name;
-      }
-    }
-  }
+  for (uint32_t layer : {2u, 3u}) kvsdk_test::expect_same_records(a, b, layer);
   expect_same(a, b);
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "same_records.h"
 #include "../backends/cpu/reference_attention.h"
 #include "repr/spindlekv_repr.h"
 #include "rope.h"
@@ -216,22 +217,7 @@ TEST(SpindleKvRepr, DamagedRecordsAreCorrupt) {
   expect_corrupt(fresh, 2, good, "record for an evicting layer");
 }
 
-// The store's records equal field for field (what a snapshot of the layer holds).
-void expect_same_records(const Representation& a, const Representation& b, uint32_t layer) {
-  const std::vector<TierRecord> ra = a.save(layer), rb = b.save(layer);
-  ASSERT_EQ(ra.size(), rb.size());
-  for (size_t h = 0; h < ra.size(); ++h) {
-    ASSERT_EQ(ra[h].fields.size(), rb[h].fields.size());
-    for (size_t f = 0; f < ra[h].fields.size(); ++f) {
-      const TierField &x = ra[h].fields[f], &y = rb[h].fields[f];
-      EXPECT_EQ(x.name, y.name);
-      EXPECT_TRUE(x.u8 == y.u8 && x.u16 == y.u16 && x.i32 == y.i32 && x.u32 == y.u32 &&
-                  x.f32 == y.f32 && x.u64 == y.u64)
-          << "head " << h << " field " << x.name;
-    }
-  }
-  EXPECT_EQ(a.layer_bytes(layer), b.layer_bytes(layer));
-}
+using kvsdk_test::expect_same_records;
 
 // Tokens [from, from + n) of clustered rows (k rotated at their positions) in one append.
 struct Feed {

@@ -7,11 +7,8 @@ set -euo pipefail
 chat="$1"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-if [ -n "${KVSDK_RUN:-}" ]; then
-  printf '#!/bin/sh\nexec %s "%s" "$@"\n' "$KVSDK_RUN" "$chat" >"$work/chat"
-  chmod +x "$work/chat"
-  chat="$work/chat"
-fi
+source "$(dirname "$0")/../../support/emulator.sh"
+chat="$(emulated "$chat" "$work")"
 # Sampling (not greedy): every reply's seed comes from its start and attempt, so it must repeat.
 args=(--model shakespeare-small --temperature 0.8 --reply-tokens 30 --journal-percent 0)
 fail() { echo "FAIL: $*"; exit 1; }

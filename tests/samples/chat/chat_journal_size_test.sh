@@ -9,14 +9,9 @@ chat="$1"
 cli="$2"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-if [ -n "${KVSDK_RUN:-}" ]; then
-  for tool in chat cli; do
-    printf '#!/bin/sh\nexec %s "%s" "$@"\n' "$KVSDK_RUN" "${!tool}" >"$work/$tool"
-    chmod +x "$work/$tool"
-  done
-  chat="$work/chat"
-  cli="$work/cli"
-fi
+source "$(dirname "$0")/../../support/emulator.sh"
+chat="$(emulated "$chat" "$work")"
+cli="$(emulated "$cli" "$work")"
 turns() { for i in $(seq 1 20); do echo "Speak."; done; }
 # kivi never evicts; xkv+kivi2 under a budget evicts on most turns once the budget is reached.
 for spec in "kivi" "xkv+kivi2 --budget 25%"; do

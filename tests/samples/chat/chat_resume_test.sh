@@ -5,12 +5,8 @@ set -euo pipefail
 chat="$1"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-# Cross builds run the binary through an emulator (KVSDK_RUN, e.g. qemu-aarch64): wrap it.
-if [ -n "${KVSDK_RUN:-}" ]; then
-  printf '#!/bin/sh\nexec %s "%s" "$@"\n' "$KVSDK_RUN" "$chat" >"$work/chat"
-  chmod +x "$work/chat"
-  chat="$work/chat"
-fi
+source "$(dirname "$0")/../../support/emulator.sh"
+chat="$(emulated "$chat" "$work")"
 # Every turn stays a journal delta here (0: the journal is never folded into a full save), which
 # the checks below rely on.
 args=(--model shakespeare-small --temperature 0 --reply-tokens 40 --journal-percent 0)

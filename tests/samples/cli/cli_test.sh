@@ -8,12 +8,8 @@ cli=$1
 golden=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# Cross builds run the CLI through an emulator (KVSDK_RUN, e.g. qemu-aarch64): wrap it.
-if [ -n "${KVSDK_RUN:-}" ]; then
-  printf '#!/bin/sh\nexec %s "%s" "$@"\n' "$KVSDK_RUN" "$cli" >"$tmp/cli"
-  chmod +x "$tmp/cli"
-  cli=$tmp/cli
-fi
+source "$(dirname "$0")/../../support/emulator.sh"
+cli=$(emulated "$cli" "$tmp")
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
