@@ -516,7 +516,8 @@ KVSDK_API kvsdk_status kvsdk_cache_freeze(kvsdk_cache *cache);
  *  of policy kivi quantizes its own rows in blocks of its own). So the outputs equal those of one
  *  cache holding the prefix's rows and then the conversation's, to float rounding (the two parts
  *  are merged by their log-sum-exps, within about 1e-6 relative); for 'full' over 'full' that is
- *  exactly a private copy of the prefix. Append the conversation's tokens at positions after the
+ *  exactly a private copy of the prefix. (A smallkv or specache conversation's own part weighs
+ *  in by the log-sum-exp of the rows kvsdk_cache_read returns, not of the rows it substitutes.) Append the conversation's tokens at positions after the
  *  prefix's: a query sees the prefix tokens at positions <= its own.
  *  Budget: the prefix's bytes are charged once, to the prefix (the handle may be destroyed: the
  *  prefix stays alive, and charged, until its last conversation is destroyed); each conversation
@@ -528,7 +529,8 @@ KVSDK_API kvsdk_status kvsdk_cache_freeze(kvsdk_cache *cache);
  *  Errors: KVSDK_E_INVALID_ARG (NULL out/prefix, invalid policy), KVSDK_E_STATE (the prefix is not
  *          frozen), KVSDK_E_UNSUPPORTED (policy not built), KVSDK_E_NO_MEMORY. On failure `*out`
  *          is untouched.
- *  Threading: reads `prefix`; conversations of one prefix may run on different threads. */
+ *  Threading: reads `prefix`; conversations of one prefix, and the prefix itself, may attend on
+ *  different threads (a lock in the prefix serializes those attends). */
 KVSDK_API kvsdk_status kvsdk_cache_create_on_prefix(kvsdk_cache **out, kvsdk_cache *prefix,
                                                     const kvsdk_policy *policy);
 

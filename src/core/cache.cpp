@@ -213,6 +213,10 @@ void Cache::prefetch(uint32_t layer, size_t n_queries, const void* q,
 void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_t* q_positions,
                    void* out) const {
   check_layer(layer);
+  // A frozen cache's stores may be attended by its conversations on other threads at the same
+  // time (merge_prefix holds the same lock).
+  std::unique_lock<std::mutex> shared;
+  if (frozen_) shared = std::unique_lock<std::mutex>(prefix_lock_);
   const uint32_t dim = geometry_.head_dim;
   const uint32_t group = geometry_.group_size();
   const uint32_t n_kv = geometry_.n_kv_heads;

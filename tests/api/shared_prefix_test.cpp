@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu/attention.h"
@@ -369,6 +370,30 @@ TEST(SharedPrefix, AConversationIsNotAPrefixItself) {
   PrefixedChat a;
   EXPECT_EQ(kvsdk_cache_freeze(a.chat.get()), KVSDK_E_UNSUPPORTED);
   EXPECT_NE(std::string(kvsdk_last_error()).find("cannot itself be frozen"), std::string::npos);
+}
+
+TEST(SharedPrefix, ConversationsAttendOnTheirOwnThreads) {
+  PrefixedChat a;
+  kvsdk_cache* raw = nullptr;
+  ASSERT_EQ(kvsdk_cache_create_on_prefix(&raw, a.prefix.get(), nullptr), KVSDK_OK);
+  CachePtr b(raw);
+  append(b.get(), 64, 10, 321);
+  const std::vector<float> q = random_floats(kQRow, 8);
+  const std::vector<float> want_a = attend(a.chat.get(), 1, q, 120);
+  const std::vector<float> want_b = attend(b.get(), 1, q, 120);
+  const std::vector<float> want_p = attend(a.prefix.get(), 1, q, 120);
+  // Both conversations and the prefix itself attend at the same time, many times over.
+  std::vector<int> wrong(3, 0);
+  auto run = [&](kvsdk_cache* c, const std::vector<float>& want, int* bad) {
+    for (int i = 0; i < 200; ++i) *bad += attend(c, 1, q, 120) != want;
+  };
+  std::thread ta(run, a.chat.get(), std::cref(want_a), &wrong[0]);
+  std::thread tb(run, b.get(), std::cref(want_b), &wrong[1]);
+  std::thread tp(run, a.prefix.get(), std::cref(want_p), &wrong[2]);
+  ta.join();
+  tb.join();
+  tp.join();
+  EXPECT_EQ(wrong, std::vector<int>(3, 0));
 }
 
 }  // namespace
