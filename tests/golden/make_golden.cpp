@@ -2,7 +2,7 @@
 // are committed and every later kvsdk must still load them):
 //
 //   cmake --build --preset dev --target kvsdk-make-golden
-//   ./build/dev/tests/kvsdk-make-golden [--only=v1_0|v2_0|v3_0|v3_1|v4_0|v1_2] tests/golden [tests/fuzz/corpus]
+//   ./build/dev/tests/kvsdk-make-golden [--only=v1_0|v2_0|v3_0|v3_1|v4_0|v5_0|v1_2] tests/golden [tests/fuzz/corpus]
 //
 // --only picks one format version's files (default: all, which also rewrites the older versions'
 // files: never use the default on tests/golden). Regenerate only a version that the writer of the
@@ -51,6 +51,12 @@
 // Files (format 1.2: the exact caches the 3.0 writer saves as 1.2; same script):
 //   v1_2_full, v1_2_streaming_llm, v1_2_h2o  (.kvsnap; full never evicts: both its deltas append)
 //   v1_2_expected.h
+// Files (format 5.0, written by the 5.0 writer with --only=v5_0: a conversation on a shared
+// prefix; the v5 script in golden_content.h):
+//   v5_0_prefix_base.kvsnap        the frozen 'kivi' prefix saved alone (a plain 4.1 file)
+//   v5_0_prefix_embedded.kvsnap    a 'snapkv' conversation on it, embed_prefix 1, + one delta
+//   v5_0_prefix_referenced.kvsnap  the same conversation, embed_prefix 0 (content hash), + delta
+//   v5_0_expected.h
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -658,6 +664,206 @@ void write_v3_files(const std::string& dir, const std::string& version) {
   std::fclose(out);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Format 5.0: a conversation on a shared prefix (the v5 script in golden_content.h).
+// ---------------------------------------------------------------------------------------------
+
+void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
+  FILE* out = std::fopen(path.c_str(), "wb");
+  if (!out || std::fwrite(bytes.data(), 1, bytes.size(), out) != bytes.size()) std::exit(1);
+  std::fclose(out);
+}
+
+// The base file loaded (kvsdk_cache_load) and frozen: the prefix a referencing file loads on.
+kvsdk_cache* v5_loaded_prefix(kvsdk_context* ctx, const std::string& dir) {
+  kvsdk_cache* p = nullptr;
+  check(kvsdk_cache_load(&p, ctx, (dir + "/" + kV5PrefixFile).c_str(), nullptr, nullptr),
+        "load the prefix file");
+  check(kvsdk_cache_freeze(p), "freeze the loaded prefix");
+  return p;
+}
+
+// Loads `bytes` of a v5 conversation: alone (embedding) or on `prefix` (referencing; through a
+// scratch file, kvsdk_cache_load_on_prefix reads paths only).
+kvsdk_cache* v5_load(kvsdk_context* ctx, kvsdk_cache* prefix, const std::string& dir,
+                     const std::vector<unsigned char>& bytes, kvsdk_load_info* info) {
+  kvsdk_load_info_init(info);
+  kvsdk_cache* c = nullptr;
+  if (!prefix) {
+    check(kvsdk_cache_load_from_buffer(&c, ctx, bytes.data(), bytes.size(), nullptr, info), "load");
+    return c;
+  }
+  const std::string scratch = dir + "/.v5_scratch.kvsnap";
+  write_bytes(scratch, bytes);
+  check(kvsdk_cache_load_on_prefix(&c, prefix, scratch.c_str(), info), "load on prefix");
+  std::remove(scratch.c_str());
+  return c;
+}
+
+std::string frames_literal(const std::vector<V2Frame>& frames) {
+  std::string e = "{";
+  for (size_t i = 0; i < frames.size(); ++i) {
+    e += (i ? (i % 4 == 0 ? ",\n      " : ", ") : "") + std::string("{") +
+         std::to_string(frames[i].offset) + ", " + std::to_string(frames[i].payload_bytes) + ", " +
+         std::to_string(frames[i].kind) + "}";
+  }
+  return e + "}";
+}
+
+std::string v5_entry(const std::string& file, const char* preset, uint32_t embed,
+                     const kvsdk_policy& policy, const kvsdk_load_info& info, uint64_t size,
+                     uint64_t base_end, const std::vector<V2Frame>& frames, const V2State& base,
+                     const V2State& full, uint64_t continuation) {
+  char cont[32];
+  std::snprintf(cont, sizeof cont, "0x%016" PRIx64 "ull", continuation);
+  return "    {\"" + file + "\", \"" + preset + "\", " + std::to_string(embed) + ",\n     " +
+         policy_literal(policy) + ",\n     " + std::to_string(info.format_major) + ", " +
+         std::to_string(info.format_minor) + ", " + std::to_string(info.journal_frames_applied) +
+         ", " + std::to_string(size) + ", " + std::to_string(base_end) + ",\n     " +
+         frames_literal(frames) + ",\n     " + state_literal(base) + ",\n     " +
+         state_literal(full) + ",\n     " + cont + "},\n";
+}
+
+void write_v5_files(const std::string& dir) {
+  namespace fmt = kvsdk::format;
+  kvsdk_context* ctx = golden_context();
+  check(ctx ? KVSDK_OK : KVSDK_E_INTERNAL, "context");
+  std::string body;
+
+  // The prefix, frozen, and its own snapshot (a plain file: no prefix, no journal).
+  kvsdk_cache* prefix = nullptr;
+  check(v5_prefix(ctx, &prefix), "prefix");
+  const std::string prefix_path = dir + "/" + kV5PrefixFile;
+  std::remove(prefix_path.c_str());
+  check(kvsdk_cache_save(prefix, prefix_path.c_str(), nullptr), "save the prefix");
+  const LiveRows live_prefix = live_rows(prefix);
+  {
+    const std::vector<unsigned char> bytes = read_all(prefix_path);
+    uint64_t base_end = 0;
+    const std::vector<V2Frame> frames = frames_of(bytes, &base_end);
+    fail_if(base_end != bytes.size(), "the prefix file has a journal");
+    const fmt::FileHeader fh = fmt::decode_file_header(bytes.data());
+    fail_if(fh.major != 4 || fh.minor != 1, "the prefix file is not format 4.1");
+    kvsdk_load_info info;
+    kvsdk_cache* c = v5_load(ctx, nullptr, dir, bytes, &info);
+    fail_if(info.format_major != 4 || info.format_minor != 1, "prefix load info version");
+    kvsdk_policy got;
+    kvsdk_policy_init(&got, KVSDK_METHOD_FULL);
+    check(kvsdk_cache_policy(c, &got), "policy");
+    const V2State st = measure(c, nullptr);
+    kvsdk_cache_destroy(c);
+    fail_unless_rows(st, live_prefix, "prefix file");
+    fail_if((st.tier_mask & (1u << KVSDK_TIER_QUANTIZED)) == 0, "the prefix holds no kivi blocks");
+    body += v5_entry(kV5PrefixFile, kV5PrefixPreset, 2, got, info, bytes.size(), base_end, frames,
+                     st, st, 0);
+    std::printf("%-32s %u.%u %6zu bytes\n", kV5PrefixFile, fh.major, fh.minor, bytes.size());
+  }
+
+  size_t n = 0;
+  const V5Case* cases = v5_0_cases(&n);
+  uint64_t attention_of_first = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const V5Case& cs = cases[i];
+    const std::string file = cs.file, path = dir + "/" + file;
+    kvsdk_save_options o;
+    kvsdk_save_options_init(&o);
+    o.embed_prefix = cs.embed_prefix;
+    kvsdk_cache* c = nullptr;
+    check(v5_conversation(prefix, cs.preset, kV5Delta1Steps, &c), "conversation");
+    std::remove(path.c_str());
+    check(kvsdk_cache_save(c, path.c_str(), &o), "save");
+    const uint64_t base_end = read_all(path).size();
+    const LiveRows live_base = live_rows(c);
+    check(v5_steps(cs.preset, c, kV5Delta1Steps, kV5EndSteps), "delta steps");
+    check(kvsdk_cache_save_delta(c, path.c_str(), &o), "delta");
+    const LiveRows live_full = live_rows(c);
+    std::vector<float> outputs;
+    check(v5_steps(cs.preset, c, kV5EndSteps, kV5EndSteps + kV5ContinueSteps, &outputs),
+          "continue");
+    uint64_t uninterrupted = 0;
+    check(v2_continuation_digest(c, outputs, &uninterrupted), "continuation digest");
+    kvsdk_cache_destroy(c);
+
+    const std::vector<unsigned char> bytes = read_all(path);
+    const fmt::FileHeader fh = fmt::decode_file_header(bytes.data());
+    fail_if(fh.major != 5 || fh.minor != 0, file + ": not a format 5.0 file");
+    uint64_t frames_end = 0;
+    const std::vector<V2Frame> frames = frames_of(bytes, &frames_end);
+    fail_if(frames_end != base_end || base_end >= bytes.size(), file + ": not a base and a delta");
+    uint32_t journal_frames = 0;
+    for (const V2Frame& f : frames) journal_frames += f.kind == uint8_t(fmt::FrameKind::kJournal);
+
+    // Referencing files load on the prefix file, loaded and frozen.
+    kvsdk_cache* on = cs.embed_prefix ? nullptr : v5_loaded_prefix(ctx, dir);
+    if (!cs.embed_prefix) {
+      kvsdk_cache* refused = nullptr;
+      fail_if(kvsdk_cache_load_from_buffer(&refused, ctx, bytes.data(), bytes.size(), nullptr,
+                                           nullptr) != KVSDK_E_STATE,
+              file + ": a referencing file loaded without its prefix");
+    }
+    kvsdk_load_info info;
+    c = v5_load(ctx, on, dir, bytes, &info);
+    fail_if(info.format_major != 5 || info.format_minor != 0, file + ": load info version");
+    fail_if(info.journal_frames_applied != journal_frames || info.journal_frames_dropped != 0,
+            file + ": journal not applied whole");
+    kvsdk_policy got;
+    kvsdk_policy_init(&got, KVSDK_METHOD_FULL);
+    check(kvsdk_cache_policy(c, &got), "policy");
+    fail_if(got.method != v2_policy(v5_script(cs.preset)).method, file + ": policy differs");
+    const V2State full = measure(c, nullptr);
+    kvsdk_cache_destroy(c);
+    fail_unless_rows(full, live_full, file + " (whole)");
+
+    kvsdk_load_info base_info;
+    c = v5_load(ctx, on, dir, std::vector<unsigned char>(bytes.begin(), bytes.begin() + long(base_end)),
+                &base_info);
+    fail_if(base_info.journal_frames_applied != 0, file + ": base has a journal");
+    const V2State base = measure(c, nullptr);
+    kvsdk_cache_destroy(c);
+    fail_unless_rows(base, live_base, file + " (base)");
+    fail_if(rows_lost(base, full) != 0, file + ": the delta lost rows");
+
+    c = v5_load(ctx, on, dir, bytes, &info);
+    outputs.clear();
+    check(v5_steps(cs.preset, c, kV5EndSteps, kV5EndSteps + kV5ContinueSteps, &outputs),
+          "continue loaded");
+    uint64_t resumed = 0;
+    check(v2_continuation_digest(c, outputs, &resumed), "continuation digest");
+    kvsdk_cache_destroy(c);
+    kvsdk_cache_destroy(on);
+    fail_if(resumed != uninterrupted, file + ": the loaded cache continues differently");
+
+    // Both files hold the same conversation: the same attention over prefix and own rows.
+    uint64_t a = fnv1a(kFnvBasis, full.attention, sizeof full.attention);
+    if (i == 0) attention_of_first = a;
+    fail_if(a != attention_of_first, file + ": attention differs from the embedding file's");
+
+    body += v5_entry(file, cs.preset, cs.embed_prefix, got, info, bytes.size(), base_end, frames,
+                     base, full, resumed);
+    std::printf("%-32s %u.%u %6zu bytes (base %" PRIu64 ", %u journal frames)\n", file.c_str(),
+                fh.major, fh.minor, bytes.size(), base_end, journal_frames);
+  }
+  kvsdk_cache_destroy(prefix);
+  uint64_t used = 1;
+  check(kvsdk_context_used_bytes(ctx, &used), "used");
+  fail_if(used != 0, "bytes left charged");
+  kvsdk_context_destroy(ctx);
+
+  const std::string header =
+      "// GENERATED by tests/golden/make_golden.cpp (kvsdk " + std::string(kvsdk_version_string()) +
+      ", snapshot format 5.0) together with the\n"
+      "// v5_0_*.kvsnap files: what each file holds after load, measured by loading it when it was\n"
+      "// written. Do not edit by hand; the files and this record change together or not at all.\n"
+      "// Fields: see V5Expected in golden_content.h.\n"
+      "#pragma once\n\n#include <vector>\n\n#include \"golden_content.h\"\n\n"
+      "namespace kvsdk_golden {\n\n"
+      "inline const std::vector<V5Expected>& v5_0_expected() {\n"
+      "  static const std::vector<V5Expected> expected = {\n" +
+      body + "  };\n  return expected;\n}\n\n}  // namespace kvsdk_golden\n";
+  write_bytes(dir + "/v5_0_expected.h",
+              std::vector<unsigned char>(header.begin(), header.end()));
+}
+
 }  // namespace
 
 // Format 1.0 (written by the 1.0 writer; today's writer would write these caches as 1.2).
@@ -720,9 +926,9 @@ int main(int argc, char** argv) {
   }
   if ((argc != 2 && argc != 3) ||
       (!only.empty() && only != "v1_0" && only != "v2_0" && only != "v3_0" && only != "v3_1" &&
-       only != "v4_0" && only != "v1_2")) {
+       only != "v4_0" && only != "v1_2" && only != "v5_0")) {
     std::fprintf(stderr,
-                 "usage: %s [--only=v1_0|v2_0|v3_0|v3_1|v4_0|v1_2] GOLDEN_DIR [FUZZ_SEED_DIR]\n",
+                 "usage: %s [--only=v1_0|v2_0|v3_0|v3_1|v4_0|v5_0|v1_2] GOLDEN_DIR [FUZZ_SEED_DIR]\n",
                  argv[0]);
     return 2;
   }
@@ -735,6 +941,7 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "v3_1") write_v3_files(dir, "v3_1");
   if (only.empty() || only == "v4_0") write_v3_files(dir, "v4_0");
   if (only.empty() || only == "v1_2") write_v3_files(dir, "v1_2");
+  if (only.empty() || only == "v5_0") write_v5_files(dir);
   if (argc == 3) write_seeds(ctx, argv[2]);
   kvsdk_context_destroy(ctx);
   std::printf("golden snapshots written to %s\n", dir.c_str());
