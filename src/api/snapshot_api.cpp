@@ -83,7 +83,15 @@ std::shared_ptr<const Cache> prefix_for(const Snapshot& s, kvsdk_cache* prefix,
   } else if (!s.prefix_snapshot.empty()) {
     ReadOptions opt;
     opt.available_bytes = ctx->available();
-    Snapshot ps = read_snapshot(s.prefix_snapshot.data(), s.prefix_snapshot.size(), opt);
+    // The embedded snapshot is part of a file this library read: whatever it claims that this
+    // library cannot load (a newer format, a bad header) is damage, not a reason to upgrade.
+    Snapshot ps;
+    try {
+      ps = read_snapshot(s.prefix_snapshot.data(), s.prefix_snapshot.size(), opt);
+    } catch (const Error& e) {
+      if (e.status() == KVSDK_E_NO_MEMORY || e.status() == KVSDK_E_BUDGET) throw;
+      fail(KVSDK_E_CORRUPT, "the snapshot's embedded prefix is damaged: ", e.what());
+    }
     if (ps.has_prefix || ps.journal_frames_applied != 0) {
       fail(KVSDK_E_CORRUPT, "the snapshot's embedded prefix is not a plain snapshot");
     }

@@ -1449,10 +1449,6 @@ TEST(GoldenV5, ADamagedEmbeddedPrefixIsRefusedNeverLoaded) {
       continue;
     }
     ++refused;
-    // The embedded snapshot's format major (bytes 8-9) read as newer than this library's is
-    // reported as KVSDK_E_VERSION today, although the file itself is 5.0 and the damage is
-    // inside it: see DISABLED_AnEmbeddedPrefixOfAnotherFormatIsCorrupt. Still refused.
-    if (st == KVSDK_E_VERSION && (at == 8 || at == 9)) continue;
     EXPECT_EQ(st, KVSDK_E_CORRUPT) << "embedded byte " << at << " ^= " << int(mask) << ": "
                                    << kvsdk_status_str(st) << " " << kvsdk_last_error();
   }
@@ -1485,10 +1481,8 @@ TEST(GoldenV5, ADamagedEmbeddedPrefixIsRefusedNeverLoaded) {
 // A 5.0 file whose embedded prefix snapshot claims a format newer than the file itself can only
 // be damage (the 5.0 writer embeds the prefix's 4.x/1.x snapshot): it should be refused as
 // KVSDK_E_CORRUPT ("a damaged embedded prefix is corrupt"), not as KVSDK_E_VERSION ("upgrade
-// kvsdk"), which an application may act on by upgrading or falling back. Disabled: the library
-// returns KVSDK_E_VERSION (src/api/snapshot_api.cpp prefix_for passes read_snapshot's status of
-// the embedded bytes through unchanged).
-TEST(GoldenV5, DISABLED_AnEmbeddedPrefixOfAnotherFormatIsCorrupt) {
+// kvsdk"), which an application may act on by upgrading or falling back.
+TEST(GoldenV5, AnEmbeddedPrefixOfAnotherFormatIsCorrupt) {
   auto ctx = make_context(0, kGoldenBackend);
   const std::vector<unsigned char> f = file_bytes(golden_path("v5_0_prefix_embedded.kvsnap"));
   size_t changed = 0;
