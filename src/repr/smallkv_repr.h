@@ -34,6 +34,7 @@
 
 #include "core/representation.h"
 #include "repr/smallkv_proxy.h"
+#include "smallkv.h"
 
 namespace kvsdk {
 
@@ -112,6 +113,10 @@ class SmallKvRepresentation final : public Representation {
     // The smallest position of the append that started the layer: kNotStarted before it,
     // kUnknown after a restore (the snapshot does not say).
     int64_t first_min = kNotStarted;
+    // Per KV head, the other buffer of a double buffer (not state: not saved, not counted): an
+    // eviction builds a shrunk head here and commit_eviction() swaps it with the head, so the
+    // replaced head's buffers are the next eviction's and no eviction allocates once both grew.
+    std::vector<Head> spare;
   };
   static constexpr int64_t kNotStarted = INT64_MAX, kUnknown = INT64_MIN;
 
@@ -143,9 +148,8 @@ class SmallKvRepresentation final : public Representation {
     std::vector<float> full_score;
     int64_t scores_from = 0;
   };
-  struct ShrunkHead {
+  struct ShrunkHead {  // its new contents: layers_[layer].spare[kv_head]
     uint32_t layer = 0, kv_head = 0;
-    Head head;
   };
   struct EvictionPlan {
     bool active = false;
@@ -170,11 +174,13 @@ class SmallKvRepresentation final : public Representation {
   void apply(AttendUpdate& u) const noexcept;
   bool all_matched() const;
   void drop_finished_stats() noexcept;
-  // Bytes a head keeps under a cap of `cap` bytes (without changing it), and the head it becomes:
-  // `full_score` its row scores (after matching), `extra` rows of capacity for a later append.
+  // Bytes a head keeps under a cap of `cap` bytes (without changing it), and the head it becomes
+  // (into `out`, reusing its capacity; not `h`): `full_score` its row scores (after matching),
+  // `extra` rows of capacity for a later append.
   uint64_t bytes_under_cap(const Head& h, uint64_t cap) const;
-  Head shrunk_to_cap(const Head& h, const std::vector<float>& full_score, uint64_t cap,
-                     size_t extra) const;
+  void shrunk_to_cap(const Head& h, const float* full_score, uint64_t cap, size_t extra,
+                     Head& out);
+  uint64_t plan_shrink(uint64_t bytes, uint32_t append_layer, size_t append_tokens);
 
   uint32_t match_tokens_;
   // Attention is where SmallKV observes both models, so matching and scores change in attend().
@@ -186,6 +192,20 @@ class SmallKvRepresentation final : public Representation {
   mutable std::vector<AttendUpdate> spare_;  // spent updates whose buffers attend() reuses
   void recycle_staged() const noexcept;
   EvictionPlan plan_;  // the planned eviction (active until committed or dropped)
+  // plan_eviction()'s working memory, reused: the index in plan_.matched of each head matched by
+  // the plan ([layer][kv_head], -1: none), a head's rows in position order with their scores and
+  // whether they have keys, and the selection.
+  struct MergedRow {
+    int32_t position;
+    bool full;
+    uint32_t index;
+  };
+  std::vector<int> matched_at_;
+  std::vector<MergedRow> evict_rows_;
+  std::vector<float> evict_scores_;
+  std::vector<uint8_t> evict_has_key_;
+  cpu::SmallKvSelectScratch select_scratch_;
+  cpu::SmallKvSelection selection_;
   // attend()'s working memory, reused: the proxy's weights over the head's rows [n_rows][rows]
   // and one proxy head's part of them, the rows' positions, and which query rows map to the
   // proxy head at hand (with their positions).
