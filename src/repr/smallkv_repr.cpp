@@ -65,6 +65,10 @@ uint64_t SmallKvRepresentation::marginal_row_bytes() const {
   return uint64_t(geometry_.head_dim) * 2 + kPositionBytes + kScoreBytes;
 }
 
+uint64_t SmallKvRepresentation::slack_bytes(uint64_t cap) const {
+  return uint64_t(double(policy_.evict_slack) * double(cap));
+}
+
 uint64_t SmallKvRepresentation::head_bytes(const Head& h) const {
   return h.full_pos.size() * full_row_bytes() + h.marg_pos.size() * marginal_row_bytes();
 }
@@ -582,7 +586,11 @@ uint64_t SmallKvRepresentation::plan_shrink(uint64_t bytes, uint32_t append_laye
   uint64_t after = fixed + rows;
   if (before - after < bytes) {
     const uint64_t target = bytes >= before ? 0 : before - bytes;
-    const uint64_t rows_target = target > fixed ? target - fixed : 0;
+    uint64_t rows_target = target > fixed ? target - fixed : 0;
+    // An eviction that makes room for an append goes down to the rows' cap minus the slack
+    // (policy.evict_slack), so that the next appends fit without selecting again; explicit
+    // compression (no append) fits exactly.
+    if (append_layer != kNoAppend) rows_target -= slack_bytes(rows_target);
     auto total_under = [&](uint64_t cap) {
       uint64_t t = 0;
       for (const Layer& l : layers_) {

@@ -17,7 +17,11 @@
 //    a head over the cap is split critical:recent:marginal = 2:1:2 (smallkv_split_budget, then
 //    the marginal count fitted to the bytes a value-only row really costs) and selected by its
 //    scores (smallkv_select); marginal rows drop K; evicted rows are gone (kvsdk keeps no
-//    off-budget copy for smallkv, unlike the paper's CPU-memory migration).
+//    off-budget copy for smallkv, unlike the paper's CPU-memory migration). An eviction that
+//    makes room for an append fills to the rows' byte target minus policy.evict_slack of it, so
+//    the next appends fit without selecting again; explicit compression fits exactly. A shrunk
+//    head is built into the head's spare buffers and swapped in at the commit: once warmed up, an
+//    eviction allocates nothing.
 //  - Attention (Eq. 6, smallkv_attend): full rows with the large model's softmax, marginal rows
 //    with the matched proxy head's probabilities of the same step.
 //  - Without a proxy: appends within the budget and attention over full rows work; eviction and
@@ -160,6 +164,8 @@ class SmallKvRepresentation final : public Representation {
   uint64_t full_row_bytes() const;      // K + V + position + score
   uint64_t marginal_row_bytes() const;  // V + position + score
   uint64_t head_bytes(const Head& h) const;
+  // Bytes an eviction that makes room for an append frees beyond a cap of `cap` bytes of rows.
+  uint64_t slack_bytes(uint64_t cap) const;
   uint64_t fixed_bytes(const Layer& l) const;  // mapping + matching statistics
   uint64_t total_bytes() const;
   // Eq. 1 of the large model's queries over the first match_tokens tokens of one KV head, added
