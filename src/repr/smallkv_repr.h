@@ -186,6 +186,7 @@ class SmallKvRepresentation final : public Representation {
   uint64_t bytes_under_cap(const Head& h, uint64_t cap) const;
   void shrunk_to_cap(const Head& h, const float* full_score, uint64_t cap, size_t extra,
                      Head& out);
+  // plan_eviction() once the proxy is checked (it drops what this planned if this throws).
   uint64_t plan_shrink(uint64_t bytes, uint32_t append_layer, size_t append_tokens);
 
   uint32_t match_tokens_;
