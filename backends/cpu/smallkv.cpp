@@ -152,6 +152,16 @@ SmallKvSplit smallkv_split_budget(size_t budget_tokens, size_t n_tokens) {
   return s;
 }
 
+namespace {
+
+// Capacity for `n` elements, grown by half at a time (reused buffers settle after a few calls).
+template <class T>
+void reserve_growing(std::vector<T>& v, size_t n) {
+  if (v.capacity() < n) v.reserve(std::max(n, v.capacity() + v.capacity() / 2));
+}
+
+}  // namespace
+
 SmallKvSelection smallkv_select(const float* proxy_scores, size_t n_tokens,
                                 const SmallKvSplit& s) {
   return smallkv_select(proxy_scores, nullptr, n_tokens, s);
@@ -160,9 +170,18 @@ SmallKvSelection smallkv_select(const float* proxy_scores, size_t n_tokens,
 SmallKvSelection smallkv_select(const float* proxy_scores, const uint8_t* has_key, size_t n_tokens,
                                 const SmallKvSplit& s) {
   SmallKvSelection sel;
+  SmallKvSelectScratch scratch;
+  smallkv_select(proxy_scores, has_key, n_tokens, s, scratch, sel);
+  return sel;
+}
+
+void smallkv_select(const float* proxy_scores, const uint8_t* has_key, size_t n_tokens,
+                    const SmallKvSplit& s, SmallKvSelectScratch& scratch, SmallKvSelection& sel) {
   auto keyed = [&](size_t t) { return has_key == nullptr || has_key[t] != 0; };
   // 0: evicted, 1: full (recent or critical), 2: marginal.
-  std::vector<uint8_t> kind(n_tokens, 0);
+  std::vector<uint8_t>& kind = scratch.kind;
+  reserve_growing(kind, n_tokens);
+  kind.assign(n_tokens, 0);
   // The recent window: the newest tokens that still have their keys.
   size_t n_recent = 0;
   for (size_t t = n_tokens; t-- > 0 && n_recent < s.recent;) {
@@ -179,8 +198,9 @@ SmallKvSelection smallkv_select(const float* proxy_scores, const uint8_t* has_ke
     const float sa = rank_key(proxy_scores[a]), sb = rank_key(proxy_scores[b]);
     return sa > sb || (sa == sb && a < b);
   };
-  std::vector<uint32_t> cand;
-  cand.reserve(n_tokens - n_recent);
+  std::vector<uint32_t>& cand = scratch.cand;
+  cand.clear();
+  reserve_growing(cand, n_tokens);
   for (size_t t = 0; t < n_tokens; ++t) {
     if (kind[t] == 0 && keyed(t)) cand.push_back(uint32_t(t));
   }
@@ -199,11 +219,14 @@ SmallKvSelection smallkv_select(const float* proxy_scores, const uint8_t* has_ke
   }
   const size_t n_marg = top(s.marginal);
   for (size_t i = 0; i < n_marg; ++i) kind[cand[i]] = 2;
+  sel.full.clear();
+  sel.marginal.clear();
+  reserve_growing(sel.full, n_tokens);
+  reserve_growing(sel.marginal, n_tokens);
   for (size_t t = 0; t < n_tokens; ++t) {
     if (kind[t] == 1) sel.full.push_back(uint32_t(t));
     if (kind[t] == 2) sel.marginal.push_back(uint32_t(t));
   }
-  return sel;
 }
 
 void smallkv_attend(const float* q, const int32_t* q_positions, size_t n_rows, size_t dim,

@@ -75,6 +75,14 @@ SmallKvSelection smallkv_select(const float* proxy_scores, size_t n_tokens, cons
 // evicted. With every key present this is exactly smallkv_select above.
 SmallKvSelection smallkv_select(const float* proxy_scores, const uint8_t* has_key, size_t n_tokens,
                                 const SmallKvSplit& s);
+// The same into `out`, with caller-owned working memory: `out`'s lists and the scratch keep their
+// capacity, so a selection allocates nothing once they have grown to the head's size.
+struct SmallKvSelectScratch {
+  std::vector<uint8_t> kind;
+  std::vector<uint32_t> cand;
+};
+void smallkv_select(const float* proxy_scores, const uint8_t* has_key, size_t n_tokens,
+                    const SmallKvSplit& s, SmallKvSelectScratch& scratch, SmallKvSelection& out);
 
 // Eq. 6 for one KV head. Query rows q [n_rows][dim] (the queries of the group's heads) with their
 // positions; full tokens k/v [n_full][dim] with positions; marginal values [n_marg][dim] with

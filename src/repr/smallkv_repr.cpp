@@ -18,13 +18,6 @@ namespace {
 
 constexpr uint64_t kScoreBytes = sizeof(float), kPositionBytes = sizeof(int32_t);
 
-// Rows of a head in position order: which store (true: full) and the index in it.
-struct MergedRow {
-  int32_t position;
-  bool full;
-  uint32_t index;
-};
-
 }  // namespace
 
 SmallKvRepresentation::SmallKvRepresentation(const Geometry& g, const kvsdk_policy& p)
@@ -70,6 +63,10 @@ uint64_t SmallKvRepresentation::full_row_bytes() const {
 
 uint64_t SmallKvRepresentation::marginal_row_bytes() const {
   return uint64_t(geometry_.head_dim) * 2 + kPositionBytes + kScoreBytes;
+}
+
+uint64_t SmallKvRepresentation::slack_bytes(uint64_t cap) const {
+  return uint64_t(double(policy_.evict_slack) * double(cap));
 }
 
 uint64_t SmallKvRepresentation::head_bytes(const Head& h) const {
@@ -403,25 +400,34 @@ size_t SmallKvRepresentation::head_tokens(uint32_t layer, uint32_t kv_head) cons
 
 namespace {
 
-std::vector<MergedRow> merged_rows(const std::vector<int32_t>& full_pos,
-                                   const std::vector<int32_t>& marg_pos) {
-  std::vector<MergedRow> rows;
-  rows.reserve(full_pos.size() + marg_pos.size());
-  for (size_t i = 0; i < full_pos.size(); ++i) rows.push_back({full_pos[i], true, uint32_t(i)});
-  for (size_t i = 0; i < marg_pos.size(); ++i) rows.push_back({marg_pos[i], false, uint32_t(i)});
-  // Both kinds are kept in position order, so one merge orders them (std::inplace_merge is
-  // stable: on equal positions full rows stay first, as a stable sort would keep them).
-  const auto by_position = [](const MergedRow& a, const MergedRow& b) {
-    return a.position < b.position;
-  };
-  const auto mid = rows.begin() + long(full_pos.size());
-  if (std::is_sorted(rows.begin(), mid, by_position) &&
-      std::is_sorted(mid, rows.end(), by_position)) {
-    std::inplace_merge(rows.begin(), mid, rows.end(), by_position);
-  } else {
-    std::stable_sort(rows.begin(), rows.end(), by_position);
+// Rows of a head in position order into `rows` (its capacity reused): which store (true: full)
+// and the index in it.
+template <class Row>
+void merged_rows(const std::vector<int32_t>& full_pos, const std::vector<int32_t>& marg_pos,
+                 std::vector<Row>& rows) {
+  const size_t nf = full_pos.size(), nm = marg_pos.size();
+  rows.clear();
+  reserve_for_growth(rows, nf + nm);
+  if (std::is_sorted(full_pos.begin(), full_pos.end()) &&
+      std::is_sorted(marg_pos.begin(), marg_pos.end())) {
+    // Both kinds are kept in position order, so one merge orders them; on equal positions full
+    // rows stay first (what std::inplace_merge or a stable sort gives, without their buffer).
+    size_t i = 0, j = 0;
+    while (i < nf || j < nm) {
+      if (j == nm || (i < nf && full_pos[i] <= marg_pos[j])) {
+        rows.push_back({full_pos[i], true, uint32_t(i)});
+        ++i;
+      } else {
+        rows.push_back({marg_pos[j], false, uint32_t(j)});
+        ++j;
+      }
+    }
+    return;
   }
-  return rows;
+  for (size_t i = 0; i < nf; ++i) rows.push_back({full_pos[i], true, uint32_t(i)});
+  for (size_t i = 0; i < nm; ++i) rows.push_back({marg_pos[i], false, uint32_t(i)});
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const Row& a, const Row& b) { return a.position < b.position; });
 }
 
 }  // namespace
@@ -430,7 +436,8 @@ void SmallKvRepresentation::read(uint32_t layer, uint32_t kv_head, float* k, flo
                                  int32_t* positions) const {
   const Head& H = layers_[layer].heads[kv_head];
   const size_t dim = geometry_.head_dim;
-  const std::vector<MergedRow> rows = merged_rows(H.full_pos, H.marg_pos);
+  std::vector<MergedRow> rows;
+  merged_rows(H.full_pos, H.marg_pos, rows);
   for (size_t i = 0; i < rows.size(); ++i) {
     const MergedRow& r = rows[i];
     if (positions) positions[i] = r.position;
@@ -460,36 +467,46 @@ uint64_t SmallKvRepresentation::bytes_under_cap(const Head& h, uint64_t cap) con
   return (crit + rec) * fb + marg * mb;
 }
 
-SmallKvRepresentation::Head SmallKvRepresentation::shrunk_to_cap(
-    const Head& h, const std::vector<float>& full_score, uint64_t cap, size_t extra) const {
+void SmallKvRepresentation::shrunk_to_cap(const Head& h, const float* full_score, uint64_t cap,
+                                          size_t extra, Head& out) {
   const uint64_t fb = full_row_bytes(), mb = marginal_row_bytes();
   const size_t dim = geometry_.head_dim;
-  const std::vector<MergedRow> rows = merged_rows(h.full_pos, h.marg_pos);
+  std::vector<MergedRow>& rows = evict_rows_;
+  merged_rows(h.full_pos, h.marg_pos, rows);
   const size_t n = rows.size();
   // §4 budget allocation: critical : recent : marginal = 2 : 1 : 2 of the head's cap; marginal
   // rows fitted to what a value-only row really costs (its position and score included).
   cpu::SmallKvSplit s = cpu::smallkv_split_budget(size_t(cap / fb), n);
   s.marginal = std::min<size_t>(s.marginal, size_t((cap - (s.critical + s.recent) * fb) / mb));
-  std::vector<float> scores(n);
-  std::vector<uint8_t> has_key(n);
+  reserve_for_growth(evict_scores_, n);
+  reserve_for_growth(evict_has_key_, n);
+  evict_scores_.resize(n);
+  evict_has_key_.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    scores[i] = rows[i].full ? full_score[rows[i].index] : h.marg_score[rows[i].index];
-    has_key[i] = rows[i].full ? 1 : 0;
+    evict_scores_[i] = rows[i].full ? full_score[rows[i].index] : h.marg_score[rows[i].index];
+    evict_has_key_[i] = rows[i].full ? 1 : 0;
   }
-  const cpu::SmallKvSelection sel = cpu::smallkv_select(scores.data(), has_key.data(), n, s);
-  Head out;
+  cpu::SmallKvSelection& sel = selection_;
+  cpu::smallkv_select(evict_scores_.data(), evict_has_key_.data(), n, s, select_scratch_, sel);
   out.stats_done = h.stats_done;
   out.matched = h.matched;
   out.scores_from = h.scores_from;
   const size_t nf = sel.full.size(), nm = sel.marginal.size();
   // Capacity for `extra` more full rows, so that the append that follows needs no allocation.
-  out.full_pos.reserve(nf + extra);
-  out.full_score.reserve(nf + extra);
-  out.full_k.reserve((nf + extra) * dim);
-  out.full_v.reserve((nf + extra) * dim);
-  out.marg_pos.reserve(nm);
-  out.marg_score.reserve(nm);
-  out.marg_v.reserve(nm * dim);
+  out.full_pos.clear();
+  out.full_score.clear();
+  out.full_k.clear();
+  out.full_v.clear();
+  out.marg_pos.clear();
+  out.marg_score.clear();
+  out.marg_v.clear();
+  reserve_for_growth(out.full_pos, nf + extra);
+  reserve_for_growth(out.full_score, nf + extra);
+  reserve_for_growth(out.full_k, (nf + extra) * dim);
+  reserve_for_growth(out.full_v, (nf + extra) * dim);
+  reserve_for_growth(out.marg_pos, nm);
+  reserve_for_growth(out.marg_score, nm);
+  reserve_for_growth(out.marg_v, nm * dim);
   for (uint32_t i : sel.full) {
     const MergedRow& r = rows[i];
     out.full_pos.push_back(r.position);
@@ -507,7 +524,6 @@ SmallKvRepresentation::Head SmallKvRepresentation::shrunk_to_cap(
     out.marg_v.insert(out.marg_v.end(), src.begin() + long(r.index * dim),
                       src.begin() + long((r.index + 1) * dim));
   }
-  return out;
 }
 
 uint64_t SmallKvRepresentation::plan_eviction(uint64_t bytes, uint32_t append_layer,
@@ -517,19 +533,29 @@ uint64_t SmallKvRepresentation::plan_eviction(uint64_t bytes, uint32_t append_la
     fail(KVSDK_E_STATE, "policy 'smallkv' selects the tokens to keep with its proxy's attention: "
          "attach the proxy cache with kvsdk_cache_set_proxy before the cache exceeds its budget");
   }
-  // Everything is built aside: the heads matched now (mapping and scores) and the heads shrunk;
-  // commit_eviction() swaps them in.
-  EvictionPlan plan;
-  const uint32_t group = geometry_.group_size();
+  try {
+    return plan_shrink(bytes, append_layer, append_tokens);
+  } catch (...) {
+    drop_eviction();  // nothing planned (the spare heads are scratch)
+    throw;
+  }
+}
+
+// Everything is built aside, in plan_ and the layers' spare heads, whose buffers are reused: the
+// heads matched now (mapping and scores) and the heads shrunk; commit_eviction() swaps them in.
+uint64_t SmallKvRepresentation::plan_shrink(uint64_t bytes, uint32_t append_layer,
+                                            size_t append_tokens) {
+  EvictionPlan& plan = plan_;
+  const uint32_t group = geometry_.group_size(), kv = geometry_.n_kv_heads;
   const size_t dim = geometry_.head_dim;
   const uint64_t before = total_bytes();
   // The budget cannot wait for match_tokens tokens: match every head with what it has seen.
   const int64_t through = link_->matched_through();
-  std::vector<std::vector<int>> matched_at(geometry_.n_layers,
-                                           std::vector<int>(geometry_.n_kv_heads, -1));
+  std::vector<int>& matched_at = at_least(matched_at_, size_t(geometry_.n_layers) * kv);
+  std::fill(matched_at.begin(), matched_at.end(), -1);
   for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
     const Layer& L = layers_[l];
-    for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
+    for (uint32_t g = 0; g < kv; ++g) {
       const Head& H = L.heads[g];
       if (H.matched) continue;
       const float* stats =
@@ -544,7 +570,7 @@ uint64_t SmallKvRepresentation::plan_eviction(uint64_t bytes, uint32_t append_la
       mh.full_score.assign(H.full_score.begin(), H.full_score.end());
       add_match_scores(m, mh.full_score.data());
       mh.scores_from = through;
-      matched_at[l][g] = int(plan.matched.size());
+      matched_at[size_t(l) * kv + g] = int(plan.matched.size());
       plan.matched.push_back(std::move(mh));
     }
   }
@@ -560,7 +586,11 @@ uint64_t SmallKvRepresentation::plan_eviction(uint64_t bytes, uint32_t append_la
   uint64_t after = fixed + rows;
   if (before - after < bytes) {
     const uint64_t target = bytes >= before ? 0 : before - bytes;
-    const uint64_t rows_target = target > fixed ? target - fixed : 0;
+    uint64_t rows_target = target > fixed ? target - fixed : 0;
+    // An eviction that makes room for an append goes down to the rows' cap minus the slack
+    // (policy.evict_slack), so that the next appends fit without selecting again; explicit
+    // compression (no append) fits exactly.
+    if (append_layer != kNoAppend) rows_target -= slack_bytes(rows_target);
     auto total_under = [&](uint64_t cap) {
       uint64_t t = 0;
       for (const Layer& l : layers_) {
@@ -570,7 +600,7 @@ uint64_t SmallKvRepresentation::plan_eviction(uint64_t bytes, uint32_t append_la
     };
     // The largest per-head cap that meets the target. Every head fits rows_target / heads, so the
     // search starts feasible and stays feasible.
-    uint64_t lo = rows_target / (uint64_t(geometry_.n_layers) * geometry_.n_kv_heads);
+    uint64_t lo = rows_target / (uint64_t(geometry_.n_layers) * kv);
     lo = std::min(lo, hi);
     while (lo < hi) {
       const uint64_t mid = lo + (hi - lo + 1) / 2;
@@ -581,22 +611,23 @@ uint64_t SmallKvRepresentation::plan_eviction(uint64_t bytes, uint32_t append_la
       }
     }
     for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
-      for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
-        const Head& h = layers_[l].heads[g];
+      Layer& L = layers_[l];
+      if (L.spare.size() < kv) L.spare.resize(kv);
+      for (uint32_t g = 0; g < kv; ++g) {
+        const Head& h = L.heads[g];
         if (head_bytes(h) <= lo) continue;
-        const int mi = matched_at[l][g];
-        ShrunkHead sh;
-        sh.layer = l;
-        sh.kv_head = g;
-        sh.head = shrunk_to_cap(h, mi >= 0 ? plan.matched[size_t(mi)].full_score : h.full_score,
-                                lo, l == append_layer ? append_tokens : 0);
+        const int mi = matched_at[size_t(l) * kv + g];
+        Head& out = L.spare[g];
+        plan.shrunk.push_back({l, g});
+        shrunk_to_cap(h,
+                      mi >= 0 ? plan.matched[size_t(mi)].full_score.data() : h.full_score.data(),
+                      lo, l == append_layer ? append_tokens : 0, out);
         if (mi >= 0) {
-          sh.head.matched = true;
-          sh.head.stats_done = true;
-          sh.head.scores_from = through;
+          out.matched = true;
+          out.stats_done = true;
+          out.scores_from = through;
         }
-        after -= head_bytes(h) - head_bytes(sh.head);
-        plan.shrunk.push_back(std::move(sh));
+        after -= head_bytes(h) - head_bytes(out);
       }
     }
   }
@@ -604,7 +635,7 @@ uint64_t SmallKvRepresentation::plan_eviction(uint64_t bytes, uint32_t append_la
   // capacity now (only capacity changes), so that it cannot fail after the commit.
   if (append_layer < geometry_.n_layers) {
     Layer& L = layers_[append_layer];
-    for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
+    for (uint32_t g = 0; g < kv; ++g) {
       const bool shrunk =
           std::any_of(plan.shrunk.begin(), plan.shrunk.end(), [&](const ShrunkHead& sh) {
             return sh.layer == append_layer && sh.kv_head == g;
@@ -612,14 +643,13 @@ uint64_t SmallKvRepresentation::plan_eviction(uint64_t bytes, uint32_t append_la
       if (shrunk) continue;
       Head& h = L.heads[g];
       const size_t n = h.full_pos.size() + append_tokens;
-      h.full_pos.reserve(n);
-      h.full_k.reserve(n * dim);
-      h.full_v.reserve(n * dim);
-      h.full_score.reserve(n);
+      reserve_for_growth(h.full_pos, n);
+      reserve_for_growth(h.full_k, n * dim);
+      reserve_for_growth(h.full_v, n * dim);
+      reserve_for_growth(h.full_score, n);
     }
   }
   plan.active = true;
-  plan_ = std::move(plan);
   return before - after;
 }
 
@@ -635,7 +665,11 @@ void SmallKvRepresentation::commit_eviction() noexcept {
     H.matched = true;
     H.stats_done = true;
   }
-  for (ShrunkHead& sh : plan_.shrunk) layers_[sh.layer].heads[sh.kv_head] = std::move(sh.head);
+  // The shrunk heads take the place of the heads, whose buffers the next eviction reuses.
+  for (const ShrunkHead& sh : plan_.shrunk) {
+    Layer& L = layers_[sh.layer];
+    std::swap(L.heads[sh.kv_head], L.spare[sh.kv_head]);
+  }
   // Which rows stayed (and every head's matching) depended on every row of every layer (the
   // Cache records the same floor for its own check).
   for (Layer& L : layers_) L.frozen_through = std::max(L.frozen_through, L.newest_held);
@@ -645,7 +679,7 @@ void SmallKvRepresentation::commit_eviction() noexcept {
 
 void SmallKvRepresentation::drop_eviction() noexcept {
   plan_.matched.clear();
-  plan_.shrunk.clear();
+  plan_.shrunk.clear();  // (plain indices: the capacity stays)
   plan_.active = false;
 }
 

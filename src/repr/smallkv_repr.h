@@ -17,7 +17,11 @@
 //    a head over the cap is split critical:recent:marginal = 2:1:2 (smallkv_split_budget, then
 //    the marginal count fitted to the bytes a value-only row really costs) and selected by its
 //    scores (smallkv_select); marginal rows drop K; evicted rows are gone (kvsdk keeps no
-//    off-budget copy for smallkv, unlike the paper's CPU-memory migration).
+//    off-budget copy for smallkv, unlike the paper's CPU-memory migration). An eviction that
+//    makes room for an append fills to the rows' byte target minus policy.evict_slack of it, so
+//    the next appends fit without selecting again; explicit compression fits exactly. A shrunk
+//    head is built into the head's spare buffers and swapped in at the commit: once warmed up, an
+//    eviction allocates nothing.
 //  - Attention (Eq. 6, smallkv_attend): full rows with the large model's softmax, marginal rows
 //    with the matched proxy head's probabilities of the same step.
 //  - Without a proxy: appends within the budget and attention over full rows work; eviction and
@@ -34,6 +38,7 @@
 
 #include "core/representation.h"
 #include "repr/smallkv_proxy.h"
+#include "smallkv.h"
 
 namespace kvsdk {
 
@@ -112,6 +117,10 @@ class SmallKvRepresentation final : public Representation {
     // The smallest position of the append that started the layer: kNotStarted before it,
     // kUnknown after a restore (the snapshot does not say).
     int64_t first_min = kNotStarted;
+    // Per KV head, the other buffer of a double buffer (not state: not saved, not counted): an
+    // eviction builds a shrunk head here and commit_eviction() swaps it with the head, so the
+    // replaced head's buffers are the next eviction's and no eviction allocates once both grew.
+    std::vector<Head> spare;
   };
   static constexpr int64_t kNotStarted = INT64_MAX, kUnknown = INT64_MIN;
 
@@ -143,9 +152,8 @@ class SmallKvRepresentation final : public Representation {
     std::vector<float> full_score;
     int64_t scores_from = 0;
   };
-  struct ShrunkHead {
+  struct ShrunkHead {  // its new contents: layers_[layer].spare[kv_head]
     uint32_t layer = 0, kv_head = 0;
-    Head head;
   };
   struct EvictionPlan {
     bool active = false;
@@ -156,6 +164,8 @@ class SmallKvRepresentation final : public Representation {
   uint64_t full_row_bytes() const;      // K + V + position + score
   uint64_t marginal_row_bytes() const;  // V + position + score
   uint64_t head_bytes(const Head& h) const;
+  // Bytes an eviction that makes room for an append frees beyond a cap of `cap` bytes of rows.
+  uint64_t slack_bytes(uint64_t cap) const;
   uint64_t fixed_bytes(const Layer& l) const;  // mapping + matching statistics
   uint64_t total_bytes() const;
   // Eq. 1 of the large model's queries over the first match_tokens tokens of one KV head, added
@@ -170,11 +180,14 @@ class SmallKvRepresentation final : public Representation {
   void apply(AttendUpdate& u) const noexcept;
   bool all_matched() const;
   void drop_finished_stats() noexcept;
-  // Bytes a head keeps under a cap of `cap` bytes (without changing it), and the head it becomes:
-  // `full_score` its row scores (after matching), `extra` rows of capacity for a later append.
+  // Bytes a head keeps under a cap of `cap` bytes (without changing it), and the head it becomes
+  // (into `out`, reusing its capacity; not `h`): `full_score` its row scores (after matching),
+  // `extra` rows of capacity for a later append.
   uint64_t bytes_under_cap(const Head& h, uint64_t cap) const;
-  Head shrunk_to_cap(const Head& h, const std::vector<float>& full_score, uint64_t cap,
-                     size_t extra) const;
+  void shrunk_to_cap(const Head& h, const float* full_score, uint64_t cap, size_t extra,
+                     Head& out);
+  // plan_eviction() once the proxy is checked (it drops what this planned if this throws).
+  uint64_t plan_shrink(uint64_t bytes, uint32_t append_layer, size_t append_tokens);
 
   uint32_t match_tokens_;
   // Attention is where SmallKV observes both models, so matching and scores change in attend().
@@ -186,6 +199,20 @@ class SmallKvRepresentation final : public Representation {
   mutable std::vector<AttendUpdate> spare_;  // spent updates whose buffers attend() reuses
   void recycle_staged() const noexcept;
   EvictionPlan plan_;  // the planned eviction (active until committed or dropped)
+  // plan_eviction()'s working memory, reused: the index in plan_.matched of each head matched by
+  // the plan ([layer][kv_head], -1: none), a head's rows in position order with their scores and
+  // whether they have keys, and the selection.
+  struct MergedRow {
+    int32_t position;
+    bool full;
+    uint32_t index;
+  };
+  std::vector<int> matched_at_;
+  std::vector<MergedRow> evict_rows_;
+  std::vector<float> evict_scores_;
+  std::vector<uint8_t> evict_has_key_;
+  cpu::SmallKvSelectScratch select_scratch_;
+  cpu::SmallKvSelection selection_;
   // attend()'s working memory, reused: the proxy's weights over the head's rows [n_rows][rows]
   // and one proxy head's part of them, the rows' positions, and which query rows map to the
   // proxy head at hand (with their positions).

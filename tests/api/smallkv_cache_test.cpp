@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -53,10 +54,13 @@ struct Pair {
   std::vector<std::vector<float>> last_out;
   std::vector<int32_t> last_pos;
 
-  explicit Pair(uint64_t budget) : lctx(make_context(budget)), pctx(make_context()) {
+  // `slack` < 0: the policy's default evict_slack.
+  explicit Pair(uint64_t budget, float slack = -1.0f)
+      : lctx(make_context(budget)), pctx(make_context()) {
     const kvsdk_geometry lg = make_geometry(kLayers, kQ, kKv, kDim);
     const kvsdk_geometry pg = make_geometry(kLayers, kPQ, 1, kDim);
-    const kvsdk_policy p = smallkv_policy();
+    kvsdk_policy p = smallkv_policy();
+    if (slack >= 0.0f) p.evict_slack = slack;
     large = make_cache(lctx.get(), lg, &p);
     proxy = make_cache(pctx.get(), pg);
   }
@@ -293,6 +297,39 @@ TEST(SmallKvCache, BudgetIsNeverExceededUnderRandomAppends) {
     value_only = std::max(value_only, st.bytes_by_tier[KVSDK_TIER_VALUE_ONLY]);
   }
   EXPECT_GT(value_only, 0u);
+}
+
+// policy.evict_slack: an eviction that makes room for an append goes down to the rows' byte target
+// minus the slack, so the following appends fit without selecting again; with slack 0 a full
+// cache selects on every append. Either way the budget holds.
+TEST(SmallKvCache, EvictSlackAmortizesEviction) {
+  const uint64_t budget = 30 * uint64_t(kLayers) * kKv * (kDim * 4 + 8) + 2000;
+  auto evicting_appends = [&](float slack, uint64_t* low) {
+    Pair p(budget, slack);
+    EXPECT_EQ(kvsdk_cache_set_proxy(p.large.get(), p.proxy.get()), KVSDK_OK);
+    for (int s = 0; s < 12; ++s) EXPECT_EQ(p.step(4), KVSDK_OK) << kvsdk_last_error();
+    int evicting = 0;
+    *low = budget;
+    for (int s = 0; s < 64; ++s) {
+      kvsdk_cache_stats a{}, b{};
+      a.struct_size = b.struct_size = sizeof a;
+      EXPECT_EQ(kvsdk_cache_stats_get(p.large.get(), &a), KVSDK_OK);
+      EXPECT_EQ(p.step(1), KVSDK_OK) << kvsdk_last_error();
+      EXPECT_EQ(kvsdk_cache_stats_get(p.large.get(), &b), KVSDK_OK);
+      EXPECT_LE(b.bytes, budget);
+      evicting += b.tokens < a.tokens + kLayers * kKv;  // one row appended per layer and KV head
+      *low = std::min(*low, b.bytes);
+    }
+    return evicting;
+  };
+  uint64_t low_exact = 0, low_slack = 0;
+  const int exact = evicting_appends(0.0f, &low_exact);
+  const int slack = evicting_appends(0.25f, &low_slack);
+  EXPECT_GE(exact, 60) << "a full cache without slack evicts on (nearly) every append";
+  EXPECT_GE(slack, 1);
+  EXPECT_LE(slack * 4, exact) << "with a slack of 1/4, evictions are several appends apart";
+  EXPECT_LT(low_slack, low_exact);  // the slack leaves room below the budget
+  std::printf("[ counts   ] evicting appends of 64: %d exact, %d with slack 1/4\n", exact, slack);
 }
 
 TEST(SmallKvCache, SetProxyMisuse) {

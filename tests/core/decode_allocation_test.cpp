@@ -217,9 +217,7 @@ const Evicting kEvicting[] = {
     {"streaming_llm", 0.0f}, {"streaming_llm", -1.0f}, {"h2o", 0.0f},   {"h2o", -1.0f},
     {"snapkv", 0.0f},        {"snapkv", -1.0f},        {"pyramidkv", 0.0f}, {"pyramidkv", -1.0f},
     {"xkv", 0.0f},           {"xkv", -1.0f},           {"xkv+kivi2", 0.0f}, {"xkv+kivi2", -1.0f},
-    {"h2o+kivi4", 0.0f},     {"h2o+kivi4", -1.0f},
-    // (smallkv is not here yet: its eviction builds the kept heads anew on every step that
-    // evicts, a known gap listed in README.md.)
+    {"h2o+kivi4", 0.0f},     {"h2o+kivi4", -1.0f},    {"smallkv", 0.0f},   {"smallkv", -1.0f},
     // (spindlekv is not here: its codebook layers never evict, so its cache never stops growing;
     // its deep layers evict through the same selection stage as the presets above.)
 };
