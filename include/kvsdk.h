@@ -371,7 +371,10 @@ typedef struct kvsdk_policy {
                                  that slack without selecting again. So a decode step selects
                                  (scores and compacts the whole layer) about once per slack's
                                  worth of tokens instead of on every token: append is amortized
-                                 O(1). Cost in fidelity: up to that many rows are evicted earlier
+                                 O(1). smallkv: an eviction that makes room for an append frees
+                                 evict_slack x its byte target more than it needs (the same
+                                 amortization, counted in bytes over its heads). Cost in
+                                 fidelity: up to that many rows are evicted earlier
                                  than the budget requires (on average the layer holds about
                                  evict_slack / 2 x cap fewer rows than it could); the rows kept
                                  are still the selection's best. Measured by kvsdk-eval on
