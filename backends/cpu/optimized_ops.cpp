@@ -60,7 +60,7 @@ void chunked(const QueryRows& q, Workspace& ws, float* out, Feed&& feed) {
   att.finish(out);
 }
 
-// Dense f16 rows (MiniCache's pending rows) in chunks converted to f32.
+// Dense f16 rows (MiniCache+KIVI's pending rows) in chunks converted to f32.
 void add_f16_rows(cpu::fast::ChunkAttention& att, const F16Rows& r, size_t dim, Workspace& ws) {
   const size_t chunk = std::min(kReferenceChunk, r.n_tokens) * dim;
   float* k = at_least(ws.attention.k_chunk, chunk).data();
