@@ -314,6 +314,37 @@ struct State {
 };
 
 // ---- exact f16 rows ---------------------------------------------------------------------------
+// Where the f16 kernels read token i's row, and its scale. DenseRows: rows [n][D] in order, each
+// used as stored (the exact tier). SlotRows (fast_attention.h's ScaledF16Rows): token i's row
+// found through its slot, either a stored row times a per-row scale (its score is
+// (q . row) * scale_i * q.scale, its value weight p * scale_i) or a direct row used as stored.
+struct DenseRows {
+  static constexpr bool kScaled = false;
+  const uint16_t* p;
+  size_t D;
+  HWY_INLINE const uint16_t* row(size_t i) const { return p + i * D; }
+  HWY_INLINE float scale(size_t) const { return 1.0f; }
+  HWY_INLINE DenseRows from(size_t i) const { return {p + i * D, D}; }
+};
+
+struct SlotRows {
+  static constexpr bool kScaled = true;
+  const uint32_t* slot;
+  const uint16_t* scaled;
+  const float* scales;
+  const uint16_t* direct;
+  size_t D;
+  HWY_INLINE const uint16_t* row(size_t i) const {
+    const uint32_t s = slot[i];
+    return (s & kDirectRow) ? direct + size_t(s & ~kDirectRow) * D : scaled + size_t(s) * D;
+  }
+  HWY_INLINE float scale(size_t i) const {
+    const uint32_t s = slot[i];
+    return (s & kDirectRow) ? 1.0f : scales[s];
+  }
+  HWY_INLINE SlotRows from(size_t i) const { return {slot + i, scaled, scales, direct, D}; }
+};
+
 // Requests one f16 row's cache lines (a hint: never faults, never changes results).
 HWY_INLINE void PrefetchRow(const uint16_t* row, size_t D) {
   const auto* p = reinterpret_cast<const uint8_t*>(row);
@@ -360,7 +391,8 @@ HWY_INLINE void DotRows(State& st, const float* kf, const uint16_t* row, size_t 
 // Scores of tokens [0, n) of a segment: sc[r][i] = (q_r . k_i) * scale, -inf in a row's future.
 // Each key row is converted once for all rows; with 16-lane vectors the 16-lane partial sums of
 // 16 tokens are parked in `tile` and reduced together by Tree16.
-HWY_NOINLINE void ScoresF16(State& st, const uint16_t* k, const int32_t* pos, size_t n,
+template <class Rows>
+HWY_NOINLINE void ScoresF16(State& st, const Rows& k, const int32_t* pos, size_t n,
                             size_t ahead) {
   const DF d;
   const hn::Rebind<hwy::float16_t, DF> dh;
@@ -371,8 +403,8 @@ HWY_NOINLINE void ScoresF16(State& st, const uint16_t* k, const int32_t* pos, si
   for (size_t i0 = 0; i0 < n; i0 += 16) {
     const size_t cnt = std::min<size_t>(16, n - i0);
     for (size_t i = 0; i < cnt; ++i) {
-      const uint16_t* row = k + (i0 + i) * D;
-      if (i0 + i < ahead) PrefetchRow(row + kSeg * D, D);
+      const uint16_t* row = k.row(i0 + i);
+      if (i0 + i < ahead) PrefetchRow(k.row(i0 + i + kSeg), D);
       for (size_t c = 0; c < full; c += kL) {
         hn::Store(hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row + c))),
                   d, kf + c);
@@ -390,9 +422,11 @@ HWY_NOINLINE void ScoresF16(State& st, const uint16_t* k, const int32_t* pos, si
         hn::StoreU(Tree16(d, tv), d, s);
       }
 #endif
+      const int32_t qp = q.positions ? q.positions[r] : INT32_MAX;
       for (size_t i = 0; i < cnt; ++i) {
-        const float dot = full < D ? s[i] + tails[r * 16 + i] : s[i];
-        s[i] = pos[i0 + i] > q.positions[r] ? kNegInf : dot * q.scale;
+        float dot = full < D ? s[i] + tails[r * 16 + i] : s[i];
+        if constexpr (Rows::kScaled) dot *= k.scale(i0 + i);
+        s[i] = pos[i0 + i] > qp ? kNegInf : dot * q.scale;
       }
     }
   }
@@ -400,8 +434,8 @@ HWY_NOINLINE void ScoresF16(State& st, const uint16_t* k, const int32_t* pos, si
 
 // acc[r][c] += p[r][i] * v[i][c] for the segment's tokens in order (per channel, so no
 // cross-lane order). CH vectors of channels per row stay in registers while the tokens stream.
-template <size_t CH>
-HWY_INLINE void ValuesF16Chunk(State& st, const uint16_t* v, size_t n, size_t c0, size_t ahead) {
+template <size_t CH, class Rows>
+HWY_INLINE void ValuesF16Chunk(State& st, const Rows& v, size_t n, size_t c0, size_t ahead) {
   const DF d;
   const hn::Rebind<hwy::float16_t, DF> dh;
   const size_t D = st.D;
@@ -412,8 +446,8 @@ HWY_INLINE void ValuesF16Chunk(State& st, const uint16_t* v, size_t n, size_t c0
       for (size_t j = 0; j < CH; ++j) a[r][j] = hn::LoadU(d, st.acc + (r0 + r) * D + c0 + j * kL);
     for (size_t i = 0; i < n; ++i) {
       VF vv[CH];
-      if (c0 == 0 && r0 == 0 && i < ahead) PrefetchRow(v + (i + kSeg) * D, D);
-      const auto* row = reinterpret_cast<const hwy::float16_t*>(v + i * D + c0);
+      if (c0 == 0 && r0 == 0 && i < ahead) PrefetchRow(v.row(i + kSeg), D);
+      const auto* row = reinterpret_cast<const hwy::float16_t*>(v.row(i) + c0);
       for (size_t j = 0; j < CH; ++j) vv[j] = hn::PromoteTo(d, hn::LoadU(dh, row + j * kL));
       for (size_t r = 0; r < rt; ++r) {
         const VF p = hn::Set(d, st.sc[(r0 + r) * kSeg + i]);
@@ -425,7 +459,8 @@ HWY_INLINE void ValuesF16Chunk(State& st, const uint16_t* v, size_t n, size_t c0
   }
 }
 
-HWY_INLINE void ValuesF16(State& st, const uint16_t* v, size_t n, size_t ahead) {
+template <class Rows>
+HWY_INLINE void ValuesF16(State& st, const Rows& v, size_t n, size_t ahead) {
   const size_t D = st.D;
   constexpr size_t CH = kL == 1 ? 1 : 64 / kL;  // 64 channels per pass (4 AVX-512 vectors)
   size_t c = 0;
@@ -433,7 +468,7 @@ HWY_INLINE void ValuesF16(State& st, const uint16_t* v, size_t n, size_t ahead) 
   for (; c + kL <= D; c += kL) ValuesF16Chunk<1>(st, v, n, c, ahead);
   for (; c < D; ++c) {
     for (size_t i = 0; i < n; ++i) {
-      const float x = f16_to_f32(v[i * D + c]);
+      const float x = f16_to_f32(v.row(i)[c]);
       for (size_t r = 0; r < st.R; ++r) st.acc[r * D + c] += st.sc[r * kSeg + i] * x;
     }
   }
@@ -447,17 +482,38 @@ HWY_INLINE void Prefetch(const uint8_t* p, size_t bytes, const uint8_t* end) {
   for (; p < stop; p += 64) hwy::Prefetch(p);
 }
 
-// f16 rows [0, n) of k/v, in segments of kSeg.
-void F16Segments(State& st, const uint16_t* k, const uint16_t* v, const int32_t* pos, size_t n) {
-  const size_t D = st.D;
+// Scaled value rows: the weights p (already summed into the softmax state) times each token's
+// value scale, in place (elementwise: the same bits on every target).
+template <class Rows>
+HWY_INLINE void ScaleWeights(State& st, const Rows& v, size_t n) {
+  if constexpr (Rows::kScaled) {
+    HWY_ALIGN float w[kSeg];
+    for (size_t i = 0; i < n; ++i) w[i] = v.scale(i);
+    for (size_t r = 0; r < st.R; ++r) {
+      float* s = st.sc + r * kSeg;
+      for (size_t i = 0; i < n; ++i) s[i] *= w[i];
+    }
+  }
+}
+
+// Rows [0, n) of k/v (DenseRows or SlotRows), in segments of kSeg.
+template <class Rows>
+void RowSegments(State& st, const Rows& k, const Rows& v, const int32_t* pos, size_t n) {
   for (size_t s0 = 0; s0 < n; s0 += kSeg) {
     const size_t len = std::min(kSeg, n - s0);
     // Rows of the next segment are requested while this one is computed (kSeg tokens ahead).
     const size_t ahead = std::min(kSeg, n - std::min(n, s0 + kSeg));
-    ScoresF16(st, k + s0 * D, pos + s0, len, ahead);
+    const Rows ks = k.from(s0), vs = v.from(s0);
+    ScoresF16(st, ks, pos + s0, len, ahead);
     st.Softmax(len);
-    ValuesF16(st, v + s0 * D, len, ahead);
+    ScaleWeights(st, vs, len);
+    ValuesF16(st, vs, len, ahead);
   }
+}
+
+// f16 rows [0, n) of k/v, in segments of kSeg.
+void F16Segments(State& st, const uint16_t* k, const uint16_t* v, const int32_t* pos, size_t n) {
+  RowSegments(st, DenseRows{k, st.D}, DenseRows{v, st.D}, pos, n);
 }
 
 // ---- KIVI: codes to bytes ---------------------------------------------------------------------
@@ -1095,6 +1151,18 @@ void AttendF16PartialImpl(const Queries& q, const uint16_t* k, const uint16_t* v
   st.Emit(out);
 }
 
+void AttendScaledF16Impl(const Queries& q, const ScaledF16Rows& k, const ScaledF16Rows& v,
+                         const int32_t* positions, size_t n_tokens, const uint16_t* pk,
+                         const uint16_t* pv, const int32_t* ppos, size_t n_pending,
+                         Scratch& scratch, const PartialState& out) {
+  State st(q, 1, q.dim, scratch);
+  const size_t D = q.dim;
+  RowSegments(st, SlotRows{k.slots, k.scaled, k.scales, k.direct, D},
+              SlotRows{v.slots, v.scaled, v.scales, v.direct, D}, positions, n_tokens);
+  F16Segments(st, pk, pv, ppos, n_pending);
+  st.Emit(out);
+}
+
 void AttendKiviPartialImpl(const Queries& q, const KiviHeadStore& store, size_t first,
                            size_t count, Scratch& scratch, const PartialState& out) {
   const size_t G = store.config().group, ng = kivi_value_groups(q.dim, G);
@@ -1164,6 +1232,7 @@ namespace kvsdk::cpu::fast {
 
 HWY_EXPORT(AttendF16PartialImpl);
 HWY_EXPORT(AttendKiviPartialImpl);
+HWY_EXPORT(AttendScaledF16Impl);
 HWY_EXPORT(MergeImpl);
 HWY_EXPORT(ExpF32Impl);
 
@@ -1238,6 +1307,17 @@ void attend_kivi(const Queries& qs, const KiviHeadStore& store, Scratch& scratch
   const size_t ng = kivi_value_groups(qs.dim, store.config().group);
   const OwnPartial own(scratch, qs.n_rows, qs.dim, ng);
   HWY_DYNAMIC_DISPATCH(AttendKiviPartialImpl)(qs, store, 0, store.size(), scratch, own.st);
+  HWY_DYNAMIC_DISPATCH(MergeImpl)(&own.st, 1, qs.n_rows, qs.dim, out);
+}
+
+void attend_scaled_f16(const Queries& qs, const ScaledF16Rows& k, const ScaledF16Rows& v,
+                       const int32_t* positions, size_t n_tokens, const uint16_t* pending_k,
+                       const uint16_t* pending_v, const int32_t* pending_positions,
+                       size_t n_pending, Scratch& scratch, float* out) {
+  if (qs.n_rows == 0 || qs.dim == 0) return;
+  const OwnPartial own(scratch, qs.n_rows, qs.dim, 1);
+  HWY_DYNAMIC_DISPATCH(AttendScaledF16Impl)(qs, k, v, positions, n_tokens, pending_k, pending_v,
+                                            pending_positions, n_pending, scratch, own.st);
   HWY_DYNAMIC_DISPATCH(MergeImpl)(&own.st, 1, qs.n_rows, qs.dim, out);
 }
 

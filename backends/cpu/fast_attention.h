@@ -76,6 +76,28 @@ void attend_f16(const Queries& qs, const uint16_t* k, const uint16_t* v, const i
 // residual window). store.head_dim() must equal qs.dim.
 void attend_kivi(const Queries& qs, const KiviHeadStore& store, Scratch& scratch, float* out);
 
+// f16 rows that are each either a stored row times a per-row scale or a direct row (MiniCache's
+// merged directions with the layer's magnitude, and its retained rows: MergedLayerPair's
+// layout). Token t's slot s = slots[t]: without kDirectRow, the row is scaled + s * dim times
+// scales[s]; with it, direct + (s & ~kDirectRow) * dim as stored.
+constexpr uint32_t kDirectRow = 0x80000000u;
+struct ScaledF16Rows {
+  const uint32_t* slots = nullptr;
+  const uint16_t* scaled = nullptr;
+  const float* scales = nullptr;
+  const uint16_t* direct = nullptr;
+};
+
+// attend_f16 over n_tokens keys k and values v given as ScaledF16Rows (positions [n_tokens]),
+// then n_pending dense f16 rows (pending_k/pending_v/pending_positions), in one softmax. A
+// scaled key's score is (q . row) * scale * qs.scale and a scaled value enters as
+// p * scale * row: the f32 rows are never formed. Same kernel, segments and bits rules as
+// attend_f16 (the pending rows' segments start at their first row).
+void attend_scaled_f16(const Queries& qs, const ScaledF16Rows& k, const ScaledF16Rows& v,
+                       const int32_t* positions, size_t n_tokens, const uint16_t* pending_k,
+                       const uint16_t* pending_v, const int32_t* pending_positions,
+                       size_t n_pending, Scratch& scratch, float* out);
+
 // --- split-K: one token range at a time, merged in a fixed order --------------------------------
 // The softmax state of n_rows rows over some tokens, in caller memory: the running max score,
 // the sum of exp(score - max), and the unnormalized sum of exp(score - max) * value rows.

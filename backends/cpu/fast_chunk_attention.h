@@ -1,6 +1,7 @@
 // Optimized online-softmax attention over f32 chunks: the SIMD counterpart of cpu::OnlineAttention
 // (attention.h) for the tiers that reconstruct their rows chunk by chunk (SpindleKV codebooks,
-// MiniCache pairs, SpeCache's low-bit copy with fetched rows, MiniCache's pending rows). The
+// MiniCache+KIVI pairs and their pending rows, SpeCache's low-bit copy with fetched rows; the f16
+// MiniCache pair is read in place by fast::attend_scaled_f16 instead). The
 // chunk-feeding functions (spindlekv_attend, minicache_attend, ...) are templates on their sink, so
 // the reference backend feeds OnlineAttention and the optimized backend feeds this class.
 //

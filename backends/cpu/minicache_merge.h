@@ -83,6 +83,18 @@ class MergedLayerPair {
   const uint16_t* direction(size_t token) const { return &direction_[(slot_[token]) * dim_]; }
   uint64_t bytes() const;
 
+  // The stored layout, for kernels that read it in place (fast_minicache.h): token t's slot is
+  // slots()[t]; a merged slot s is the direction directions() + s * dim() restored as
+  // magnitudes(layer)[s] * direction, a retained slot kRetainedBit | j is the exact row
+  // retained_rows(layer) + j * dim() of the layer.
+  static constexpr uint32_t kRetainedBit = 0x80000000u;
+  const uint32_t* slots() const { return slot_.data(); }
+  const uint16_t* directions() const { return direction_.data(); }
+  const float* magnitudes(int layer) const { return (layer == 0 ? mag_prev_ : mag_cur_).data(); }
+  const uint16_t* retained_rows(int layer) const {
+    return (layer == 0 ? retained_prev_ : retained_cur_).data();
+  }
+
   // Truncation: keeping tokens [0, tokens) only. After the first non-empty append every token is
   // merged or retained by itself against the fixed threshold, so dropping the newest tokens
   // (slots, directions, magnitudes, retained rows) leaves exactly the pair of a history without
@@ -110,7 +122,6 @@ class MergedLayerPair {
   static MergedLayerPair restore(size_t dim, const MiniCacheConfig& config, Buffers b);
 
  private:
-  static constexpr uint32_t kRetainedBit = 0x80000000u;
   void push_retained(const float* a, const float* b);
   void push_merged(const float* a, const float* b, std::vector<float>& e);
 

@@ -60,7 +60,7 @@ void chunked(const QueryRows& q, Workspace& ws, float* out, Feed&& feed) {
   att.finish(out);
 }
 
-// Dense f16 rows (MiniCache's pending rows) in chunks converted to f32.
+// Dense f16 rows (MiniCache+KIVI's pending rows) in chunks converted to f32.
 void add_f16_rows(cpu::fast::ChunkAttention& att, const F16Rows& r, size_t dim, Workspace& ws) {
   const size_t chunk = std::min(kReferenceChunk, r.n_tokens) * dim;
   float* k = at_least(ws.attention.k_chunk, chunk).data();
@@ -80,12 +80,22 @@ void attend_spindle(const QueryRows& q, const cpu::SpindleHeadStore& s, Workspac
   cpu::spindlekv_attend_entries(q.q, q.positions, q.n_rows, q.scale, s, ws.attention, out);
 }
 
+// MiniCache's f16 pair read in place by the fused f16 kernel (fast::attend_scaled_f16): a merged
+// token's key scores (q . e) * m * scale and its value enters as (p * m) * e, with e the stored
+// f16 direction and m the layer's magnitude; retained tokens are the layer's exact f16 rows; the
+// pending rows follow in the same softmax. No f32 chunk is formed.
+cpu::fast::ScaledF16Rows scaled_rows(const cpu::MergedLayerPair& t, int layer) {
+  static_assert(cpu::MergedLayerPair::kRetainedBit == cpu::fast::kDirectRow,
+                "retained slots are the kernel's direct rows");
+  return {t.slots(), t.directions(), t.magnitudes(layer), t.retained_rows(layer)};
+}
+
 void attend_minicache(const QueryRows& q, const cpu::MiniCacheHeadPair& p, int layer,
                       const F16Rows& pending, Workspace& ws, float* out) {
-  chunked(q, ws, out, [&](cpu::fast::ChunkAttention& att) {
-    cpu::minicache_attend(p, layer, att, ws.attention.k_chunk, ws.attention.v_chunk);
-    add_f16_rows(att, pending, q.dim, ws);
-  });
+  cpu::fast::attend_scaled_f16(queries(q), scaled_rows(p.keys, layer),
+                               scaled_rows(p.values, layer), p.positions.data(), p.keys.size(),
+                               pending.k, pending.v, pending.positions, pending.n_tokens,
+                               ws.fast, out);
 }
 
 void attend_minicache_kivi(const QueryRows& q, const cpu::MiniCacheKiviPair& p, int layer,

@@ -510,6 +510,61 @@ TEST(BackendOps, AttendOverCodebookMergedAndSpeculativeTiers) {
   });
 }
 
+// MiniCache's fused kernel (fast::attend_scaled_f16: merged tokens read as f16 direction times
+// magnitude, retained tokens as f16 rows, never restored to f32) on the shapes the loop above
+// leaves out: dims that are not a multiple of 16 (the dot products' tail channels) or of the
+// vector width, GQA groups of 1, 3 (the demo model's) and 8, token counts across the 64-token
+// segments, pairs grown by a prefill and then decode appends (retained tokens interleaved with
+// merged ones by the threshold), an empty pair with only pending rows, and nothing at all. Same
+// tolerance as the other attention kernels: the fused kernel's score m * (q . e) differs from the
+// reference's q . (m * e) only by rounding.
+TEST(BackendOps, AttendMiniCacheFusedOnRaggedShapes) {
+  for_each_backend([](const Candidate& c) {
+    for (size_t dim : {size_t(72), size_t(100)}) {
+      for (size_t group : {size_t(1), size_t(3), size_t(8)}) {
+        for (size_t n : {size_t(0), size_t(1), size_t(37), size_t(613)}) {
+          const uint32_t seed = uint32_t(7 * dim + 3 * group + n);
+          const std::vector<float> k = gaussian(n * dim, seed), v = gaussian(n * dim, seed + 1);
+          const std::vector<float> k2 = gaussian(n * dim, seed + 2);
+          const std::vector<float> v2 = gaussian(n * dim, seed + 3, 3.0f);
+          const std::vector<int32_t> pos = iota_positions(n);
+          cpu::MiniCacheHeadPair pair(dim, cpu::MiniCacheConfig{0.6f, 0.2f});
+          const size_t prefill = n / 2;  // then decode appends of one token each
+          pair.append(k.data(), v.data(), k2.data(), v2.data(), pos.data(), prefill);
+          for (size_t t = prefill; t < n; ++t) {
+            pair.append(k.data() + t * dim, v.data() + t * dim, k2.data() + t * dim,
+                        v2.data() + t * dim, pos.data() + t, 1);
+          }
+          const Queries qs = make_queries(group, dim, n, seed + 4);
+          const size_t n_pend = 5;
+          const std::vector<float> pkf = gaussian(n_pend * dim, seed + 5);
+          const std::vector<float> pvf = gaussian(n_pend * dim, seed + 6);
+          std::vector<uint16_t> pk(n_pend * dim), pv(n_pend * dim);
+          cpu_reference().f32_to_f16(pkf.data(), pk.size(), pk.data());
+          cpu_reference().f32_to_f16(pvf.data(), pv.size(), pv.data());
+          std::vector<int32_t> ppos(n_pend);
+          for (size_t i = 0; i < n_pend; ++i) ppos[i] = int32_t(n + i);
+          const float max_v = std::max({max_abs(v), max_abs(v2), max_abs(pvf)});
+          for (int layer : {0, 1}) {
+            for (bool with_pending : {false, true}) {
+              const F16Rows pending =
+                  with_pending ? F16Rows{pk.data(), pv.data(), ppos.data(), n_pend} : F16Rows{};
+              const std::string what = "attend_minicache dim " + std::to_string(dim) +
+                                       " group " + std::to_string(group) + " tokens " +
+                                       std::to_string(n) + " layer " + std::to_string(layer) +
+                                       (with_pending ? " pending" : "");
+              check_attend(c, qs.q.size(), max_v, false, what,
+                           [&](const Ops& o, Workspace& ws, float* out) {
+                             o.attend_minicache(qs.rows(dim), pair, layer, pending, ws, out);
+                           });
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
 // ---- window scoring, pooling, top-k, gather ---------------------------------------------------
 
 TEST(BackendOps, WindowScoringMatchesTheReferenceExactly) {
