@@ -491,7 +491,8 @@ KVSDK_API kvsdk_status kvsdk_cache_fork(kvsdk_cache **out, const kvsdk_cache *ca
  *      appends of a codebook layer, tokens merged after the first prefill, tokens no eviction or
  *      attention statistic saw yet, the low-bit shadow's residual window).
  *    - After kvsdk_cache_load or kvsdk_cache_fork, policies whose history a snapshot does not
- *      carry (everything but full and kivi) can remove only tokens appended since.
+ *      carry (everything but full, kivi and specache) can remove only tokens appended since
+ *      (spindlekv's and minicache's own layers: or every token).
  *  A smallkv cache's proxy is a separate cache: truncate it at the same position too.
  *  kvsdk_cache_save_delta records a truncation like any other change (the next delta rewrites
  *  the heads that lost rows).
