@@ -119,4 +119,55 @@ void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
   }
 }
 
+void specache_attend_fused(const fast::Queries& q, const KiviHeadStore& lowbit,
+                           const SpeCacheFetched& fetched, SpeCacheSelectScratch& sc,
+                           fast::Scratch& fs, float* out, float* lowbit_scores) {
+  const size_t n = lowbit.size(), dim = q.dim, rows = q.n_rows;
+  const int32_t* pos = lowbit.positions().data();
+  if (lowbit_scores && n > 0) {  // the low-bit scores of the selection: step 1 of the two-pass
+    float* chunk = at_least(sc.k_chunk, std::min(kSpeCacheChunk, n) * dim).data();
+    for (size_t first = 0; first < n; first += kSpeCacheChunk) {
+      const size_t c = std::min(kSpeCacheChunk, n - first);
+      lowbit.read_rows(first, c, chunk, nullptr);
+      fast::dot_scores(q.q, rows, chunk, c, dim, q.scale, lowbit_scores + first, n);
+      mask(q, pos + first, c, lowbit_scores + first, n);
+    }
+  }
+  if (n == 0 || rows == 0) {
+    std::fill_n(out, rows * dim, 0.0f);
+    return;
+  }
+  // Positions: the tokens' with each fetched token's at INT32_MAX (seen by no row: its low-bit
+  // row is replaced), the rows' capped below INT32_MAX (NULL: every token visible), the fetched
+  // rows' own.
+  const std::vector<uint32_t>& ft = fetched.tokens;
+  size_t used = 0;  // fetched entries inside the store (ascending, so a prefix)
+  while (used < ft.size() && ft[used] < n) ++used;
+  int32_t* tok_pos = at_least(sc.q_positions, n + rows + used).data();
+  int32_t* row_pos = tok_pos + n;
+  int32_t* f_pos = row_pos + rows;
+  std::copy_n(pos, n, tok_pos);
+  for (size_t i = 0; i < used; ++i) {
+    f_pos[i] = pos[ft[i]];
+    tok_pos[ft[i]] = std::numeric_limits<int32_t>::max();
+  }
+  constexpr int32_t kSeesAll = std::numeric_limits<int32_t>::max() - 1;
+  for (size_t r = 0; r < rows; ++r) row_pos[r] = q.positions ? std::min(q.positions[r], kSeesAll)
+                                                             : kSeesAll;
+  fast::Queries qr = q;
+  qr.positions = row_pos;
+  const size_t state = rows * (2 + dim);
+  float* mem = at_least(sc.attention, 2 * state).data();
+  fast::PartialState parts[2] = {{mem, mem + rows, mem + 2 * rows},
+                                 {mem + state, mem + state + rows, mem + state + 2 * rows}};
+  fast::attend_kivi_partial(qr, lowbit, tok_pos, 0, n, fs, parts[0]);
+  size_t n_parts = 1;
+  if (used > 0) {
+    fast::attend_f16_partial(qr, fetched.k.data(), fetched.v.data(), f_pos, 0, used, fs,
+                             parts[1]);
+    n_parts = 2;
+  }
+  fast::merge_partials(parts, n_parts, rows, dim, out);
+}
+
 }  // namespace kvsdk::cpu
