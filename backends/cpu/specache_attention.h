@@ -6,8 +6,10 @@
 //      product of fast_chunk_attention.h): the LOW-BIT scores, which SpeCache's selection ranks
 //      (written out when asked); the fetched tokens' scores are then recomputed from their f16
 //      keys for the attention itself;
-//   2. values: softmax over the whole row of scores (fast::exp_f32), then each chunk of values
-//      dequantized once (fetched rows substituted) and accumulated per channel, token by token.
+//   2. values: softmax over the whole row of scores (fast::exp_f32; each row's sum in 16 lanes
+//      by token index reduced by a fixed tree), then each chunk of values dequantized once
+//      (fetched rows substituted) and accumulated per channel, token by token, for up to 4 rows
+//      at a time (each value row read once per tile).
 // Every product and sum has a fixed order, so every SIMD target gives the same bits. Not the bits
 // of the reference (cpu::OnlineAttention over the same rows: another summation order and exp);
 // backend_ops_test bounds the gap.
