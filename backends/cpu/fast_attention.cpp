@@ -121,36 +121,7 @@ HWY_INLINE float Reduce16(const float* lanes) {
   return Reduce16(a);
 }
 
-#if HWY_TARGET != HWY_SCALAR
-// Where Tree16 leaves token t: feeding token t's vector at slot kTreeSlot[t] makes lane t of the
-// result token t's sum (the shuffles below interleave tokens; the map is its own inverse).
-constexpr size_t kTreeSlot[16] = {0, 4, 2, 6, 1, 5, 3, 7, 8, 12, 10, 14, 9, 13, 11, 15};
-
-// Reduce16 of 16 tokens at once (16-lane vectors only): the same tree (l + l+8, l + l+4,
-// l + l+2, l + l+1) run on pairs of tokens at a time, so each level costs two shuffles and one
-// add for 16 lanes of work instead of per-token extracts. Also used for int32 (any order is exact).
-template <class D>
-HWY_INLINE hn::Vec<D> Tree16(D d, const hn::Vec<D>* t) {
-  using V = hn::Vec<D>;
-  const hn::Repartition<uint64_t, D> d64;
-  V u[8], v[4], w[2];
-  for (size_t j = 0; j < 8; ++j) {  // l + l+8: token 2j in the low half, 2j+1 in the high half
-    u[j] = hn::Add(hn::ConcatLowerLower(d, t[2 * j + 1], t[2 * j]),
-                   hn::ConcatUpperUpper(d, t[2 * j + 1], t[2 * j]));
-  }
-  for (size_t j = 0; j < 4; ++j) {  // l + l+4: one token per 128-bit block
-    const V x = hn::OddEvenBlocks(u[2 * j + 1], u[2 * j]);
-    const V y = hn::SwapAdjacentBlocks(hn::OddEvenBlocks(u[2 * j], u[2 * j + 1]));
-    v[j] = hn::Add(x, y);
-  }
-  for (size_t j = 0; j < 2; ++j) {  // l + l+2: two tokens per block
-    const auto a = hn::BitCast(d64, v[2 * j]), b = hn::BitCast(d64, v[2 * j + 1]);
-    w[j] = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, a, b)),
-                   hn::BitCast(d, hn::InterleaveUpper(d64, a, b)));
-  }
-  return hn::Add(hn::ConcatEven(d, w[1], w[0]), hn::ConcatOdd(d, w[1], w[0]));  // l + l+1
-}
-#endif
+// kTreeSlot and Tree16 (Reduce16 of 16 tokens at once) come from fast_lanes-inl.h too.
 
 // a . b over dim floats: 16 virtual lanes, the fixed tree, then the tail channels in order.
 HWY_INLINE float Dot16(const float* a, const float* b, size_t dim) {
@@ -1095,7 +1066,8 @@ HWY_INLINE void ValueSegment(State& st, const KiviView& kv, size_t t, size_t n) 
 // may span key blocks: each block's run of tokens uses the query codes of that block, formed once
 // per block and row).
 template <uint32_t B>
-void KiviQuantized(State& st, const KiviHeadStore& store, size_t first, size_t last) {
+void KiviQuantized(State& st, const KiviHeadStore& store, const int32_t* positions, size_t first,
+                   size_t last) {
   const size_t D = st.D, G = store.config().group;
   const KiviView kv{D,
                     G,
@@ -1107,7 +1079,7 @@ void KiviQuantized(State& st, const KiviHeadStore& store, size_t first, size_t l
                     store.key_zeros().data(),
                     store.value_scales().data(),
                     store.value_zeros().data(),
-                    store.positions().data(),
+                    positions,
                     // Only the head dims with vpdpbusd key kernels: PrepareKeyBlock then writes
                     // the byte codes alone, which the generic key dots do not read.
                     HWY_TARGET == HWY_AVX3_DL && (D == 64 || D == 128 || D == 256) &&
@@ -1163,23 +1135,24 @@ void AttendScaledF16Impl(const Queries& q, const ScaledF16Rows& k, const ScaledF
   st.Emit(out);
 }
 
-void AttendKiviPartialImpl(const Queries& q, const KiviHeadStore& store, size_t first,
-                           size_t count, Scratch& scratch, const PartialState& out) {
+// positions: the tokens' positions for the causal mask, the store's or a caller's override.
+void AttendKiviPartialImpl(const Queries& q, const KiviHeadStore& store, const int32_t* positions,
+                           size_t first, size_t count, Scratch& scratch, const PartialState& out) {
   const size_t G = store.config().group, ng = kivi_value_groups(q.dim, G);
   State st(q, ng, G, scratch);
   const size_t nq = store.quantized_tokens(), last = first + count;
   if (first < nq) {
     switch (store.config().bits) {
-      case 1: KiviQuantized<1>(st, store, first, std::min(last, nq)); break;
-      case 2: KiviQuantized<2>(st, store, first, std::min(last, nq)); break;
-      case 4: KiviQuantized<4>(st, store, first, std::min(last, nq)); break;
-      default: KiviQuantized<8>(st, store, first, std::min(last, nq)); break;
+      case 1: KiviQuantized<1>(st, store, positions, first, std::min(last, nq)); break;
+      case 2: KiviQuantized<2>(st, store, positions, first, std::min(last, nq)); break;
+      case 4: KiviQuantized<4>(st, store, positions, first, std::min(last, nq)); break;
+      default: KiviQuantized<8>(st, store, positions, first, std::min(last, nq)); break;
     }
   }
   if (last > nq) {
     const size_t r0 = std::max(first, nq) - nq;
     F16Segments(st, store.residual_keys().data() + r0 * q.dim,
-                store.residual_values().data() + r0 * q.dim, store.positions().data() + nq + r0,
+                store.residual_values().data() + r0 * q.dim, positions + nq + r0,
                 last - nq - r0);
   }
   st.Emit(out);
@@ -1284,7 +1257,21 @@ void attend_kivi_partial(const Queries& qs, const KiviHeadStore& store, size_t f
                 "attend_kivi_partial: tokens [", first, ", ", first + count, ") past ",
                 store.size());
   if (qs.n_rows == 0) return;
-  HWY_DYNAMIC_DISPATCH(AttendKiviPartialImpl)(qs, store, first, count, scratch, out);
+  HWY_DYNAMIC_DISPATCH(AttendKiviPartialImpl)(qs, store, store.positions().data(), first, count,
+                                              scratch, out);
+}
+
+void attend_kivi_partial(const Queries& qs, const KiviHeadStore& store, const int32_t* positions,
+                         size_t first, size_t count, Scratch& scratch, const PartialState& out) {
+  KVSDK_REQUIRE(store.head_dim() == qs.dim, "attend_kivi: query dim ", qs.dim,
+                " != store head_dim ", store.head_dim());
+  KVSDK_REQUIRE(first <= store.size() && count <= store.size() - first,
+                "attend_kivi_partial: tokens [", first, ", ", first + count, ") past ",
+                store.size());
+  if (qs.n_rows == 0) return;
+  HWY_DYNAMIC_DISPATCH(AttendKiviPartialImpl)(qs, store, positions ? positions
+                                                                   : store.positions().data(),
+                                              first, count, scratch, out);
 }
 
 void merge_partials(const PartialState* parts, size_t n_parts, size_t n_rows, size_t dim,
@@ -1306,7 +1293,8 @@ void attend_kivi(const Queries& qs, const KiviHeadStore& store, Scratch& scratch
   if (qs.n_rows == 0) return;
   const size_t ng = kivi_value_groups(qs.dim, store.config().group);
   const OwnPartial own(scratch, qs.n_rows, qs.dim, ng);
-  HWY_DYNAMIC_DISPATCH(AttendKiviPartialImpl)(qs, store, 0, store.size(), scratch, own.st);
+  HWY_DYNAMIC_DISPATCH(AttendKiviPartialImpl)(qs, store, store.positions().data(), 0, store.size(),
+                                              scratch, own.st);
   HWY_DYNAMIC_DISPATCH(MergeImpl)(&own.st, 1, qs.n_rows, qs.dim, out);
 }
 

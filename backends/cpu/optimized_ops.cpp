@@ -108,9 +108,25 @@ void attend_minicache_kivi(const QueryRows& q, const cpu::MiniCacheKiviPair& p, 
 }
 
 // SpeCache: two passes over the low-bit copy sharing one score matrix (specache_attention.h).
+// SpeCache's attention through the fused KIVI kernel (cpu::specache_attend_fused) instead of the
+// dequantizing two-pass one (cpu::specache_attend_fast). Off (2026-11-24, 2-core EPYC VM): it
+// misses attend_specache's tolerance (gap ~3.4e-5 of max |v| against kAttendAbs 3e-5: the KIVI
+// kernel's integer rounding, bounded for attend_kivi by kAttendKiviAbs 2e-3), and it is not
+// faster end to end (e2e ratio 0.39 against 0.43): the decode step needs the float low-bit
+// scores for the next selection anyway, which the two-pass path reuses for its softmax, while
+// the fused path scores the keys a second time on the codes.
+#ifndef KVSDK_SPECACHE_FUSED
+#define KVSDK_SPECACHE_FUSED 0
+#endif
+constexpr bool kSpeCacheFused = KVSDK_SPECACHE_FUSED != 0;
+
 void attend_specache(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
                      const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out) {
-  cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, out, nullptr);
+  if (kSpeCacheFused) {
+    cpu::specache_attend_fused(queries(q), lowbit, fetched, ws.specache, ws.fast, out, nullptr);
+  } else {
+    cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, out, nullptr);
+  }
 }
 
 // SpeCache's selection scores of one chunk of dequantized low-bit keys (rows at their own
@@ -129,8 +145,8 @@ void specache_score_chunk(const QueryRows& q, const float* k, const int32_t* key
 
 // From scores [group][n] (overwritten) to the group-averaged probabilities and top-k: exp
 // vectorized (fast::exp_f32). The normalization and the group average are the reference's
-// (double sums, token order), so the probabilities differ from the reference only by the
-// scores' and exp's rounding, and the top-k only at near-ties.
+// (double sums; this one in 4 lanes, the reference's in token order), so the probabilities differ
+// from the reference only by the scores' and exp's rounding, and the top-k only at near-ties.
 void specache_select_scored(float* scores, size_t group, size_t n, size_t k, Workspace& ws,
                             std::vector<uint32_t>& tokens, std::vector<float>* avg_probs) {
   cpu::SpeCacheSelectScratch& sc = ws.specache;
@@ -142,12 +158,29 @@ void specache_select_scored(float* scores, size_t group, size_t n, size_t k, Wor
   if (n == 0) return;
   for (size_t h = 0; h < group; ++h) {
     float* s = scores + h * n;
-    const float mx = *std::max_element(s, s + n);
+    // The max in 16 independent lanes (exact in any order; a serial max chain was ~1/5 of this
+    // function).
+    float m16[16];
+    std::fill_n(m16, 16, neg_inf);
+    size_t t0 = 0;
+    for (; t0 + 16 <= n; t0 += 16) {
+      for (size_t j = 0; j < 16; ++j) m16[j] = m16[j] < s[t0 + j] ? s[t0 + j] : m16[j];
+    }
+    float mx = neg_inf;
+    for (size_t j = 0; j < 16; ++j) mx = mx < m16[j] ? m16[j] : mx;
+    for (; t0 < n; ++t0) mx = mx < s[t0] ? s[t0] : mx;
     if (mx == neg_inf) continue;  // nothing visible to this head
     for (size_t t = 0; t < n; ++t) s[t] -= mx;
     cpu::fast::exp_f32(s, n, s);  // -inf -> 0
-    double z = 0;
-    for (size_t t = 0; t < n; ++t) z += s[t];
+    // z in double, 4 lanes by t mod 4 summed (0 + 1) + (2 + 3), then the tail in order: one
+    // fixed order (the reference sums in token order; the difference is ~1e-16 relative).
+    double z4[4] = {0, 0, 0, 0};
+    size_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+      for (size_t j = 0; j < 4; ++j) z4[j] += s[t + j];
+    }
+    double z = (z4[0] + z4[1]) + (z4[2] + z4[3]);
+    for (; t < n; ++t) z += s[t];
     for (size_t t = 0; t < n; ++t) avg[t] += float(s[t] / z / double(group));
   }
   if (k > 0) cpu::smallkv_topk(avg.data(), n, k, sc.order, tokens);
@@ -188,7 +221,11 @@ void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_
 void attend_specache_scored(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
                             const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out,
                             float* scores) {
-  cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, out, scores);
+  if (kSpeCacheFused) {
+    cpu::specache_attend_fused(queries(q), lowbit, fetched, ws.specache, ws.fast, out, scores);
+  } else {
+    cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, out, scores);
+  }
 }
 // --- SmallKV ------------------------------------------------------------------------------------
 // The proxy's softmax (the reference's cpu::smallkv_softmax_rows, faster): keys converted by F16C

@@ -17,10 +17,10 @@ void mask(const fast::Queries& q, const int32_t* key_pos, size_t c, float* score
           size_t stride) {
   if (!q.positions) return;
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (size_t t = 0; t < c; ++t) {
-    for (size_t r = 0; r < q.n_rows; ++r) {
-      if (key_pos[t] > q.positions[r]) scores[r * stride + t] = neg_inf;
-    }
+  for (size_t r = 0; r < q.n_rows; ++r) {  // row by row: contiguous, so it vectorizes
+    const int32_t qp = q.positions[r];
+    float* s = scores + r * stride;
+    for (size_t t = 0; t < c; ++t) s[t] = key_pos[t] > qp ? neg_inf : s[t];
   }
 }
 
@@ -31,17 +31,74 @@ void mask(const fast::Queries& q, const int32_t* key_pos, size_t c, float* score
 #else
 #define KVSDK_CLONE_INLINE inline
 #endif
-template <size_t W>
-KVSDK_CLONE_INLINE void accumulate(const float* p, const float* v, size_t c, size_t stride,
-                                   float* o) {
-  float acc[W];
-  std::copy_n(o, W, acc);
+// o_r[j] += p_r[t] * v[t * stride + j] for j < W and RT rows at once (each value row read once for the tile): per row and channel
+// the same sum in the same token order (rows whose p is 0 skip the token), so the same bits.
+template <size_t W, size_t RT>
+KVSDK_CLONE_INLINE void accumulate_rows(const float* const* p, const float* v, size_t c,
+                                        size_t stride, float* const* o) {
+  float acc[RT][W];
+  for (size_t r = 0; r < RT; ++r) std::copy_n(o[r], W, acc[r]);
   for (size_t t = 0; t < c; ++t) {
-    if (p[t] == 0.0f) continue;  // masked or underflowed
-    const float w = p[t];
-    for (size_t j = 0; j < W; ++j) acc[j] += w * v[t * stride + j];
+    const float* vt = v + t * stride;
+    for (size_t r = 0; r < RT; ++r) {
+      const float w = p[r][t];
+      if (w == 0.0f) continue;  // masked or underflowed
+      for (size_t j = 0; j < W; ++j) acc[r][j] += w * vt[j];
+    }
   }
-  std::copy_n(acc, W, o);
+  for (size_t r = 0; r < RT; ++r) std::copy_n(acc[r], W, o[r]);
+}
+
+// Channels [0, dim) of RT rows: 64 at a time, then 16, then the rest per row.
+template <size_t RT>
+KVSDK_CLONE_INLINE void accumulate_tile(const float* const* p, const float* chunk, size_t c,
+                                        size_t dim, float* const* o) {
+  size_t d0 = 0;
+  float* od[RT];
+  for (; d0 + 64 <= dim; d0 += 64) {
+    for (size_t r = 0; r < RT; ++r) od[r] = o[r] + d0;
+    accumulate_rows<64, RT>(p, chunk + d0, c, dim, od);
+  }
+  for (; d0 + 16 <= dim; d0 += 16) {
+    for (size_t r = 0; r < RT; ++r) od[r] = o[r] + d0;
+    accumulate_rows<16, RT>(p, chunk + d0, c, dim, od);
+  }
+  for (size_t r = 0; r < RT && d0 < dim; ++r) {
+    for (size_t t = 0; t < c; ++t) {
+      if (p[r][t] == 0.0f) continue;
+      for (size_t d = d0; d < dim; ++d) o[r][d] += p[r][t] * chunk[t * dim + d];
+    }
+  }
+}
+
+// max of s[0, n) (n > 0): exact in any order, so 16 independent lanes (vectorizable).
+KVSDK_CLONE_INLINE float max_of(const float* s, size_t n) {
+  float m[16];
+  std::fill_n(m, 16, -std::numeric_limits<float>::infinity());
+  size_t t = 0;
+  for (; t + 16 <= n; t += 16) {
+    for (size_t j = 0; j < 16; ++j) m[j] = m[j] < s[t + j] ? s[t + j] : m[j];
+  }
+  for (; t < n; ++t) m[0] = m[0] < s[t] ? s[t] : m[0];
+  float mx = m[0];
+  for (size_t j = 1; j < 16; ++j) mx = mx < m[j] ? m[j] : mx;
+  return mx;
+}
+
+// s[t] -= mx, then the sum of exp: the sum in 16 lanes by t mod 16, reduced by the fixed tree
+// l + l+8, l + l+4, l + l+2, l + l+1, then the tail tokens in order (one order on every target).
+KVSDK_CLONE_INLINE float lane_sum(const float* s, size_t n) {
+  float l[16] = {};
+  size_t t = 0;
+  for (; t + 16 <= n; t += 16) {
+    for (size_t j = 0; j < 16; ++j) l[j] += s[t + j];
+  }
+  for (size_t w = 8; w >= 1; w /= 2) {
+    for (size_t j = 0; j < w; ++j) l[j] += l[j + w];
+  }
+  float sum = l[0];
+  for (; t < n; ++t) sum += s[t];
+  return sum;
 }
 
 }  // namespace
@@ -78,14 +135,12 @@ void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (size_t r = 0; r < rows; ++r) {
     float* s = att + r * n;
-    const float mx = *std::max_element(s, s + n);
+    const float mx = max_of(s, n);
     sums[r] = 0.0f;
     if (mx == neg_inf) continue;  // sees nothing: stays zero
     for (size_t t = 0; t < n; ++t) s[t] -= mx;
     fast::exp_f32(s, n, s);  // -inf -> 0
-    float l = 0.0f;
-    for (size_t t = 0; t < n; ++t) l += s[t];
-    sums[r] = l;
+    sums[r] = lane_sum(s, n);
   }
 
   // 3. Values: each chunk dequantized once, fetched rows substituted, accumulated per channel.
@@ -97,19 +152,24 @@ void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
       f16_to_f32_array(&fetched.v[next * dim], chunk + (fetched.tokens[next] - first) * dim, dim);
       ++next;
     }
-    for (size_t r = 0; r < rows; ++r) {
-      const float* p = att + r * n + first;
-      float* o = out + r * dim;
-      // W channels at a time in a local accumulator (kept in registers across the tokens; 64
-      // channels are 4 independent vector sums), each channel summing its products in token
-      // order.
-      size_t d0 = 0;
-      for (; d0 + 64 <= dim; d0 += 64) accumulate<64>(p, chunk + d0, c, dim, o + d0);
-      for (; d0 + 16 <= dim; d0 += 16) accumulate<16>(p, chunk + d0, c, dim, o + d0);
-      for (size_t t = 0; t < c && d0 < dim; ++t) {
-        if (p[t] == 0.0f) continue;
-        for (size_t d = d0; d < dim; ++d) o[d] += p[t] * chunk[t * dim + d];
+    // Tiles of up to 4 rows (each value row read once per tile), W channels at a time in local
+    // accumulators (kept in registers across the tokens), each channel summing its products in
+    // token order.
+    for (size_t r0 = 0; r0 < rows;) {
+      const size_t rt = std::min<size_t>(4, rows - r0);
+      const float* p[4];
+      float* o[4];
+      for (size_t r = 0; r < rt; ++r) {
+        p[r] = att + (r0 + r) * n + first;
+        o[r] = out + (r0 + r) * dim;
       }
+      switch (rt) {
+        case 4: accumulate_tile<4>(p, chunk, c, dim, o); break;
+        case 3: accumulate_tile<3>(p, chunk, c, dim, o); break;
+        case 2: accumulate_tile<2>(p, chunk, c, dim, o); break;
+        default: accumulate_tile<1>(p, chunk, c, dim, o); break;
+      }
+      r0 += rt;
     }
   }
   for (size_t r = 0; r < rows; ++r) {
@@ -117,6 +177,57 @@ void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
     float* o = out + r * dim;
     for (size_t d = 0; d < dim; ++d) o[d] /= sums[r];
   }
+}
+
+void specache_attend_fused(const fast::Queries& q, const KiviHeadStore& lowbit,
+                           const SpeCacheFetched& fetched, SpeCacheSelectScratch& sc,
+                           fast::Scratch& fs, float* out, float* lowbit_scores) {
+  const size_t n = lowbit.size(), dim = q.dim, rows = q.n_rows;
+  const int32_t* pos = lowbit.positions().data();
+  if (lowbit_scores && n > 0) {  // the low-bit scores of the selection: step 1 of the two-pass
+    float* chunk = at_least(sc.k_chunk, std::min(kSpeCacheChunk, n) * dim).data();
+    for (size_t first = 0; first < n; first += kSpeCacheChunk) {
+      const size_t c = std::min(kSpeCacheChunk, n - first);
+      lowbit.read_rows(first, c, chunk, nullptr);
+      fast::dot_scores(q.q, rows, chunk, c, dim, q.scale, lowbit_scores + first, n);
+      mask(q, pos + first, c, lowbit_scores + first, n);
+    }
+  }
+  if (n == 0 || rows == 0) {
+    std::fill_n(out, rows * dim, 0.0f);
+    return;
+  }
+  // Positions: the tokens' with each fetched token's at INT32_MAX (seen by no row: its low-bit
+  // row is replaced), the rows' capped below INT32_MAX (NULL: every token visible), the fetched
+  // rows' own.
+  const std::vector<uint32_t>& ft = fetched.tokens;
+  size_t used = 0;  // fetched entries inside the store (ascending, so a prefix)
+  while (used < ft.size() && ft[used] < n) ++used;
+  int32_t* tok_pos = at_least(sc.q_positions, n + rows + used).data();
+  int32_t* row_pos = tok_pos + n;
+  int32_t* f_pos = row_pos + rows;
+  std::copy_n(pos, n, tok_pos);
+  for (size_t i = 0; i < used; ++i) {
+    f_pos[i] = pos[ft[i]];
+    tok_pos[ft[i]] = std::numeric_limits<int32_t>::max();
+  }
+  constexpr int32_t kSeesAll = std::numeric_limits<int32_t>::max() - 1;
+  for (size_t r = 0; r < rows; ++r) row_pos[r] = q.positions ? std::min(q.positions[r], kSeesAll)
+                                                             : kSeesAll;
+  fast::Queries qr = q;
+  qr.positions = row_pos;
+  const size_t state = rows * (2 + dim);
+  float* mem = at_least(sc.attention, 2 * state).data();
+  fast::PartialState parts[2] = {{mem, mem + rows, mem + 2 * rows},
+                                 {mem + state, mem + state + rows, mem + state + 2 * rows}};
+  fast::attend_kivi_partial(qr, lowbit, tok_pos, 0, n, fs, parts[0]);
+  size_t n_parts = 1;
+  if (used > 0) {
+    fast::attend_f16_partial(qr, fetched.k.data(), fetched.v.data(), f_pos, 0, used, fs,
+                             parts[1]);
+    n_parts = 2;
+  }
+  fast::merge_partials(parts, n_parts, rows, dim, out);
 }
 
 }  // namespace kvsdk::cpu
