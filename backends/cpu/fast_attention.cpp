@@ -1066,8 +1066,7 @@ HWY_INLINE void ValueSegment(State& st, const KiviView& kv, size_t t, size_t n) 
 // may span key blocks: each block's run of tokens uses the query codes of that block, formed once
 // per block and row).
 template <uint32_t B>
-void KiviQuantized(State& st, const KiviHeadStore& store, const int32_t* positions, size_t first,
-                   size_t last) {
+void KiviQuantized(State& st, const KiviHeadStore& store, size_t first, size_t last) {
   const size_t D = st.D, G = store.config().group;
   const KiviView kv{D,
                     G,
@@ -1079,7 +1078,7 @@ void KiviQuantized(State& st, const KiviHeadStore& store, const int32_t* positio
                     store.key_zeros().data(),
                     store.value_scales().data(),
                     store.value_zeros().data(),
-                    positions,
+                    store.positions().data(),
                     // Only the head dims with vpdpbusd key kernels: PrepareKeyBlock then writes
                     // the byte codes alone, which the generic key dots do not read.
                     HWY_TARGET == HWY_AVX3_DL && (D == 64 || D == 128 || D == 256) &&
@@ -1135,24 +1134,23 @@ void AttendScaledF16Impl(const Queries& q, const ScaledF16Rows& k, const ScaledF
   st.Emit(out);
 }
 
-// positions: the tokens' positions for the causal mask, the store's or a caller's override.
-void AttendKiviPartialImpl(const Queries& q, const KiviHeadStore& store, const int32_t* positions,
-                           size_t first, size_t count, Scratch& scratch, const PartialState& out) {
+void AttendKiviPartialImpl(const Queries& q, const KiviHeadStore& store, size_t first,
+                           size_t count, Scratch& scratch, const PartialState& out) {
   const size_t G = store.config().group, ng = kivi_value_groups(q.dim, G);
   State st(q, ng, G, scratch);
   const size_t nq = store.quantized_tokens(), last = first + count;
   if (first < nq) {
     switch (store.config().bits) {
-      case 1: KiviQuantized<1>(st, store, positions, first, std::min(last, nq)); break;
-      case 2: KiviQuantized<2>(st, store, positions, first, std::min(last, nq)); break;
-      case 4: KiviQuantized<4>(st, store, positions, first, std::min(last, nq)); break;
-      default: KiviQuantized<8>(st, store, positions, first, std::min(last, nq)); break;
+      case 1: KiviQuantized<1>(st, store, first, std::min(last, nq)); break;
+      case 2: KiviQuantized<2>(st, store, first, std::min(last, nq)); break;
+      case 4: KiviQuantized<4>(st, store, first, std::min(last, nq)); break;
+      default: KiviQuantized<8>(st, store, first, std::min(last, nq)); break;
     }
   }
   if (last > nq) {
     const size_t r0 = std::max(first, nq) - nq;
     F16Segments(st, store.residual_keys().data() + r0 * q.dim,
-                store.residual_values().data() + r0 * q.dim, positions + nq + r0,
+                store.residual_values().data() + r0 * q.dim, store.positions().data() + nq + r0,
                 last - nq - r0);
   }
   st.Emit(out);
@@ -1257,21 +1255,7 @@ void attend_kivi_partial(const Queries& qs, const KiviHeadStore& store, size_t f
                 "attend_kivi_partial: tokens [", first, ", ", first + count, ") past ",
                 store.size());
   if (qs.n_rows == 0) return;
-  HWY_DYNAMIC_DISPATCH(AttendKiviPartialImpl)(qs, store, store.positions().data(), first, count,
-                                              scratch, out);
-}
-
-void attend_kivi_partial(const Queries& qs, const KiviHeadStore& store, const int32_t* positions,
-                         size_t first, size_t count, Scratch& scratch, const PartialState& out) {
-  KVSDK_REQUIRE(store.head_dim() == qs.dim, "attend_kivi: query dim ", qs.dim,
-                " != store head_dim ", store.head_dim());
-  KVSDK_REQUIRE(first <= store.size() && count <= store.size() - first,
-                "attend_kivi_partial: tokens [", first, ", ", first + count, ") past ",
-                store.size());
-  if (qs.n_rows == 0) return;
-  HWY_DYNAMIC_DISPATCH(AttendKiviPartialImpl)(qs, store, positions ? positions
-                                                                   : store.positions().data(),
-                                              first, count, scratch, out);
+  HWY_DYNAMIC_DISPATCH(AttendKiviPartialImpl)(qs, store, first, count, scratch, out);
 }
 
 void merge_partials(const PartialState* parts, size_t n_parts, size_t n_rows, size_t dim,
@@ -1293,8 +1277,7 @@ void attend_kivi(const Queries& qs, const KiviHeadStore& store, Scratch& scratch
   if (qs.n_rows == 0) return;
   const size_t ng = kivi_value_groups(qs.dim, store.config().group);
   const OwnPartial own(scratch, qs.n_rows, qs.dim, ng);
-  HWY_DYNAMIC_DISPATCH(AttendKiviPartialImpl)(qs, store, store.positions().data(), 0, store.size(),
-                                              scratch, own.st);
+  HWY_DYNAMIC_DISPATCH(AttendKiviPartialImpl)(qs, store, 0, store.size(), scratch, own.st);
   HWY_DYNAMIC_DISPATCH(MergeImpl)(&own.st, 1, qs.n_rows, qs.dim, out);
 }
 

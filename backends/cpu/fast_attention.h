@@ -118,12 +118,6 @@ void attend_f16_partial(const Queries& qs, const uint16_t* k, const uint16_t* v,
                         const PartialState& out);
 void attend_kivi_partial(const Queries& qs, const KiviHeadStore& store, size_t first,
                          size_t count, Scratch& scratch, const PartialState& out);
-// The same with the causal mask on `positions` [store.size()] (token order; NULL: the store's)
-// instead of the store's positions: a token at INT32_MAX is seen by no row below INT32_MAX
-// (SpeCache masks out the low-bit rows its fetched rows replace). Bits as the store's positions
-// would give wherever the two agree.
-void attend_kivi_partial(const Queries& qs, const KiviHeadStore& store, const int32_t* positions,
-                         size_t first, size_t count, Scratch& scratch, const PartialState& out);
 
 // out [n_rows][dim] = the attention of the union of the parts' ranges, combined in the order
 // given (max over parts, then each part rescaled by exp(max_i - max) and added, part 0 first).

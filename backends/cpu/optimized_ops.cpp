@@ -108,25 +108,9 @@ void attend_minicache_kivi(const QueryRows& q, const cpu::MiniCacheKiviPair& p, 
 }
 
 // SpeCache: two passes over the low-bit copy sharing one score matrix (specache_attention.h).
-// SpeCache's attention through the fused KIVI kernel (cpu::specache_attend_fused) instead of the
-// dequantizing two-pass one (cpu::specache_attend_fast). Off (2026-11-24, 2-core EPYC VM): it
-// misses attend_specache's tolerance (gap ~3.4e-5 of max |v| against kAttendAbs 3e-5: the KIVI
-// kernel's integer rounding, bounded for attend_kivi by kAttendKiviAbs 2e-3), and it is not
-// faster end to end (e2e ratio 0.39 against 0.43): the decode step needs the float low-bit
-// scores for the next selection anyway, which the two-pass path reuses for its softmax, while
-// the fused path scores the keys a second time on the codes.
-#ifndef KVSDK_SPECACHE_FUSED
-#define KVSDK_SPECACHE_FUSED 0
-#endif
-constexpr bool kSpeCacheFused = KVSDK_SPECACHE_FUSED != 0;
-
 void attend_specache(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
                      const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out) {
-  if (kSpeCacheFused) {
-    cpu::specache_attend_fused(queries(q), lowbit, fetched, ws.specache, ws.fast, out, nullptr);
-  } else {
-    cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, out, nullptr);
-  }
+  cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, out, nullptr);
 }
 
 // SpeCache's selection scores of one chunk of dequantized low-bit keys (rows at their own
@@ -221,11 +205,7 @@ void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_
 void attend_specache_scored(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
                             const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out,
                             float* scores) {
-  if (kSpeCacheFused) {
-    cpu::specache_attend_fused(queries(q), lowbit, fetched, ws.specache, ws.fast, out, scores);
-  } else {
-    cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, out, scores);
-  }
+  cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, out, scores);
 }
 // --- SmallKV ------------------------------------------------------------------------------------
 // The proxy's softmax (the reference's cpu::smallkv_softmax_rows, faster): keys converted by F16C

@@ -30,17 +30,4 @@ void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
                           const SpeCacheFetched& fetched, SpeCacheSelectScratch& scratch,
                           float* out, float* lowbit_scores);
 
-// The same attention through the fused KIVI kernel (fast::attend_kivi_partial scores and
-// accumulates on the codes, never dequantizing) over every low-bit token with the fetched ones
-// masked out (their positions set to INT32_MAX), then the fetched rows by
-// fast::attend_f16_partial (their f16 keys and values), the two parts combined by
-// fast::merge_partials (low-bit part first). Same bits on
-// every SIMD target; NOT within kAttendAbs of the reference: the KIVI kernel's 15/14-bit integer
-// rounding (fast_attention.h) bounds it like attend_kivi (kAttendKiviAbs). `lowbit_scores` as
-// above (the same float pass as specache_attend_fast's step 1, bit for bit). Working memory:
-// `fast` for the kernels, `scratch` (attention, q_positions, k_chunk) for the states.
-void specache_attend_fused(const fast::Queries& q, const KiviHeadStore& lowbit,
-                           const SpeCacheFetched& fetched, SpeCacheSelectScratch& scratch,
-                           fast::Scratch& fast, float* out, float* lowbit_scores);
-
 }  // namespace kvsdk::cpu
