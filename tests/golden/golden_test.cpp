@@ -50,6 +50,22 @@ using namespace kvsdk_test;
 
 namespace {
 
+// Every golden file named `prefix`*.kvsnap has a record in `header` (a file added without one
+// would go unchecked).
+void expect_every_file_recorded(const std::string& prefix, const std::vector<std::string>& recorded,
+                                const char* header) {
+  DIR* d = opendir(KVSDK_GOLDEN_DIR);
+  ASSERT_NE(d, nullptr);
+  for (dirent* ent; (ent = readdir(d)) != nullptr;) {
+    const std::string name = ent->d_name;
+    if (name.rfind(prefix, 0) == 0 && name.size() > 7 && name.substr(name.size() - 7) == ".kvsnap") {
+      EXPECT_NE(std::find(recorded.begin(), recorded.end(), name), recorded.end())
+          << name << " has no record in " << header;
+    }
+  }
+  closedir(d);
+}
+
 // The policy a loaded golden cache reports equals the recorded one and its preset spec.
 void expect_policy(const kvsdk_cache* c, const V2Policy& w, const char* preset);
 
@@ -256,16 +272,7 @@ TEST(GoldenV2, EveryFileOfTheScriptIsRecorded) {
     EXPECT_EQ(pos, e.file_bytes);
     EXPECT_EQ(std::memcmp(&f[e.base_end - kHeaderBytes], "KVSDKEND", 8), 0);
   }
-  DIR* d = opendir(KVSDK_GOLDEN_DIR);
-  ASSERT_NE(d, nullptr);
-  for (dirent* ent; (ent = readdir(d)) != nullptr;) {
-    const std::string name = ent->d_name;
-    if (name.rfind("v2_0_", 0) == 0 && name.size() > 7 && name.substr(name.size() - 7) == ".kvsnap") {
-      EXPECT_NE(std::find(recorded.begin(), recorded.end(), name), recorded.end())
-          << name << " has no record in v2_0_expected.h";
-    }
-  }
-  closedir(d);
+  expect_every_file_recorded("v2_0_", recorded, "v2_0_expected.h");
 }
 
 // Every v2_0 file loads as format 2.0 with its journal, its policy, and exactly the rows and
@@ -1162,16 +1169,7 @@ TEST(GoldenV5, EveryFileOfTheScriptIsRecorded) {
   expect_state(ref->base, emb->base, "referenced vs embedded, base");
   EXPECT_EQ(ref->continuation, emb->continuation);
   EXPECT_LT(ref->file_bytes, emb->file_bytes);
-  DIR* d = opendir(KVSDK_GOLDEN_DIR);
-  ASSERT_NE(d, nullptr);
-  for (dirent* ent; (ent = readdir(d)) != nullptr;) {
-    const std::string name = ent->d_name;
-    if (name.rfind("v5_0_", 0) == 0 && name.size() > 7 && name.substr(name.size() - 7) == ".kvsnap") {
-      EXPECT_NE(std::find(recorded.begin(), recorded.end(), name), recorded.end())
-          << name << " has no record in v5_0_expected.h";
-    }
-  }
-  closedir(d);
+  expect_every_file_recorded("v5_0_", recorded, "v5_0_expected.h");
 }
 
 // The prefix's own snapshot loads as a plain 4.1 cache (not frozen) with its recorded content,
