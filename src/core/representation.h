@@ -193,11 +193,10 @@ class Representation {
   // after truncate_refusal() returned empty for every layer, so a store of layer pairs may cut a
   // pair on the call of either layer. What the cache itself keeps (H2O's scores, observation
   // windows, the row counts) and the evictions of the selection stage are the cache's to check.
-  // The defaults refuse whenever the layer holds such a row.
-  virtual std::string truncate_refusal(uint32_t layer, int32_t position) const;
-  virtual void truncate(uint32_t /*layer*/, int32_t /*position*/) noexcept {}
-  // Whether any head of `layer` holds a row at a position >= `position` (through read()).
-  bool holds_from(uint32_t layer, int32_t position) const;
+  // Every store states its own rule (docs/truncation.md): a store that cannot undo anything
+  // returns a reason whenever the layer holds such a row.
+  virtual std::string truncate_refusal(uint32_t layer, int32_t position) const = 0;
+  virtual void truncate(uint32_t layer, int32_t position) noexcept = 0;
 
   // The log-sum-exp of each query row's scaled scores over one KV head's rows as attention sees
   // them (causal as attend(); -inf when the row sees none): with attend()'s output, what merges

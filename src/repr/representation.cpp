@@ -74,18 +74,6 @@ void Representation::restore_exact(uint32_t layer, std::vector<ExactStore> heads
   }
 }
 
-bool Representation::holds_from(uint32_t layer, int32_t position) const {
-  std::vector<int32_t> pos;
-  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-    pos.resize(head_tokens(layer, h));
-    if (pos.empty()) continue;
-    read(layer, h, nullptr, nullptr, pos.data());
-    for (int32_t p : pos) {
-      if (p >= position) return true;
-    }
-  }
-  return false;
-}
 
 void Representation::attention_lse(uint32_t layer, uint32_t kv_head, const float* q_rows,
                                    const int32_t* row_positions, size_t n_rows, float* lse,
@@ -122,11 +110,6 @@ void Representation::attention_lse(uint32_t layer, uint32_t kv_head, const float
   }
 }
 
-std::string Representation::truncate_refusal(uint32_t layer, int32_t position) const {
-  if (!holds_from(layer, position)) return {};
-  return "policy '" + policy_spec(policy_) + "' cannot remove tokens from layer " +
-         std::to_string(layer) + " (its store keeps no way back)";
-}
 
 std::unique_ptr<Representation> make_representation(const Geometry& geometry,
                                                     const kvsdk_policy& policy) {

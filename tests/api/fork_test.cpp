@@ -25,13 +25,7 @@ constexpr size_t kKvRow = size_t(kKv) * kDim, kQRow = size_t(kQ) * kDim;
 class Fork : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    ASSERT_EQ(kvsdk_policy_parse(&policy, GetParam()), KVSDK_OK) << GetParam();
-    policy.quant_group = 4;  // small KIVI blocks and windows, so that short runs quantize
-    policy.quant_residual = 4;
-    policy.obs_window = 4;
-    policy.sink_tokens = 2;
-    policy.fetch_tokens = 4;
-    policy.match_tokens = 8;
+    policy = small_policy(GetParam(), 4);
     smallkv = policy.method == KVSDK_METHOD_SMALLKV;
     specache = policy.method == KVSDK_METHOD_SPECACHE;
     g = make_geometry(kLayers, kQ, kKv, kDim);

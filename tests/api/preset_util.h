@@ -39,6 +39,21 @@ inline uint64_t used(kvsdk_context* ctx) {
   return u;
 }
 
+// A preset's policy with small windows, so that short test runs quantize, evict and fetch:
+// KIVI blocks of `quant_group` after a residual of 4, observation windows of 4, 2 sink tokens,
+// SpeCache fetching 4 rows, SmallKV matching on 8 tokens.
+inline kvsdk_policy small_policy(const char* spec, int32_t quant_group) {
+  kvsdk_policy p;
+  EXPECT_EQ(kvsdk_policy_parse(&p, spec), KVSDK_OK) << spec;
+  p.quant_group = quant_group;
+  p.quant_residual = 4;
+  p.obs_window = 4;
+  p.sink_tokens = 2;
+  p.fetch_tokens = 4;
+  p.match_tokens = 8;
+  return p;
+}
+
 // Whether a preset evicts rows of its exact tier (the eviction presets and their +kivi overlays).
 inline bool evicts(const std::string& spec) {
   for (const char* m : {"streaming_llm", "h2o", "snapkv", "pyramidkv", "xkv"}) {

@@ -33,17 +33,10 @@ constexpr size_t kKvRow = size_t(kKv) * kDim, kQRow = size_t(kQ) * kDim;
 constexpr int32_t kPrefill = 24, kShared = 4, kDetour = 3, kTruth = 4;
 constexpr int32_t kCut = kPrefill + kShared;
 
-
 class Truncate : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    ASSERT_EQ(kvsdk_policy_parse(&policy, GetParam()), KVSDK_OK) << GetParam();
-    policy.quant_group = 8;
-    policy.quant_residual = 4;
-    policy.obs_window = 4;
-    policy.sink_tokens = 2;
-    policy.fetch_tokens = 4;
-    policy.match_tokens = 8;
+    policy = small_policy(GetParam(), 8);
     policy.evict_slack = 0.5f;  // after an eviction, room for the rest of the scenario
     // minicache+kivi4 quantizes only the merged tokens' directions: the prefill keeps
     // ceil(γ·24) = 2 tokens unmerged, so that KIVI store's flushes come 2 tokens later than the
@@ -58,7 +51,6 @@ class Truncate : public ::testing::TestWithParam<const char*> {
     ctx = make_context();
     ASSERT_TRUE(ctx);
   }
-
 
   // 26 exact tokens per layer for the eviction presets: the history evicts (the observation
   // windows take their share), with a slack that leaves room for the rest of the scenario without

@@ -170,13 +170,19 @@ std::vector<unsigned char> file_bytes(const std::string& path) {
   return std::vector<unsigned char>(std::istreambuf_iterator<char>(f), {});
 }
 
+// The generator's case that wrote `file` among `n` cases (NULL when none did).
+template <class Case>
+const Case* case_named(const Case* cases, size_t n, const std::string& file) {
+  for (size_t i = 0; i < n; ++i) {
+    if (file == cases[i].file) return &cases[i];
+  }
+  return nullptr;
+}
+
 const V2Case* case_of(const V2Expected& e) {
   size_t n = 0;
   const V2Case* cases = v2_cases(&n);
-  for (size_t i = 0; i < n; ++i) {
-    if (std::string(cases[i].file) == e.file) return &cases[i];
-  }
-  return nullptr;
+  return case_named(cases, n, e.file);
 }
 
 // A proxy (smallkv only) that has run the proxy's share of steps [0, steps); NULL otherwise.
@@ -741,10 +747,7 @@ const V5Expected* v5_record(const std::string& file) {
 const V5Case* v5_case_of(const V5Expected& e) {
   size_t n = 0;
   const V5Case* cases = v5_0_cases(&n);
-  for (size_t i = 0; i < n; ++i) {
-    if (std::string(cases[i].file) == e.file) return &cases[i];
-  }
-  return nullptr;
+  return case_named(cases, n, e.file);
 }
 
 std::string v5_temp(const std::string& name) {
