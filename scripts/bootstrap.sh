@@ -12,6 +12,7 @@ packages=(
   libhwy-dev  # Google Highway: SIMD with runtime dispatch (backends/cpu/fast_attention*)
   flatbuffers-compiler libflatbuffers-dev
   googletest libgtest-dev libbenchmark-dev
+  libboost-context-dev  # fibers of the CUDA host execution shim (backends/cuda/host)
   clang libclang-rt-dev
   gnuplot-nox python3
   python3-numpy

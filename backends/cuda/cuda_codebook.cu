@@ -1,8 +1,8 @@
-#include "cuda_codebook.h"
-
 #include <cuda_fp16.h>
 
 #include "cuda_check.h"
+#include "cuda_codebook.h"
+#include "cuda_launch.h"
 
 namespace kvsdk::cuda {
 
@@ -25,8 +25,8 @@ void codebook_reconstruct(const uint16_t* entries, const uint32_t* index, const 
                           size_t n, size_t dim, float* out, cudaStream_t stream) {
   KVSDK_REQUIRE(dim > 0, "codebook_reconstruct: dim must be > 0");
   if (n == 0) return;
-  codebook_kernel<<<blocks_for(n * dim, kThreads), kThreads, 0, stream>>>(entries, index,
-                                                                          magnitude, n, dim, out);
+  KVSDK_LAUNCH(codebook_kernel, blocks_for(n * dim, kThreads), kThreads, 0, stream, entries, index,
+               magnitude, n, dim, out);
   check_launch("codebook_kernel");
 }
 

@@ -1,11 +1,11 @@
-#include "cuda_decode_attention.h"
-
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <type_traits>
 
 #include "cuda_check.h"
+#include "cuda_decode_attention.h"
+#include "cuda_launch.h"
 #include "kivi_device.cuh"
 
 namespace kvsdk::cuda {
@@ -208,20 +208,13 @@ void launch_splits(const float* q, const DecodeShape& sh, const Loader& loader, 
   if (splits == 0) return;
   const dim3 grid(unsigned(splits), unsigned(sh.kv_heads), unsigned(sh.batch));
   const int group = int(sh.group);
-  switch (sh.dim) {
-    case 64:
-      decode_split_kernel<2, Loader><<<grid, kWarps * 32, 0, stream>>>(
-          q, loader, sh.kv_heads, group, tokens, split_tokens, split_base, sh.scale, part);
-      break;
-    case 128:
-      decode_split_kernel<4, Loader><<<grid, kWarps * 32, 0, stream>>>(
-          q, loader, sh.kv_heads, group, tokens, split_tokens, split_base, sh.scale, part);
-      break;
-    default:
-      decode_split_kernel<8, Loader><<<grid, kWarps * 32, 0, stream>>>(
-          q, loader, sh.kv_heads, group, tokens, split_tokens, split_base, sh.scale, part);
-      break;
-  }
+  // One pointer per head dim (a template instance with two arguments is not one macro argument).
+  void (*kernel)(const float*, Loader, size_t, int, size_t, size_t, size_t, float, Partials) =
+      sh.dim == 64    ? decode_split_kernel<2, Loader>
+      : sh.dim == 128 ? decode_split_kernel<4, Loader>
+                      : decode_split_kernel<8, Loader>;
+  KVSDK_LAUNCH(kernel, grid, kWarps * 32, 0, stream, q, loader, sh.kv_heads, group, tokens,
+               split_tokens, split_base, sh.scale, part);
   check_launch("decode_split_kernel");
 }
 
@@ -307,7 +300,7 @@ void decode_attention(const float* q, const DecodeShape& shape, const KiviTierVi
     launch_splits(q, shape, ExactLoader{*exact, shape.dim}, exact_tokens, plan.exact_splits,
                   plan.exact_split_tokens, plan.kivi_splits, part, stream);
   }
-  decode_reduce_kernel<<<unsigned(rows), 128, 0, stream>>>(part, shape.dim, out);
+  KVSDK_LAUNCH(decode_reduce_kernel, unsigned(rows), 128, 0, stream, part, shape.dim, out);
   check_launch("decode_reduce_kernel");
 }
 

@@ -1,6 +1,6 @@
-#include "cuda_gather.h"
-
 #include "cuda_check.h"
+#include "cuda_gather.h"
+#include "cuda_launch.h"
 
 namespace kvsdk::cuda {
 
@@ -24,9 +24,9 @@ template <class Word>
 void launch(const void* src, size_t src_rows, const uint32_t* indices, size_t heads, size_t k,
             size_t row_bytes, void* dst, size_t dst_rows, cudaStream_t stream) {
   const size_t words = row_bytes / sizeof(Word);
-  gather_kernel<Word><<<blocks_for(heads * k * words, kThreads), kThreads, 0, stream>>>(
-      static_cast<const Word*>(src), src_rows, indices, heads, k, words, static_cast<Word*>(dst),
-      dst_rows);
+  KVSDK_LAUNCH(gather_kernel<Word>, blocks_for(heads * k * words, kThreads), kThreads, 0, stream,
+               static_cast<const Word*>(src), src_rows, indices, heads, k, words,
+               static_cast<Word*>(dst), dst_rows);
   check_launch("gather_kernel");
 }
 

@@ -1,6 +1,6 @@
-#include "cuda_kivi_quant.h"
-
 #include "cuda_check.h"
+#include "cuda_kivi_quant.h"
+#include "cuda_launch.h"
 #include "kivi_device.cuh"
 
 namespace kvsdk::cuda {
@@ -147,12 +147,12 @@ void kivi_quantize_keys(const float* k, size_t n_blocks, size_t block_tokens, si
                         cudaStream_t stream) {
   check_args(bits, dim, "kivi_quantize_keys");
   if (n_blocks == 0 || block_tokens == 0) return;
-  key_params_kernel<<<blocks_for(n_blocks * dim, kThreads), kThreads, 0, stream>>>(
-      k, n_blocks, block_tokens, dim, bits, scale, zero);
+  KVSDK_LAUNCH(key_params_kernel, blocks_for(n_blocks * dim, kThreads), kThreads, 0, stream, k,
+               n_blocks, block_tokens, dim, bits, scale, zero);
   check_launch("key_params_kernel");
   const size_t n_rows = n_blocks * block_tokens;
-  key_pack_kernel<<<blocks_for(n_rows * packed_bytes(dim, bits), kThreads), kThreads, 0,
-                    stream>>>(k, n_rows, block_tokens, dim, bits, scale, zero, codes);
+  KVSDK_LAUNCH(key_pack_kernel, blocks_for(n_rows * packed_bytes(dim, bits), kThreads), kThreads, 0,
+               stream, k, n_rows, block_tokens, dim, bits, scale, zero, codes);
   check_launch("key_pack_kernel");
 }
 
@@ -162,8 +162,8 @@ void kivi_dequantize_keys(const uint8_t* codes, const uint16_t* scale, const uin
   check_args(bits, dim, "kivi_dequantize_keys");
   const size_t n_rows = n_blocks * block_tokens;
   if (n_rows == 0) return;
-  key_dequant_kernel<<<blocks_for(n_rows * dim, kThreads), kThreads, 0, stream>>>(
-      codes, scale, zero, n_rows, block_tokens, dim, bits, out);
+  KVSDK_LAUNCH(key_dequant_kernel, blocks_for(n_rows * dim, kThreads), kThreads, 0, stream, codes,
+               scale, zero, n_rows, block_tokens, dim, bits, out);
   check_launch("key_dequant_kernel");
 }
 
@@ -174,11 +174,11 @@ void kivi_quantize_values(const float* v, size_t n_tokens, size_t dim, size_t gr
   KVSDK_REQUIRE(group > 0, "kivi_quantize_values: group must be > 0");
   if (n_tokens == 0) return;
   const size_t n_groups = (dim + group - 1) / group;
-  value_params_kernel<<<blocks_for(n_tokens * n_groups, kThreads), kThreads, 0, stream>>>(
-      v, n_tokens, dim, group, bits, scale, zero);
+  KVSDK_LAUNCH(value_params_kernel, blocks_for(n_tokens * n_groups, kThreads), kThreads, 0, stream,
+               v, n_tokens, dim, group, bits, scale, zero);
   check_launch("value_params_kernel");
-  value_pack_kernel<<<blocks_for(n_tokens * packed_bytes(dim, bits), kThreads), kThreads, 0,
-                      stream>>>(v, n_tokens, dim, group, bits, scale, zero, codes);
+  KVSDK_LAUNCH(value_pack_kernel, blocks_for(n_tokens * packed_bytes(dim, bits), kThreads),
+               kThreads, 0, stream, v, n_tokens, dim, group, bits, scale, zero, codes);
   check_launch("value_pack_kernel");
 }
 
@@ -188,8 +188,8 @@ void kivi_dequantize_values(const uint8_t* codes, const uint16_t* scale, const u
   check_args(bits, dim, "kivi_dequantize_values");
   KVSDK_REQUIRE(group > 0, "kivi_dequantize_values: group must be > 0");
   if (n_tokens == 0) return;
-  value_dequant_kernel<<<blocks_for(n_tokens * dim, kThreads), kThreads, 0, stream>>>(
-      codes, scale, zero, n_tokens, dim, group, bits, out);
+  KVSDK_LAUNCH(value_dequant_kernel, blocks_for(n_tokens * dim, kThreads), kThreads, 0, stream,
+               codes, scale, zero, n_tokens, dim, group, bits, out);
   check_launch("value_dequant_kernel");
 }
 
@@ -197,8 +197,8 @@ void kivi_pack(const uint8_t* codes, size_t n_rows, size_t n_codes, uint32_t bit
                uint8_t* packed, cudaStream_t stream) {
   check_args(bits, n_codes, "kivi_pack");
   if (n_rows == 0) return;
-  pack_kernel<<<blocks_for(n_rows * packed_bytes(n_codes, bits), kThreads), kThreads, 0,
-                stream>>>(codes, n_rows, n_codes, bits, packed);
+  KVSDK_LAUNCH(pack_kernel, blocks_for(n_rows * packed_bytes(n_codes, bits), kThreads), kThreads, 0,
+               stream, codes, n_rows, n_codes, bits, packed);
   check_launch("pack_kernel");
 }
 
@@ -206,8 +206,8 @@ void kivi_unpack(const uint8_t* packed, size_t n_rows, size_t n_codes, uint32_t 
                  uint8_t* codes, cudaStream_t stream) {
   check_args(bits, n_codes, "kivi_unpack");
   if (n_rows == 0) return;
-  unpack_kernel<<<blocks_for(n_rows * n_codes, kThreads), kThreads, 0, stream>>>(
-      packed, n_rows, n_codes, bits, codes);
+  KVSDK_LAUNCH(unpack_kernel, blocks_for(n_rows * n_codes, kThreads), kThreads, 0, stream, packed,
+               n_rows, n_codes, bits, codes);
   check_launch("unpack_kernel");
 }
 

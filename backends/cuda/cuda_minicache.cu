@@ -1,8 +1,8 @@
-#include "cuda_minicache.h"
-
 #include <cuda_fp16.h>
 
 #include "cuda_check.h"
+#include "cuda_launch.h"
+#include "cuda_minicache.h"
 
 namespace kvsdk::cuda {
 
@@ -88,8 +88,8 @@ void minicache_merge(const float* prev, const float* cur, size_t n, size_t dim, 
   KVSDK_REQUIRE(dim > 0, "minicache_merge: dim must be > 0");
   KVSDK_REQUIRE(t >= 0.0f && t <= 1.0f, "minicache_merge: t ", t, " must lie in [0, 1]");
   if (n == 0) return;
-  merge_kernel<<<blocks_for(n * 32, kThreads), kThreads, 0, stream>>>(
-      prev, cur, n, dim, t, direction, mag_prev, mag_cur, distance);
+  KVSDK_LAUNCH(merge_kernel, blocks_for(n * 32, kThreads), kThreads, 0, stream, prev, cur, n, dim,
+               t, direction, mag_prev, mag_cur, distance);
   check_launch("merge_kernel");
 }
 
@@ -98,8 +98,8 @@ void minicache_restore(const uint32_t* slot, const uint16_t* direction, const fl
                        cudaStream_t stream) {
   KVSDK_REQUIRE(dim > 0, "minicache_restore: dim must be > 0");
   if (n == 0) return;
-  restore_kernel<<<blocks_for(n * dim, kThreads), kThreads, 0, stream>>>(slot, direction, mag,
-                                                                         retained, n, dim, out);
+  KVSDK_LAUNCH(restore_kernel, blocks_for(n * dim, kThreads), kThreads, 0, stream, slot, direction,
+               mag, retained, n, dim, out);
   check_launch("restore_kernel");
 }
 

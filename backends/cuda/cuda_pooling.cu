@@ -1,6 +1,6 @@
-#include "cuda_pooling.h"
-
 #include "cuda_check.h"
+#include "cuda_launch.h"
+#include "cuda_pooling.h"
 
 namespace kvsdk::cuda {
 
@@ -18,7 +18,9 @@ __global__ void pool_kernel(const float* in, size_t rows, size_t n, size_t half,
   const float* x = in + row * n;
   float acc = x[lo];
   for (size_t j = lo + 1; j <= hi; ++j) acc = is_max ? fmaxf(acc, x[j]) : acc + x[j];
-  out[i] = is_max ? acc : acc / float(hi - lo + 1);
+  // The average counts the zero padding past either end, like the CPU's policy::pool_scores
+  // (SnapKV's padded average pool): the divisor is the kernel width, not the clipped window.
+  out[i] = is_max ? acc : acc / float(2 * half + 1);
 }
 
 }  // namespace
@@ -27,8 +29,8 @@ void pool1d(const float* in, size_t rows, size_t n, size_t width, PoolKind kind,
             cudaStream_t stream) {
   KVSDK_REQUIRE(width % 2 == 1, "pool1d: width ", width, " must be odd (centred windows)");
   if (rows == 0 || n == 0) return;
-  pool_kernel<<<blocks_for(rows * n, kThreads), kThreads, 0, stream>>>(
-      in, rows, n, width / 2, kind == PoolKind::kMax, out);
+  KVSDK_LAUNCH(pool_kernel, blocks_for(rows * n, kThreads), kThreads, 0, stream, in, rows, n,
+               width / 2, kind == PoolKind::kMax, out);
   check_launch("pool_kernel");
 }
 

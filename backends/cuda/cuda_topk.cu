@@ -1,9 +1,9 @@
-#include "cuda_topk.h"
-
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include "cuda_check.h"
+#include "cuda_launch.h"
+#include "cuda_topk.h"
 
 namespace kvsdk::cuda {
 
@@ -82,7 +82,7 @@ void topk_rows(const float* scores, size_t rows, size_t n, size_t k, uint32_t* i
   KVSDK_REQUIRE(k <= n, "topk_rows: k ", k, " exceeds the row length ", n);
   KVSDK_REQUIRE(n < (size_t(1) << 32), "topk_rows: rows of 2^32 or more scores are not supported");
   if (rows == 0 || k == 0) return;
-  topk_kernel<<<unsigned(rows), kThreads, 0, stream>>>(scores, n, uint32_t(k), indices);
+  KVSDK_LAUNCH(topk_kernel, unsigned(rows), kThreads, 0, stream, scores, n, uint32_t(k), indices);
   check_launch("topk_kernel");
 }
 

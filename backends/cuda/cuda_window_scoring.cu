@@ -1,10 +1,10 @@
-#include "cuda_window_scoring.h"
-
 #include <cuda_fp16.h>
 
 #include <cfloat>
 
 #include "cuda_check.h"
+#include "cuda_launch.h"
+#include "cuda_window_scoring.h"
 
 namespace kvsdk::cuda {
 
@@ -94,16 +94,16 @@ void window_attention_probs(cublasHandle_t handle, const uint16_t* q, const uint
                    int(s.tokens), (long long)(rows * s.tokens), int(s.kv_heads),
                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmStridedBatchedEx (window scores)");
-  masked_softmax_kernel<<<unsigned(s.kv_heads * rows), kThreads, 0, stream>>>(
-      probs, q_positions, k_positions, s.window, rows, s.tokens, s.key_stride, scale);
+  KVSDK_LAUNCH(masked_softmax_kernel, unsigned(s.kv_heads * rows), kThreads, 0, stream, probs,
+               q_positions, k_positions, s.window, rows, s.tokens, s.key_stride, scale);
   check_launch("masked_softmax_kernel");
 }
 
 void window_scores_sum(const float* probs, const WindowShape& s, float* scores,
                        cudaStream_t stream) {
   check_shape(s, "window_scores_sum");
-  column_sum_kernel<<<blocks_for(s.kv_heads * s.tokens, kThreads), kThreads, 0, stream>>>(
-      probs, s.kv_heads, s.group * s.window, s.tokens, scores);
+  KVSDK_LAUNCH(column_sum_kernel, blocks_for(s.kv_heads * s.tokens, kThreads), kThreads, 0, stream,
+               probs, s.kv_heads, s.group * s.window, s.tokens, scores);
   check_launch("column_sum_kernel");
 }
 
