@@ -1,23 +1,23 @@
-// 1-D max/avg pooling vs the CPU's policy::pool_scores (same summation order: exact). The average
+// 1-D max/avg pooling vs the CPU reference backend's pool (same summation order: exact). The average
 // divides by the kernel width at the clipped ends too (zero padding), as the CPU does.
 #include "cuda_pooling.h"
 
 #include <gtest/gtest.h>
 
 #include "cuda_test_util.h"
-#include "policy/importance.h"
+#include "backend_ops.h"
 #include "util/error.h"
 
 namespace kvsdk::cuda {
 namespace {
 
-// The CPU backend's own pooling (what SnapKV's planner runs), row by row.
+// The CPU reference backend's pooling (what SnapKV's planner runs), row by row.
 std::vector<float> cpu_pool(const std::vector<float>& x, size_t rows, size_t n, size_t width,
                             bool is_max) {
   std::vector<float> out(x.size());
   for (size_t r = 0; r < rows; ++r) {
-    policy::pool_scores(x.data() + r * n, n, int(width), is_max ? KVSDK_POOL_MAX : KVSDK_POOL_AVG,
-                        out.data() + r * n);
+    backend::cpu_reference().pool(x.data() + r * n, n, int(width),
+                                  is_max ? KVSDK_POOL_MAX : KVSDK_POOL_AVG, out.data() + r * n);
   }
   return out;
 }
