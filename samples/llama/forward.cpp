@@ -30,7 +30,7 @@ void embed_tokens(const Model& model, const int* tokens, size_t n, int position,
 }
 
 void run_layers(const Model& model, size_t n, float* x, const int32_t* pos,
-                const LayerAttention& attention) {
+                const LayerAttention& attention, bool output) {
   const Config& c = model.config();
   const Weights& w = model.weights();
   const size_t D = size_t(c.dim), H = size_t(c.hidden_dim), KV = size_t(c.kv_dim());
@@ -47,6 +47,7 @@ void run_layers(const Model& model, size_t n, float* x, const int32_t* pos,
       ops::rope(k.data() + t * KV, size_t(c.n_kv_heads), hd, pos[t]);
     }
     attention(uint32_t(l), n, q.data(), k.data(), v.data(), pos, att.data());
+    if (!output && l + 1 == size_t(c.n_layers)) break;  // the rest only feeds x
     ops::matmul(proj.data(), att.data(), w.wo + l * D * D, n, D, D);
     for (size_t i = 0; i < n * D; ++i) x[i] += proj[i];
     for (size_t t = 0; t < n; ++t) ops::rmsnorm(xb.data() + t * D, x + t * D, w.rms_ffn + l * D, D);

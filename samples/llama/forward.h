@@ -25,9 +25,12 @@ void embed_tokens(const Model& model, const int* tokens, size_t n, int position,
 using LayerAttention = std::function<void(uint32_t layer, size_t n, const float* q, const float* k,
                                           const float* v, const int32_t* pos, float* att)>;
 
-// Runs the hidden states x [n][dim] through every layer in place.
+// Runs the hidden states x [n][dim] through every layer in place. `output` false: the caller
+// does not read x afterwards (no logits wanted), so the last layer stops after its attention: its
+// output projection and feed-forward only feed x, never a cache, and nothing observable changes.
+// (SmallKV's proxy never produces tokens and always runs so: the paper's early layer stopping.)
 void run_layers(const Model& model, size_t n, float* x, const int32_t* pos,
-                const LayerAttention& attention);
+                const LayerAttention& attention, bool output = true);
 
 // Logits of rows [first, n) of x: [n - first][vocab_size].
 void final_logits(const Model& model, const float* x, size_t n, size_t first, float* logits);

@@ -32,7 +32,9 @@ class ProxyRunner {
   ProxyRunner(const ProxyRunner&) = delete;
   ProxyRunner& operator=(const ProxyRunner&) = delete;
 
-  // Runs the proxy over the same tokens the large model is about to run.
+  // Runs the proxy over the same tokens the large model is about to run. Without logits: the
+  // proxy generates nothing, so its last layer stops after the attention the large cache reads
+  // (SmallKV's early layer stopping; run_layers).
   void forward(const int* tokens, size_t n) { session_->forward(tokens, n, nullptr); }
   // Saves the proxy's cache to `path` (default options), to be resumed with the constructor above.
   void save(const std::string& path) const;

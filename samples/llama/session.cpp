@@ -58,7 +58,8 @@ void Session::forward(const int* tokens, size_t n, float* logits, bool all_logit
                // them, SnapKV/PyramidKV/XKV keep the newest as the observation window); other
                // policies ignore it.
                check(kvsdk_cache_observe(cache_, l, rows, q, p, qb), "kvsdk_cache_observe");
-             });
+             },
+             logits != nullptr);
   broken_ = false;
   position_ += int(n);
   if (!logits) return;
@@ -96,7 +97,8 @@ void Session::plan_prefill(const int* tokens, size_t n, kvsdk_planner* planner,
                                                 q + (rows - wn) * D, p + (rows - wn),
                                                 wn * D * sizeof(float)),
                        "kvsdk_planner_feed_layer");
-               });
+               },
+               false);  // the planner takes every layer's keys and queries, never the output
   } catch (...) {
     kvsdk_context_destroy(scratch_ctx);
     throw;

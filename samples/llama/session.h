@@ -29,6 +29,7 @@ class Session {
 
   // Runs `n` tokens at positions position() .. position()+n-1 (causal within the chunk).
   // `logits`: NULL, or the last token's vocab_size logits, or with `all_logits` n x vocab_size.
+  // Without logits the last layer stops after its attention (run_layers: nothing else reads it).
   // Throws KvsdkError when the cache refuses an append (KVSDK_E_BUDGET); the session is then
   // unusable (some layers hold the chunk, others do not) and later calls throw llama::Error.
   void forward(const int* tokens, size_t n, float* logits, bool all_logits = false);

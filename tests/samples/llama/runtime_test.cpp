@@ -216,6 +216,46 @@ TEST(LlamaRuntime, KvsdkCacheHoldsEveryTokenOfEveryLayer) {
   EXPECT_GT(st.bytes, 0u);
 }
 
+// A pass without logits stops the last layer after its attention (run_layers' early stop, which
+// SmallKV's proxy always takes): every layer's cache rows and the logits of a later step must be
+// those of a session that computed logits at every token.
+TEST(LlamaRuntime, ForwardWithoutLogitsLeavesTheSameCacheAndLaterLogits) {
+  const llama::Model model = llama::Model::load(bundled_model("shakespeare-base.bin"));
+  const llama::Config& c = model.config();
+  auto ctx = kvsdk_test::make_context();
+  llama::Session with(model, ctx.get(), nullptr), without(model, ctx.get(), nullptr);
+  const std::vector<int> prompt = {20, 45, 50, 50, 53, 1, 61, 53, 56, 50, 42};
+  // A chunk of several rows, then single tokens, the same way in both sessions.
+  std::vector<float> chunk_logits(size_t(c.vocab_size));
+  with.forward(prompt.data(), 5, chunk_logits.data());
+  without.forward(prompt.data(), 5, nullptr);
+  for (size_t t = 5; t < prompt.size(); ++t) {
+    with.step(prompt[t]);
+    without.forward(&prompt[t], 1, nullptr);
+  }
+  for (uint32_t l = 0; l < uint32_t(c.n_layers); ++l) {
+    for (uint32_t h = 0; h < uint32_t(c.n_kv_heads); ++h) {
+      const size_t cap = prompt.size(), n = cap * size_t(c.head_dim());
+      std::vector<float> k1(n), v1(n), k2(n), v2(n);
+      std::vector<int32_t> p1(cap), p2(cap);
+      size_t n1 = 0, n2 = 0;
+      ASSERT_EQ(kvsdk_cache_read(with.cache(), l, h, k1.data(), v1.data(), p1.data(), cap, &n1),
+                KVSDK_OK);
+      ASSERT_EQ(kvsdk_cache_read(without.cache(), l, h, k2.data(), v2.data(), p2.data(), cap, &n2),
+                KVSDK_OK);
+      ASSERT_EQ(n1, prompt.size());
+      ASSERT_EQ(n2, n1);
+      EXPECT_EQ(p1, p2);
+      EXPECT_EQ(0, std::memcmp(k1.data(), k2.data(), n * sizeof(float))) << "layer " << l;
+      EXPECT_EQ(0, std::memcmp(v1.data(), v2.data(), n * sizeof(float))) << "layer " << l;
+    }
+  }
+  const float* a = with.step(47);
+  const std::vector<float> la(a, a + c.vocab_size);
+  const float* b = without.step(47);
+  EXPECT_EQ(0, std::memcmp(la.data(), b, la.size() * sizeof(float)));
+}
+
 TEST(LlamaRuntime, BudgetFailureIsReportedAndPoisonsTheSession) {
   const llama::Model model = llama::Model::load(bundled_model("shakespeare-small.bin"));
   auto ctx = kvsdk_test::make_context(/*budget=*/1000);  // less than one token of all layers
