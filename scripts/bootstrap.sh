@@ -9,6 +9,7 @@ packages=(
   ninja-build
   build-essential cmake pkg-config
   libzstd-dev zstd
+  libxxhash-dev  # XXH64 of snapshot frames and journal rows (header-only use: formats/xxhash64.cpp)
   libhwy-dev  # Google Highway: SIMD with runtime dispatch (backends/cpu/fast_attention*)
   flatbuffers-compiler libflatbuffers-dev
   googletest libgtest-dev libbenchmark-dev
