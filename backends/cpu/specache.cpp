@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "portable_math.h"
@@ -105,6 +106,28 @@ void specache_score_chunk(const float* q, const int32_t* q_positions, size_t row
       const bool visible = !q_positions || key_positions[t] <= q_positions[h];
       scores[h * stride + t] = visible ? dot_f32(q + h * dim, &k[t * dim], dim) * scale : neg_inf;
     }
+  }
+}
+
+void specache_topk(const float* scores, size_t n, size_t k, SpeCacheSelectScratch& sc,
+                   std::vector<uint32_t>& tokens) {
+  tokens.clear();
+  k = std::min(k, n);
+  if (k == 0) return;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  // smallkv_topk's key: NaN ranks with -inf.
+  const auto key = [&](size_t t) { return scores[t] == scores[t] ? scores[t] : neg_inf; };
+  float* keys = at_least(sc.topk_keys, n).data();
+  for (size_t t = 0; t < n; ++t) keys[t] = key(t);
+  std::nth_element(keys, keys + (k - 1), keys + n, std::greater<float>());
+  const float kth = keys[k - 1];
+  size_t above = 0;  // tokens strictly above the k-th value: all of them are taken
+  for (size_t t = 0; t < n; ++t) above += key(t) > kth;
+  size_t ties = k - above;  // the lowest-indexed tokens equal to it fill the rest
+  reserve_for_growth(tokens, k);
+  for (size_t t = 0; t < n; ++t) {
+    const float x = key(t);
+    if (x > kth || (x == kth && ties > 0 && ties--)) tokens.push_back(uint32_t(t));
   }
 }
 

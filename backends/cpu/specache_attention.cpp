@@ -103,6 +103,46 @@ KVSDK_CLONE_INLINE float lane_sum(const float* s, size_t n) {
 
 }  // namespace
 
+KVSDK_TARGET_CLONES  // the elementwise loops (subtract, sums, divisions) vectorize wider
+void specache_select_fast(float* scores, size_t group, size_t n, size_t k,
+                          SpeCacheSelectScratch& sc, std::vector<uint32_t>& tokens,
+                          std::vector<float>* avg_probs) {
+  tokens.clear();
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<float>& avg = avg_probs ? *avg_probs : sc.avg;
+  reserve_for_growth(avg, n);
+  avg.assign(n, 0.0f);
+  if (n == 0) return;
+  for (size_t h = 0; h < group; ++h) {
+    float* s = scores + h * n;
+    // The max in 16 independent lanes (exact in any order; a serial max chain was ~1/5 of this
+    // function).
+    float m16[16];
+    std::fill_n(m16, 16, neg_inf);
+    size_t t0 = 0;
+    for (; t0 + 16 <= n; t0 += 16) {
+      for (size_t j = 0; j < 16; ++j) m16[j] = m16[j] < s[t0 + j] ? s[t0 + j] : m16[j];
+    }
+    float mx = neg_inf;
+    for (size_t j = 0; j < 16; ++j) mx = mx < m16[j] ? m16[j] : mx;
+    for (; t0 < n; ++t0) mx = mx < s[t0] ? s[t0] : mx;
+    if (mx == neg_inf) continue;  // nothing visible to this head
+    for (size_t t = 0; t < n; ++t) s[t] -= mx;
+    fast::exp_f32(s, n, s);  // -inf -> 0
+    // z in double, 4 lanes by t mod 4 summed (0 + 1) + (2 + 3), then the tail in order: one
+    // fixed order (the reference sums in token order; the difference is ~1e-16 relative).
+    double z4[4] = {0, 0, 0, 0};
+    size_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+      for (size_t j = 0; j < 4; ++j) z4[j] += s[t + j];
+    }
+    double z = (z4[0] + z4[1]) + (z4[2] + z4[3]);
+    for (; t < n; ++t) z += s[t];
+    for (size_t t = 0; t < n; ++t) avg[t] += float(s[t] / z / double(group));
+  }
+  if (k > 0) specache_topk(avg.data(), n, k, sc, tokens);
+}
+
 KVSDK_TARGET_CLONES  // the per-channel loops vectorize wider; elementwise, so the same bits
 void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
                           const SpeCacheFetched& fetched, SpeCacheSelectScratch& sc, float* out,
@@ -111,23 +151,33 @@ void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
   std::fill_n(out, rows * dim, 0.0f);
   if (n == 0) return;
   const int32_t* pos = lowbit.positions().data();
-  float* chunk = at_least(sc.k_chunk, std::min(kSpeCacheChunk, n) * dim).data();
+  float* chunk = at_least(sc.k_chunk, std::min(kSpeCacheFastChunk, n) * dim).data();
   float* att = at_least(sc.attention, rows * n + rows).data();  // weights, then each row's sum
   float* low = lowbit_scores ? lowbit_scores : att;
 
   // 1. Keys: the low-bit scores, then the attention's copy with the fetched keys' scores.
-  for (size_t first = 0; first < n; first += kSpeCacheChunk) {
-    const size_t c = std::min(kSpeCacheChunk, n - first);
+  for (size_t first = 0; first < n; first += kSpeCacheFastChunk) {
+    const size_t c = std::min(kSpeCacheFastChunk, n - first);
     lowbit.read_rows(first, c, chunk, nullptr);
     fast::dot_scores(q.q, rows, chunk, c, dim, q.scale, low + first, n);
     mask(q, pos + first, c, low + first, n);
   }
   if (low != att) std::copy_n(low, rows * n, att);
-  for (size_t i = 0; i < fetched.tokens.size(); ++i) {
-    const size_t t = fetched.tokens[i];
-    f16_to_f32_array(&fetched.k[i * dim], chunk, dim);  // exact
-    fast::dot_scores(q.q, rows, chunk, 1, dim, q.scale, att + t, n);
-    mask(q, pos + t, 1, att + t, n);
+  // The fetched keys' scores, up to a chunk of them at a time (each token's dot product is the
+  // same in any batch), scattered over their low-bit scores.
+  const size_t nf = fetched.tokens.size();
+  float* fs = at_least(sc.fetched_scores, rows * std::min(kSpeCacheFastChunk, nf)).data();
+  for (size_t i0 = 0; i0 < nf; i0 += kSpeCacheFastChunk) {
+    const size_t c = std::min(kSpeCacheFastChunk, nf - i0);
+    f16_to_f32_array(&fetched.k[i0 * dim], chunk, c * dim);  // exact
+    fast::dot_scores(q.q, rows, chunk, c, dim, q.scale, fs, c);
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    for (size_t r = 0; r < rows; ++r) {
+      for (size_t i = 0; i < c; ++i) {
+        const size_t t = fetched.tokens[i0 + i];
+        att[r * n + t] = q.positions && pos[t] > q.positions[r] ? neg_inf : fs[r * c + i];
+      }
+    }
   }
 
   // 2. Softmax weights per row (unnormalized: exp(score - max)), and their sums.
@@ -145,8 +195,8 @@ void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
 
   // 3. Values: each chunk dequantized once, fetched rows substituted, accumulated per channel.
   size_t next = 0;  // first fetched entry not yet substituted (both lists ascend)
-  for (size_t first = 0; first < n; first += kSpeCacheChunk) {
-    const size_t c = std::min(kSpeCacheChunk, n - first);
+  for (size_t first = 0; first < n; first += kSpeCacheFastChunk) {
+    const size_t c = std::min(kSpeCacheFastChunk, n - first);
     lowbit.read_rows(first, c, nullptr, chunk);
     while (next < fetched.tokens.size() && fetched.tokens[next] < first + c) {
       f16_to_f32_array(&fetched.v[next * dim], chunk + (fetched.tokens[next] - first) * dim, dim);

@@ -17,15 +17,33 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "fast_attention.h"
 #include "specache.h"
 
 namespace kvsdk::cpu {
 
+// Tokens per chunk of the optimized passes (attention and selection): a chunk of dequantized
+// keys or values (64 x head_dim 64 floats = 16 KiB) is written and read back while it is in
+// L1. Chunking does not change any result: each token's score and each channel's sum are
+// computed the same way whatever the chunk.
+constexpr size_t kSpeCacheFastChunk = 64;
+
 // out [q.n_rows][dim]; rows that see no token get zeros. `lowbit_scores`: NULL, or
 // [q.n_rows][lowbit.size()] for the low-bit scores (-inf where a token is after the row's
 // position; q.positions NULL: every token visible), as the selection computes them.
+// From the scores [group][n] of one query's rows (overwritten: each becomes exp(score - max))
+// to the group-averaged probabilities (into *avg_probs when non-null) and the top k
+// (specache_topk) in `tokens`: exp vectorized (fast::exp_f32). The normalization and the group
+// average are the reference's (double; z summed in 4 lanes, the reference's in token order), so
+// the probabilities differ from the reference (cpu::specache_select_from_scores) only by the
+// scores' and exp's rounding, and the top-k only at near-ties. Elementwise loops in a fixed
+// order: the same bits in every target clone.
+void specache_select_fast(float* scores, size_t group, size_t n, size_t k,
+                          SpeCacheSelectScratch& scratch, std::vector<uint32_t>& tokens,
+                          std::vector<float>* avg_probs);
+
 void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
                           const SpeCacheFetched& fetched, SpeCacheSelectScratch& scratch,
                           float* out, float* lowbit_scores);

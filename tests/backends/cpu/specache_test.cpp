@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
 
 #include "attention.h"
 #include "kivi_attention.h"
 #include "reference_attention.h"
+#include "smallkv.h"
 #include "specache.h"
 #include "util/error.h"
 #include "util/half.h"
@@ -197,6 +199,32 @@ TEST(SpeCache, SelectionOnAnEmptyStoreIsEmpty) {
   SpeCacheHead head(16, KiviConfig{2, 8, 8});
   head.prefetch(q.data(), 2, INT32_MAX, 0.25f, 4);
   EXPECT_TRUE(head.fetched().tokens.empty());
+}
+
+}  // namespace
+
+namespace {
+
+// specache_topk (the optimized selection's top-k) picks exactly smallkv_topk's tokens: the k
+// highest, NaN lowest, ties to the lower index. Scores drawn from a few values force ties at
+// the k-th place; every k from 0 to past n.
+TEST(SpeCache, TopKIsSmallKvTopK) {
+  std::mt19937 rng(7);
+  SpeCacheSelectScratch scratch;
+  std::vector<uint32_t> got;
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t n = 1 + rng() % 300;
+    const int levels = 1 + int(rng() % 12);
+    std::vector<float> s(n);
+    for (float& x : s) {
+      const uint32_t r = rng() % 64;
+      x = r == 0 ? std::nanf("") : r == 1 ? -0.0f : r == 2 ? 0.0f : float(int(rng() % levels) - 3);
+    }
+    for (size_t k : {size_t(0), size_t(1), size_t(rng() % (n + 1)), n - 1, n, n + 3}) {
+      specache_topk(s.data(), n, k, scratch, got);
+      EXPECT_EQ(got, smallkv_topk(s.data(), n, k)) << "n " << n << " k " << k;
+    }
+  }
 }
 
 }  // namespace
