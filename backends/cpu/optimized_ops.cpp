@@ -157,7 +157,7 @@ void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_
   }
   for (size_t first = 0; first < n; first += cpu::kSpeCacheFastChunk) {
     const size_t c = std::min(cpu::kSpeCacheFastChunk, n - first);
-    lowbit.read_rows(first, c, kr, nullptr);  // keys only
+    cpu::specache_read_rows(lowbit, first, c, kr, nullptr, sc);  // keys only
     specache_score_chunk(rows, kr, lowbit.positions().data() + first, c, scores + first, n);
   }
   specache_select_scored(scores, group, n, k, ws, tokens, avg_probs);

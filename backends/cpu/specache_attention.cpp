@@ -1,6 +1,7 @@
 #include "specache_attention.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "fast_chunk_attention.h"
@@ -71,6 +72,87 @@ KVSDK_CLONE_INLINE void accumulate_tile(const float* const* p, const float* chun
   }
 }
 
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define KVSDK_SPECACHE_VEC16 1
+// 16 lanes (GCC/Clang vector extension; each target clone compiles them for its own target).
+typedef int32_t Ints16 __attribute__((vector_size(64)));
+typedef float Floats16 __attribute__((vector_size(64)));
+
+// 16 codes at B bits from 2B bytes read as one little-endian word (packed LSB-first: code j at
+// bits B * j): broadcast, shift each lane by its own constant, mask, convert, z + code * s.
+template <uint32_t B>
+KVSDK_CLONE_INLINE void dequant16(const uint8_t* p, const Floats16& s, const Floats16& z,
+                                  float* out) {
+  constexpr Ints16 kShift = {0 * B,  1 * B,  2 * B,  3 * B,  4 * B,  5 * B,  6 * B,  7 * B,
+                             8 * B,  9 * B,  10 * B, 11 * B, 12 * B, 13 * B, 14 * B, 15 * B};
+  uint32_t word = 0;
+  std::memcpy(&word, p, 2 * B);
+  const Ints16 codes = ((Ints16{} + int32_t(word)) >> kShift) & int32_t((1u << B) - 1u);
+  const Floats16 o = z + __builtin_convertvector(codes, Floats16) * s;
+  std::memcpy(out, &o, sizeof o);
+}
+
+KVSDK_CLONE_INLINE Floats16 load16(const float* p) {
+  Floats16 x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+
+// Quantized rows [first, first + count) (all below lowbit.quantized_tokens()).
+template <uint32_t B>
+KVSDK_CLONE_INLINE void read_quantized(const KiviHeadStore& lowbit, size_t first, size_t count,
+                                       float* k, float* v, SpeCacheSelectScratch& sc) {
+  const size_t dim = lowbit.head_dim(), row_bytes = dim * B / 8, vecs = dim / 16;
+  const size_t G = lowbit.config().group, v_groups = dim / G;
+  float* par = at_least(sc.params, 2 * std::max(dim, kSpeCacheFastChunk * v_groups)).data();
+  if (k) {
+    const std::vector<uint32_t>& ragged = lowbit.block_token_counts();
+    // The key block of token `first`, and its first token.
+    size_t block = 0, block_first = 0;
+    if (ragged.empty()) {
+      block = first / G;
+      block_first = block * G;
+    } else {
+      while (block_first + ragged[block] <= first) block_first += ragged[block++];
+    }
+    const uint8_t* codes = lowbit.key_codes().data();
+    for (size_t t = first; t < first + count;) {
+      const size_t size = ragged.empty() ? G : ragged[block];
+      const size_t end = std::min(first + count, block_first + size);
+      f16_to_f32_array(lowbit.key_scales().data() + block * dim, par, dim);
+      f16_to_f32_array(lowbit.key_zeros().data() + block * dim, par + dim, dim);
+      for (; t < end; ++t) {
+        float* o = k + (t - first) * dim;
+        const uint8_t* row = codes + t * row_bytes;
+        for (size_t i = 0; i < vecs; ++i) {
+          dequant16<B>(row + i * 2 * B, load16(par + 16 * i), load16(par + dim + 16 * i),
+                       o + 16 * i);
+        }
+      }
+      block_first += size;
+      ++block;
+    }
+  }
+  if (v) {
+    // Each group's scale and zero point, for every token of the chunk at once.
+    for (size_t t0 = first; t0 < first + count; t0 += kSpeCacheFastChunk) {
+      const size_t c = std::min(kSpeCacheFastChunk, first + count - t0), m = c * v_groups;
+      f16_to_f32_array(lowbit.value_scales().data() + t0 * v_groups, par, m);
+      f16_to_f32_array(lowbit.value_zeros().data() + t0 * v_groups, par + m, m);
+      for (size_t t = 0; t < c; ++t) {
+        float* o = v + (t0 + t - first) * dim;
+        const uint8_t* row = lowbit.value_codes().data() + (t0 + t) * row_bytes;
+        for (size_t i = 0; i < vecs; ++i) {
+          const size_t g = t * v_groups + 16 * i / G;
+          dequant16<B>(row + i * 2 * B, Floats16{} + par[g], Floats16{} + par[m + g],
+                       o + 16 * i);
+        }
+      }
+    }
+  }
+}
+#endif
+
 // max of s[0, n) (n > 0): exact in any order, so 16 independent lanes (vectorizable).
 KVSDK_CLONE_INLINE float max_of(const float* s, size_t n) {
   float m[16];
@@ -102,6 +184,30 @@ KVSDK_CLONE_INLINE float lane_sum(const float* s, size_t n) {
 }
 
 }  // namespace
+
+KVSDK_TARGET_CLONES  // elementwise vector code: the same bits in every clone
+void specache_read_rows(const KiviHeadStore& lowbit, size_t first, size_t count, float* k,
+                        float* v, SpeCacheSelectScratch& sc) {
+  const size_t dim = lowbit.head_dim(), G = lowbit.config().group;
+  const uint32_t bits = lowbit.config().bits;
+  const size_t quant_end = std::min(first + count, lowbit.quantized_tokens());
+#if KVSDK_SPECACHE_VEC16
+  const bool fast = (bits == 1 || bits == 2) && dim % 16 == 0 && G % 16 == 0 && dim % G == 0;
+#else
+  const bool fast = false;
+#endif
+  if (!fast) return lowbit.read_rows(first, count, k, v);
+  size_t t = first;
+#if KVSDK_SPECACHE_VEC16
+  if (t < quant_end) {
+    if (bits == 1) read_quantized<1>(lowbit, t, quant_end - t, k, v, sc);
+    else read_quantized<2>(lowbit, t, quant_end - t, k, v, sc);
+    t = quant_end;
+  }
+#endif
+  if (t < first + count) lowbit.read_rows(t, first + count - t, k ? k + (t - first) * dim : nullptr,
+                                          v ? v + (t - first) * dim : nullptr);  // exact rows
+}
 
 KVSDK_TARGET_CLONES  // the elementwise loops (subtract, sums, divisions) vectorize wider
 void specache_select_fast(float* scores, size_t group, size_t n, size_t k,
@@ -158,7 +264,7 @@ void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
   // 1. Keys: the low-bit scores, then the attention's copy with the fetched keys' scores.
   for (size_t first = 0; first < n; first += kSpeCacheFastChunk) {
     const size_t c = std::min(kSpeCacheFastChunk, n - first);
-    lowbit.read_rows(first, c, chunk, nullptr);
+    specache_read_rows(lowbit, first, c, chunk, nullptr, sc);
     fast::dot_scores(q.q, rows, chunk, c, dim, q.scale, low + first, n);
     mask(q, pos + first, c, low + first, n);
   }
@@ -197,7 +303,7 @@ void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
   size_t next = 0;  // first fetched entry not yet substituted (both lists ascend)
   for (size_t first = 0; first < n; first += kSpeCacheFastChunk) {
     const size_t c = std::min(kSpeCacheFastChunk, n - first);
-    lowbit.read_rows(first, c, nullptr, chunk);
+    specache_read_rows(lowbit, first, c, nullptr, chunk, sc);
     while (next < fetched.tokens.size() && fetched.tokens[next] < first + c) {
       f16_to_f32_array(&fetched.v[next * dim], chunk + (fetched.tokens[next] - first) * dim, dim);
       ++next;

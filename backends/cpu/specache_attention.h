@@ -33,6 +33,14 @@ constexpr size_t kSpeCacheFastChunk = 64;
 // out [q.n_rows][dim]; rows that see no token get zeros. `lowbit_scores`: NULL, or
 // [q.n_rows][lowbit.size()] for the low-bit scores (-inf where a token is after the row's
 // position; q.positions NULL: every token visible), as the selection computes them.
+// lowbit.read_rows(first, count, k, v) (either may be NULL), the same bits, faster at 1 and 2 bits
+// (head_dim and, for values, the group a multiple of 16; otherwise it calls read_rows): each
+// block's key scales and zero points, and the chunk's value scales and zero points, converted
+// from f16 in bulk (F16C where there is one; exact either way), then 16 channels at a time
+// unpacked in a vector and dequantized as z + code * s (kivi_dequant's operations).
+void specache_read_rows(const KiviHeadStore& lowbit, size_t first, size_t count, float* k,
+                        float* v, SpeCacheSelectScratch& scratch);
+
 // From the scores [group][n] of one query's rows (overwritten: each becomes exp(score - max))
 // to the group-averaged probabilities (into *avg_probs when non-null) and the top k
 // (specache_topk) in `tokens`: exp vectorized (fast::exp_f32). The normalization and the group
