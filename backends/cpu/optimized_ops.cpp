@@ -147,7 +147,7 @@ void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_
     return;
   }
   float* scores = at_least(sc.scores, group * n).data();
-  float* kr = at_least(sc.k_chunk, std::min(cpu::kSpeCacheFastChunk, n) * dim).data();
+  float* kr = at_least(sc.k_chunk, std::min(cpu::kSpeCacheChunk, n) * dim).data();
   // Every row of the group at the query's position (one speculative query).
   QueryRows rows = q;
   if (q.positions) {
@@ -155,8 +155,8 @@ void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_
     std::fill_n(pos, group, q.positions[0]);
     rows.positions = pos;
   }
-  for (size_t first = 0; first < n; first += cpu::kSpeCacheFastChunk) {
-    const size_t c = std::min(cpu::kSpeCacheFastChunk, n - first);
+  for (size_t first = 0; first < n; first += cpu::kSpeCacheChunk) {
+    const size_t c = std::min(cpu::kSpeCacheChunk, n - first);
     cpu::specache_read_rows(lowbit, first, c, kr, nullptr, sc);  // keys only
     specache_score_chunk(rows, kr, lowbit.positions().data() + first, c, scores + first, n);
   }

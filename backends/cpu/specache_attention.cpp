@@ -104,7 +104,7 @@ KVSDK_CLONE_INLINE void read_quantized(const KiviHeadStore& lowbit, size_t first
                                        float* k, float* v, SpeCacheSelectScratch& sc) {
   const size_t dim = lowbit.head_dim(), row_bytes = dim * B / 8, vecs = dim / 16;
   const size_t G = lowbit.config().group, v_groups = dim / G;
-  float* par = at_least(sc.params, 2 * std::max(dim, kSpeCacheFastChunk * v_groups)).data();
+  float* par = at_least(sc.params, 2 * std::max(dim, kSpeCacheChunk * v_groups)).data();
   if (k) {
     const std::vector<uint32_t>& ragged = lowbit.block_token_counts();
     // The key block of token `first`, and its first token.
@@ -135,8 +135,8 @@ KVSDK_CLONE_INLINE void read_quantized(const KiviHeadStore& lowbit, size_t first
   }
   if (v) {
     // Each group's scale and zero point, for every token of the chunk at once.
-    for (size_t t0 = first; t0 < first + count; t0 += kSpeCacheFastChunk) {
-      const size_t c = std::min(kSpeCacheFastChunk, first + count - t0), m = c * v_groups;
+    for (size_t t0 = first; t0 < first + count; t0 += kSpeCacheChunk) {
+      const size_t c = std::min(kSpeCacheChunk, first + count - t0), m = c * v_groups;
       f16_to_f32_array(lowbit.value_scales().data() + t0 * v_groups, par, m);
       f16_to_f32_array(lowbit.value_zeros().data() + t0 * v_groups, par + m, m);
       for (size_t t = 0; t < c; ++t) {
@@ -257,13 +257,13 @@ void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
   std::fill_n(out, rows * dim, 0.0f);
   if (n == 0) return;
   const int32_t* pos = lowbit.positions().data();
-  float* chunk = at_least(sc.k_chunk, std::min(kSpeCacheFastChunk, n) * dim).data();
+  float* chunk = at_least(sc.k_chunk, std::min(kSpeCacheChunk, n) * dim).data();
   float* att = at_least(sc.attention, rows * n + rows).data();  // weights, then each row's sum
   float* low = lowbit_scores ? lowbit_scores : att;
 
   // 1. Keys: the low-bit scores, then the attention's copy with the fetched keys' scores.
-  for (size_t first = 0; first < n; first += kSpeCacheFastChunk) {
-    const size_t c = std::min(kSpeCacheFastChunk, n - first);
+  for (size_t first = 0; first < n; first += kSpeCacheChunk) {
+    const size_t c = std::min(kSpeCacheChunk, n - first);
     specache_read_rows(lowbit, first, c, chunk, nullptr, sc);
     fast::dot_scores(q.q, rows, chunk, c, dim, q.scale, low + first, n);
     mask(q, pos + first, c, low + first, n);
@@ -272,9 +272,9 @@ void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
   // The fetched keys' scores, up to a chunk of them at a time (each token's dot product is the
   // same in any batch), scattered over their low-bit scores.
   const size_t nf = fetched.tokens.size();
-  float* fs = at_least(sc.fetched_scores, rows * std::min(kSpeCacheFastChunk, nf)).data();
-  for (size_t i0 = 0; i0 < nf; i0 += kSpeCacheFastChunk) {
-    const size_t c = std::min(kSpeCacheFastChunk, nf - i0);
+  float* fs = at_least(sc.fetched_scores, rows * std::min(kSpeCacheChunk, nf)).data();
+  for (size_t i0 = 0; i0 < nf; i0 += kSpeCacheChunk) {
+    const size_t c = std::min(kSpeCacheChunk, nf - i0);
     f16_to_f32_array(&fetched.k[i0 * dim], chunk, c * dim);  // exact
     fast::dot_scores(q.q, rows, chunk, c, dim, q.scale, fs, c);
     const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -301,8 +301,8 @@ void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
 
   // 3. Values: each chunk dequantized once, fetched rows substituted, accumulated per channel.
   size_t next = 0;  // first fetched entry not yet substituted (both lists ascend)
-  for (size_t first = 0; first < n; first += kSpeCacheFastChunk) {
-    const size_t c = std::min(kSpeCacheFastChunk, n - first);
+  for (size_t first = 0; first < n; first += kSpeCacheChunk) {
+    const size_t c = std::min(kSpeCacheChunk, n - first);
     specache_read_rows(lowbit, first, c, nullptr, chunk, sc);
     while (next < fetched.tokens.size() && fetched.tokens[next] < first + c) {
       f16_to_f32_array(&fetched.v[next * dim], chunk + (fetched.tokens[next] - first) * dim, dim);

@@ -24,12 +24,6 @@
 
 namespace kvsdk::cpu {
 
-// Tokens per chunk of the optimized passes (attention and selection): a chunk of dequantized
-// keys or values (64 x head_dim 64 floats = 16 KiB) is written and read back while it is in
-// L1. Chunking does not change any result: each token's score and each channel's sum are
-// computed the same way whatever the chunk.
-constexpr size_t kSpeCacheFastChunk = 64;
-
 // out [q.n_rows][dim]; rows that see no token get zeros. `lowbit_scores`: NULL, or
 // [q.n_rows][lowbit.size()] for the low-bit scores (-inf where a token is after the row's
 // position; q.positions NULL: every token visible), as the selection computes them.
