@@ -24,9 +24,6 @@
 
 namespace kvsdk::cpu {
 
-// out [q.n_rows][dim]; rows that see no token get zeros. `lowbit_scores`: NULL, or
-// [q.n_rows][lowbit.size()] for the low-bit scores (-inf where a token is after the row's
-// position; q.positions NULL: every token visible), as the selection computes them.
 // lowbit.read_rows(first, count, k, v) (either may be NULL), the same bits, faster at 1 and 2 bits
 // (head_dim and, for values, the group a multiple of 16; otherwise it calls read_rows): each
 // block's key scales and zero points, and the chunk's value scales and zero points, converted
@@ -46,6 +43,9 @@ void specache_select_fast(float* scores, size_t group, size_t n, size_t k,
                           SpeCacheSelectScratch& scratch, std::vector<uint32_t>& tokens,
                           std::vector<float>* avg_probs);
 
+// out [q.n_rows][dim]; rows that see no token get zeros. `lowbit_scores`: NULL, or
+// [q.n_rows][lowbit.size()] for the low-bit scores (-inf where a token is after the row's
+// position; q.positions NULL: every token visible), as the selection computes them.
 void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
                           const SpeCacheFetched& fetched, SpeCacheSelectScratch& scratch,
                           float* out, float* lowbit_scores);
