@@ -127,47 +127,11 @@ void specache_score_chunk(const QueryRows& q, const float* k, const int32_t* key
   }
 }
 
-// From scores [group][n] (overwritten) to the group-averaged probabilities and top-k: exp
-// vectorized (fast::exp_f32). The normalization and the group average are the reference's
-// (double sums; this one in 4 lanes, the reference's in token order), so the probabilities differ
-// from the reference only by the scores' and exp's rounding, and the top-k only at near-ties.
+// From scores [group][n] (overwritten) to the group-averaged probabilities and top-k
+// (cpu::specache_select_fast, specache_attention.h).
 void specache_select_scored(float* scores, size_t group, size_t n, size_t k, Workspace& ws,
                             std::vector<uint32_t>& tokens, std::vector<float>* avg_probs) {
-  cpu::SpeCacheSelectScratch& sc = ws.specache;
-  tokens.clear();
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  std::vector<float>& avg = avg_probs ? *avg_probs : sc.avg;
-  reserve_for_growth(avg, n);
-  avg.assign(n, 0.0f);
-  if (n == 0) return;
-  for (size_t h = 0; h < group; ++h) {
-    float* s = scores + h * n;
-    // The max in 16 independent lanes (exact in any order; a serial max chain was ~1/5 of this
-    // function).
-    float m16[16];
-    std::fill_n(m16, 16, neg_inf);
-    size_t t0 = 0;
-    for (; t0 + 16 <= n; t0 += 16) {
-      for (size_t j = 0; j < 16; ++j) m16[j] = m16[j] < s[t0 + j] ? s[t0 + j] : m16[j];
-    }
-    float mx = neg_inf;
-    for (size_t j = 0; j < 16; ++j) mx = mx < m16[j] ? m16[j] : mx;
-    for (; t0 < n; ++t0) mx = mx < s[t0] ? s[t0] : mx;
-    if (mx == neg_inf) continue;  // nothing visible to this head
-    for (size_t t = 0; t < n; ++t) s[t] -= mx;
-    cpu::fast::exp_f32(s, n, s);  // -inf -> 0
-    // z in double, 4 lanes by t mod 4 summed (0 + 1) + (2 + 3), then the tail in order: one
-    // fixed order (the reference sums in token order; the difference is ~1e-16 relative).
-    double z4[4] = {0, 0, 0, 0};
-    size_t t = 0;
-    for (; t + 4 <= n; t += 4) {
-      for (size_t j = 0; j < 4; ++j) z4[j] += s[t + j];
-    }
-    double z = (z4[0] + z4[1]) + (z4[2] + z4[3]);
-    for (; t < n; ++t) z += s[t];
-    for (size_t t = 0; t < n; ++t) avg[t] += float(s[t] / z / double(group));
-  }
-  if (k > 0) cpu::smallkv_topk(avg.data(), n, k, sc.order, tokens);
+  cpu::specache_select_fast(scores, group, n, k, ws.specache, tokens, avg_probs);
 }
 
 // SpeCache selection (the reference's cpu::specache_select, faster): keys only are dequantized,
@@ -193,7 +157,7 @@ void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_
   }
   for (size_t first = 0; first < n; first += cpu::kSpeCacheChunk) {
     const size_t c = std::min(cpu::kSpeCacheChunk, n - first);
-    lowbit.read_rows(first, c, kr, nullptr);  // keys only
+    cpu::specache_read_rows(lowbit, first, c, kr, nullptr, sc);  // keys only
     specache_score_chunk(rows, kr, lowbit.positions().data() + first, c, scores + first, n);
   }
   specache_select_scored(scores, group, n, k, ws, tokens, avg_probs);

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "portable_math.h"
 #include "smallkv.h"
+#include "target_clones.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -105,6 +107,43 @@ void specache_score_chunk(const float* q, const int32_t* q_positions, size_t row
       const bool visible = !q_positions || key_positions[t] <= q_positions[h];
       scores[h * stride + t] = visible ? dot_f32(q + h * dim, &k[t * dim], dim) * scale : neg_inf;
     }
+  }
+}
+
+namespace {
+// Scores as unsigned keys in the same order (NaN as -inf, -0 as +0: smallkv_topk's ranking).
+inline uint32_t order_key(float x) {
+  if (!(x == x)) x = -std::numeric_limits<float>::infinity();
+  if (x == 0.0f) x = 0.0f;
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+}  // namespace
+
+KVSDK_TARGET_CLONES  // the counting passes vectorize wider; integer counts, the same result
+void specache_topk(const float* scores, size_t n, size_t k, SpeCacheSelectScratch& sc,
+                   std::vector<uint32_t>& tokens) {
+  tokens.clear();
+  k = std::min(k, n);
+  if (k == 0) return;
+  uint32_t* keys = at_least(sc.order, n).data();
+  for (size_t t = 0; t < n; ++t) keys[t] = order_key(scores[t]);
+  // The k-th highest key: the largest `kth` with at least k keys >= it, built bit by bit from the
+  // top (the count only falls as `kth` grows), one branch-free counting pass per bit.
+  uint32_t kth = 0;
+  for (uint32_t bit = 1u << 31; bit != 0; bit >>= 1) {
+    const uint32_t c = kth | bit;
+    size_t count = 0;
+    for (size_t t = 0; t < n; ++t) count += keys[t] >= c;
+    if (count >= k) kth = c;
+  }
+  size_t above = 0;  // tokens strictly above the k-th key: all of them are taken
+  for (size_t t = 0; t < n; ++t) above += keys[t] > kth;
+  size_t ties = k - above;  // the lowest-indexed tokens equal to it fill the rest
+  reserve_for_growth(tokens, k);
+  for (size_t t = 0; t < n; ++t) {
+    if (keys[t] > kth || (keys[t] == kth && ties > 0 && ties--)) tokens.push_back(uint32_t(t));
   }
 }
 

@@ -1,6 +1,7 @@
 #include "specache_attention.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "fast_chunk_attention.h"
@@ -71,6 +72,87 @@ KVSDK_CLONE_INLINE void accumulate_tile(const float* const* p, const float* chun
   }
 }
 
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define KVSDK_SPECACHE_VEC16 1
+// 16 lanes (GCC/Clang vector extension; each target clone compiles them for its own target).
+typedef int32_t Ints16 __attribute__((vector_size(64)));
+typedef float Floats16 __attribute__((vector_size(64)));
+
+// 16 codes at B bits from 2B bytes read as one little-endian word (packed LSB-first: code j at
+// bits B * j): broadcast, shift each lane by its own constant, mask, convert, z + code * s.
+template <uint32_t B>
+KVSDK_CLONE_INLINE void dequant16(const uint8_t* p, const Floats16& s, const Floats16& z,
+                                  float* out) {
+  constexpr Ints16 kShift = {0 * B,  1 * B,  2 * B,  3 * B,  4 * B,  5 * B,  6 * B,  7 * B,
+                             8 * B,  9 * B,  10 * B, 11 * B, 12 * B, 13 * B, 14 * B, 15 * B};
+  uint32_t word = 0;
+  std::memcpy(&word, p, 2 * B);
+  const Ints16 codes = ((Ints16{} + int32_t(word)) >> kShift) & int32_t((1u << B) - 1u);
+  const Floats16 o = z + __builtin_convertvector(codes, Floats16) * s;
+  std::memcpy(out, &o, sizeof o);
+}
+
+KVSDK_CLONE_INLINE Floats16 load16(const float* p) {
+  Floats16 x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+
+// Quantized rows [first, first + count) (all below lowbit.quantized_tokens()).
+template <uint32_t B>
+KVSDK_CLONE_INLINE void read_quantized(const KiviHeadStore& lowbit, size_t first, size_t count,
+                                       float* k, float* v, SpeCacheSelectScratch& sc) {
+  const size_t dim = lowbit.head_dim(), row_bytes = dim * B / 8, vecs = dim / 16;
+  const size_t G = lowbit.config().group, v_groups = dim / G;
+  float* par = at_least(sc.params, 2 * std::max(dim, kSpeCacheChunk * v_groups)).data();
+  if (k) {
+    const std::vector<uint32_t>& ragged = lowbit.block_token_counts();
+    // The key block of token `first`, and its first token.
+    size_t block = 0, block_first = 0;
+    if (ragged.empty()) {
+      block = first / G;
+      block_first = block * G;
+    } else {
+      while (block_first + ragged[block] <= first) block_first += ragged[block++];
+    }
+    const uint8_t* codes = lowbit.key_codes().data();
+    for (size_t t = first; t < first + count;) {
+      const size_t size = ragged.empty() ? G : ragged[block];
+      const size_t end = std::min(first + count, block_first + size);
+      f16_to_f32_array(lowbit.key_scales().data() + block * dim, par, dim);
+      f16_to_f32_array(lowbit.key_zeros().data() + block * dim, par + dim, dim);
+      for (; t < end; ++t) {
+        float* o = k + (t - first) * dim;
+        const uint8_t* row = codes + t * row_bytes;
+        for (size_t i = 0; i < vecs; ++i) {
+          dequant16<B>(row + i * 2 * B, load16(par + 16 * i), load16(par + dim + 16 * i),
+                       o + 16 * i);
+        }
+      }
+      block_first += size;
+      ++block;
+    }
+  }
+  if (v) {
+    // Each group's scale and zero point, for every token of the chunk at once.
+    for (size_t t0 = first; t0 < first + count; t0 += kSpeCacheChunk) {
+      const size_t c = std::min(kSpeCacheChunk, first + count - t0), m = c * v_groups;
+      f16_to_f32_array(lowbit.value_scales().data() + t0 * v_groups, par, m);
+      f16_to_f32_array(lowbit.value_zeros().data() + t0 * v_groups, par + m, m);
+      for (size_t t = 0; t < c; ++t) {
+        float* o = v + (t0 + t - first) * dim;
+        const uint8_t* row = lowbit.value_codes().data() + (t0 + t) * row_bytes;
+        for (size_t i = 0; i < vecs; ++i) {
+          const size_t g = t * v_groups + 16 * i / G;
+          dequant16<B>(row + i * 2 * B, Floats16{} + par[g], Floats16{} + par[m + g],
+                       o + 16 * i);
+        }
+      }
+    }
+  }
+}
+#endif
+
 // max of s[0, n) (n > 0): exact in any order, so 16 independent lanes (vectorizable).
 KVSDK_CLONE_INLINE float max_of(const float* s, size_t n) {
   float m[16];
@@ -103,6 +185,70 @@ KVSDK_CLONE_INLINE float lane_sum(const float* s, size_t n) {
 
 }  // namespace
 
+KVSDK_TARGET_CLONES  // elementwise vector code: the same bits in every clone
+void specache_read_rows(const KiviHeadStore& lowbit, size_t first, size_t count, float* k,
+                        float* v, SpeCacheSelectScratch& sc) {
+  const size_t dim = lowbit.head_dim(), G = lowbit.config().group;
+  const uint32_t bits = lowbit.config().bits;
+  const size_t quant_end = std::min(first + count, lowbit.quantized_tokens());
+#if KVSDK_SPECACHE_VEC16
+  const bool fast = (bits == 1 || bits == 2) && dim % 16 == 0 && G % 16 == 0 && dim % G == 0;
+#else
+  const bool fast = false;
+#endif
+  if (!fast) return lowbit.read_rows(first, count, k, v);
+  size_t t = first;
+#if KVSDK_SPECACHE_VEC16
+  if (t < quant_end) {
+    if (bits == 1) read_quantized<1>(lowbit, t, quant_end - t, k, v, sc);
+    else read_quantized<2>(lowbit, t, quant_end - t, k, v, sc);
+    t = quant_end;
+  }
+#endif
+  if (t < first + count) lowbit.read_rows(t, first + count - t, k ? k + (t - first) * dim : nullptr,
+                                          v ? v + (t - first) * dim : nullptr);  // exact rows
+}
+
+KVSDK_TARGET_CLONES  // the elementwise loops (subtract, sums, divisions) vectorize wider
+void specache_select_fast(float* scores, size_t group, size_t n, size_t k,
+                          SpeCacheSelectScratch& sc, std::vector<uint32_t>& tokens,
+                          std::vector<float>* avg_probs) {
+  tokens.clear();
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<float>& avg = avg_probs ? *avg_probs : sc.avg;
+  reserve_for_growth(avg, n);
+  avg.assign(n, 0.0f);
+  if (n == 0) return;
+  for (size_t h = 0; h < group; ++h) {
+    float* s = scores + h * n;
+    // The max in 16 independent lanes (exact in any order; a serial max chain was ~1/5 of this
+    // function).
+    float m16[16];
+    std::fill_n(m16, 16, neg_inf);
+    size_t t0 = 0;
+    for (; t0 + 16 <= n; t0 += 16) {
+      for (size_t j = 0; j < 16; ++j) m16[j] = m16[j] < s[t0 + j] ? s[t0 + j] : m16[j];
+    }
+    float mx = neg_inf;
+    for (size_t j = 0; j < 16; ++j) mx = mx < m16[j] ? m16[j] : mx;
+    for (; t0 < n; ++t0) mx = mx < s[t0] ? s[t0] : mx;
+    if (mx == neg_inf) continue;  // nothing visible to this head
+    for (size_t t = 0; t < n; ++t) s[t] -= mx;
+    fast::exp_f32(s, n, s);  // -inf -> 0
+    // z in double, 4 lanes by t mod 4 summed (0 + 1) + (2 + 3), then the tail in order: one
+    // fixed order (the reference sums in token order; the difference is ~1e-16 relative).
+    double z4[4] = {0, 0, 0, 0};
+    size_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+      for (size_t j = 0; j < 4; ++j) z4[j] += s[t + j];
+    }
+    double z = (z4[0] + z4[1]) + (z4[2] + z4[3]);
+    for (; t < n; ++t) z += s[t];
+    for (size_t t = 0; t < n; ++t) avg[t] += float(s[t] / z / double(group));
+  }
+  if (k > 0) specache_topk(avg.data(), n, k, sc, tokens);
+}
+
 KVSDK_TARGET_CLONES  // the per-channel loops vectorize wider; elementwise, so the same bits
 void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
                           const SpeCacheFetched& fetched, SpeCacheSelectScratch& sc, float* out,
@@ -118,16 +264,26 @@ void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
   // 1. Keys: the low-bit scores, then the attention's copy with the fetched keys' scores.
   for (size_t first = 0; first < n; first += kSpeCacheChunk) {
     const size_t c = std::min(kSpeCacheChunk, n - first);
-    lowbit.read_rows(first, c, chunk, nullptr);
+    specache_read_rows(lowbit, first, c, chunk, nullptr, sc);
     fast::dot_scores(q.q, rows, chunk, c, dim, q.scale, low + first, n);
     mask(q, pos + first, c, low + first, n);
   }
   if (low != att) std::copy_n(low, rows * n, att);
-  for (size_t i = 0; i < fetched.tokens.size(); ++i) {
-    const size_t t = fetched.tokens[i];
-    f16_to_f32_array(&fetched.k[i * dim], chunk, dim);  // exact
-    fast::dot_scores(q.q, rows, chunk, 1, dim, q.scale, att + t, n);
-    mask(q, pos + t, 1, att + t, n);
+  // The fetched keys' scores, up to a chunk of them at a time (each token's dot product is the
+  // same in any batch), scattered over their low-bit scores.
+  const size_t nf = fetched.tokens.size();
+  float* fs = at_least(sc.fetched_scores, rows * std::min(kSpeCacheChunk, nf)).data();
+  for (size_t i0 = 0; i0 < nf; i0 += kSpeCacheChunk) {
+    const size_t c = std::min(kSpeCacheChunk, nf - i0);
+    f16_to_f32_array(&fetched.k[i0 * dim], chunk, c * dim);  // exact
+    fast::dot_scores(q.q, rows, chunk, c, dim, q.scale, fs, c);
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    for (size_t r = 0; r < rows; ++r) {
+      for (size_t i = 0; i < c; ++i) {
+        const size_t t = fetched.tokens[i0 + i];
+        att[r * n + t] = q.positions && pos[t] > q.positions[r] ? neg_inf : fs[r * c + i];
+      }
+    }
   }
 
   // 2. Softmax weights per row (unnormalized: exp(score - max)), and their sums.
@@ -147,7 +303,7 @@ void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
   size_t next = 0;  // first fetched entry not yet substituted (both lists ascend)
   for (size_t first = 0; first < n; first += kSpeCacheChunk) {
     const size_t c = std::min(kSpeCacheChunk, n - first);
-    lowbit.read_rows(first, c, nullptr, chunk);
+    specache_read_rows(lowbit, first, c, nullptr, chunk, sc);
     while (next < fetched.tokens.size() && fetched.tokens[next] < first + c) {
       f16_to_f32_array(&fetched.v[next * dim], chunk + (fetched.tokens[next] - first) * dim, dim);
       ++next;

@@ -5,11 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <cstring>
+#include <random>
 
 #include "attention.h"
 #include "kivi_attention.h"
 #include "reference_attention.h"
+#include "smallkv.h"
 #include "specache.h"
+#include "specache_attention.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -197,6 +201,89 @@ TEST(SpeCache, SelectionOnAnEmptyStoreIsEmpty) {
   SpeCacheHead head(16, KiviConfig{2, 8, 8});
   head.prefetch(q.data(), 2, INT32_MAX, 0.25f, 4);
   EXPECT_TRUE(head.fetched().tokens.empty());
+}
+
+}  // namespace
+
+namespace {
+
+// specache_topk (the optimized selection's top-k) picks exactly smallkv_topk's tokens: the k
+// highest, NaN lowest, ties to the lower index. Scores drawn from a few values force ties at
+// the k-th place; every k from 0 to past n.
+TEST(SpeCache, TopKIsSmallKvTopK) {
+  std::mt19937 rng(7);
+  SpeCacheSelectScratch scratch;
+  std::vector<uint32_t> got;
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t n = 1 + rng() % 300;
+    const int levels = 1 + int(rng() % 12);
+    std::vector<float> s(n);
+    for (float& x : s) {
+      const uint32_t r = rng() % 64;
+      x = r == 0 ? std::nanf("") : r == 1 ? -0.0f : r == 2 ? 0.0f : float(int(rng() % levels) - 3);
+    }
+    for (size_t k : {size_t(0), size_t(1), size_t(rng() % (n + 1)), n - 1, n, n + 3}) {
+      specache_topk(s.data(), n, k, scratch, got);
+      EXPECT_EQ(got, smallkv_topk(s.data(), n, k)) << "n " << n << " k " << k;
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// specache_read_rows (the optimized passes' dequantization) reads exactly what read_rows reads:
+// 1 and 2 bits on its vector path, other widths and shapes through read_rows; any range of rows
+// (inside a block, across blocks, into the exact residual rows), keys or values alone, and a
+// ragged store (retain() dropped quantized tokens).
+TEST(SpeCache, ReadRowsFastIsReadRowsBitForBit) {
+  struct Shape {
+    size_t dim, group;
+    uint32_t bits;
+  };
+  SpeCacheSelectScratch scratch;
+  for (const Shape& sh : {Shape{64, 32, 2}, Shape{64, 32, 1}, Shape{48, 16, 2}, Shape{64, 64, 1},
+                          Shape{64, 32, 4}, Shape{40, 8, 2}, Shape{64, 8, 2}}) {
+    for (bool ragged : {false, true}) {
+      const size_t n = 300;
+      KiviHeadStore s(sh.dim, KiviConfig{sh.bits, uint32_t(sh.group), 20});
+      const std::vector<float> k = normal_rows(n * sh.dim, 11), v = normal_rows(n * sh.dim, 12);
+      std::vector<int32_t> pos(n);
+      std::iota(pos.begin(), pos.end(), 0);
+      s.append(k.data(), v.data(), pos.data(), n);
+      if (ragged) {
+        std::vector<uint32_t> keep;
+        for (uint32_t t = 0; t < n; ++t) {
+          if (t % 7 != 3) keep.push_back(t);
+        }
+        s.retain(keep);
+        ASSERT_TRUE(s.ragged());
+      }
+      const size_t m = s.size(), dim = sh.dim;
+      ASSERT_GT(s.quantized_tokens(), 0u);
+      ASSERT_LT(s.quantized_tokens(), m);
+      for (size_t first : {size_t(0), size_t(5), sh.group, m / 2, s.quantized_tokens() - 3}) {
+        for (size_t count : {size_t(1), size_t(17), size_t(64), m - first}) {
+          if (first + count > m) continue;
+          std::vector<float> wk(count * dim), wv(count * dim), gk(count * dim, NAN),
+              gv(count * dim, NAN), only(count * dim, NAN);
+          s.read_rows(first, count, wk.data(), wv.data());
+          specache_read_rows(s, first, count, gk.data(), gv.data(), scratch);
+          const std::string what = "dim " + std::to_string(dim) + " group " +
+                                   std::to_string(sh.group) + " bits " + std::to_string(sh.bits) +
+                                   (ragged ? " ragged" : "") + " rows " + std::to_string(first) +
+                                   "+" + std::to_string(count);
+          ASSERT_EQ(0, std::memcmp(gk.data(), wk.data(), wk.size() * 4)) << what << " keys";
+          ASSERT_EQ(0, std::memcmp(gv.data(), wv.data(), wv.size() * 4)) << what << " values";
+          specache_read_rows(s, first, count, only.data(), nullptr, scratch);
+          ASSERT_EQ(0, std::memcmp(only.data(), wk.data(), wk.size() * 4)) << what << " keys alone";
+          specache_read_rows(s, first, count, nullptr, only.data(), scratch);
+          ASSERT_EQ(0, std::memcmp(only.data(), wv.data(), wv.size() * 4)) << what << " values alone";
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
