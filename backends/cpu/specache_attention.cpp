@@ -92,11 +92,9 @@ KVSDK_CLONE_INLINE void dequant16(const uint8_t* p, const Floats16& s, const Flo
   std::memcpy(out, &o, sizeof o);
 }
 
-KVSDK_CLONE_INLINE Floats16 load16(const float* p) {
-  Floats16 x;
-  std::memcpy(&x, p, sizeof x);
-  return x;
-}
+// Through a reference, not a return value: a 64-byte vector returned by value changes the ABI
+// between the clones (GCC's -Wpsabi).
+KVSDK_CLONE_INLINE void load16(const float* p, Floats16& x) { std::memcpy(&x, p, sizeof x); }
 
 // Quantized rows [first, first + count) (all below lowbit.quantized_tokens()).
 template <uint32_t B>
@@ -125,8 +123,10 @@ KVSDK_CLONE_INLINE void read_quantized(const KiviHeadStore& lowbit, size_t first
         float* o = k + (t - first) * dim;
         const uint8_t* row = codes + t * row_bytes;
         for (size_t i = 0; i < vecs; ++i) {
-          dequant16<B>(row + i * 2 * B, load16(par + 16 * i), load16(par + dim + 16 * i),
-                       o + 16 * i);
+          Floats16 scale, zero;
+          load16(par + 16 * i, scale);
+          load16(par + dim + 16 * i, zero);
+          dequant16<B>(row + i * 2 * B, scale, zero, o + 16 * i);
         }
       }
       block_first += size;
@@ -244,7 +244,7 @@ void specache_select_fast(float* scores, size_t group, size_t n, size_t k,
     }
     double z = (z4[0] + z4[1]) + (z4[2] + z4[3]);
     for (; t < n; ++t) z += s[t];
-    for (size_t t = 0; t < n; ++t) avg[t] += float(s[t] / z / double(group));
+    for (size_t u = 0; u < n; ++u) avg[u] += float(s[u] / z / double(group));
   }
   if (k > 0) specache_topk(avg.data(), n, k, sc, tokens);
 }
