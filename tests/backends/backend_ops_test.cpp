@@ -431,15 +431,16 @@ void check_specache_scored(const Candidate& c, const Queries& qs, size_t group, 
   }
 }
 
-// SpindleKV's fused kernel (spindlekv_attention.cpp) beyond the case above: every RoPE style,
-// GQA groups of 1, 3 and 8, token counts that end mid-group and mid-block, tokens that share
-// codebook entries (every third key and every second value a scaled copy of an older one, so
-// entries hold several tokens with their own magnitudes), positions with gaps and going back
-// (offsets outside the kernel's rotation table), and a query row that sees no token.
+// SpindleKV's fused kernel (spindlekv_attention.cpp) beyond the case above: every RoPE style, a
+// head dim that is no multiple of 16, GQA groups of 1, 3 and 8 (8: 17 rows, two row blocks),
+// token counts that end mid-group and mid-block, tokens that share codebook entries (every third
+// key and every second value a scaled copy of an older one, so entries hold several tokens with
+// their own magnitudes), positions with gaps and going back (offsets outside the kernel's
+// rotation table), and a query row that sees no token.
 TEST(BackendOps, AttendSpindleStylesSharedEntriesAndGaps) {
   for_each_backend([](const Candidate& c) {
     for (kvsdk_rope_style style : {KVSDK_ROPE_INTERLEAVED, KVSDK_ROPE_HALF, KVSDK_ROPE_NONE}) {
-      for (size_t dim : {size_t(64), size_t(128)}) {
+      for (size_t dim : {size_t(40), size_t(64), size_t(128)}) {  // 40: channels past 16 lanes
         for (size_t n : {size_t(37), size_t(300)}) {
           for (bool gaps : {false, true}) {
             const uint32_t seed = uint32_t(dim + n + style);
