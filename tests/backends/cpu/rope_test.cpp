@@ -14,6 +14,19 @@ using kvsdk::cpu::Rope;
 
 namespace {
 
+// R(j) x from a table row of Rope::offset_table: x[c] * cos[c] + x[partner(c)] * sin[c].
+std::vector<float> rotate_by_row(const float* x, const float* row, size_t dim,
+                                 kvsdk_rope_style style) {
+  std::vector<float> y(dim);
+  for (size_t c = 0; c < dim; ++c) {
+    const size_t partner = style == KVSDK_ROPE_INTERLEAVED ? c ^ 1
+                           : style == KVSDK_ROPE_HALF      ? (c < dim / 2 ? c + dim / 2 : c - dim / 2)
+                                                           : c;
+    y[c] = x[c] * row[c] + x[partner] * row[dim + c];
+  }
+  return y;
+}
+
 TEST(Rope, MatchesComplexRotationReference) {
   const size_t dim = 16;
   const float theta = 10000.0f;
@@ -72,16 +85,12 @@ TEST(Rope, ApplyRowsMatchesPerRowApply) {
     const kvsdk::cpu::Rope rope(dim, 500000.0f, style);
     std::vector<int32_t> pos(n);
     for (size_t t = 0; t < n; ++t) pos[t] = int32_t(t < 150 ? 40000 + t : 90000 + 3 * t);  // runs and gaps
-    std::vector<float> x = normal_rows(n * dim, 12), y = x, yf = x;
+    std::vector<float> x = normal_rows(n * dim, 12), y = x;
     rope.apply_rows(y.data(), pos.data(), n);
-    rope.apply_rows_f32(yf.data(), pos.data(), n);  // the optimized attention's (f32 rotation)
     for (size_t t = 0; t < n; ++t) {
       std::vector<float> want(&x[t * dim], &x[(t + 1) * dim]);
       rope.apply(want.data(), pos[t]);
-      for (size_t d = 0; d < dim; ++d) {
-        EXPECT_NEAR(y[t * dim + d], want[d], 2e-6f) << t << "," << d;
-        EXPECT_NEAR(yf[t * dim + d], want[d], 2e-6f) << "f32 " << t << "," << d;
-      }
+      for (size_t d = 0; d < dim; ++d) EXPECT_NEAR(y[t * dim + d], want[d], 2e-6f) << t << "," << d;
     }
   }
 }
@@ -100,15 +109,78 @@ TEST(Rope, ApplyRowsAtTheEndsOfInt32) {
   const size_t n = pos.size();
   for (kvsdk_rope_style style : {KVSDK_ROPE_INTERLEAVED, KVSDK_ROPE_HALF}) {
     const kvsdk::cpu::Rope rope(dim, 10000.0f, style);
-    std::vector<float> x = normal_rows(n * dim, 21), y = x, yf = x;
+    std::vector<float> x = normal_rows(n * dim, 21), y = x;
     rope.apply_rows(y.data(), pos.data(), n);
-    rope.apply_rows_f32(yf.data(), pos.data(), n);
     for (size_t t = 0; t < n; ++t) {
       std::vector<float> want(&x[t * dim], &x[(t + 1) * dim]);
       rope.apply(want.data(), pos[t]);
-      for (size_t d = 0; d < dim; ++d) {
-        EXPECT_NEAR(y[t * dim + d], want[d], 1e-5f) << t << "," << d;
-        EXPECT_NEAR(yf[t * dim + d], want[d], 1e-5f) << "f32 " << t << "," << d;
+      for (size_t d = 0; d < dim; ++d) EXPECT_NEAR(y[t * dim + d], want[d], 1e-5f) << t << "," << d;
+    }
+    // The block rotation's angles and table rows at the same positions (int64 offsets).
+    std::vector<float> row(2 * dim);
+    std::vector<double> c(dim / 2), s(dim / 2);
+    for (size_t t = 0; t < n; ++t) {
+      rope.offset_row(pos[t], row.data(), c.data(), s.data());
+      std::vector<float> want(&x[t * dim], &x[(t + 1) * dim]);
+      rope.apply(want.data(), pos[t]);
+      const std::vector<float> got = rotate_by_row(&x[t * dim], row.data(), dim, style);
+      for (size_t d = 0; d < dim; ++d) EXPECT_NEAR(got[d], want[d], 1e-5f) << t << "," << d;
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// The block rotation of SpindleKV's attention kernel: q . R(p0 + j) x = R(-p0) q . R(j) x, with
+// R(-p0) q from rotate_back and R(j) x from a row of offset_table (rows by angle addition) or
+// offset_row (any offset), each within f32 rounding of apply().
+TEST(Rope, BlockRotationMatchesApply) {
+  const size_t dim = 128, n = 48;
+  for (kvsdk_rope_style style : {KVSDK_ROPE_INTERLEAVED, KVSDK_ROPE_HALF, KVSDK_ROPE_NONE}) {
+    const Rope rope(dim, 500000.0f, style);
+    std::vector<float> table(n * 2 * dim), row(2 * dim);
+    std::vector<double> c(dim / 2), s(dim / 2);
+    rope.offset_table(n, table.data(), c.data(), s.data());
+    // c, s end as the angles of offset n.
+    std::vector<double> cn(dim / 2), sn(dim / 2);
+    rope.angles(int64_t(n), cn.data(), sn.data());
+    for (size_t i = 0; i < dim / 2; ++i) {
+      EXPECT_NEAR(c[i], cn[i], 1e-14) << "style " << style << " pair " << i;
+      EXPECT_NEAR(s[i], sn[i], 1e-14) << "style " << style << " pair " << i;
+    }
+    const std::vector<float> x = normal_rows(dim, 5), q = normal_rows(dim, 6);
+    for (size_t j = 0; j < n; ++j) {
+      // Row j (by angle addition) against offset_row (direct angles) and apply().
+      rope.offset_row(int64_t(j), row.data(), c.data(), s.data());
+      for (size_t d = 0; d < 2 * dim; ++d) {
+        EXPECT_NEAR(table[j * 2 * dim + d], row[d], 1e-6f) << "offset " << j << "," << d;
+      }
+      std::vector<float> want = x;
+      rope.apply(want.data(), int32_t(j));
+      const std::vector<float> got = rotate_by_row(x.data(), &table[j * 2 * dim], dim, style);
+      for (size_t d = 0; d < dim; ++d) EXPECT_NEAR(got[d], want[d], 2e-6f) << j << "," << d;
+    }
+    for (int32_t p0 : {0, 977, 131071}) {
+      std::vector<double> ac(dim / 2), as(dim / 2);
+      rope.angles(p0, ac.data(), as.data());
+      std::vector<float> q_back(dim);
+      rope.rotate_back(q.data(), ac.data(), as.data(), q_back.data());
+      std::vector<float> want_q = q;
+      rope.inverse(want_q.data(), p0);  // the same angles and arithmetic: the same bits
+      for (size_t d = 0; d < dim; ++d) EXPECT_EQ(q_back[d], want_q[d]) << p0 << "," << d;
+      for (size_t j = 0; j < n; ++j) {
+        std::vector<float> k = x;
+        rope.apply(k.data(), p0 + int32_t(j));
+        const std::vector<float> kj = rotate_by_row(x.data(), &table[j * 2 * dim], dim, style);
+        double want = 0, got = 0, mag = 0;
+        for (size_t d = 0; d < dim; ++d) {
+          want += double(q[d]) * k[d];
+          got += double(q_back[d]) * kj[d];
+          mag += std::fabs(double(q[d]) * k[d]);
+        }
+        EXPECT_NEAR(got, want, 1e-6 * mag) << "style " << style << " p0 " << p0 << " j " << j;
       }
     }
   }

@@ -3,11 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "attention.h"
+#include "fast_attention.h"  // available_targets / force_target
 #include "reference_attention.h"
 #include "rope.h"
 #include "spindlekv_codebook.h"
+#include "spindlekv_entry_dots.h"
 #include "spindlekv_store.h"
 #include "util/error.h"
 #include "util/half.h"
@@ -319,6 +324,48 @@ TEST(SpindleHeadStore, RestoredStoreContinuesIdentically) {
                                          copy(a.keys(), kSpindleThetaK),
                                          copy(a.values(), kSpindleThetaV), a.positions()),
                kvsdk::Error);
+}
+
+}  // namespace
+
+namespace {
+
+// The append's dot products over f16 entries (spindle_entry_dots, Highway SIMD) have dot_f32's
+// bits on the converted rows, for every head dim (tails past a multiple of 4 included), every
+// entry count (4, 2 and 1 entries per vector), with and without the squares, on every SIMD
+// target this machine runs.
+TEST(SpindleCodebook, EntryDotsHaveDotF32BitsOnEveryTarget) {
+  const std::vector<kvsdk::cpu::fast::Target> targets = kvsdk::cpu::fast::available_targets();
+  ASSERT_FALSE(targets.empty());
+  for (const kvsdk::cpu::fast::Target& t : targets) {
+    kvsdk::cpu::fast::force_target(t.bits);
+    for (size_t dim : {size_t(1), size_t(3), size_t(4), size_t(7), size_t(40), size_t(64), size_t(128)}) {
+      for (size_t n_e : {size_t(0), size_t(1), size_t(2), size_t(3), size_t(5), size_t(8), size_t(13)}) {
+        const std::vector<float> x = normal_rows(dim, uint32_t(dim));
+        const std::vector<float> raw = normal_rows(n_e * dim, uint32_t(dim + 100 * n_e + 1));
+        std::vector<uint16_t> c(raw.size());
+        std::vector<float> cf(raw.size());
+        for (size_t i = 0; i < raw.size(); ++i) {
+          c[i] = kvsdk::f32_to_f16(raw[i]);
+          cf[i] = kvsdk::f16_to_f32(c[i]);
+        }
+        std::vector<float> dot(n_e, NAN), sq(n_e, NAN), dot_only(n_e, NAN);
+        spindle_entry_dots(x.data(), c.data(), n_e, dim, dot.data(), sq.data());
+        spindle_entry_dots(x.data(), c.data(), n_e, dim, dot_only.data(), nullptr);
+        for (size_t e = 0; e < n_e; ++e) {
+          const float want = dot_f32(x.data(), &cf[e * dim], dim);
+          const float want_sq = dot_f32(&cf[e * dim], &cf[e * dim], dim);
+          const std::string what = std::string(t.name) + " dim " + std::to_string(dim) +
+                                   " entries " + std::to_string(n_e) + " entry " +
+                                   std::to_string(e);
+          EXPECT_EQ(std::memcmp(&dot[e], &want, 4), 0) << what << ": " << dot[e] << " vs " << want;
+          EXPECT_EQ(std::memcmp(&sq[e], &want_sq, 4), 0) << what << " squares";
+          EXPECT_EQ(std::memcmp(&dot_only[e], &want, 4), 0) << what << " without squares";
+        }
+      }
+    }
+  }
+  kvsdk::cpu::fast::force_target(0);
 }
 
 }  // namespace
