@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "fast_chunk_attention.h"
+#include "dequant16.h"
 #include "target_clones.h"
 #include "util/growth.h"
 #include "util/half_array.h"
@@ -27,11 +28,6 @@ void mask(const fast::Queries& q, const int32_t* key_pos, size_t c, float* score
 
 // o[j] += p[t] * v[t * stride + j] for j < W, token by token (tokens with p 0 add nothing).
 // (Forced inline into each clone of the caller, so it vectorizes for that clone's target.)
-#if defined(__GNUC__)
-#define KVSDK_CLONE_INLINE __attribute__((always_inline)) inline
-#else
-#define KVSDK_CLONE_INLINE inline
-#endif
 // o_r[j] += p_r[t] * v[t * stride + j] for j < W and RT rows at once (each value row read once for the tile): per row and channel
 // the same sum in the same token order (rows whose p is 0 skip the token), so the same bits.
 template <size_t W, size_t RT>
@@ -72,29 +68,7 @@ KVSDK_CLONE_INLINE void accumulate_tile(const float* const* p, const float* chun
   }
 }
 
-#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-#define KVSDK_SPECACHE_VEC16 1
-// 16 lanes (GCC/Clang vector extension; each target clone compiles them for its own target).
-typedef int32_t Ints16 __attribute__((vector_size(64)));
-typedef float Floats16 __attribute__((vector_size(64)));
-
-// 16 codes at B bits from 2B bytes read as one little-endian word (packed LSB-first: code j at
-// bits B * j): broadcast, shift each lane by its own constant, mask, convert, z + code * s.
-template <uint32_t B>
-KVSDK_CLONE_INLINE void dequant16(const uint8_t* p, const Floats16& s, const Floats16& z,
-                                  float* out) {
-  constexpr Ints16 kShift = {0 * B,  1 * B,  2 * B,  3 * B,  4 * B,  5 * B,  6 * B,  7 * B,
-                             8 * B,  9 * B,  10 * B, 11 * B, 12 * B, 13 * B, 14 * B, 15 * B};
-  uint32_t word = 0;
-  std::memcpy(&word, p, 2 * B);
-  const Ints16 codes = ((Ints16{} + int32_t(word)) >> kShift) & int32_t((1u << B) - 1u);
-  const Floats16 o = z + __builtin_convertvector(codes, Floats16) * s;
-  std::memcpy(out, &o, sizeof o);
-}
-
-// Through a reference, not a return value: a 64-byte vector returned by value changes the ABI
-// between the clones (GCC's -Wpsabi).
-KVSDK_CLONE_INLINE void load16(const float* p, Floats16& x) { std::memcpy(&x, p, sizeof x); }
+#if KVSDK_DEQUANT16
 
 // Quantized rows [first, first + count) (all below lowbit.quantized_tokens()).
 template <uint32_t B>
@@ -191,14 +165,14 @@ void specache_read_rows(const KiviHeadStore& lowbit, size_t first, size_t count,
   const size_t dim = lowbit.head_dim(), G = lowbit.config().group;
   const uint32_t bits = lowbit.config().bits;
   const size_t quant_end = std::min(first + count, lowbit.quantized_tokens());
-#if KVSDK_SPECACHE_VEC16
+#if KVSDK_DEQUANT16
   const bool fast = (bits == 1 || bits == 2) && dim % 16 == 0 && G % 16 == 0 && dim % G == 0;
 #else
   const bool fast = false;
 #endif
   if (!fast) return lowbit.read_rows(first, count, k, v);
   size_t t = first;
-#if KVSDK_SPECACHE_VEC16
+#if KVSDK_DEQUANT16
   if (t < quant_end) {
     if (bits == 1) read_quantized<1>(lowbit, t, quant_end - t, k, v, sc);
     else read_quantized<2>(lowbit, t, quant_end - t, k, v, sc);

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "../block_runner.h"
+#include "util/half.h"
 
 // ---- types and constants -------------------------------------------------------------------------
 enum cudaError_t {
@@ -171,16 +172,8 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
-inline uint32_t __float_as_uint(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float __uint_as_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline uint32_t __float_as_uint(float f) { return kvsdk::float_bits(f); }
+inline float __uint_as_float(uint32_t u) { return kvsdk::bits_float(u); }
 inline int __float_as_int(float f) { return int(__float_as_uint(f)); }
 // CUDA's integer min/max overloads (device code calls them unqualified).
 inline int min(int a, int b) { return a < b ? a : b; }

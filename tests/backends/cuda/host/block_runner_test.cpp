@@ -9,8 +9,11 @@
 #include <vector>
 
 #include "cuda_launch.h"
+#include "../cuda_test_util.h"
 
 namespace {
+
+using kvsdk::cuda::test::DeviceBuffer;
 
 __global__ void write_ids(unsigned* out) {
   const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
@@ -50,102 +53,66 @@ __global__ void divergent_barrier(int* out) {
 
 TEST(CudaHostShim, EveryThreadOfEveryBlockRunsWithItsIndices) {
   const dim3 grid(3, 2, 2), block(4, 2, 3);
-  const size_t n = 12 * 24;
-  unsigned* d = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaMalloc(&d, n * sizeof(unsigned)));
-  KVSDK_LAUNCH(write_ids, grid, block, 0, nullptr, d);
+  DeviceBuffer<unsigned> d(12 * 24);
+  KVSDK_LAUNCH(write_ids, grid, block, 0, nullptr, d.get());
   ASSERT_EQ(cudaSuccess, cudaGetLastError());
-  std::vector<unsigned> h(n);
-  ASSERT_EQ(cudaSuccess, cudaMemcpy(h.data(), d, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
+  const std::vector<unsigned> h = d.download();
   for (unsigned b = 0; b < 12; ++b) {
     for (unsigned t = 0; t < 24; ++t) EXPECT_EQ(h[b * 24 + t], b * 1000 + t);
   }
-  ASSERT_EQ(cudaSuccess, cudaFree(d));
 }
 
 TEST(CudaHostShim, SyncthreadsMakesSharedWritesVisible) {
   std::vector<int> in(2 * 256);
   std::iota(in.begin(), in.end(), 0);
-  int *din = nullptr, *dout = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaMalloc(&din, in.size() * sizeof(int)));
-  ASSERT_EQ(cudaSuccess, cudaMalloc(&dout, in.size() * sizeof(int)));
-  ASSERT_EQ(cudaSuccess, cudaMemcpy(din, in.data(), in.size() * sizeof(int), cudaMemcpyHostToDevice));
-  KVSDK_LAUNCH(reverse_through_shared, 2, 256, 0, nullptr, din, dout);
+  DeviceBuffer<int> din(in), dout(in.size());
+  KVSDK_LAUNCH(reverse_through_shared, 2, 256, 0, nullptr, din.get(), dout.get());
   ASSERT_EQ(cudaSuccess, cudaGetLastError());
-  std::vector<int> out(in.size());
-  ASSERT_EQ(cudaSuccess, cudaMemcpy(out.data(), dout, out.size() * sizeof(int), cudaMemcpyDeviceToHost));
+  const std::vector<int> out = dout.download();
   for (int b = 0; b < 2; ++b) {
     for (int t = 0; t < 256; ++t) EXPECT_EQ(out[b * 256 + t], b * 256 + 255 - t);
   }
-  cudaFree(din);
-  cudaFree(dout);
 }
 
 TEST(CudaHostShim, ShuffleXorReducesEachWarp) {
   std::vector<float> in(64);
   for (size_t i = 0; i < in.size(); ++i) in[i] = float(i);
-  float *din = nullptr, *dout = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaMalloc(&din, 64 * sizeof(float)));
-  ASSERT_EQ(cudaSuccess, cudaMalloc(&dout, 64 * sizeof(float)));
-  ASSERT_EQ(cudaSuccess, cudaMemcpy(din, in.data(), 64 * sizeof(float), cudaMemcpyHostToDevice));
-  KVSDK_LAUNCH(warp_sums, 1, 64, 0, nullptr, din, dout);
+  DeviceBuffer<float> din(in), dout(64);
+  KVSDK_LAUNCH(warp_sums, 1, 64, 0, nullptr, din.get(), dout.get());
   ASSERT_EQ(cudaSuccess, cudaGetLastError());
-  std::vector<float> out(64);
-  ASSERT_EQ(cudaSuccess, cudaMemcpy(out.data(), dout, 64 * sizeof(float), cudaMemcpyDeviceToHost));
-  for (int t = 0; t < 32; ++t) EXPECT_EQ(out[t], 496.0f);        // 0 + ... + 31
-  for (int t = 32; t < 64; ++t) EXPECT_EQ(out[t], 1520.0f);      // 32 + ... + 63
-  cudaFree(din);
-  cudaFree(dout);
+  const std::vector<float> out = dout.download();
+  for (int t = 0; t < 32; ++t) EXPECT_EQ(out[t], 496.0f);    // 0 + ... + 31
+  for (int t = 32; t < 64; ++t) EXPECT_EQ(out[t], 1520.0f);  // 32 + ... + 63
 }
 
 TEST(CudaHostShim, SyncthreadsOrSeesEveryThread) {
   for (int negative_at : {-1, 0, 77}) {
     std::vector<int> in(96, 1);
     if (negative_at >= 0) in[size_t(negative_at)] = -1;
-    int *din = nullptr, *dout = nullptr;
-    ASSERT_EQ(cudaSuccess, cudaMalloc(&din, 96 * sizeof(int)));
-    ASSERT_EQ(cudaSuccess, cudaMalloc(&dout, 96 * sizeof(int)));
-    ASSERT_EQ(cudaSuccess, cudaMemcpy(din, in.data(), 96 * sizeof(int), cudaMemcpyHostToDevice));
-    KVSDK_LAUNCH(any_negative, 1, 96, 0, nullptr, din, dout);
-    std::vector<int> out(96);
-    ASSERT_EQ(cudaSuccess, cudaMemcpy(out.data(), dout, 96 * sizeof(int), cudaMemcpyDeviceToHost));
-    for (int x : out) EXPECT_EQ(x, negative_at >= 0 ? 1 : 0);
-    cudaFree(din);
-    cudaFree(dout);
+    DeviceBuffer<int> din(in), dout(96);
+    KVSDK_LAUNCH(any_negative, 1, 96, 0, nullptr, din.get(), dout.get());
+    for (int x : dout.download()) EXPECT_EQ(x, negative_at >= 0 ? 1 : 0);
   }
 }
 
 TEST(CudaHostShim, BarrierDivergenceIsALaunchFailure) {
-  int* d = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaMalloc(&d, 32 * sizeof(int)));
-  KVSDK_LAUNCH(divergent_barrier, 1, 32, 0, nullptr, d);
-  const cudaError_t err = cudaGetLastError();
-  EXPECT_EQ(cudaErrorLaunchFailure, err);
+  DeviceBuffer<int> d(32);
+  KVSDK_LAUNCH(divergent_barrier, 1, 32, 0, nullptr, d.get());
+  EXPECT_EQ(cudaErrorLaunchFailure, cudaGetLastError());
   EXPECT_EQ(cudaSuccess, cudaGetLastError());  // read once, as on a GPU
   // The shim stays usable after a failed launch.
-  std::vector<float> in(32, 1.0f);
-  float *din = nullptr, *dout = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaMalloc(&din, 32 * sizeof(float)));
-  ASSERT_EQ(cudaSuccess, cudaMalloc(&dout, 32 * sizeof(float)));
-  ASSERT_EQ(cudaSuccess, cudaMemcpy(din, in.data(), 32 * sizeof(float), cudaMemcpyHostToDevice));
-  KVSDK_LAUNCH(warp_sums, 1, 32, 0, nullptr, din, dout);
+  DeviceBuffer<float> din(std::vector<float>(32, 1.0f)), dout(32);
+  KVSDK_LAUNCH(warp_sums, 1, 32, 0, nullptr, din.get(), dout.get());
   EXPECT_EQ(cudaSuccess, cudaGetLastError());
-  float first = 0;
-  ASSERT_EQ(cudaSuccess, cudaMemcpy(&first, dout, sizeof(float), cudaMemcpyDeviceToHost));
-  EXPECT_EQ(first, 32.0f);
-  cudaFree(d);
-  cudaFree(din);
-  cudaFree(dout);
+  EXPECT_EQ(dout.download()[0], 32.0f);
 }
 
 TEST(CudaHostShim, InvalidConfigurationsAreRefusedWithoutRunning) {
-  unsigned* d = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaMalloc(&d, 4096 * sizeof(unsigned)));
-  KVSDK_LAUNCH(write_ids, 1, 1025, 0, nullptr, d);
+  DeviceBuffer<unsigned> d(4096);
+  KVSDK_LAUNCH(write_ids, 1, 1025, 0, nullptr, d.get());
   EXPECT_EQ(cudaErrorInvalidConfiguration, cudaGetLastError());
-  KVSDK_LAUNCH(write_ids, 0, 32, 0, nullptr, d);
+  KVSDK_LAUNCH(write_ids, 0, 32, 0, nullptr, d.get());
   EXPECT_EQ(cudaErrorInvalidConfiguration, cudaGetLastError());
-  cudaFree(d);
 }
 
 // Under AddressSanitizer a kernel's access past its buffer is reported (what the shim adds over a
@@ -154,10 +121,9 @@ __global__ void write_one_past(int* out, unsigned n) { out[n + threadIdx.x] = 1;
 
 TEST(CudaHostShim, OutOfBoundsKernelAccessIsCaughtUnderAsan) {
 #if defined(__SANITIZE_ADDRESS__)
-  int* d = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaMalloc(&d, 100 * sizeof(int)));
-  EXPECT_DEATH(KVSDK_LAUNCH(write_one_past, 1, 32, 0, nullptr, d, 100u), "heap-buffer-overflow");
-  cudaFree(d);
+  DeviceBuffer<int> d(100);
+  EXPECT_DEATH(KVSDK_LAUNCH(write_one_past, 1, 32, 0, nullptr, d.get(), 100u),
+               "heap-buffer-overflow");
 #else
   GTEST_SKIP() << "needs AddressSanitizer (the asan preset runs it)";
 #endif
