@@ -36,75 +36,29 @@ namespace hn = hwy::HWY_NAMESPACE;
 // DF, VF, kL, kN, ReduceVec and Reduce16 (the fixed-order reductions, the same as
 // fast_attention.cpp's) come from fast_lanes-inl.h.
 
-// sc[r][t] = (q_r . k_t) * scale for a tile of RT rows (each key row loaded once for the tile),
+// sc[r][t] = (q_r . k_t) * scale for a tile of RT rows (DotTile, then the scale elementwise),
 // or -inf where the token is in the row's future (tok_pos null: nothing masked).
 template <size_t RT>
 HWY_INLINE void ScoresTile(const float* k, size_t n_tok, size_t dim, const float* const* q,
                            const int32_t* tok_pos, const int32_t* row_pos, float scale,
                            float* const* sc) {
+  DotTile<RT>(k, n_tok, dim, q, sc);
   const DF d;
-  const size_t full = dim / 16 * 16;
-  size_t t = 0;
-#if HWY_TARGET != HWY_SCALAR
-  if constexpr (kL == 16) {
-    // 16 tokens at a time, row by row: each token's 16 lanes go to its kTreeSlot, and Tree16
-    // reduces the 16 tokens together (the same tree as Reduce16 per token: the same bits), then
-    // the tail channels in order, the scale and the mask elementwise.
-    const hn::RebindToSigned<DF> di;
-    for (; t + 16 <= n_tok; t += 16) {
-      const float* kb = k + t * dim;
-      for (size_t r = 0; r < RT; ++r) {
-        const float* qr = q[r];
-        // Slot s holds token kTreeSlot[s] (the map is its own inverse); 16 independent chains.
-        VF tv[16];
-        for (size_t s = 0; s < 16; ++s) tv[s] = hn::Zero(d);
-        for (size_t c = 0; c < full; c += 16) {
-          const VF qv = hn::LoadU(d, qr + c);
-          const float* kc = kb + c;
-          for (size_t s = 0; s < 16; ++s) {
-            tv[s] = hn::Add(tv[s], hn::Mul(qv, hn::LoadU(d, kc + kTreeSlot[s] * dim)));
-          }
-        }
-        VF dots = Tree16(d, tv);
-        if (full < dim) {
-          HWY_ALIGN float x[16];
-          hn::Store(dots, d, x);
-          for (size_t i = 0; i < 16; ++i) {
-            for (size_t c = full; c < dim; ++c) x[i] += qr[c] * kb[i * dim + c];
-          }
-          dots = hn::Load(d, x);
-        }
-        dots = hn::Mul(dots, hn::Set(d, scale));
-        if (tok_pos) {
-          const auto future = hn::RebindMask(
-              d, hn::Gt(hn::LoadU(di, tok_pos + t), hn::Set(di, row_pos[r])));
-          dots = hn::IfThenElse(future, hn::Set(d, -std::numeric_limits<float>::infinity()), dots);
-        }
-        hn::StoreU(dots, d, sc[r] + t);
+  const hn::RebindToSigned<DF> di;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (size_t r = 0; r < RT; ++r) {
+    float* s = sc[r];
+    size_t t = 0;
+    for (; t + kL <= n_tok; t += kL) {
+      VF x = hn::Mul(hn::LoadU(d, s + t), hn::Set(d, scale));
+      if (tok_pos) {
+        const auto future =
+            hn::RebindMask(d, hn::Gt(hn::LoadU(di, tok_pos + t), hn::Set(di, row_pos[r])));
+        x = hn::IfThenElse(future, hn::Set(d, neg_inf), x);
       }
+      hn::StoreU(x, d, s + t);
     }
-  }
-#endif
-  for (; t < n_tok; ++t) {
-    const float* kt = k + t * dim;
-    VF acc[RT][kN];
-    for (size_t r = 0; r < RT; ++r)
-      for (size_t j = 0; j < kN; ++j) acc[r][j] = hn::Zero(d);
-    for (size_t c = 0; c < full; c += 16) {
-      VF kv[kN];
-      for (size_t j = 0; j < kN; ++j) kv[j] = hn::LoadU(d, kt + c + j * kL);
-      for (size_t r = 0; r < RT; ++r) {
-        for (size_t j = 0; j < kN; ++j) {
-          acc[r][j] = hn::Add(acc[r][j], hn::Mul(hn::LoadU(d, q[r] + c + j * kL), kv[j]));
-        }
-      }
-    }
-    for (size_t r = 0; r < RT; ++r) {
-      float dot = Reduce16(acc[r]);
-      for (size_t c = full; c < dim; ++c) dot += q[r][c] * kt[c];
-      sc[r][t] = tok_pos && tok_pos[t] > row_pos[r] ? -std::numeric_limits<float>::infinity()
-                                                    : dot * scale;
-    }
+    for (; t < n_tok; ++t) s[t] = tok_pos && tok_pos[t] > row_pos[r] ? neg_inf : s[t] * scale;
   }
 }
 
@@ -135,19 +89,6 @@ HWY_INLINE void ValuesTile(const float* v, size_t n_tok, size_t dim, const float
       for (size_t r = 0; r < RT; ++r) acc[r][c] += p[r][t] * x;
     }
   }
-}
-
-// f(first_row, integral_constant<RT>) over tiles of 8, 4, 3 (a remainder of 3: GQA groups of 3
-// load each key or value row once, not in a tile of 2 and one of 1), 2, 1 rows (rows are
-// independent, so the tiling never changes a result).
-template <class F>
-HWY_INLINE void ForTiles(size_t n, F&& f) {
-  size_t r = 0;
-  for (; r + 8 <= n; r += 8) f(r, std::integral_constant<size_t, 8>());
-  if (r + 4 <= n) f(r, std::integral_constant<size_t, 4>()), r += 4;
-  if (r + 3 == n) return f(r, std::integral_constant<size_t, 3>());
-  if (r + 2 <= n) f(r, std::integral_constant<size_t, 2>()), r += 2;
-  if (r < n) f(r, std::integral_constant<size_t, 1>());
 }
 
 void Scores(const float* q, size_t n_rows, const float* k, size_t n_tok, size_t dim,

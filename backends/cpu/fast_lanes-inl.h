@@ -1,5 +1,6 @@
 // The fixed-order lane reductions of the SIMD kernels (fast_attention.cpp,
-// fast_chunk_attention.cpp), in one place: "16 virtual lanes" (lane l holds channels c = l mod 16;
+// fast_chunk_attention.cpp, spindlekv_attention.cpp) and their shared dot-product tile, in one
+// place: "16 virtual lanes" (lane l holds channels c = l mod 16;
 // one AVX-512 vector = 2 AVX2 = 4 SSE4/NEON = 16 scalar vectors) summed by one fixed tree,
 // l + l+8, then l + l+4, l + l+2, l + l+1, so every Highway target gives the same bits
 // (fast_attention.h explains why snapshots need that).
@@ -16,6 +17,7 @@
 #include <hwy/highway.h>
 
 #include <cstddef>
+#include <type_traits>
 
 HWY_BEFORE_NAMESPACE();
 namespace kvsdk {
@@ -90,6 +92,74 @@ HWY_INLINE hn::Vec<D> Tree16(D d, const hn::Vec<D>* t) {
   return hn::Add(hn::ConcatEven(d, w[1], w[0]), hn::ConcatOdd(d, w[1], w[0]));  // l + l+1
 }
 #endif
+
+// dots[r][t] = q_r . k_t for n_tok keys [n_tok][dim] and a tile of RT query rows (each key row
+// loaded once for the tile), by the 16 virtual lanes and the fixed tree, tail channels past the
+// last multiple of 16 added after the tree in order. On 16-lane targets whole groups of 16 tokens
+// are reduced together (Tree16: the same tree, so the same bits as token by token).
+template <size_t RT>
+HWY_INLINE void DotTile(const float* k, size_t n_tok, size_t dim, const float* const* q,
+                        float* const* dots) {
+  const DF d;
+  const size_t full = dim / 16 * 16;
+  size_t t = 0;
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (kL == 16) {
+    for (; t + 16 <= n_tok; t += 16) {
+      const float* kb = k + t * dim;
+      for (size_t r = 0; r < RT; ++r) {
+        const float* qr = q[r];
+        VF tv[16];  // slot s holds token kTreeSlot[s] (the map is its own inverse)
+        for (size_t s = 0; s < 16; ++s) tv[s] = hn::Zero(d);
+        for (size_t c = 0; c < full; c += 16) {
+          const VF qv = hn::LoadU(d, qr + c);
+          const float* kc = kb + c;
+          for (size_t s = 0; s < 16; ++s) {
+            tv[s] = hn::Add(tv[s], hn::Mul(qv, hn::LoadU(d, kc + kTreeSlot[s] * dim)));
+          }
+        }
+        hn::StoreU(Tree16(d, tv), d, dots[r] + t);
+        for (size_t i = 0; full < dim && i < 16; ++i) {
+          for (size_t c = full; c < dim; ++c) dots[r][t + i] += qr[c] * kb[i * dim + c];
+        }
+      }
+    }
+  }
+#endif
+  for (; t < n_tok; ++t) {
+    const float* kt = k + t * dim;
+    VF acc[RT][kN];
+    for (size_t r = 0; r < RT; ++r)
+      for (size_t j = 0; j < kN; ++j) acc[r][j] = hn::Zero(d);
+    for (size_t c = 0; c < full; c += 16) {
+      VF kv[kN];
+      for (size_t j = 0; j < kN; ++j) kv[j] = hn::LoadU(d, kt + c + j * kL);
+      for (size_t r = 0; r < RT; ++r) {
+        for (size_t j = 0; j < kN; ++j) {
+          acc[r][j] = hn::Add(acc[r][j], hn::Mul(hn::LoadU(d, q[r] + c + j * kL), kv[j]));
+        }
+      }
+    }
+    for (size_t r = 0; r < RT; ++r) {
+      float dot = Reduce16(acc[r]);
+      for (size_t c = full; c < dim; ++c) dot += q[r][c] * kt[c];
+      dots[r][t] = dot;
+    }
+  }
+}
+
+// f(first_row, integral_constant<RT>) over tiles of 8, 4, 3 (a remainder of 3: GQA groups of 3
+// load each key or value row once, not in a tile of 2 and one of 1), 2, 1 rows (rows are
+// independent, so the tiling never changes a result).
+template <class F>
+HWY_INLINE void ForTiles(size_t n, F&& f) {
+  size_t r = 0;
+  for (; r + 8 <= n; r += 8) f(r, std::integral_constant<size_t, 8>());
+  if (r + 4 <= n) f(r, std::integral_constant<size_t, 4>()), r += 4;
+  if (r + 3 == n) return f(r, std::integral_constant<size_t, 3>());
+  if (r + 2 <= n) f(r, std::integral_constant<size_t, 2>()), r += 2;
+  if (r < n) f(r, std::integral_constant<size_t, 1>());
+}
 
 }  // namespace HWY_NAMESPACE
 }  // namespace fast

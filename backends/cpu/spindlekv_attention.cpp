@@ -88,14 +88,10 @@ namespace spindle {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using fast::HWY_NAMESPACE::DF;
+using fast::HWY_NAMESPACE::DotTile;
+using fast::HWY_NAMESPACE::ForTiles;
 using fast::HWY_NAMESPACE::kL;
-using fast::HWY_NAMESPACE::kN;
-using fast::HWY_NAMESPACE::Reduce16;
 using fast::HWY_NAMESPACE::VF;
-#if HWY_TARGET != HWY_SCALAR
-using fast::HWY_NAMESPACE::kTreeSlot;
-using fast::HWY_NAMESPACE::Tree16;
-#endif
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -150,74 +146,6 @@ HWY_INLINE void RotateRow(const uint16_t* x, const float* tr, size_t dim, kvsdk_
     dst[c] = a * cs[c] + b * sn[c];
     dst[c + 1] = b * cs[c + 1] + a * sn[c + 1];
   }
-}
-
-// dots[r][t] = q_r . k_t for a group's n_tok <= kGroup rotated keys [n_tok][dim] and a tile of
-// RT query rows: 16 virtual lanes and the fixed tree (fast_lanes-inl.h), tail channels after the
-// tree in order; a full group of 16 tokens on 16-lane targets reduces all 16 at once (Tree16),
-// the same bits as one by one.
-template <size_t RT>
-HWY_INLINE void DotTile(const float* k, size_t n_tok, size_t dim, const float* const* q,
-                        float* const* dots) {
-  const DF d;
-  const size_t full = dim / 16 * 16;
-#if HWY_TARGET != HWY_SCALAR
-  if constexpr (kL == 16) {
-    if (n_tok == 16) {
-      for (size_t r = 0; r < RT; ++r) {
-        const float* qr = q[r];
-        VF tv[16];  // slot s holds token kTreeSlot[s] (the map is its own inverse)
-        for (size_t s = 0; s < 16; ++s) tv[s] = hn::Zero(d);
-        for (size_t c = 0; c < full; c += 16) {
-          const VF qv = hn::LoadU(d, qr + c);
-          const float* kc = k + c;
-          for (size_t s = 0; s < 16; ++s) {
-            tv[s] = hn::Add(tv[s], hn::Mul(qv, hn::LoadU(d, kc + kTreeSlot[s] * dim)));
-          }
-        }
-        hn::StoreU(Tree16(d, tv), d, dots[r]);
-        if (full < dim) {
-          for (size_t i = 0; i < 16; ++i) {
-            for (size_t c = full; c < dim; ++c) dots[r][i] += qr[c] * k[i * dim + c];
-          }
-        }
-      }
-      return;
-    }
-  }
-#endif
-  for (size_t t = 0; t < n_tok; ++t) {
-    const float* kt = k + t * dim;
-    VF acc[RT][kN];
-    for (size_t r = 0; r < RT; ++r)
-      for (size_t j = 0; j < kN; ++j) acc[r][j] = hn::Zero(d);
-    for (size_t c = 0; c < full; c += 16) {
-      VF kv[kN];
-      for (size_t j = 0; j < kN; ++j) kv[j] = hn::LoadU(d, kt + c + j * kL);
-      for (size_t r = 0; r < RT; ++r) {
-        for (size_t j = 0; j < kN; ++j) {
-          acc[r][j] = hn::Add(acc[r][j], hn::Mul(hn::LoadU(d, q[r] + c + j * kL), kv[j]));
-        }
-      }
-    }
-    for (size_t r = 0; r < RT; ++r) {
-      float dot = Reduce16(acc[r]);
-      for (size_t c = full; c < dim; ++c) dot += q[r][c] * kt[c];
-      dots[r][t] = dot;
-    }
-  }
-}
-
-// f(first_row, integral_constant<RT>) over tiles of 8, 4, 3 (a GQA group of 3 in one tile), 2
-// and 1 rows (rows are independent: the tiling never changes a result).
-template <class F>
-HWY_INLINE void ForTiles(size_t n, F&& f) {
-  size_t r = 0;
-  for (; r + 8 <= n; r += 8) f(r, std::integral_constant<size_t, 8>());
-  if (r + 4 <= n) f(r, std::integral_constant<size_t, 4>()), r += 4;
-  if (r + 3 == n) return f(r, std::integral_constant<size_t, 3>());
-  if (r + 2 <= n) f(r, std::integral_constant<size_t, 2>()), r += 2;
-  if (r < n) f(r, std::integral_constant<size_t, 1>());
 }
 
 // Scores of tokens [t0, t0 + n_tok) (one group) from their rotated keys in p.keys:
