@@ -1,11 +1,34 @@
 #include "frame_writer.h"
 
 #include "kvsdk_generated.h"
+#include "util/thread_pool.h"
 
 namespace kvsdk::format {
 
-FrameWriter::FrameWriter(Sink& sink, uint64_t snapshot_id, int zstd_level, uint64_t start_offset)
-    : sink_(sink), id_(snapshot_id), offset_(start_offset), zstd_(zstd_level) {}
+// A queued frame and its reusable buffers (capacity kept from frame to frame).
+struct FrameWriter::Pending {
+  FrameKind kind = FrameKind::kMetadata;
+  BuildFn build;  // empty: the FlatBuffer is [data, data + size) (the caller's, or `copy`)
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  std::vector<uint8_t> copy;
+  flatbuffers::FlatBufferBuilder fbb{1024};
+  std::vector<unsigned char> payload;  // the zstd frame
+  uint32_t raw_bytes = 0;
+  uint64_t hash = 0;
+};
+
+FrameWriter::FrameWriter(Sink& sink, uint64_t snapshot_id, int zstd_level, uint64_t start_offset,
+                         ThreadPool* pool)
+    : sink_(sink), id_(snapshot_id), offset_(start_offset), level_(zstd_level), pool_(pool) {
+  const size_t threads = pool ? pool->size() : 1;
+  // 2 frames per thread: a batch of unequal frames (a layer's last, shorter chunk; small tier
+  // records) keeps every thread busy until the batch's tail.
+  window_.resize(threads > 1 ? 2 * threads : 1);
+  zstd_.resize(threads);
+}
+
+FrameWriter::~FrameWriter() = default;
 
 void FrameWriter::emit(const void* data, size_t size, bool record) {
   sink_.write(data, size);
@@ -23,25 +46,86 @@ void FrameWriter::write_file_header(uint16_t major, uint16_t minor) {
   emit(buf, sizeof buf, true);
 }
 
+void FrameWriter::write_frame(FrameKind kind, BuildFn build) {
+  std::unique_ptr<Pending>& p = window_[queued_];
+  if (!p) p = std::make_unique<Pending>();
+  p->kind = kind;
+  p->build = std::move(build);
+  if (++queued_ == window_.size()) flush();
+}
+
 void FrameWriter::write_frame(FrameKind kind, const uint8_t* flatbuffer, size_t size) {
+  std::unique_ptr<Pending>& p = window_[queued_];
+  if (!p) p = std::make_unique<Pending>();
+  p->kind = kind;
+  p->build = nullptr;
+  if (window_.size() == 1) {
+    // Compressed before this call returns: the caller's bytes need no copy.
+    p->data = flatbuffer;
+  } else {
+    p->copy.assign(flatbuffer, flatbuffer + size);
+    p->data = p->copy.data();
+  }
+  p->size = size;
+  if (++queued_ == window_.size()) flush();
+}
+
+void FrameWriter::prepare(size_t i) {
+  Pending& p = *window_[i];
+  const uint8_t* data;
+  size_t size;
+  if (p.build) {
+    p.fbb.Clear();
+    p.build(p.fbb);
+    p.build = nullptr;  // releases what the closure holds
+    data = p.fbb.GetBufferPointer();
+    size = p.fbb.GetSize();
+  } else {
+    data = p.data;
+    size = p.size;
+  }
   if (size == 0 || size > kMaxRawFrameBytes) {
     fail(KVSDK_E_INTERNAL, "frame of ", size, " bytes is outside the format's limits");
   }
-  zstd_.compress(flatbuffer, size, scratch_);
-  if (scratch_.size() > UINT32_MAX) fail(KVSDK_E_INTERNAL, "compressed frame too large");
-  FrameHeader h;
-  h.kind = uint8_t(kind);
-  h.payload_bytes = uint32_t(scratch_.size());
-  h.raw_bytes = uint32_t(size);
-  h.payload_hash = xxh64(scratch_.data(), scratch_.size(), id_);
-  unsigned char hdr[kFrameHeaderBytes];
-  encode_frame_header(h, id_, hdr);
-  frames_.push_back({offset_, h.payload_bytes, h.kind});
-  emit(hdr, sizeof hdr, true);
-  emit(scratch_.data(), scratch_.size(), false);
+  const size_t slot = ThreadPool::current_slot();
+  if (slot >= zstd_.size()) {
+    fail(KVSDK_E_INTERNAL, "frame compressed on thread slot ", slot, " of a writer set up for ",
+         zstd_.size());
+  }
+  std::unique_ptr<ZstdCompressor>& z = zstd_[slot];
+  if (!z) z = std::make_unique<ZstdCompressor>(level_);
+  z->compress(data, size, p.payload);
+  if (p.payload.size() > UINT32_MAX) fail(KVSDK_E_INTERNAL, "compressed frame too large");
+  p.raw_bytes = uint32_t(size);
+  p.hash = xxh64(p.payload.data(), p.payload.size(), id_);
+}
+
+void FrameWriter::flush() {
+  const size_t n = queued_;
+  if (n == 0) return;
+  queued_ = 0;  // a failed flush leaves nothing queued (the save fails as a whole)
+  if (pool_ && n > 1) {
+    pool_->run(n, [this](size_t i) { prepare(i); });
+  } else {
+    for (size_t i = 0; i < n; ++i) prepare(i);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    Pending& p = *window_[i];
+    FrameHeader h;
+    h.kind = uint8_t(p.kind);
+    h.payload_bytes = uint32_t(p.payload.size());
+    h.raw_bytes = p.raw_bytes;
+    h.payload_hash = p.hash;
+    unsigned char hdr[kFrameHeaderBytes];
+    encode_frame_header(h, id_, hdr);
+    frames_.push_back({offset_, h.payload_bytes, h.kind});
+    emit(hdr, sizeof hdr, true);
+    emit(p.payload.data(), p.payload.size(), false);
+  }
 }
 
 void FrameWriter::write_index_and_trailer() {
+  flush();
   flatbuffers::FlatBufferBuilder fbb(64 + frames_.size() * sizeof(fb::FrameRef));
   std::vector<fb::FrameRef> refs;
   refs.reserve(frames_.size());
@@ -51,6 +135,7 @@ void FrameWriter::write_index_and_trailer() {
   Trailer t;
   t.index_offset = offset_;
   write_frame(FrameKind::kIndex, fbb.GetBufferPointer(), fbb.GetSize());
+  flush();
   t.records_hash = records_hash_.digest();
   unsigned char buf[kTrailerBytes];
   encode_trailer(t, id_, buf);

@@ -166,7 +166,8 @@ void save_full(kvsdk_cache& c, const char* path, const SaveParams& params) {
   const uint16_t major = format_major_for(*c.impl, any_tier);
   auto base = make_base(std::move(fp), id, 0, 0, 1, major, format_minor_for(major));
   save_file_atomically(path, [&](Sink& sink) {
-    base->base_end = base->journal_end = write_snapshot(*c.impl, params, id, sink);
+    base->base_end = base->journal_end =
+        write_snapshot(*c.impl, params, id, sink, &c.impl->context().pool());
   });
   c.journal = std::move(base);
 }
@@ -221,12 +222,12 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache* cache,
     const uint64_t id = snapshot_id_of(*c.impl, fingerprint(*c.impl).rows);
     if (buf == nullptr) {
       CountingSink sink;
-      *out_size = size_t(write_snapshot(*c.impl, params, id, sink));
+      *out_size = size_t(write_snapshot(*c.impl, params, id, sink, &c.impl->context().pool()));
       return;
     }
     // A buffer is not a file: the journal keeps continuing the last file saved or loaded.
     BufferSink sink(buf, capacity);
-    write_snapshot(*c.impl, params, id, sink);
+    write_snapshot(*c.impl, params, id, sink, &c.impl->context().pool());
     *out_size = size_t(sink.written());
   });
 }
