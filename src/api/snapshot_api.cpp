@@ -83,6 +83,7 @@ std::shared_ptr<const Cache> prefix_for(const Snapshot& s, kvsdk_cache* prefix,
   } else if (!s.prefix_snapshot.empty()) {
     ReadOptions opt;
     opt.available_bytes = ctx->available();
+    opt.pool = &ctx->pool();
     // The embedded snapshot is part of a file this library read: whatever it claims that this
     // library cannot load (a newer format, a bad header) is damage, not a reason to upgrade.
     Snapshot ps;
@@ -126,6 +127,7 @@ void load(kvsdk_cache** out, std::shared_ptr<Context> ctx, const unsigned char* 
     opt.expected = &want;
   }
   opt.available_bytes = ctx->available();
+  opt.pool = &ctx->pool();
   Snapshot s = read_snapshot(data, size, opt);
   std::shared_ptr<const Cache> pre = prefix_for(s, prefix, ctx);
   const uint16_t major = s.format_major, minor = s.format_minor;
