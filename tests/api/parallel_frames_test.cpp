@@ -225,4 +225,49 @@ TEST_P(ParallelFrames, LoadsTheSameCacheAndErrorsOnAnyNumberOfThreads) {
 
 INSTANTIATE_TEST_SUITE_P(EveryPreset, ParallelFrames, ::testing::ValuesIn(kPresets), preset_name);
 
+// Frames of 20 MiB: a 2-thread load batches them by bytes (at most 48 MiB of frames, so 2 at a
+// time, the third starting the next batch) and gives back the larger buffers between batches;
+// saves and loads still match one thread's, and so does the error for a damaged later frame.
+TEST(ParallelFramesLarge, BatchesOfLargeFramesMatchOneThread) {
+  const kvsdk_geometry g = make_geometry(1, 1, 1, 1024, KVSDK_DTYPE_F16);
+  const size_t rows = 3 * 5120;  // 3 frames of 5120 rows (20 MiB each)
+  std::vector<uint16_t> k(rows * 1024), v(rows * 1024);
+  uint32_t x = 12345;
+  for (size_t i = 0; i < k.size(); ++i) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    k[i] = uint16_t(0x3000 | (x & 0x0fff));  // finite halfs in [0.125, 0.5)
+    v[i] = uint16_t(0xb000 | ((x >> 16) & 0x0fff));
+  }
+  const std::vector<int32_t> pos = iota_positions(rows);
+  std::vector<ContextPtr> ctx;
+  std::vector<CachePtr> caches;
+  for (int32_t n : kThreads) {
+    ctx.push_back(context_with_threads(n));
+    ASSERT_TRUE(ctx.back());
+    caches.push_back(make_cache(ctx.back().get(), g));
+    ASSERT_TRUE(caches.back());
+    ASSERT_EQ(kvsdk_cache_append(caches.back().get(), 0, rows, k.data(), v.data(), pos.data(),
+                                 k.size() * 2),
+              KVSDK_OK)
+        << kvsdk_last_error();
+  }
+  const kvsdk_save_options opt = save_options(-7, 20u << 20, 1);
+  size_t size = 0;
+  const std::vector<uint8_t> one = to_buffer(caches[0].get(), opt, &size);
+  std::vector<uint8_t> late = one;  // a byte of the last frame's payload
+  late[late.size() - 4096] ^= 1;
+  const Loaded loaded = load(ctx[0].get(), one), damaged = load(ctx[0].get(), late);
+  ASSERT_EQ(loaded.status, KVSDK_OK) << loaded.error;
+  EXPECT_EQ(damaged.status, KVSDK_E_CORRUPT);
+  for (size_t i = 1; i < ctx.size(); ++i) {
+    SCOPED_TRACE(std::to_string(kThreads[i]) + " threads");
+    EXPECT_EQ(to_buffer(caches[i].get(), opt, &size), one);
+    const Loaded other = load(ctx[i].get(), one), other_damaged = load(ctx[i].get(), late);
+    EXPECT_EQ(other.status, KVSDK_OK) << other.error;
+    EXPECT_EQ(other.resaved, loaded.resaved);
+    EXPECT_EQ(other_damaged.status, damaged.status);
+    EXPECT_EQ(other_damaged.error, damaged.error);
+  }
+}
+
 }  // namespace
