@@ -1,5 +1,7 @@
 #include "frame_writer.h"
 
+#include <algorithm>
+
 #include "kvsdk_generated.h"
 #include "util/thread_pool.h"
 
@@ -13,6 +15,8 @@ struct FrameWriter::Pending {
   size_t size = 0;
   std::vector<uint8_t> copy;
   flatbuffers::FlatBufferBuilder fbb{1024};
+  size_t fbb_capacity = 1024;  // at least: its initial size, the largest buffer it built
+  size_t size_hint = 0;
   std::vector<unsigned char> payload;  // the zstd frame
   uint32_t raw_bytes = 0;
   uint64_t hash = 0;
@@ -46,11 +50,12 @@ void FrameWriter::write_file_header(uint16_t major, uint16_t minor) {
   emit(buf, sizeof buf, true);
 }
 
-void FrameWriter::write_frame(FrameKind kind, BuildFn build) {
+void FrameWriter::write_frame(FrameKind kind, BuildFn build, size_t size_hint) {
   std::unique_ptr<Pending>& p = window_[queued_];
   if (!p) p = std::make_unique<Pending>();
   p->kind = kind;
   p->build = std::move(build);
+  p->size_hint = size_hint;
   if (++queued_ == window_.size()) flush();
 }
 
@@ -75,11 +80,17 @@ void FrameWriter::prepare(size_t i) {
   const uint8_t* data;
   size_t size;
   if (p.build) {
+    if (p.size_hint > p.fbb_capacity) {
+      // A builder that allocates the frame's size at once (on first use) replaces a smaller one.
+      p.fbb = flatbuffers::FlatBufferBuilder(p.size_hint);
+      p.fbb_capacity = p.size_hint;
+    }
     p.fbb.Clear();
     p.build(p.fbb);
     p.build = nullptr;  // releases what the closure holds
     data = p.fbb.GetBufferPointer();
     size = p.fbb.GetSize();
+    p.fbb_capacity = std::max(p.fbb_capacity, size);
   } else {
     data = p.data;
     size = p.size;

@@ -58,8 +58,10 @@ class FrameWriter {
   void write_file_header(uint16_t major = kFormatMajorTyped, uint16_t minor = kFormatMinorTyped);
   // Queues a frame of `kind` whose FlatBuffer `build` makes. `build` may run on any pool thread,
   // concurrently with other frames' builds and after this call returns (until the next flush):
-  // it may only read what outlives that and nothing that changes meanwhile.
-  void write_frame(FrameKind kind, BuildFn build);
+  // it may only read what outlives that and nothing that changes meanwhile. `size_hint`: about
+  // how large the FlatBuffer will be, so that its builder is allocated once at that size instead
+  // of growing (and copying) to it; 0 when unknown.
+  void write_frame(FrameKind kind, BuildFn build, size_t size_hint = 0);
   // Queues one finished FlatBuffer (copied when it has to wait for the window).
   void write_frame(FrameKind kind, const uint8_t* flatbuffer, size_t size);
   // Builds, compresses and writes every queued frame.

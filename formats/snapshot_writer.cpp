@@ -82,7 +82,11 @@ flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder&
 // Queues one frame of exact rows; it is built on whichever pool thread compresses it (`cache`
 // is not modified while write_snapshot runs, and `spans` travels with the frame).
 void write_tier_frame(FrameWriter& out, const StoreView& cache, uint32_t layer,
-                      std::vector<RowSpan> spans) {
+                      std::vector<RowSpan> spans, uint64_t row_bytes) {
+  // The rows, plus (generously) each HeadRows table with its vectors' lengths and padding, and
+  // the frame's root and vtables.
+  uint64_t hint = 1024;
+  for (const RowSpan& s : spans) hint += s.rows * row_bytes + 256;
   out.write_frame(FrameKind::kTierChunk, [&cache, layer, spans = std::move(spans)](
                                               flatbuffers::FlatBufferBuilder& fbb) {
     const size_t dim = cache.geometry().head_dim;
@@ -98,7 +102,7 @@ void write_tier_frame(FrameWriter& out, const StoreView& cache, uint32_t layer,
     const auto chunk = fb::CreateTierChunk(fbb, fbb.CreateVector(heads));
     fbb.Finish(fb::CreateFrame(fbb, fb::Payload::TierChunk, chunk.Union()),
                fb::FrameIdentifier());
-  });
+  }, size_t(hint));
 }
 
 // The compressed stores of one layer, packed into frames of at most max_frame_bytes (at least one
@@ -260,7 +264,7 @@ uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64
       while (r < n) {
         uint64_t fit = (cap - std::min(cap, frame_bytes)) / row_bytes;
         if (fit == 0 && !spans.empty()) {
-          write_tier_frame(out, cache, l, std::move(spans));
+          write_tier_frame(out, cache, l, std::move(spans), row_bytes);
           spans.clear();
           frame_bytes = 0;
           fit = cap / row_bytes;
@@ -271,7 +275,7 @@ uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64
         r += take;
       }
     }
-    if (!spans.empty()) write_tier_frame(out, cache, l, std::move(spans));
+    if (!spans.empty()) write_tier_frame(out, cache, l, std::move(spans), row_bytes);
     write_tier_states(out, tiers[l], cap, major >= 4);
   }
   out.write_index_and_trailer();
