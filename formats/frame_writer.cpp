@@ -14,12 +14,19 @@ struct FrameWriter::Pending {
   const uint8_t* data = nullptr;
   size_t size = 0;
   std::vector<uint8_t> copy;
-  flatbuffers::FlatBufferBuilder fbb{1024};
-  size_t fbb_capacity = 1024;  // at least: its initial size, the largest buffer it built
   size_t size_hint = 0;
-  std::vector<unsigned char> payload;  // the zstd frame
+  std::vector<unsigned char> payload;  // the zstd frame, kept until it is written
   uint32_t raw_bytes = 0;
   uint64_t hash = 0;
+};
+
+// What a thread slot builds and compresses frames with: the FlatBuffer is only needed until its
+// frame is compressed, so one builder per thread serves every frame the thread takes.
+struct FrameWriter::Slot {
+  explicit Slot(int level) : zstd(level) {}
+  ZstdCompressor zstd;
+  flatbuffers::FlatBufferBuilder fbb{1024};
+  size_t fbb_capacity = 1024;  // at least: its initial size, the largest buffer it built
 };
 
 FrameWriter::FrameWriter(Sink& sink, uint64_t snapshot_id, int zstd_level, uint64_t start_offset,
@@ -29,7 +36,7 @@ FrameWriter::FrameWriter(Sink& sink, uint64_t snapshot_id, int zstd_level, uint6
   // 2 frames per thread: a batch of unequal frames (a layer's last, shorter chunk; small tier
   // records) keeps every thread busy until the batch's tail.
   window_.resize(threads > 1 ? 2 * threads : 1);
-  zstd_.resize(threads);
+  slots_.resize(threads);
 }
 
 FrameWriter::~FrameWriter() = default;
@@ -77,20 +84,27 @@ void FrameWriter::write_frame(FrameKind kind, const uint8_t* flatbuffer, size_t 
 
 void FrameWriter::prepare(size_t i) {
   Pending& p = *window_[i];
+  const size_t slot_index = ThreadPool::current_slot();
+  if (slot_index >= slots_.size()) {
+    fail(KVSDK_E_INTERNAL, "frame compressed on thread slot ", slot_index,
+         " of a writer set up for ", slots_.size());
+  }
+  std::unique_ptr<Slot>& slot = slots_[slot_index];
+  if (!slot) slot = std::make_unique<Slot>(level_);
   const uint8_t* data;
   size_t size;
   if (p.build) {
-    if (p.size_hint > p.fbb_capacity) {
+    if (p.size_hint > slot->fbb_capacity) {
       // A builder that allocates the frame's size at once (on first use) replaces a smaller one.
-      p.fbb = flatbuffers::FlatBufferBuilder(p.size_hint);
-      p.fbb_capacity = p.size_hint;
+      slot->fbb = flatbuffers::FlatBufferBuilder(p.size_hint);
+      slot->fbb_capacity = p.size_hint;
     }
-    p.fbb.Clear();
-    p.build(p.fbb);
+    slot->fbb.Clear();
+    p.build(slot->fbb);
     p.build = nullptr;  // releases what the closure holds
-    data = p.fbb.GetBufferPointer();
-    size = p.fbb.GetSize();
-    p.fbb_capacity = std::max(p.fbb_capacity, size);
+    data = slot->fbb.GetBufferPointer();
+    size = slot->fbb.GetSize();
+    slot->fbb_capacity = std::max(slot->fbb_capacity, size);
   } else {
     data = p.data;
     size = p.size;
@@ -98,14 +112,7 @@ void FrameWriter::prepare(size_t i) {
   if (size == 0 || size > kMaxRawFrameBytes) {
     fail(KVSDK_E_INTERNAL, "frame of ", size, " bytes is outside the format's limits");
   }
-  const size_t slot = ThreadPool::current_slot();
-  if (slot >= zstd_.size()) {
-    fail(KVSDK_E_INTERNAL, "frame compressed on thread slot ", slot, " of a writer set up for ",
-         zstd_.size());
-  }
-  std::unique_ptr<ZstdCompressor>& z = zstd_[slot];
-  if (!z) z = std::make_unique<ZstdCompressor>(level_);
-  z->compress(data, size, p.payload);
+  slot->zstd.compress(data, size, p.payload);
   if (p.payload.size() > UINT32_MAX) fail(KVSDK_E_INTERNAL, "compressed frame too large");
   p.raw_bytes = uint32_t(size);
   p.hash = xxh64(p.payload.data(), p.payload.size(), id_);

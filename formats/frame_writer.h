@@ -8,11 +8,12 @@
 // single-threaded writer whatever the pool's size: zstd output depends only on the input and the
 // parameters, never on which context or thread compressed it. Frames wait in a window of
 // 2 per pool thread (1 without a pool): when it is full, its frames are built and compressed in
-// parallel (each on its thread slot's zstd context), then written in order and the window
-// reused. Memory beyond the caller's: per window slot, one FlatBuffer (at most the raw frame,
-// max_frame_bytes plus FlatBuffer overhead) and one compressed payload (at most
-// ZSTD_compressBound of it), both kept for reuse; so about 4 frames per pool thread (64 MiB at
-// 2 threads and the default 8 MiB frames), never a copy of the snapshot.
+// parallel (each with its thread slot's FlatBuffer builder and zstd context), then written in
+// order and the window reused. Memory beyond the caller's, all kept for reuse until the writer
+// goes: per thread, one FlatBuffer (the raw frame: max_frame_bytes plus FlatBuffer overhead)
+// and a zstd context; per window entry, one compressed payload (ZSTD_compressBound of the raw
+// frame, slightly more than it). So about 3 frames per pool thread (48 MiB at 2 threads and the
+// default 8 MiB frames; 2 frames on one thread, as before), never a copy of the snapshot.
 #pragma once
 
 #include <cstddef>
@@ -76,6 +77,7 @@ class FrameWriter {
 
  private:
   struct Pending;
+  struct Slot;
   // Writes bytes; `record` bytes (file and frame headers) also enter the trailer's hash.
   void emit(const void* data, size_t size, bool record);
   // Builds, compresses and hashes pending frame `i` on the calling thread.
@@ -90,8 +92,8 @@ class FrameWriter {
   std::vector<FrameRecord> frames_;
   std::vector<std::unique_ptr<Pending>> window_;
   size_t queued_ = 0;
-  // One compressor per thread slot of the pool (ThreadPool::current_slot), made on first use.
-  std::vector<std::unique_ptr<ZstdCompressor>> zstd_;
+  // Per thread slot of the pool (ThreadPool::current_slot), made on first use.
+  std::vector<std::unique_ptr<Slot>> slots_;
 };
 
 }  // namespace kvsdk::format
