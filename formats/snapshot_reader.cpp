@@ -1,6 +1,7 @@
 #include "snapshot_reader.h"
 
 #include <algorithm>
+#include <exception>
 #include <limits>
 #include <memory>
 
@@ -13,6 +14,7 @@
 #include "tier_state.h"
 #include "util/error.h"
 #include "util/positions.h"
+#include "util/thread_pool.h"
 #include "xxhash64.h"
 #include "zstd_frame.h"
 
@@ -35,13 +37,23 @@ struct RawFrame {
   std::vector<unsigned char> flatbuffer;
 };
 
+// A frame of a read batch: located from its header in order (else `why`), then opened on the
+// pool (`root`, else `why`, or `error` for what is not a verdict on the bytes).
+struct BatchFrame {
+  RawFrame f;
+  bool located = false;
+  const fb::Frame* root = nullptr;
+  std::string why;
+  std::exception_ptr error;
+};
+
 class Reader {
  public:
   Reader(const unsigned char* data, size_t size) : data_(data), size_(size) {}
 
-  // Locates the frame at `offset`; returns false when its bytes do not form a sound frame of
-  // this snapshot (truncated, bad header, bad payload hash).
-  bool locate(uint64_t offset, uint64_t id, RawFrame* f, std::string* why) const {
+  // Locates the frame at `offset` from its header alone; returns false when the header is cut
+  // off or damaged, or the payload it declares is.
+  bool locate_header(uint64_t offset, uint64_t id, RawFrame* f, std::string* why) const {
     if (offset > size_ || size_ - offset < kFrameHeaderBytes) {
       *why = "truncated (frame header cut off)";
       return false;
@@ -55,20 +67,32 @@ class Reader {
       *why = "truncated (frame payload cut off)";
       return false;
     }
-    if (xxh64(data_ + payload, f->header.payload_bytes, id) != f->header.payload_hash) {
-      *why = "frame payload checksum mismatch";
-      return false;
-    }
     f->offset = offset;
     f->end = payload + f->header.payload_bytes;
     return true;
   }
 
-  // Decompresses and verifies the FlatBuffer of a located frame; returns its root.
-  const fb::Frame* open(RawFrame& f, std::string* why) {
+  // The payload hash of a frame located by locate_header.
+  bool check_payload(const RawFrame& f, uint64_t id, std::string* why) const {
+    if (xxh64(data_ + f.offset + kFrameHeaderBytes, f.header.payload_bytes, id) !=
+        f.header.payload_hash) {
+      *why = "frame payload checksum mismatch";
+      return false;
+    }
+    return true;
+  }
+
+  // Locates the frame at `offset`; returns false when its bytes do not form a sound frame of
+  // this snapshot (truncated, bad header, bad payload hash).
+  bool locate(uint64_t offset, uint64_t id, RawFrame* f, std::string* why) const {
+    return locate_header(offset, id, f, why) && check_payload(*f, id, why);
+  }
+
+  // Decompresses (with `zstd`) and verifies the FlatBuffer of a located frame; returns its root.
+  const fb::Frame* open(RawFrame& f, ZstdDecompressor& zstd, std::string* why) const {
     try {
-      zstd_.decompress(data_ + f.offset + kFrameHeaderBytes, f.header.payload_bytes,
-                       f.header.raw_bytes, f.flatbuffer);
+      zstd.decompress(data_ + f.offset + kFrameHeaderBytes, f.header.payload_bytes,
+                      f.header.raw_bytes, f.flatbuffer);
     } catch (const Error& e) {
       *why = e.what();
       return nullptr;
@@ -92,6 +116,8 @@ class Reader {
     }
     return root;
   }
+
+  const fb::Frame* open(RawFrame& f, std::string* why) { return open(f, zstd_, why); }
 
   const unsigned char* data_;
   size_t size_;
@@ -461,33 +487,96 @@ Snapshot read_snapshot(const unsigned char* data, size_t size, const ReadOptions
   // Vectors may reserve what the metadata declares only up to this much (zstd ratios on real
   // caches stay far below 64; larger claims just grow as rows arrive).
   const uint64_t reserve_limit = uint64_t(size) * 64;
-  uint64_t pos = kFileHeaderBytes;
-  RawFrame f;  // reused: its buffer keeps its capacity (no fresh pages per frame)
-  std::string why;
-  for (;;) {
-    if (!rd.locate(pos, s.snapshot_id, &f, &why)) corrupt_at(pos, why);
-    const fb::Frame* root = rd.open(f, &why);
-    if (!root) corrupt_at(pos, why);
-    const uint8_t kind = f.header.kind;
-    if (!have_meta && kind != uint8_t(FrameKind::kMetadata)) {
-      corrupt_at(pos, "the first frame is not the metadata");
+  // Frames are checked in batches of up to 2 per pool thread (1 without a pool): located in order
+  // from their headers, then hash-checked, decompressed and verified in parallel (each on its
+  // thread slot's zstd context), then read in file order. A frame's failure is only reported when
+  // the in-order pass reaches it, after every earlier frame was read, so each error (status,
+  // message, byte offset) is the one a frame-by-frame reader reports.
+  // Memory beyond the cache's own: the decompressed frames of one batch hold at most
+  // kBatchBytesPerThread per thread (2 default frames and their FlatBuffer overhead), or a single
+  // larger frame alone. Each batch entry keeps its buffer for the next batch; entries past the
+  // first give back buffers larger than one default frame. So a load holds at most the largest
+  // frame plus 48 MiB per thread; with default frames (8 MiB of rows), 2 frames per thread.
+  constexpr uint64_t kKeptFrameBytes = kDefaultFrameBytes + (4ull << 20);
+  constexpr uint64_t kBatchBytesPerThread = 2 * kKeptFrameBytes;
+  const size_t threads = opt.pool ? opt.pool->size() : 1;
+  const uint64_t batch_bytes = kBatchBytesPerThread * threads;
+  std::vector<BatchFrame> batch(threads > 1 ? 2 * threads : 1);
+  std::vector<std::unique_ptr<ZstdDecompressor>> zstd(threads);
+  const auto open_one = [&](size_t i) {
+    BatchFrame& b = batch[i];
+    if (!b.located) return;
+    try {
+      if (!rd.check_payload(b.f, s.snapshot_id, &b.why)) return;
+      const size_t slot = ThreadPool::current_slot();
+      if (slot >= zstd.size()) {
+        fail(KVSDK_E_INTERNAL, "frame read on thread slot ", slot, " of a reader set up for ",
+             zstd.size());
+      }
+      if (!zstd[slot]) zstd[slot] = std::make_unique<ZstdDecompressor>();
+      b.root = rd.open(b.f, *zstd[slot], &b.why);
+    } catch (...) {
+      b.error = std::current_exception();  // (out of memory) raised when its turn comes
     }
-    if (kind == uint8_t(FrameKind::kMetadata)) {
-      if (have_meta) corrupt_at(pos, "second metadata frame");
-      read_metadata(*root->payload_as_Metadata(), opt, s, declared);
-      have_meta = true;
-    } else if (kind == uint8_t(FrameKind::kTierChunk)) {
-      read_tier_chunk(*root->payload_as_TierChunk(), s.geometry, s, declared, reserve_limit);
-    } else if (kind == uint8_t(FrameKind::kIndex)) {
-      check_index(*root->payload_as_Index(), s.frames);
+  };
+  uint64_t pos = kFileHeaderBytes;
+  bool index_read = false;
+  while (!index_read) {
+    size_t n = 0;
+    uint64_t raw = 0;
+    for (uint64_t at = pos; n < batch.size();) {
+      BatchFrame& b = batch[n];
+      b.root = nullptr;
+      b.why.clear();
+      b.error = nullptr;
+      b.located = rd.locate_header(at, s.snapshot_id, &b.f, &b.why);
+      if (b.located) {
+        raw += b.f.header.raw_bytes;
+        if (n > 0 && raw > batch_bytes) break;  // it starts the next batch
+      }
+      ++n;
+      // Nothing past a frame without a sound header can be located; nothing but the trailer
+      // follows the index.
+      if (!b.located || b.f.header.kind == uint8_t(FrameKind::kIndex)) break;
+      at = b.f.end;
+    }
+    if (opt.pool && n > 1) {
+      opt.pool->run(n, open_one);
+    } else {
+      for (size_t i = 0; i < n; ++i) open_one(i);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      BatchFrame& b = batch[i];
+      if (b.error) std::rethrow_exception(b.error);
+      if (!b.root) corrupt_at(pos, b.why);
+      const RawFrame& f = b.f;
+      const fb::Frame* root = b.root;
+      const uint8_t kind = f.header.kind;
+      if (!have_meta && kind != uint8_t(FrameKind::kMetadata)) {
+        corrupt_at(pos, "the first frame is not the metadata");
+      }
+      if (kind == uint8_t(FrameKind::kMetadata)) {
+        if (have_meta) corrupt_at(pos, "second metadata frame");
+        read_metadata(*root->payload_as_Metadata(), opt, s, declared);
+        have_meta = true;
+      } else if (kind == uint8_t(FrameKind::kTierChunk)) {
+        read_tier_chunk(*root->payload_as_TierChunk(), s.geometry, s, declared, reserve_limit);
+      } else if (kind == uint8_t(FrameKind::kIndex)) {
+        check_index(*root->payload_as_Index(), s.frames);
+        s.frames.push_back({pos, f.header.payload_bytes, kind});
+        pos = f.end;
+        index_read = true;
+        break;
+      } else {
+        corrupt_at(pos, "journal frame before the footer index");
+      }
       s.frames.push_back({pos, f.header.payload_bytes, kind});
       pos = f.end;
-      break;
-    } else {
-      corrupt_at(pos, "journal frame before the footer index");
     }
-    s.frames.push_back({pos, f.header.payload_bytes, kind});
-    pos = f.end;
+    for (size_t i = 1; i < n; ++i) {
+      std::vector<unsigned char>& buf = batch[i].f.flatbuffer;
+      if (buf.capacity() > kKeptFrameBytes) std::vector<unsigned char>().swap(buf);
+    }
   }
   if (size - pos < kTrailerBytes) corrupt_at(pos, "truncated (trailer cut off)");
   const Trailer t = decode_trailer(data + pos, s.snapshot_id);

@@ -12,6 +12,10 @@
 #include "core/store_view.h"
 #include "frame_writer.h"
 
+namespace kvsdk {
+class ThreadPool;
+}
+
 namespace kvsdk::format {
 
 struct ReadOptions {
@@ -22,6 +26,9 @@ struct ReadOptions {
   // Check that the policy is implemented by this build (loading into a cache); tools that only
   // inspect a file turn it off.
   bool require_implemented = true;
+  // Where frames are hash-checked, decompressed and verified (the destination context's pool;
+  // nullptr: the calling thread alone). The result and every error are the same for any pool.
+  ThreadPool* pool = nullptr;
 };
 
 struct Snapshot {

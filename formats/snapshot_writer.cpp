@@ -31,7 +31,8 @@ struct RowSpan {
 
 // A conversation's shared prefix: its content hash, and its whole snapshot when embedded.
 flatbuffers::Offset<fb::PrefixRef> build_prefix(flatbuffers::FlatBufferBuilder& fbb,
-                                                const StoreView& cache, const SaveParams& params) {
+                                                const StoreView& cache, const SaveParams& params,
+                                                ThreadPool* pool) {
   const StoreView* prefix = cache.prefix_view();
   if (!prefix) return 0;
   const uint64_t hash = content_hash(*prefix);
@@ -39,7 +40,7 @@ flatbuffers::Offset<fb::PrefixRef> build_prefix(flatbuffers::FlatBufferBuilder& 
   if (params.embed_prefix) {
     std::vector<unsigned char> bytes;
     VectorSink sink(bytes);
-    write_snapshot(*prefix, params, hash, sink);
+    write_snapshot(*prefix, params, hash, sink, pool);
     embedded = fbb.CreateVector(bytes.data(), bytes.size());
   }
   return fb::CreatePrefixRef(fbb, hash, embedded);
@@ -47,7 +48,8 @@ flatbuffers::Offset<fb::PrefixRef> build_prefix(flatbuffers::FlatBufferBuilder& 
 
 flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder& fbb,
                                                  const StoreView& cache, const SaveParams& params,
-                                                 uint16_t major, uint16_t minor) {
+                                                 uint16_t major, uint16_t minor,
+                                                 ThreadPool* pool) {
   const bool includes_backing = params.include_backing;
   const Geometry& g = cache.geometry();
   const kvsdk_policy& p = cache.policy();
@@ -70,55 +72,66 @@ flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder&
                                        p.merge_t, p.retain_ratio, p.fetch_tokens,
                                        p.match_tokens, p.evict_slack);
   const auto policy_state = build_policy_state(fbb, cache);
-  const auto prefix = build_prefix(fbb, cache, params);
+  const auto prefix = build_prefix(fbb, cache, params, pool);
   return fb::CreateMetadata(fbb, major, minor,
                             fbb.CreateString(kvsdk_version_string()), geometry, policy,
                             cache.context_budget(), fbb.CreateVector(layers), includes_backing,
                             policy_state, prefix);
 }
 
-void write_tier_frame(FrameWriter& out, flatbuffers::FlatBufferBuilder& fbb, const StoreView& cache,
-                      uint32_t layer, const std::vector<RowSpan>& spans) {
-  const size_t dim = cache.geometry().head_dim;
-  fbb.Clear();
-  std::vector<flatbuffers::Offset<fb::HeadRows>> heads;
-  for (const RowSpan& s : spans) {
-    const ExactStore& e = cache.exact_rows(layer, s.head);
-    const auto rows = fb::CreateExactRows(
-        fbb, fbb.CreateVector(e.positions.data() + s.row_begin, s.rows),
-        fbb.CreateVector(e.k.data() + s.row_begin * dim, s.rows * dim),
-        fbb.CreateVector(e.v.data() + s.row_begin * dim, s.rows * dim));
-    heads.push_back(fb::CreateHeadRows(fbb, layer, s.head, s.row_begin, rows));
-  }
-  const auto chunk = fb::CreateTierChunk(fbb, fbb.CreateVector(heads));
-  fbb.Finish(fb::CreateFrame(fbb, fb::Payload::TierChunk, chunk.Union()), fb::FrameIdentifier());
-  out.write_frame(FrameKind::kTierChunk, fbb.GetBufferPointer(), fbb.GetSize());
+// Queues one frame of exact rows; it is built on whichever pool thread compresses it (`cache`
+// is not modified while write_snapshot runs, and `spans` travels with the frame).
+void write_tier_frame(FrameWriter& out, const StoreView& cache, uint32_t layer,
+                      std::vector<RowSpan> spans, uint64_t row_bytes) {
+  // The rows, plus (generously) each HeadRows table with its vectors' lengths and padding, and
+  // the frame's root and vtables.
+  uint64_t hint = 1024;
+  for (const RowSpan& s : spans) hint += s.rows * row_bytes + 256;
+  out.write_frame(FrameKind::kTierChunk, [&cache, layer, spans = std::move(spans)](
+                                              flatbuffers::FlatBufferBuilder& fbb) {
+    const size_t dim = cache.geometry().head_dim;
+    std::vector<flatbuffers::Offset<fb::HeadRows>> heads;
+    for (const RowSpan& s : spans) {
+      const ExactStore& e = cache.exact_rows(layer, s.head);
+      const auto rows = fb::CreateExactRows(
+          fbb, fbb.CreateVector(e.positions.data() + s.row_begin, s.rows),
+          fbb.CreateVector(e.k.data() + s.row_begin * dim, s.rows * dim),
+          fbb.CreateVector(e.v.data() + s.row_begin * dim, s.rows * dim));
+      heads.push_back(fb::CreateHeadRows(fbb, layer, s.head, s.row_begin, rows));
+    }
+    const auto chunk = fb::CreateTierChunk(fbb, fbb.CreateVector(heads));
+    fbb.Finish(fb::CreateFrame(fbb, fb::Payload::TierChunk, chunk.Union()),
+               fb::FrameIdentifier());
+  }, size_t(hint));
 }
 
 // The compressed stores of one layer, packed into frames of at most max_frame_bytes (at least one
 // record per frame): typed tables (TierChunk.typed_tiers) from format major 4, generic TierStates
-// before.
-void write_tier_states(FrameWriter& out, flatbuffers::FlatBufferBuilder& fbb,
-                       const std::vector<TierRecord>& records, uint64_t cap, bool typed) {
+// before. Each frame is built on a pool thread from `records`, which outlives the writer's
+// flushes.
+void write_tier_states(FrameWriter& out, const std::vector<TierRecord>& records, uint64_t cap,
+                       bool typed) {
   size_t i = 0;
   while (i < records.size()) {
-    fbb.Clear();
-    std::vector<flatbuffers::Offset<fb::TierState>> states;
-    std::vector<flatbuffers::Offset<fb::TypedTierState>> typed_states;
+    const size_t begin = i;
     uint64_t bytes = 0;
-    size_t in_frame = 0;
-    while (i < records.size() && (in_frame == 0 || bytes + tier_record_bytes(records[i]) <= cap)) {
-      bytes += tier_record_bytes(records[i]);
-      if (typed) typed_states.push_back(build_typed_tier(fbb, records[i++]));
-      else states.push_back(build_tier_state(fbb, records[i++]));
-      ++in_frame;
+    while (i < records.size() && (i == begin || bytes + tier_record_bytes(records[i]) <= cap)) {
+      bytes += tier_record_bytes(records[i++]);
     }
-    const auto chunk =
-        typed ? fb::CreateTierChunk(fbb, 0, 0, fbb.CreateVector(typed_states))
-              : fb::CreateTierChunk(fbb, 0, fbb.CreateVector(states));
-    fbb.Finish(fb::CreateFrame(fbb, fb::Payload::TierChunk, chunk.Union()),
-               fb::FrameIdentifier());
-    out.write_frame(FrameKind::kTierChunk, fbb.GetBufferPointer(), fbb.GetSize());
+    out.write_frame(FrameKind::kTierChunk, [&records, begin, end = i, typed](
+                                                flatbuffers::FlatBufferBuilder& fbb) {
+      std::vector<flatbuffers::Offset<fb::TierState>> states;
+      std::vector<flatbuffers::Offset<fb::TypedTierState>> typed_states;
+      for (size_t r = begin; r < end; ++r) {
+        if (typed) typed_states.push_back(build_typed_tier(fbb, records[r]));
+        else states.push_back(build_tier_state(fbb, records[r]));
+      }
+      const auto chunk =
+          typed ? fb::CreateTierChunk(fbb, 0, 0, fbb.CreateVector(typed_states))
+                : fb::CreateTierChunk(fbb, 0, fbb.CreateVector(states));
+      fbb.Finish(fb::CreateFrame(fbb, fb::Payload::TierChunk, chunk.Union()),
+                 fb::FrameIdentifier());
+    });
   }
 }
 
@@ -207,7 +220,7 @@ uint64_t content_hash(const StoreView& cache) {
 }
 
 uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64_t snapshot_id,
-                        Sink& sink) {
+                        Sink& sink, ThreadPool* pool) {
   const Geometry& g = cache.geometry();
   std::vector<std::vector<TierRecord>> tiers(g.n_layers);
   bool any_tier = false;
@@ -227,13 +240,16 @@ uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64
   }
   const uint16_t major = format_major_for(cache, any_tier);
   const uint16_t minor = format_minor_for(major);
-  FrameWriter out(sink, snapshot_id, params.zstd_level);
+  FrameWriter out(sink, snapshot_id, params.zstd_level, 0, pool);
   out.write_file_header(major, minor);
 
-  flatbuffers::FlatBufferBuilder fbb(1024);
-  const auto meta = build_metadata(fbb, cache, params, major, minor);
-  fbb.Finish(fb::CreateFrame(fbb, fb::Payload::Metadata, meta.Union()), fb::FrameIdentifier());
-  out.write_frame(FrameKind::kMetadata, fbb.GetBufferPointer(), fbb.GetSize());
+  {
+    // Built here, not on the pool: an embedded prefix is a whole snapshot written on the pool.
+    flatbuffers::FlatBufferBuilder fbb(1024);
+    const auto meta = build_metadata(fbb, cache, params, major, minor, pool);
+    fbb.Finish(fb::CreateFrame(fbb, fb::Payload::Metadata, meta.Union()), fb::FrameIdentifier());
+    out.write_frame(FrameKind::kMetadata, fbb.GetBufferPointer(), fbb.GetSize());
+  }
 
   // Rows of each layer, packed into frames of at most max_frame_bytes of row data (at least one
   // row per frame); a frame never mixes layers.
@@ -248,7 +264,7 @@ uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64
       while (r < n) {
         uint64_t fit = (cap - std::min(cap, frame_bytes)) / row_bytes;
         if (fit == 0 && !spans.empty()) {
-          write_tier_frame(out, fbb, cache, l, spans);
+          write_tier_frame(out, cache, l, std::move(spans), row_bytes);
           spans.clear();
           frame_bytes = 0;
           fit = cap / row_bytes;
@@ -259,8 +275,8 @@ uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64
         r += take;
       }
     }
-    if (!spans.empty()) write_tier_frame(out, fbb, cache, l, spans);
-    write_tier_states(out, fbb, tiers[l], cap, major >= 4);
+    if (!spans.empty()) write_tier_frame(out, cache, l, std::move(spans), row_bytes);
+    write_tier_states(out, tiers[l], cap, major >= 4);
   }
   out.write_index_and_trailer();
   return out.offset();

@@ -7,6 +7,10 @@
 #include "core/store_view.h"
 #include "sink.h"
 
+namespace kvsdk {
+class ThreadPool;
+}
+
 namespace kvsdk::format {
 
 struct SaveParams {
@@ -21,9 +25,11 @@ struct SaveParams {
 SaveParams save_params_from_c(const kvsdk_save_options* options);
 kvsdk_save_options save_options_defaults();
 
-// Writes header, metadata, tier chunks, index and trailer. Returns the bytes written.
+// Writes header, metadata, tier chunks, index and trailer. Returns the bytes written. Frames are
+// built and compressed on `pool` (the cache's context's; nullptr: this thread alone), the bytes
+// are the same for any pool (frame_writer.h). `cache` must not change until this returns.
 uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64_t snapshot_id,
-                        Sink& sink);
+                        Sink& sink, ThreadPool* pool);
 
 // The snapshot id of the cache's current state (never 0): a hash of everything a snapshot holds
 // (geometry, policy and its state, every row through its fingerprint `rows`, from

@@ -83,6 +83,7 @@ std::shared_ptr<const Cache> prefix_for(const Snapshot& s, kvsdk_cache* prefix,
   } else if (!s.prefix_snapshot.empty()) {
     ReadOptions opt;
     opt.available_bytes = ctx->available();
+    opt.pool = &ctx->pool();
     // The embedded snapshot is part of a file this library read: whatever it claims that this
     // library cannot load (a newer format, a bad header) is damage, not a reason to upgrade.
     Snapshot ps;
@@ -126,6 +127,7 @@ void load(kvsdk_cache** out, std::shared_ptr<Context> ctx, const unsigned char* 
     opt.expected = &want;
   }
   opt.available_bytes = ctx->available();
+  opt.pool = &ctx->pool();
   Snapshot s = read_snapshot(data, size, opt);
   std::shared_ptr<const Cache> pre = prefix_for(s, prefix, ctx);
   const uint16_t major = s.format_major, minor = s.format_minor;
@@ -166,7 +168,8 @@ void save_full(kvsdk_cache& c, const char* path, const SaveParams& params) {
   const uint16_t major = format_major_for(*c.impl, any_tier);
   auto base = make_base(std::move(fp), id, 0, 0, 1, major, format_minor_for(major));
   save_file_atomically(path, [&](Sink& sink) {
-    base->base_end = base->journal_end = write_snapshot(*c.impl, params, id, sink);
+    base->base_end = base->journal_end =
+        write_snapshot(*c.impl, params, id, sink, &c.impl->context().pool());
   });
   c.journal = std::move(base);
 }
@@ -221,12 +224,12 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache* cache,
     const uint64_t id = snapshot_id_of(*c.impl, fingerprint(*c.impl).rows);
     if (buf == nullptr) {
       CountingSink sink;
-      *out_size = size_t(write_snapshot(*c.impl, params, id, sink));
+      *out_size = size_t(write_snapshot(*c.impl, params, id, sink, &c.impl->context().pool()));
       return;
     }
     // A buffer is not a file: the journal keeps continuing the last file saved or loaded.
     BufferSink sink(buf, capacity);
-    write_snapshot(*c.impl, params, id, sink);
+    write_snapshot(*c.impl, params, id, sink, &c.impl->context().pool());
     *out_size = size_t(sink.written());
   });
 }

@@ -8,8 +8,17 @@
 // tokens by default; KVSDK_BENCH_TOKENS=32768 (a comma-separated list) runs other sizes. 32k is
 // 4 GiB of f16 per copy and the run holds about five copies: run it alone on 24 GiB. Keys have a few large-magnitude channels, as real keys do
 // (a handful of outlier channels carry most of the norm); values are unit normal.
+// KVSDK_BENCH_LAYERS=4 keeps fewer layers (throughput is per byte; the ratio is per layer).
 // Throughput is logical: FP16 bytes of keys and values / time (bytes_per_second); `ratio` is the
 // output size over the FP16 size. Both sides run single-threaded, from and to memory.
+//
+// KVSDK_BENCH_THREADS=1,2 (a comma-separated list) adds rows "Kvsdk*/threads:N/T/real_time" for
+// the cache loaded into a context of N threads (kvsdk_context_options.n_threads: frames are
+// compressed and decompressed on its pool), timed by the wall clock (CPU time of the calling
+// thread would miss the workers'), and "BaselineZstd3*/threads:0/T/real_time" rows timed alike.
+// Each thread count holds one more copy of the cache. E.g. the issue 18 figures:
+//   KVSDK_BENCH_LAYERS=4 KVSDK_BENCH_TOKENS=8192 KVSDK_BENCH_THREADS=1,2 \
+//     ./build/release/tests/bench/snapshot_bench --benchmark_filter=threads
 #include <benchmark/benchmark.h>
 #include <zstd.h>
 
@@ -25,10 +34,12 @@
 
 namespace {
 
-constexpr uint32_t kLayers = 32, kQHeads = 32, kKvHeads = 8, kDim = 128;
-std::vector<int64_t> token_counts() {
+constexpr uint32_t kQHeads = 32, kKvHeads = 8, kDim = 128;
+
+// A comma-separated list of positive integers from the environment (empty when unset).
+std::vector<int64_t> env_list(const char* name) {
   std::vector<int64_t> out;
-  if (const char* env = std::getenv("KVSDK_BENCH_TOKENS")) {
+  if (const char* env = std::getenv(name)) {
     for (const char* p = env; *p;) {
       char* end = nullptr;
       const long long v = std::strtoll(p, &end, 10);
@@ -37,9 +48,19 @@ std::vector<int64_t> token_counts() {
       p = *end == ',' ? end + 1 : end;
     }
   }
+  return out;
+}
+
+std::vector<int64_t> token_counts() {
+  std::vector<int64_t> out = env_list("KVSDK_BENCH_TOKENS");
   if (out.empty()) out = {8192, 16384};
   return out;
 }
+
+const uint32_t kLayers = [] {
+  const std::vector<int64_t> l = env_list("KVSDK_BENCH_LAYERS");
+  return l.empty() ? 32u : uint32_t(l[0]);
+}();
 
 kvsdk_geometry geometry() {
   kvsdk_geometry g;
@@ -74,9 +95,28 @@ struct Fixture {
   uint64_t fp16_bytes = 0;
   std::vector<unsigned char> snapshot;  // a kvsdk snapshot of the cache
   std::vector<unsigned char> baseline;  // zstd level 3 of `raw`
+  // The cache loaded into a context of N threads (KVSDK_BENCH_THREADS rows), made on first use.
+  std::map<int64_t, std::pair<kvsdk_context*, kvsdk_cache*>> threaded;
   ~Fixture() {
+    for (auto& [n, cc] : threaded) {
+      kvsdk_cache_destroy(cc.second);
+      kvsdk_context_destroy(cc.first);
+    }
     kvsdk_cache_destroy(cache);
     kvsdk_context_destroy(ctx);
+  }
+  // The context and cache of `n_threads` (0: the fixture's own, single-threaded).
+  std::pair<kvsdk_context*, kvsdk_cache*> on_threads(int64_t n_threads) {
+    if (n_threads == 0) return {ctx, cache};
+    auto& cc = threaded[n_threads];
+    if (cc.first) return cc;
+    kvsdk_context_options o;
+    kvsdk_context_options_init(&o);
+    o.n_threads = int32_t(n_threads);
+    kvsdk_context_create(&cc.first, &o);
+    kvsdk_cache_load_from_buffer(&cc.second, cc.first, snapshot.data(), snapshot.size(), nullptr,
+                                 nullptr);
+    return cc;
   }
 };
 
@@ -88,7 +128,10 @@ Fixture& fixture(int64_t tokens) {
   auto& nf = all[tokens];
   nf = std::make_unique<Fixture>();
   Fixture& x = *nf;
-  kvsdk_context_create(&x.ctx, nullptr);
+  kvsdk_context_options o;  // the default rows: single-threaded, as before n_threads existed
+  kvsdk_context_options_init(&o);
+  o.n_threads = 1;
+  kvsdk_context_create(&x.ctx, &o);
   const kvsdk_geometry g = geometry();
   kvsdk_cache_create(&x.cache, x.ctx, &g, nullptr);
   // Fresh pseudo-random values for every element (repeating a pool would let zstd find long
@@ -152,12 +195,14 @@ void report(benchmark::State& state, const Fixture& f, size_t out_bytes) {
   state.counters["fp16_MiB"] = double(f.fp16_bytes) / double(1 << 20);
 }
 
-void BM_KvsdkSaveToBuffer(benchmark::State& state) {
+// threads: 0 for a default row, else a KVSDK_BENCH_THREADS row's count.
+void BM_KvsdkSaveToBuffer(benchmark::State& state, int64_t threads) {
   Fixture& f = fixture(state.range(0));
+  kvsdk_cache* cache = f.on_threads(threads).second;
   std::vector<unsigned char> buf(f.snapshot.size());
   size_t size = 0;
   for (auto _ : state) {
-    if (kvsdk_cache_save_to_buffer(f.cache, nullptr, buf.data(), buf.size(), &size) != KVSDK_OK) {
+    if (kvsdk_cache_save_to_buffer(cache, nullptr, buf.data(), buf.size(), &size) != KVSDK_OK) {
       state.SkipWithError(kvsdk_last_error());
       break;
     }
@@ -165,11 +210,12 @@ void BM_KvsdkSaveToBuffer(benchmark::State& state) {
   report(state, f, size);
 }
 
-void BM_KvsdkLoadFromBuffer(benchmark::State& state) {
+void BM_KvsdkLoadFromBuffer(benchmark::State& state, int64_t threads) {
   Fixture& f = fixture(state.range(0));
+  kvsdk_context* ctx = f.on_threads(threads).first;
   for (auto _ : state) {
     kvsdk_cache* c = nullptr;
-    if (kvsdk_cache_load_from_buffer(&c, f.ctx, f.snapshot.data(), f.snapshot.size(), nullptr,
+    if (kvsdk_cache_load_from_buffer(&c, ctx, f.snapshot.data(), f.snapshot.size(), nullptr,
                                      nullptr) != KVSDK_OK) {
       state.SkipWithError(kvsdk_last_error());
       break;
@@ -179,15 +225,16 @@ void BM_KvsdkLoadFromBuffer(benchmark::State& state) {
   report(state, f, f.snapshot.size());
 }
 
-void BM_KvsdkSaveToFile(benchmark::State& state) {
+void BM_KvsdkSaveToFile(benchmark::State& state, int64_t threads) {
   Fixture& f = fixture(state.range(0));
+  kvsdk_cache* cache = f.on_threads(threads).second;
   // Into TMPDIR (or /tmp), never the working directory: an interrupted run leaves its temporary
   // file there, not in a source tree.
   const char* tmp = std::getenv("TMPDIR");
   const std::string file = std::string(tmp && *tmp ? tmp : "/tmp") + "/kvsdk_snapshot_bench.kvsnap";
   const char* path = file.c_str();
   for (auto _ : state) {
-    if (kvsdk_cache_save(f.cache, path, nullptr) != KVSDK_OK) {
+    if (kvsdk_cache_save(cache, path, nullptr) != KVSDK_OK) {
       state.SkipWithError(kvsdk_last_error());
       break;
     }
@@ -196,7 +243,7 @@ void BM_KvsdkSaveToFile(benchmark::State& state) {
   report(state, f, f.snapshot.size());
 }
 
-void BM_BaselineZstd3Save(benchmark::State& state) {
+void BM_BaselineZstd3Save(benchmark::State& state, int64_t /*threads*/) {
   Fixture& f = fixture(state.range(0));
   std::vector<unsigned char> out(ZSTD_compressBound(f.fp16_bytes));
   size_t n = 0;
@@ -207,7 +254,7 @@ void BM_BaselineZstd3Save(benchmark::State& state) {
   report(state, f, n);
 }
 
-void BM_BaselineZstd3Load(benchmark::State& state) {
+void BM_BaselineZstd3Load(benchmark::State& state, int64_t /*threads*/) {
   Fixture& f = fixture(state.range(0));
   for (auto _ : state) {
     // Fresh memory for the loaded KV, as any load needs (kvsdk's load allocates its cache too).
@@ -226,7 +273,7 @@ void BM_BaselineZstd3Load(benchmark::State& state) {
 
 // Registered token count first, so that each fixture is built once.
 int main(int argc, char** argv) {
-  const std::pair<const char*, void (*)(benchmark::State&)> benches[] = {
+  const std::pair<const char*, void (*)(benchmark::State&, int64_t)> benches[] = {
       {"BaselineZstd3Save", BM_BaselineZstd3Save}, {"KvsdkSaveToBuffer", BM_KvsdkSaveToBuffer},
       {"KvsdkSaveToFile", BM_KvsdkSaveToFile},     {"BaselineZstd3Load", BM_BaselineZstd3Load},
       {"KvsdkLoadFromBuffer", BM_KvsdkLoadFromBuffer}};
@@ -234,7 +281,24 @@ int main(int argc, char** argv) {
     for (const auto& [name, fn] : benches) {
       // CPU time of the (single-threaded) process: the build machine is shared, so wall time
       // measures the neighbours. File saves add fsync wait on top (not in CPU time).
-      benchmark::RegisterBenchmark(name, fn)->Arg(t)->Unit(benchmark::kMillisecond)->Iterations(2);
+      benchmark::RegisterBenchmark(name, fn, int64_t(0))
+          ->Arg(t)
+          ->Unit(benchmark::kMillisecond)
+          ->Iterations(2);
+    }
+    // Wall-clock rows: the baselines (threads:0), then kvsdk on each thread count.
+    const std::vector<int64_t> threads = env_list("KVSDK_BENCH_THREADS");
+    if (threads.empty()) continue;
+    for (const auto& [name, fn] : benches) {
+      const bool kvsdk = std::string(name).rfind("Kvsdk", 0) == 0;
+      for (int64_t n : kvsdk ? threads : std::vector<int64_t>{0}) {
+        const std::string row = std::string(name) + "/threads:" + std::to_string(n);
+        benchmark::RegisterBenchmark(row.c_str(), fn, n)
+            ->Arg(t)
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond)
+            ->Iterations(2);
+      }
     }
   }
   benchmark::Initialize(&argc, argv);
