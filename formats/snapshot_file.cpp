@@ -328,7 +328,8 @@ std::string foreign_journal_tail(int fd, uint64_t size, const JournalBase& base,
 }  // namespace
 
 uint64_t append_journal(const std::string& path, const JournalBase& base,
-                        const std::vector<std::vector<uint8_t>>& parts, int zstd_level) {
+                        const std::vector<std::vector<uint8_t>>& parts, int zstd_level,
+                        ThreadPool* pool) {
   Fd f;
   f.fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (f.fd < 0) io_fail("cannot open", path);
@@ -372,11 +373,12 @@ uint64_t append_journal(const std::string& path, const JournalBase& base,
   }
   if (::lseek(f.fd, off_t(base.journal_end), SEEK_SET) < 0) io_fail("cannot seek in", path);
   FdSink sink(f.fd, path);
-  FrameWriter out(sink, base.snapshot_id, zstd_level, base.journal_end);
+  FrameWriter out(sink, base.snapshot_id, zstd_level, base.journal_end, pool);
   try {
     for (const std::vector<uint8_t>& p : parts) {
       out.write_frame(FrameKind::kJournal, p.data(), p.size());
     }
+    out.flush();  // a pool queues frames until its window is full
     if (::fsync(f.fd) != 0) io_fail("cannot sync", path);
   } catch (...) {
     // Best effort: leave no partial delta behind (a load would drop it anyway, and the next

@@ -10,6 +10,10 @@
 #include "journal.h"
 #include "sink.h"
 
+namespace kvsdk {
+class ThreadPool;
+}
+
 namespace kvsdk::format {
 
 // Writes `path` atomically: `write` fills a temporary file in the same directory, which is then
@@ -52,8 +56,10 @@ class MappedFile {
 // delta whose last frame is missing: what a load drops) is cut off first; sound frames a load
 // would not drop that way (a complete delta, frames out of sequence) mean another writer, and
 // KVSDK_E_STATE. Holds an exclusive flock on `path` meanwhile; KVSDK_E_STATE when another
-// append holds it. Returns the new journal end.
+// append holds it. `pool`: where the frames are compressed and hashed (FrameWriter; nullptr: this
+// thread). Returns the new journal end.
 uint64_t append_journal(const std::string& path, const JournalBase& base,
-                        const std::vector<std::vector<uint8_t>>& parts, int zstd_level);
+                        const std::vector<std::vector<uint8_t>>& parts, int zstd_level,
+                        ThreadPool* pool = nullptr);
 
 }  // namespace kvsdk::format

@@ -244,7 +244,8 @@ KVSDK_API kvsdk_status kvsdk_cache_save_delta(kvsdk_cache* cache, const char* pa
       fail(KVSDK_E_STATE, "the cache was never saved or loaded: save it in full first");
     }
     DeltaFrames d = build_delta(*c.impl, *c.journal, params.max_frame_bytes);
-    const uint64_t end = append_journal(path, *c.journal, d.parts, params.zstd_level);
+    const uint64_t end = append_journal(path, *c.journal, d.parts, params.zstd_level,
+                                        &c.impl->context().pool());
     c.journal->journal_end = end;
     c.journal->next_sequence += 1;
     c.journal->rows = std::move(d.now.rows);

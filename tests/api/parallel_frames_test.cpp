@@ -5,6 +5,8 @@
 // of those contexts gives the same cache, and the same error on damaged input.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <random>
 #include <string>
@@ -173,8 +175,10 @@ TEST_P(ParallelFrames, SavesTheSameBytesOnAnyNumberOfThreads) {
       size_t queried = 0;
       EXPECT_EQ(to_buffer(chats[i].cache.get(), opt, &queried), one);
       EXPECT_EQ(queried, one.size());
+      // One file per process: ctest runs the presets' tests in parallel processes.
       const std::string path = ::testing::TempDir() + "kvsdk_parallel_frames_" +
-                               std::to_string(kThreads[i]) + ".kvsnap";
+                               std::to_string(::getpid()) + "_" + std::to_string(kThreads[i]) +
+                               ".kvsnap";
       EXPECT_EQ(to_file(chats[i].cache.get(), opt, path), one);
     }
   }
