@@ -19,7 +19,6 @@ namespace {
 
 constexpr uint32_t kLayers = 4, kQ = 4, kKv = 2, kDim = 16;
 constexpr uint32_t kPLayers = 2, kPQ = 2;  // SmallKV's proxy: 1 KV head
-constexpr size_t kKvRow = size_t(kKv) * kDim, kQRow = size_t(kQ) * kDim;
 
 
 class Fork : public ::testing::TestWithParam<const char*> {
@@ -44,47 +43,8 @@ class Fork : public ::testing::TestWithParam<const char*> {
 
   // One step at position `pos` with inputs drawn from `seed`; returns every attention output.
   std::vector<float> step(Chat& c, int32_t pos, uint32_t seed) {
-    SCOPED_TRACE("position " + std::to_string(pos));
     std::mt19937 rng(seed);
-    std::normal_distribution<float> d(0.0f, 1.0f);
-    auto noise = [&](size_t n) {
-      std::vector<float> x(n);
-      for (float& e : x) e = d(rng);
-      return x;
-    };
-    std::vector<float> outs;
-    if (smallkv) {
-      for (uint32_t l = 0; l < kPLayers; ++l) {
-        const std::vector<float> k = noise(kDim), v = noise(kDim), q = noise(kPQ * kDim);
-        std::vector<float> o(kPQ * kDim);
-        EXPECT_EQ(kvsdk_cache_append(c.proxy.get(), l, 1, k.data(), v.data(), &pos, kDim * 4),
-                  KVSDK_OK);
-        EXPECT_EQ(kvsdk_cache_attend(c.proxy.get(), l, 1, q.data(), &pos, kPQ * kDim * 4,
-                                     o.data(), kPQ * kDim * 4),
-                  KVSDK_OK)
-            << kvsdk_last_error();
-      }
-    }
-    for (uint32_t l = 0; l < kLayers; ++l) {
-      const std::vector<float> k = noise(kKvRow), v = noise(kKvRow), q = noise(kQRow);
-      std::vector<float> o(kQRow);
-      EXPECT_EQ(kvsdk_cache_append(c.cache.get(), l, 1, k.data(), v.data(), &pos, kKvRow * 4),
-                KVSDK_OK)
-          << kvsdk_last_error();
-      EXPECT_EQ(kvsdk_cache_attend(c.cache.get(), l, 1, q.data(), &pos, kQRow * 4, o.data(),
-                                   kQRow * 4),
-                KVSDK_OK)
-          << kvsdk_last_error();
-      if (specache) {
-        const std::vector<float> next = noise(kQRow);
-        const int32_t p1 = pos + 1;
-        EXPECT_EQ(kvsdk_cache_prefetch(c.cache.get(), l, 1, next.data(), &p1, kQRow * 4),
-                  KVSDK_OK)
-            << kvsdk_last_error();
-      }
-      outs.insert(outs.end(), o.begin(), o.end());
-    }
-    return outs;
+    return decode_step(c, g, make_geometry(kPLayers, kPQ, 1, kDim), specache, pos, rng);
   }
 
   Chat fork(const Chat& c) {

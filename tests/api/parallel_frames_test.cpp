@@ -22,17 +22,7 @@ namespace {
 
 constexpr uint32_t kLayers = 4, kQ = 4, kKv = 2, kDim = 16;
 constexpr uint32_t kPLayers = 2, kPQ = 2;  // SmallKV's proxy: 1 KV head
-constexpr size_t kKvRow = size_t(kKv) * kDim, kQRow = size_t(kQ) * kDim;
 constexpr int32_t kThreads[] = {1, 2, 4};
-
-ContextPtr context_with_threads(int32_t n_threads) {
-  kvsdk_context_options o;
-  kvsdk_context_options_init(&o);
-  o.n_threads = n_threads;
-  kvsdk_context* c = nullptr;
-  if (kvsdk_context_create(&c, &o) != KVSDK_OK) return nullptr;
-  return ContextPtr(c);
-}
 
 kvsdk_save_options save_options(int32_t level, uint64_t max_frame_bytes, uint32_t backing) {
   kvsdk_save_options o;
@@ -92,7 +82,6 @@ class ParallelFrames : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
     policy = small_policy(GetParam(), 4);
-    smallkv = policy.method == KVSDK_METHOD_SMALLKV;
     specache = policy.method == KVSDK_METHOD_SPECACHE;
     g = make_geometry(kLayers, kQ, kKv, kDim);
   }
@@ -100,53 +89,17 @@ class ParallelFrames : public ::testing::TestWithParam<const char*> {
   // The same conversation on `ctx`: 40 decode steps (append, attend, SpeCache's prefetch), the
   // eviction presets under a budget of about 24 tokens per layer.
   Chat converse(kvsdk_context* ctx) {
+    const kvsdk_geometry proxy_g = make_geometry(kPLayers, kPQ, 1, kDim);
     Chat c = start_chat(ctx, g, policy, GetParam(), 24 * kLayers * exact_bytes_per_token(g),
-                        make_geometry(kPLayers, kPQ, 1, kDim));
+                        proxy_g);
     std::mt19937 rng(7);
-    std::normal_distribution<float> d(0.0f, 1.0f);
-    auto noise = [&](size_t n) {
-      std::vector<float> x(n);
-      for (float& e : x) e = d(rng);
-      return x;
-    };
-    for (int32_t pos = 0; pos < 40; ++pos) {
-      if (smallkv) {
-        for (uint32_t l = 0; l < kPLayers; ++l) {
-          const std::vector<float> k = noise(kDim), v = noise(kDim), q = noise(kPQ * kDim);
-          std::vector<float> o(kPQ * kDim);
-          EXPECT_EQ(kvsdk_cache_append(c.proxy.get(), l, 1, k.data(), v.data(), &pos, kDim * 4),
-                    KVSDK_OK);
-          EXPECT_EQ(kvsdk_cache_attend(c.proxy.get(), l, 1, q.data(), &pos, kPQ * kDim * 4,
-                                       o.data(), kPQ * kDim * 4),
-                    KVSDK_OK)
-              << kvsdk_last_error();
-        }
-      }
-      for (uint32_t l = 0; l < kLayers; ++l) {
-        const std::vector<float> k = noise(kKvRow), v = noise(kKvRow), q = noise(kQRow);
-        std::vector<float> o(kQRow);
-        EXPECT_EQ(kvsdk_cache_append(c.cache.get(), l, 1, k.data(), v.data(), &pos, kKvRow * 4),
-                  KVSDK_OK)
-            << kvsdk_last_error();
-        EXPECT_EQ(kvsdk_cache_attend(c.cache.get(), l, 1, q.data(), &pos, kQRow * 4, o.data(),
-                                     kQRow * 4),
-                  KVSDK_OK)
-            << kvsdk_last_error();
-        if (specache) {
-          const std::vector<float> next = noise(kQRow);
-          const int32_t p1 = pos + 1;
-          EXPECT_EQ(kvsdk_cache_prefetch(c.cache.get(), l, 1, next.data(), &p1, kQRow * 4),
-                    KVSDK_OK)
-              << kvsdk_last_error();
-        }
-      }
-    }
+    for (int32_t pos = 0; pos < 40; ++pos) decode_step(c, g, proxy_g, specache, pos, rng);
     return c;
   }
 
   kvsdk_policy policy{};
   kvsdk_geometry g{};
-  bool smallkv = false, specache = false;
+  bool specache = false;
 };
 
 TEST_P(ParallelFrames, SavesTheSameBytesOnAnyNumberOfThreads) {

@@ -1,10 +1,12 @@
-// What the per-preset API tests (fork, truncate) share: every preset family, a snapshot of a
-// cache as bytes (equal caches give equal bytes), a context's used bytes, and test names.
+// What the per-preset API tests (fork, truncate, parallel frames) share: every preset family, a
+// snapshot of a cache as bytes (equal caches give equal bytes), a context's used bytes, one decode
+// step of a conversation, and test names.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -85,6 +87,56 @@ inline Chat start_chat(kvsdk_context* ctx, const kvsdk_geometry& g, const kvsdk_
         << kvsdk_last_error();
   }
   return c;
+}
+
+// One decode step of `c` at position `pos` with unit-normal inputs drawn from `rng`: for smallkv
+// the proxy (`proxy_g`) appends and attends first, then every layer of the cache (`g`) appends
+// one token and attends one query per query head, and with `prefetch` (specache) prefetches the
+// next position's queries. Returns every layer's attention output, layer after layer.
+inline std::vector<float> decode_step(Chat& c, const kvsdk_geometry& g,
+                                      const kvsdk_geometry& proxy_g, bool prefetch, int32_t pos,
+                                      std::mt19937& rng) {
+  SCOPED_TRACE("position " + std::to_string(pos));
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  auto noise = [&](size_t n) {
+    std::vector<float> x(n);
+    for (float& e : x) e = d(rng);
+    return x;
+  };
+  if (c.proxy) {
+    const size_t kv = size_t(proxy_g.n_kv_heads) * proxy_g.head_dim;
+    const size_t q_row = size_t(proxy_g.n_q_heads) * proxy_g.head_dim;
+    for (uint32_t l = 0; l < proxy_g.n_layers; ++l) {
+      const std::vector<float> k = noise(kv), v = noise(kv), q = noise(q_row);
+      std::vector<float> o(q_row);
+      EXPECT_EQ(kvsdk_cache_append(c.proxy.get(), l, 1, k.data(), v.data(), &pos, kv * 4),
+                KVSDK_OK);
+      EXPECT_EQ(kvsdk_cache_attend(c.proxy.get(), l, 1, q.data(), &pos, q_row * 4, o.data(),
+                                   q_row * 4),
+                KVSDK_OK)
+          << kvsdk_last_error();
+    }
+  }
+  const size_t kv = size_t(g.n_kv_heads) * g.head_dim, q_row = size_t(g.n_q_heads) * g.head_dim;
+  std::vector<float> outs;
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    const std::vector<float> k = noise(kv), v = noise(kv), q = noise(q_row);
+    std::vector<float> o(q_row);
+    EXPECT_EQ(kvsdk_cache_append(c.cache.get(), l, 1, k.data(), v.data(), &pos, kv * 4), KVSDK_OK)
+        << kvsdk_last_error();
+    EXPECT_EQ(kvsdk_cache_attend(c.cache.get(), l, 1, q.data(), &pos, q_row * 4, o.data(),
+                                 q_row * 4),
+              KVSDK_OK)
+        << kvsdk_last_error();
+    if (prefetch) {
+      const std::vector<float> next = noise(q_row);
+      const int32_t p1 = pos + 1;
+      EXPECT_EQ(kvsdk_cache_prefetch(c.cache.get(), l, 1, next.data(), &p1, q_row * 4), KVSDK_OK)
+          << kvsdk_last_error();
+    }
+    outs.insert(outs.end(), o.begin(), o.end());
+  }
+  return outs;
 }
 
 // A gtest parameter name for a preset ("snapkv+kivi2" -> "snapkv_kivi2").

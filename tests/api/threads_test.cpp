@@ -14,15 +14,6 @@ using namespace kvsdk_test;
 
 namespace {
 
-ContextPtr context_with_threads(int32_t n_threads) {
-  kvsdk_context_options o;
-  kvsdk_context_options_init(&o);
-  o.n_threads = n_threads;
-  kvsdk_context* c = nullptr;
-  if (kvsdk_context_create(&c, &o) != KVSDK_OK) return nullptr;
-  return ContextPtr(c);
-}
-
 // Outputs of a decode query and of a block of causal queries over a long cache.
 std::vector<float> outputs(kvsdk_context* ctx, const char* spec) {
   const kvsdk_geometry g = make_geometry(2, 16, 4, 64);

@@ -42,6 +42,16 @@ inline ContextPtr make_context(uint64_t budget = 0, kvsdk_backend backend = KVSD
   return ContextPtr(c);
 }
 
+// A context on `n_threads` threads (kvsdk_context_options.n_threads), or null.
+inline ContextPtr context_with_threads(int32_t n_threads) {
+  kvsdk_context_options o;
+  kvsdk_context_options_init(&o);
+  o.n_threads = n_threads;
+  kvsdk_context* c = nullptr;
+  if (kvsdk_context_create(&c, &o) != KVSDK_OK) return nullptr;
+  return ContextPtr(c);
+}
+
 inline CachePtr make_cache(kvsdk_context* ctx, const kvsdk_geometry& g,
                            const kvsdk_policy* policy = nullptr) {
   kvsdk_cache* c = nullptr;
