@@ -1,5 +1,6 @@
-// Snapshot save/load throughput and size for a Llama-3-8B-like cache, against the baseline
-// "raw FP16 dump + zstd level 3" in the same run.
+// Snapshot save/load throughput and size for a Llama-3-8B-like cache, against two baselines in
+// the same run: the raw FP16 rows written with write + fsync and read back (what llama.cpp's
+// state files do: RawDump*), and the raw rows compressed by zstd level 3 (BaselineZstd3*).
 //
 //   cmake --preset release && cmake --build --preset release --target snapshot_bench
 //   ./build/release/tests/bench/snapshot_bench
@@ -20,9 +21,12 @@
 //   KVSDK_BENCH_LAYERS=4 KVSDK_BENCH_TOKENS=8192 KVSDK_BENCH_THREADS=1,2 \
 //     ./build/release/tests/bench/snapshot_bench --benchmark_filter=threads
 #include <benchmark/benchmark.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <zstd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -189,6 +193,13 @@ Fixture& fixture(int64_t tokens) {
   return x;
 }
 
+// A file in TMPDIR (or /tmp), never the working directory: an interrupted run leaves its
+// temporary file there, not in a source tree.
+std::string temp_file(const char* name) {
+  const char* tmp = std::getenv("TMPDIR");
+  return std::string(tmp && *tmp ? tmp : "/tmp") + "/" + name;
+}
+
 void report(benchmark::State& state, const Fixture& f, size_t out_bytes) {
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(f.fp16_bytes));
   state.counters["ratio"] = double(out_bytes) / double(f.fp16_bytes);
@@ -228,18 +239,78 @@ void BM_KvsdkLoadFromBuffer(benchmark::State& state, int64_t threads) {
 void BM_KvsdkSaveToFile(benchmark::State& state, int64_t threads) {
   Fixture& f = fixture(state.range(0));
   kvsdk_cache* cache = f.on_threads(threads).second;
-  // Into TMPDIR (or /tmp), never the working directory: an interrupted run leaves its temporary
-  // file there, not in a source tree.
-  const char* tmp = std::getenv("TMPDIR");
-  const std::string file = std::string(tmp && *tmp ? tmp : "/tmp") + "/kvsdk_snapshot_bench.kvsnap";
-  const char* path = file.c_str();
+  // Left in place for KvsdkLoadFromFile, which runs after it.
+  const std::string path = temp_file("kvsdk_snapshot_bench.kvsnap");
   for (auto _ : state) {
-    if (kvsdk_cache_save(cache, path, nullptr) != KVSDK_OK) {
+    if (kvsdk_cache_save(cache, path.c_str(), nullptr) != KVSDK_OK) {
       state.SkipWithError(kvsdk_last_error());
       break;
     }
   }
-  std::remove(path);
+  report(state, f, f.snapshot.size());
+}
+
+// What llama.cpp's state files do: the raw f16 rows written and fsync'd, no compression.
+void BM_RawDumpSave(benchmark::State& state, int64_t /*threads*/) {
+  Fixture& f = fixture(state.range(0));
+  const std::string path = temp_file("kvsdk_snapshot_bench.raw");
+  for (auto _ : state) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    bool ok = fd >= 0;
+    const char* p = reinterpret_cast<const char*>(f.raw.data());
+    for (uint64_t done = 0; ok && done < f.fp16_bytes;) {
+      const ssize_t n = ::write(fd, p + done, size_t(f.fp16_bytes - done));
+      ok = n > 0;
+      done += ok ? uint64_t(n) : 0;
+    }
+    ok = ok && ::fsync(fd) == 0;
+    if (fd >= 0) ::close(fd);
+    if (!ok) {
+      state.SkipWithError("raw dump write failed");
+      break;
+    }
+  }
+  report(state, f, f.fp16_bytes);
+}
+
+// The raw dump read back into fresh memory (a load must allocate its cache). The file was just
+// written, so it is read from the page cache, as kvsdk's file loads below are.
+void BM_RawDumpLoad(benchmark::State& state, int64_t /*threads*/) {
+  Fixture& f = fixture(state.range(0));
+  const std::string path = temp_file("kvsdk_snapshot_bench.raw");
+  for (auto _ : state) {
+    std::unique_ptr<uint16_t[]> out(new uint16_t[f.raw.size()]);
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    bool ok = fd >= 0;
+    char* p = reinterpret_cast<char*>(out.get());
+    for (uint64_t done = 0; ok && done < f.fp16_bytes;) {
+      const ssize_t n = ::read(fd, p + done, size_t(f.fp16_bytes - done));
+      ok = n > 0;
+      done += ok ? uint64_t(n) : 0;
+    }
+    if (fd >= 0) ::close(fd);
+    if (!ok) {
+      state.SkipWithError("raw dump read failed (RawDumpSave runs first)");
+      break;
+    }
+    benchmark::DoNotOptimize(out.get());
+  }
+  report(state, f, f.fp16_bytes);
+}
+
+// kvsdk_cache_load of the file KvsdkSaveToFile wrote (from the page cache).
+void BM_KvsdkLoadFromFile(benchmark::State& state, int64_t threads) {
+  Fixture& f = fixture(state.range(0));
+  kvsdk_context* ctx = f.on_threads(threads).first;
+  const std::string path = temp_file("kvsdk_snapshot_bench.kvsnap");
+  for (auto _ : state) {
+    kvsdk_cache* c = nullptr;
+    if (kvsdk_cache_load(&c, ctx, path.c_str(), nullptr, nullptr) != KVSDK_OK) {
+      state.SkipWithError(kvsdk_last_error());
+      break;
+    }
+    kvsdk_cache_destroy(c);
+  }
   report(state, f, f.snapshot.size());
 }
 
@@ -273,10 +344,17 @@ void BM_BaselineZstd3Load(benchmark::State& state, int64_t /*threads*/) {
 
 // Registered token count first, so that each fixture is built once.
 int main(int argc, char** argv) {
+  // Writers before the readers of their files: RawDumpSave -> RawDumpLoad, KvsdkSaveToFile ->
+  // KvsdkLoadFromFile.
   const std::pair<const char*, void (*)(benchmark::State&, int64_t)> benches[] = {
-      {"BaselineZstd3Save", BM_BaselineZstd3Save}, {"KvsdkSaveToBuffer", BM_KvsdkSaveToBuffer},
-      {"KvsdkSaveToFile", BM_KvsdkSaveToFile},     {"BaselineZstd3Load", BM_BaselineZstd3Load},
-      {"KvsdkLoadFromBuffer", BM_KvsdkLoadFromBuffer}};
+      {"RawDumpSave", BM_RawDumpSave},
+      {"BaselineZstd3Save", BM_BaselineZstd3Save},
+      {"KvsdkSaveToBuffer", BM_KvsdkSaveToBuffer},
+      {"KvsdkSaveToFile", BM_KvsdkSaveToFile},
+      {"RawDumpLoad", BM_RawDumpLoad},
+      {"BaselineZstd3Load", BM_BaselineZstd3Load},
+      {"KvsdkLoadFromBuffer", BM_KvsdkLoadFromBuffer},
+      {"KvsdkLoadFromFile", BM_KvsdkLoadFromFile}};
   for (int64_t t : token_counts()) {
     for (const auto& [name, fn] : benches) {
       // CPU time of the (single-threaded) process: the build machine is shared, so wall time
@@ -304,5 +382,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
+  std::remove(temp_file("kvsdk_snapshot_bench.raw").c_str());
+  std::remove(temp_file("kvsdk_snapshot_bench.kvsnap").c_str());
   return 0;
 }
