@@ -11,6 +11,8 @@ struct ZSTD_DCtx_s;
 
 namespace kvsdk::format {
 
+// Both classes take their zstd context from an idle list kept between snapshots and give it
+// back when they go (zstd_frame.cpp says why and how much is kept).
 class ZstdCompressor {
  public:
   explicit ZstdCompressor(int level);
@@ -37,6 +39,10 @@ class ZstdDecompressor {
  private:
   ZSTD_DCtx_s* dctx_;
 };
+
+// Frees the zstd contexts kept for reuse. Called when the last kvsdk context is destroyed;
+// thread-safe, and a writer or reader still running keeps its own context.
+void release_idle_zstd_contexts();
 
 // Levels kvsdk accepts (zstd's own range, clamped to what is useful for snapshots).
 constexpr int kMinZstdLevel = -7;

@@ -1,8 +1,21 @@
 #include "core/context.h"
 
+#include <atomic>
 #include <limits>
 
+#include "zstd_frame.h"
+
 namespace kvsdk {
+
+namespace {
+std::atomic<int64_t> g_live_contexts{0};
+}
+
+void Context::count_live(int delta) {
+  if (g_live_contexts.fetch_add(delta) + delta == 0) format::release_idle_zstd_contexts();
+}
+
+Context::~Context() { count_live(-1); }
 
 uint64_t Context::used() const {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -19,7 +19,14 @@ class Context {
   // n_threads: the pool's size including the caller's thread (0 = every core).
   Context(kvsdk_backend backend, int32_t device, uint64_t budget_bytes, size_t n_threads = 1)
       : backend_(backend), device_(device), budget_(budget_bytes), ops_(require_ops(backend)),
-        pool_(n_threads) {}
+        pool_(n_threads) {
+    count_live(+1);
+  }
+  // The last context to go frees the zstd contexts snapshots keep between calls
+  // (formats/zstd_frame.h), so an app done with kvsdk holds none of its memory.
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
 
   kvsdk_backend backend() const { return backend_; }
   // The kernel table every cache of this context runs (backends/backend_ops.h).
@@ -43,6 +50,7 @@ class Context {
   const backend::Ops* const ops_;
   mutable ThreadPool pool_;
 
+  static void count_live(int delta);
   static const backend::Ops* require_ops(kvsdk_backend kind) {
     const backend::Ops* ops = backend::ops_for(kind);
     if (!ops) fail(KVSDK_E_UNSUPPORTED, "backend ", int(kind), " has no kernels in this build");
