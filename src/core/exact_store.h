@@ -7,12 +7,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "util/row_allocator.h"
+
 namespace kvsdk {
 
 struct ExactStore {
-  std::vector<int32_t> positions;  // [n]
-  std::vector<uint16_t> k;         // [n][head_dim] f16
-  std::vector<uint16_t> v;         // [n][head_dim] f16
+  // Row buffers on huge pages once they are large (util/row_allocator.h).
+  RowVector<int32_t> positions;  // [n]
+  RowVector<uint16_t> k;         // [n][head_dim] f16
+  RowVector<uint16_t> v;         // [n][head_dim] f16
 
   size_t size() const { return positions.size(); }
 

@@ -17,8 +17,8 @@ inline size_t grown_capacity(size_t capacity, size_t need) {
 
 // Makes `v` hold `need` elements without reallocating (contents unchanged; may throw
 // std::bad_alloc, leaving `v` as it was).
-template <class T>
-void reserve_for_growth(std::vector<T>& v, size_t need) {
+template <class T, class A>
+void reserve_for_growth(std::vector<T, A>& v, size_t need) {
   if (v.capacity() < need) v.reserve(grown_capacity(v.capacity(), need));
 }
 
