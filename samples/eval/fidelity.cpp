@@ -1,8 +1,13 @@
 #include "fidelity.h"
 
 #include <algorithm>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "context_handle.h"
 #include "error.h"
@@ -22,17 +27,18 @@ uint64_t cache_bytes(const llama::Session& s) {
   return st.bytes;
 }
 
-// Feeds `tokens` under `schedule`; `logits` (tokens.size() x vocab) receives every position's
-// next-token logits when non-null. Tracks the peak cache bytes after each append round.
-void run(llama::Session& s, const std::vector<int>& tokens, const Schedule& schedule,
-         std::vector<float>* logits, uint64_t* peak, uint64_t* prefill_peak = nullptr,
-         llama::ProxyRunner* proxy = nullptr) {
+// Feeds tokens[begin, end) under `schedule` (tokens before schedule.prompt_tokens in prefill
+// chunks, never crossing `end`; later ones one per step); `logits` (tokens.size() x vocab, sized
+// by the caller) receives those positions' next-token logits when non-null. Tracks the peak cache
+// bytes after each append round.
+void run_range(llama::Session& s, const std::vector<int>& tokens, size_t begin, size_t end,
+               const Schedule& schedule, std::vector<float>* logits, uint64_t* peak,
+               uint64_t* prefill_peak = nullptr, llama::ProxyRunner* proxy = nullptr) {
   const size_t V = size_t(s.model().config().vocab_size);
-  if (logits) logits->assign(tokens.size() * V, 0.0f);
-  size_t t = 0;
-  while (t < tokens.size()) {
+  size_t t = begin;
+  while (t < end) {
     const size_t n = t < schedule.prompt_tokens
-                         ? std::min(schedule.chunk, schedule.prompt_tokens - t)
+                         ? std::min({schedule.chunk, schedule.prompt_tokens - t, end - t})
                          : 1;
     if (proxy) proxy->forward(tokens.data() + t, n);  // SmallKV: the proxy's step comes first
     s.forward(tokens.data() + t, n, logits ? logits->data() + t * V : nullptr, logits != nullptr);
@@ -40,6 +46,61 @@ void run(llama::Session& s, const std::vector<int>& tokens, const Schedule& sche
     if (prefill_peak && t < schedule.prompt_tokens) *prefill_peak = std::max(*prefill_peak, cache_bytes(s));
     t += n;
   }
+}
+
+// run_range over every token.
+void run(llama::Session& s, const std::vector<int>& tokens, const Schedule& schedule,
+         std::vector<float>* logits, uint64_t* peak, uint64_t* prefill_peak = nullptr,
+         llama::ProxyRunner* proxy = nullptr) {
+  const size_t V = size_t(s.model().config().vocab_size);
+  if (logits) logits->assign(tokens.size() * V, 0.0f);
+  run_range(s, tokens, 0, tokens.size(), schedule, logits, peak, prefill_peak, proxy);
+}
+
+// The conversation after a real resume: the live cache saved to a snapshot (default options)
+// and loaded back into the same context, as an app that closed mid-conversation would continue.
+// SmallKV's proxy (a separate cache on its own context) is saved and loaded the same way.
+// `position`: the tokens the conversation holds (SpeCache's decoder, not the session, counts
+// them during its prefill).
+struct Resumed {
+  std::unique_ptr<llama::Session> session;
+  std::unique_ptr<llama::ProxyRunner> proxy;
+  uint64_t snapshot_bytes = 0;  // the conversation's snapshot (the proxy's is not counted)
+};
+
+Resumed save_and_resume(const llama::Model& model, kvsdk_context* ctx,
+                        std::unique_ptr<llama::Session> live,
+                        std::unique_ptr<llama::ProxyRunner> live_proxy,
+                        const llama::Model* proxy_model, int position) {
+  size_t size = 0;
+  llama::check(kvsdk_cache_save_to_buffer(live->cache(), nullptr, nullptr, 0, &size),
+               "kvsdk_cache_save_to_buffer (size)");
+  std::vector<unsigned char> snapshot(size);
+  llama::check(kvsdk_cache_save_to_buffer(live->cache(), nullptr, snapshot.data(), size, &size),
+               "kvsdk_cache_save_to_buffer");
+  const std::string proxy_file = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
+                                 "/kvsdk-eval-proxy-" + std::to_string(::getpid()) + ".kvsnap";
+  if (live_proxy) live_proxy->save(proxy_file);
+  // The live conversation goes first (its bytes leave the budget), as when the app quit.
+  live_proxy.reset();
+  live.reset();
+  Resumed r;
+  r.snapshot_bytes = size;
+  kvsdk_cache* cache = nullptr;
+  llama::check(kvsdk_cache_load_from_buffer(&cache, ctx, snapshot.data(), size, nullptr, nullptr),
+               "kvsdk_cache_load_from_buffer");
+  r.session = std::make_unique<llama::Session>(model, cache, position);  // owns `cache`
+  if (proxy_model) {
+    try {
+      r.proxy = std::make_unique<llama::ProxyRunner>(*proxy_model, r.session->cache(), proxy_file,
+                                                     position);
+    } catch (...) {
+      std::remove(proxy_file.c_str());
+      throw;
+    }
+    std::remove(proxy_file.c_str());
+  }
+  return r;
 }
 
 // XKV mini-prefill: plans the prompt without touching the cache, then fixes the allocation of
@@ -128,9 +189,13 @@ Reference build_reference(const llama::Model& model, const std::vector<int>& tex
   // Continuation: prefill the prompt, then generate greedily one token per step.
   llama::Session s(model, ctx.ctx, nullptr);
   ref.continuation.assign(text.begin(), text.begin() + long(schedule.prompt_tokens));
-  std::vector<float> prompt_logits;
+  std::vector<float> prompt_logits(ref.continuation.size() * V);
   uint64_t peak = 0;
-  run(s, ref.continuation, schedule, &prompt_logits, &peak);
+  // The resume point of evaluate(): every prompt token but the last.
+  const size_t resume = schedule.prompt_tokens - 1;
+  run_range(s, ref.continuation, 0, resume, schedule, &prompt_logits, &peak);
+  ref.full_snapshot_bytes = snapshot_bytes(s.cache());
+  run_range(s, ref.continuation, resume, ref.continuation.size(), schedule, &prompt_logits, &peak);
   std::vector<float> last(prompt_logits.end() - long(V), prompt_logits.end());
   while (ref.continuation.size() < text.size()) {
     ref.full_logits.insert(ref.full_logits.end(), last.begin(), last.end());
@@ -141,7 +206,6 @@ Reference build_reference(const llama::Model& model, const std::vector<int>& tex
     peak = std::max(peak, cache_bytes(s));
   }
   ref.full_cache_bytes = std::max(ref.full_cache_bytes, peak);
-  ref.full_snapshot_bytes = snapshot_bytes(s.cache());
   return ref;
 }
 
@@ -166,17 +230,32 @@ Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_po
       out.ppl = perplexity(logits, ref.text, V);
     }
     // Teacher-forced on the full model's continuation: the logits at position t predict t+1.
-    llama::Session s(model, ctx.ctx, &policy);
-    std::unique_ptr<llama::ProxyRunner> proxy;
-    if (proxy_model) proxy = std::make_unique<llama::ProxyRunner>(*proxy_model, s.cache());
-    std::vector<float> logits;
-    if (with_mini_prefill) mini_prefill(s, ref.continuation, ref.schedule, policy, budget_bytes);
-    if (policy.method == KVSDK_METHOD_SPECACHE) {
-      out.fetch_hit_rate = run_specache(s, ref.continuation, ref.schedule, &logits,
-                                        &out.cache_bytes, &out.prefill_bytes);
+    // Every prompt token but the last runs on the live cache, which is then saved and loaded
+    // back; the scored steps (from the prompt's last token on) all run on the loaded cache, so
+    // what the snapshot kept, and nothing else, decides them.
+    const std::vector<int>& tokens = ref.continuation;
+    const size_t resume = ref.schedule.prompt_tokens - 1;
+    auto live = std::make_unique<llama::Session>(model, ctx.ctx, &policy);
+    std::unique_ptr<llama::ProxyRunner> live_proxy;
+    if (proxy_model) live_proxy = std::make_unique<llama::ProxyRunner>(*proxy_model, live->cache());
+    std::vector<float> logits(tokens.size() * V, 0.0f);
+    if (with_mini_prefill) mini_prefill(*live, tokens, ref.schedule, policy, budget_bytes);
+    const bool specache = policy.method == KVSDK_METHOD_SPECACHE;
+    if (specache) {
+      specache_prefill(*live, tokens, resume, &logits, &out.cache_bytes, &out.prefill_bytes);
     } else {
-      run(s, ref.continuation, ref.schedule, &logits, &out.cache_bytes, &out.prefill_bytes,
-          proxy.get());
+      run_range(*live, tokens, 0, resume, ref.schedule, &logits, &out.cache_bytes,
+                &out.prefill_bytes, live_proxy.get());
+    }
+    Resumed r = save_and_resume(model, ctx.ctx, std::move(live), std::move(live_proxy), proxy_model,
+                                int(resume));
+    out.snapshot_bytes = r.snapshot_bytes;
+    if (specache) {
+      out.fetch_hit_rate = specache_decode(*r.session, tokens, resume, ref.schedule, &logits,
+                                           &out.cache_bytes, &out.prefill_bytes);
+    } else {
+      run_range(*r.session, tokens, resume, tokens.size(), ref.schedule, &logits, &out.cache_bytes,
+                &out.prefill_bytes, r.proxy.get());
     }
     const size_t steps = ref.full_logits.size() / V;
     const size_t first = ref.schedule.prompt_tokens - 1;
@@ -188,7 +267,6 @@ Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_po
       agree += llama::argmax(full, V) == llama::argmax(mine, V);
       kl += kl_divergence(full, mine, V);
     }
-    out.snapshot_bytes = snapshot_bytes(s.cache());
     out.top1_agreement = steps ? double(agree) / double(steps) : 1.0;
     out.kl = steps ? kl / double(steps) : 0.0;
     out.ok = true;

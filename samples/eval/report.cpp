@@ -89,9 +89,10 @@ void write_markdown(const std::string& path, const std::vector<Record>& records)
     << "is context only; the character-level shakespeare models were trained without BOS, so their\n"
     << "first character is context only). Top-1 agreement and\n"
     << "KL(full || policy) of next-token distributions over a greedy continuation of the full\n"
-    << "model (teacher-forced). `failed` rows could not stay within the budget. `snapshot` is the\n"
-    << "size of the cache's kvsdk snapshot at the end of the run as a share of the full cache's\n"
-    << "snapshot (both zstd-compressed, default options).\n\n"
+    << "model (teacher-forced), measured after a real resume: the conversation is saved (default\n"
+    << "options) after every prompt token but the last, loaded back, and every scored step runs\n"
+    << "on the loaded cache. `failed` rows could not stay within the budget. `snapshot` is the\n"
+    << "size of that resume snapshot as a share of the full cache's snapshot at the same point.\n\n"
     << "## Smallest snapshot at top-1 agreement >= 0.95\n\n"
     << "| model | policy | budget | snapshot (x full) | top-1 agreement | KL (nats) |\n"
     << "|---|---|---:|---:|---:|---:|\n";

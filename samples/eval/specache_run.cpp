@@ -18,21 +18,24 @@ uint64_t cache_bytes(const llama::Session& s) {
 
 }  // namespace
 
-double run_specache(llama::Session& s, const std::vector<int>& tokens, const Schedule& schedule,
-                    std::vector<float>* logits, uint64_t* peak, uint64_t* prefill_peak) {
-  const size_t V = size_t(s.model().config().vocab_size);
-  if (logits) logits->assign(tokens.size() * V, 0.0f);
-  // Prefill (SpeCache (docs/papers.md) Algorithm 1, full-precision attention): every prompt token
-  // but the last (the first output token T_1 of the decoding), in one pass.
-  const size_t prefill = std::min(tokens.size(), std::max<size_t>(schedule.prompt_tokens, 1) - 1);
-  llama::SpeCacheDecoder d(s.model(), s.cache(), s.position());
-  d.prefill(tokens.data(), prefill, logits ? logits->data() : nullptr);
+void specache_prefill(llama::Session& s, const std::vector<int>& tokens, size_t n,
+                      std::vector<float>* logits, uint64_t* peak, uint64_t* prefill_peak) {
+  if (n == 0) return;
+  llama::SpeCacheDecoder d(s.model(), s.cache(), 0);
+  d.prefill(tokens.data(), n, logits ? logits->data() : nullptr);
   *peak = std::max(*peak, cache_bytes(s));
   if (prefill_peak) *prefill_peak = std::max(*prefill_peak, cache_bytes(s));
-  if (prefill == tokens.size()) return -1.0;
+}
+
+double specache_decode(llama::Session& s, const std::vector<int>& tokens, size_t from,
+                       const Schedule& schedule, std::vector<float>* logits, uint64_t* peak,
+                       uint64_t* prefill_peak) {
+  const size_t V = size_t(s.model().config().vocab_size);
+  if (from >= tokens.size()) return -1.0;
+  llama::SpeCacheDecoder d(s.model(), s.cache(), int(from));
   std::vector<float> step_logits(V);
-  int spec = d.pre_decode(tokens[prefill]);
-  for (size_t t = prefill; t < tokens.size(); ++t) {
+  int spec = d.pre_decode(tokens[from]);
+  for (size_t t = from; t < tokens.size(); ++t) {
     spec = d.step(tokens[t], spec, step_logits.data());
     if (logits) std::copy(step_logits.begin(), step_logits.end(), logits->begin() + long(t * V));
     const uint64_t b = cache_bytes(s);
@@ -42,6 +45,17 @@ double run_specache(llama::Session& s, const std::vector<int>& tokens, const Sch
   double hit = -1.0;
   llama::check(kvsdk_cache_fetch_stats(s.cache(), &hit, nullptr), "kvsdk_cache_fetch_stats");
   return hit;
+}
+
+double run_specache(llama::Session& s, const std::vector<int>& tokens, const Schedule& schedule,
+                    std::vector<float>* logits, uint64_t* peak, uint64_t* prefill_peak) {
+  const size_t V = size_t(s.model().config().vocab_size);
+  if (logits) logits->assign(tokens.size() * V, 0.0f);
+  // Prefill (SpeCache (docs/papers.md) Algorithm 1, full-precision attention): every prompt token
+  // but the last (the first output token T_1 of the decoding), in one pass.
+  const size_t prefill = std::min(tokens.size(), std::max<size_t>(schedule.prompt_tokens, 1) - 1);
+  specache_prefill(s, tokens, prefill, logits, peak, prefill_peak);
+  return specache_decode(s, tokens, prefill, schedule, logits, peak, prefill_peak);
 }
 
 }  // namespace eval

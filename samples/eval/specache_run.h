@@ -20,4 +20,14 @@ namespace eval {
 double run_specache(llama::Session& s, const std::vector<int>& tokens, const Schedule& schedule,
                     std::vector<float>* logits, uint64_t* peak, uint64_t* prefill_peak);
 
+// run_specache in two parts, so that the cache can be saved and loaded between them:
+// specache_prefill feeds tokens[0, n) (the session's cache must be empty; `logits` sized by the
+// caller), specache_decode continues a cache holding tokens[0, from) (e.g. loaded from a
+// snapshot) with one decoding step per token from `from` on and returns the fetch hit rate.
+void specache_prefill(llama::Session& s, const std::vector<int>& tokens, size_t n,
+                      std::vector<float>* logits, uint64_t* peak, uint64_t* prefill_peak);
+double specache_decode(llama::Session& s, const std::vector<int>& tokens, size_t from,
+                       const Schedule& schedule, std::vector<float>* logits, uint64_t* peak,
+                       uint64_t* prefill_peak);
+
 }  // namespace eval

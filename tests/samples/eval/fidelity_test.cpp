@@ -66,6 +66,26 @@ TEST_F(FidelitySmoke, FullCacheAtFullBudgetAgreesExactly) {
   EXPECT_EQ(out.cache_bytes, ref_->full_cache_bytes);
 }
 
+// The scored steps run on a cache saved after every prompt token but the last and loaded back:
+// the full cache's resume snapshot is the reference's snapshot at that point, byte for byte in
+// size, and the loaded cache still agrees exactly (checked above). SpeCache resumes with its
+// backing store and decodes on the loaded cache (its fetch statistics come from there).
+TEST_F(FidelitySmoke, ScoredStepsRunOnTheCacheLoadedFromTheResumeSnapshot) {
+  kvsdk_policy p;
+  ASSERT_EQ(kvsdk_policy_parse(&p, "full"), KVSDK_OK);
+  const eval::Outcome full = eval::evaluate(*model_, *ref_, p, 0);
+  ASSERT_TRUE(full.ok) << full.error;
+  EXPECT_GT(ref_->full_snapshot_bytes, 0u);
+  EXPECT_EQ(full.snapshot_bytes, ref_->full_snapshot_bytes);
+
+  ASSERT_EQ(kvsdk_policy_parse(&p, "specache"), KVSDK_OK);
+  const eval::Outcome spec = eval::evaluate(*model_, *ref_, p, 0);
+  ASSERT_TRUE(spec.ok) << spec.error;
+  EXPECT_GT(spec.snapshot_bytes, 0u);
+  EXPECT_GE(spec.fetch_hit_rate, 0.0);
+  EXPECT_GE(spec.top1_agreement, 0.9);
+}
+
 TEST_F(FidelitySmoke, BudgetTheFullPolicyCannotMeetIsRecordedAsFailure) {
   kvsdk_policy p;
   ASSERT_EQ(kvsdk_policy_parse(&p, "full"), KVSDK_OK);
