@@ -39,7 +39,11 @@ uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64
 // The format major a full save writes: 3 for caches whose later deltas may use format-3
 // encodings (compressed stores field by field, sliding observation windows), so that older
 // readers refuse them; 1 otherwise, which readers that know only major 1 keep loading.
+// 6 (container.h) for every cache that holds exact rows, which may go into shuffled frames.
 uint16_t format_major_for(const StoreView& cache, bool any_tier);
+// Whether the cache holds exact rows (then format_major_for gives 6, whose journal base takes
+// XXH3 row fingerprints: fingerprint(cache, has_exact_rows(cache))).
+bool has_exact_rows(const StoreView& cache);
 // The minor version a file of that major is written with.
 uint16_t format_minor_for(uint16_t major);
 
