@@ -7,13 +7,14 @@
 //   Trailer (32 bytes)      magic "KVSDKEND", index offset, hash of all records before it
 //   Frame* (JOURNAL)        deltas appended later by kvsdk_cache_save_delta
 //
-// All integers are little-endian. Header, frame header and trailer end with a hash of their
-// other bytes seeded with the snapshot id (XXH64 up to format 5, XXH3-64 from 6: xxhash64.h), so a record copied from another snapshot (e.g. a
-// stale journal frame) does not verify. The payload hash in each FrameHeader lets a reader
-// reject a garbled or torn frame before decompressing it; zstd's content checksum then checks
-// the decompressed FlatBuffer. The trailer's hash covers the file header and every frame header
-// in order; since each frame header carries its payload's hash, that binds every byte, frame
-// order and the index (a two-level hash) without hashing the payloads a second time.
+// All integers are little-endian. Header, frame header and trailer end with a hash of their other
+// bytes seeded with the snapshot id (XXH64 up to format 5, XXH3-64 from 6: xxhash64.h), so a record
+// copied from another snapshot (e.g. a stale journal frame) does not verify. The payload hash in
+// each FrameHeader lets a reader reject a garbled or torn frame before decompressing it; zstd's
+// content checksum then checks the decompressed FlatBuffer. The trailer's hash covers the file
+// header and every frame header in order; since each frame header carries its payload's hash, that
+// binds every byte, frame order and the index (a two-level hash) without hashing the payloads a
+// second time.
 #pragma once
 
 #include <cstddef>

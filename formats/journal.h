@@ -3,12 +3,13 @@
 //
 // A delta must stay exact whatever happened since the last save: tokens appended, and also rows
 // removed from the middle of a head by eviction (and, later, rows rewritten by other tiers). The
-// writer therefore does not trust any change tracking in the cache. At every save/load it keeps
-// a 64-bit fingerprint of each stored row (XXH64 of position, key and value); a delta compares
-// the current rows with those fingerprints and describes each changed head as segments in its
-// new row order: "copy rows [b, b+n) of the previous state" or "take the next n new rows", plus
-// the new rows themselves. Appending is one copy segment and one new segment; eviction is a few
-// copy segments; anything else degrades gracefully to new rows (at worst a head rewrite).
+// writer therefore does not trust any change tracking in the cache. At every save/load it keeps a
+// 64-bit fingerprint of each stored row (XXH64, or XXH3-64 for a format 6 file, of position, key
+// and value); a delta compares the current rows with those fingerprints and describes each changed
+// head as segments in its new row order: "copy rows [b, b+n) of the previous state" or "take the
+// next n new rows", plus the new rows themselves. Appending is one copy segment and one new
+// segment; eviction is a few copy segments; anything else degrades gracefully to new rows (at worst
+// a head rewrite).
 // The cost: 8 bytes of host memory per stored row between saves, and one hash pass over the
 // cache per delta (memory speed, far below the cost of compressing a full save; XXH3 for files of
 // format 6). A full save also fingerprints in a pass of its own, before writing anything: the

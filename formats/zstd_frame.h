@@ -48,9 +48,9 @@ void append_unshuffled(const unsigned char* lo, const unsigned char* hi, size_t 
 
 // Whether byte planes of these f16 rows compress smaller than the rows as they are, at zstd
 // `level`: compresses a sample (the first kShuffleSampleValues values of `k` and of `v`: 32 KiB)
-// both ways, each plane alone, on a compression context of the calling thread. A small part of
-// the work of compressing a frame (1.6% of a 2 MiB one), against twice the work for compressing
-// the whole frame both ways; the rows of one frame come from one layer (frames never mix layers)
+// both ways, each plane alone, on a compression context of the calling thread: 64 KiB of input
+// per frame, 0.8% of a default 8 MiB frame, against 100% for compressing the whole frame both
+// ways; the rows of one frame come from one layer (frames never mix layers)
 // whose values have one distribution, so the sample predicts the frame.
 constexpr size_t kShuffleSampleValues = 8192;
 bool shuffle_pays(const uint16_t* k, const uint16_t* v, size_t n, int level);
