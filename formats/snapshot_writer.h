@@ -6,6 +6,7 @@
 
 #include "core/store_view.h"
 #include "sink.h"
+#include "zstd_frame.h"
 
 namespace kvsdk {
 class ThreadPool;
@@ -14,7 +15,7 @@ class ThreadPool;
 namespace kvsdk::format {
 
 struct SaveParams {
-  int zstd_level = 3;
+  int zstd_level = kDefaultZstdLevel;
   bool include_backing = false;
   uint64_t max_frame_bytes = 8ull << 20;
   uint32_t max_journal_percent = 0;  // save_delta compacts past this share of the base; 0: never
