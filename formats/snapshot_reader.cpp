@@ -16,6 +16,7 @@
 #include "util/positions.h"
 #include "util/thread_pool.h"
 #include "xxhash64.h"
+#include "byte_planes.h"
 #include "zstd_frame.h"
 
 namespace kvsdk::format {

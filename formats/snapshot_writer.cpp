@@ -16,6 +16,7 @@
 #include "tier_state.h"
 #include "util/options.h"
 #include "util/struct_versions.h"
+#include "byte_planes.h"
 #include "zstd_frame.h"
 
 namespace kvsdk::format {

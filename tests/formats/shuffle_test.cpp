@@ -13,6 +13,7 @@
 #include "test_util.h"
 #include "util/error.h"
 #include "xxhash64.h"
+#include "byte_planes.h"
 #include "zstd_frame.h"
 
 using namespace kvsdk_test;
