@@ -51,7 +51,7 @@ void encode_file_header(const FileHeader& h, unsigned char* out) {
   put16(out + 10, h.minor);
   put32(out + 12, uint32_t(kFileHeaderBytes));
   put64(out + 16, h.snapshot_id);
-  put64(out + 24, xxh64(out, 24, h.snapshot_id));
+  put64(out + 24, record_hash(h.major, out, 24, h.snapshot_id));
 }
 
 FileHeader decode_file_header(const unsigned char* in) {
@@ -67,7 +67,8 @@ FileHeader decode_file_header(const unsigned char* in) {
   }
   if (h.major < 1) fail(KVSDK_E_CORRUPT, "snapshot format major version 0 does not exist");
   h.snapshot_id = get64(in + 16);
-  if (get32(in + 12) != kFileHeaderBytes || get64(in + 24) != xxh64(in, 24, h.snapshot_id)) {
+  if (get32(in + 12) != kFileHeaderBytes ||
+      get64(in + 24) != record_hash(h.major, in, 24, h.snapshot_id)) {
     fail(KVSDK_E_CORRUPT, "snapshot header checksum mismatch");
   }
   return h;
@@ -75,22 +76,37 @@ FileHeader decode_file_header(const unsigned char* in) {
 
 // Frame header: magic[4] kind u8 flags u8 reserved u16 payload u32 raw u32 payload_hash u64
 // header_hash u64.
-void encode_frame_header(const FrameHeader& h, uint64_t snapshot_id, unsigned char* out) {
+// A frame's flags are sound for its kind and the file's format.
+static bool flags_valid(uint8_t flags, uint8_t kind, uint16_t major) {
+  if (flags == 0) return true;
+  return major >= 6 && flags == kFrameShuffled && kind == uint8_t(FrameKind::kTierChunk);
+}
+
+void encode_frame_header(const FrameHeader& h, uint64_t snapshot_id, unsigned char* out,
+                         uint16_t major) {
+  if (!flags_valid(h.flags, h.kind, major)) {
+    fail(KVSDK_E_INTERNAL, "frame flags ", int(h.flags), " on a ", frame_kind_name(h.kind),
+         " frame of a format ", major, " file");
+  }
   std::memset(out, 0, kFrameHeaderBytes);
   std::memcpy(out, kFrameMagic, 4);
   out[4] = h.kind;
+  out[5] = h.flags;
   put32(out + 8, h.payload_bytes);
   put32(out + 12, h.raw_bytes);
   put64(out + 16, h.payload_hash);
-  put64(out + 24, xxh64(out, 24, snapshot_id));
+  put64(out + 24, record_hash(major, out, 24, snapshot_id));
 }
 
-bool decode_frame_header(const unsigned char* in, uint64_t snapshot_id, FrameHeader* out) {
+bool decode_frame_header(const unsigned char* in, uint64_t snapshot_id, FrameHeader* out,
+                         uint16_t major) {
   if (std::memcmp(in, kFrameMagic, 4) != 0) return false;
-  if (get64(in + 24) != xxh64(in, 24, snapshot_id)) return false;
-  if (in[5] != 0 || get16(in + 6) != 0) return false;  // flags/reserved: none defined yet
+  if (get64(in + 24) != record_hash(major, in, 24, snapshot_id)) return false;
+  if (get16(in + 6) != 0) return false;  // reserved
   FrameHeader h;
   h.kind = in[4];
+  h.flags = in[5];
+  if (!flags_valid(h.flags, h.kind, major)) return false;
   h.payload_bytes = get32(in + 8);
   h.raw_bytes = get32(in + 12);
   h.payload_hash = get64(in + 16);
@@ -101,15 +117,16 @@ bool decode_frame_header(const unsigned char* in, uint64_t snapshot_id, FrameHea
 }
 
 // Trailer: magic[8] index_offset u64 records_hash u64 trailer_hash u64.
-void encode_trailer(const Trailer& t, uint64_t snapshot_id, unsigned char* out) {
+void encode_trailer(const Trailer& t, uint64_t snapshot_id, unsigned char* out, uint16_t major) {
   std::memcpy(out, kTrailerMagic, 8);
   put64(out + 8, t.index_offset);
   put64(out + 16, t.records_hash);
-  put64(out + 24, xxh64(out, 24, snapshot_id));
+  put64(out + 24, record_hash(major, out, 24, snapshot_id));
 }
 
-Trailer decode_trailer(const unsigned char* in, uint64_t snapshot_id) {
-  if (std::memcmp(in, kTrailerMagic, 8) != 0 || get64(in + 24) != xxh64(in, 24, snapshot_id)) {
+Trailer decode_trailer(const unsigned char* in, uint64_t snapshot_id, uint16_t major) {
+  if (std::memcmp(in, kTrailerMagic, 8) != 0 ||
+      get64(in + 24) != record_hash(major, in, 24, snapshot_id)) {
     fail(KVSDK_E_CORRUPT, "snapshot trailer is missing or damaged");
   }
   Trailer t;

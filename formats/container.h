@@ -7,13 +7,14 @@
 //   Trailer (32 bytes)      magic "KVSDKEND", index offset, hash of all records before it
 //   Frame* (JOURNAL)        deltas appended later by kvsdk_cache_save_delta
 //
-// All integers are little-endian. Header, frame header and trailer end with an XXH64 of their
-// other bytes seeded with the snapshot id, so a record copied from another snapshot (e.g. a
-// stale journal frame) does not verify. The payload hash in each FrameHeader lets a reader
-// reject a garbled or torn frame before decompressing it; zstd's content checksum then checks
-// the decompressed FlatBuffer. The trailer's hash covers the file header and every frame header
-// in order; since each frame header carries its payload's hash, that binds every byte, frame
-// order and the index (a two-level hash) without hashing the payloads a second time.
+// All integers are little-endian. Header, frame header and trailer end with a hash of their other
+// bytes seeded with the snapshot id (XXH64 up to format 5, XXH3-64 from 6: xxhash64.h), so a record
+// copied from another snapshot (e.g. a stale journal frame) does not verify. The payload hash in
+// each FrameHeader lets a reader reject a garbled or torn frame before decompressing it; zstd's
+// content checksum then checks the decompressed FlatBuffer. The trailer's hash covers the file
+// header and every frame header in order; since each frame header carries its payload's hash, that
+// binds every byte, frame order and the index (a two-level hash) without hashing the payloads a
+// second time.
 #pragma once
 
 #include <cstddef>
@@ -39,8 +40,33 @@ namespace kvsdk::format {
 // 5.0: Metadata.prefix (PrefixRef): the cache continues a shared prefix (kvsdk_cache_create_on_prefix),
 // which the file references by content hash or embeds. A 4.x reader would load such a cache
 // without its prefix, so only these files carry major 5; every other file is written as before.
-constexpr uint16_t kFormatMajor = 5;  // the newest major this library reads
+// 6.0: everything of 5.0, plus
+//   - XXH3-64 (seeded as before) instead of XXH64 for the file header, frame header, payload and
+//     trailer hashes (the records hash included);
+//   - FrameHeader.flags (byte 5, zero before 6.0): kFrameShuffled on a TIER_CHUNK frame says that
+//     in every ExactRows table of its FlatBuffer, the bytes of `keys` and of `values` (each a
+//     vector of n f16 values, 2n bytes) are byte-plane shuffled: the n low bytes first, then the
+//     n high bytes (the Blosc "shuffle" filter with element size 2). Nothing else in the frame
+//     is (the FlatBuffer stays verifiable as is; `positions`, metadata and compressed-store
+//     records keep their bytes). f16 values of similar magnitude share their high byte (sign,
+//     exponent, top mantissa bits) while their low bytes are near random, so the planes compress
+//     better and faster than interleaved bytes. Only the exact rows are shuffled so that the
+//     reader unshuffles while copying them into the cache's stores (one pass over the bytes,
+//     as the plain copy was) and the writer shuffles while copying them into the frame.
+//     The writer chooses per frame (snapshot_writer.cpp: a sample of the frame's rows compressed
+//     both ways) and sets the flag only where it shuffled; any other flag bit, or the flag on
+//     another frame kind, is corrupt.
+// A 5.x reader refuses 6.x files (KVSDK_E_VERSION); its header hash would not verify anyway.
+// Files with exact rows are written as 6.0 (the frame headers, which say whether a frame is
+// shuffled, follow the file header, and frames stream out as they are compressed, so the writer
+// commits to 6.0 before it knows whether some frame shuffles); files without exact rows (all
+// layers compressed, no prefix) keep the lower majors above. Journal deltas continue a file in its
+// format: a 6.x file's deltas use XXH3 (and its journal base XXH3 row fingerprints) but are not
+// shuffled.
+constexpr uint16_t kFormatMajor = 6;  // the newest major this library reads
 constexpr uint16_t kFormatMinor = 0;
+constexpr uint16_t kFormatMajorPrefix = 5;  // files with a prefix and no exact rows
+constexpr uint16_t kFormatMinorPrefix = 0;
 constexpr uint16_t kFormatMajorTyped = 4;  // files without a prefix
 constexpr uint16_t kFormatMinorTyped = 1;
 constexpr uint16_t kFormatMajorV1 = 1;
@@ -70,22 +96,30 @@ struct FileHeader {
   uint64_t snapshot_id = 0;
 };
 
+// FrameHeader.flags bits (format 6 on; 0 before).
+constexpr uint8_t kFrameShuffled = 1;  // TIER_CHUNK: ExactRows keys/values are byte planes
+
 struct FrameHeader {
   uint8_t kind = 0;
+  uint8_t flags = 0;           // kFrame* bits; 0 in files before format 6
   uint32_t payload_bytes = 0;  // compressed (zstd frame) bytes that follow the header
   uint32_t raw_bytes = 0;      // the FlatBuffer's size after decompression
-  uint64_t payload_hash = 0;   // XXH64 of the compressed bytes, seeded with the snapshot id
+  uint64_t payload_hash = 0;   // record_hash of the compressed bytes, seeded with the snapshot id
 };
 
 struct Trailer {
   uint64_t index_offset = 0;   // file offset of the INDEX frame's header
-  uint64_t records_hash = 0;   // XXH64 (seed 0) of the file header and every frame header
+  uint64_t records_hash = 0;   // record_hash (seed 0) of the file header and every frame header
 };
 
-// Encoders write exactly k*Bytes bytes to `out`.
+// Encoders write exactly k*Bytes bytes to `out`. `major`: the file's format major, which picks
+// the hash (record_hash) and which flags a frame header may carry; the file header's is h.major.
+// The default (5) is for tools and tests that handle files of the formats before 6.
 void encode_file_header(const FileHeader& h, unsigned char* out);
-void encode_frame_header(const FrameHeader& h, uint64_t snapshot_id, unsigned char* out);
-void encode_trailer(const Trailer& t, uint64_t snapshot_id, unsigned char* out);
+void encode_frame_header(const FrameHeader& h, uint64_t snapshot_id, unsigned char* out,
+                         uint16_t major = kFormatMajorPrefix);
+void encode_trailer(const Trailer& t, uint64_t snapshot_id, unsigned char* out,
+                    uint16_t major = kFormatMajorPrefix);
 
 // Decoders read exactly k*Bytes bytes and throw kvsdk::Error: KVSDK_E_CORRUPT for a bad magic,
 // hash or field, KVSDK_E_VERSION for a newer major format (checked before the header hash, since
@@ -93,7 +127,9 @@ void encode_trailer(const Trailer& t, uint64_t snapshot_id, unsigned char* out);
 FileHeader decode_file_header(const unsigned char* in);
 // Returns false (no throw) when the bytes are not a sound frame header of this snapshot: the
 // journal reader treats that as a torn tail, the snapshot reader as corruption.
-bool decode_frame_header(const unsigned char* in, uint64_t snapshot_id, FrameHeader* out);
-Trailer decode_trailer(const unsigned char* in, uint64_t snapshot_id);
+bool decode_frame_header(const unsigned char* in, uint64_t snapshot_id, FrameHeader* out,
+                         uint16_t major = kFormatMajorPrefix);
+Trailer decode_trailer(const unsigned char* in, uint64_t snapshot_id,
+                       uint16_t major = kFormatMajorPrefix);
 
 }  // namespace kvsdk::format

@@ -18,6 +18,7 @@ struct FrameWriter::Pending {
   std::vector<unsigned char> payload;  // the zstd frame, kept until it is written
   uint32_t raw_bytes = 0;
   uint64_t hash = 0;
+  uint8_t flags = 0;  // what `build` returned
 };
 
 // What a thread slot builds and compresses frames with: the FlatBuffer is only needed until its
@@ -47,7 +48,13 @@ void FrameWriter::emit(const void* data, size_t size, bool record) {
   offset_ += size;
 }
 
+void FrameWriter::continue_format(uint16_t major) {
+  major_ = major;
+  records_hash_.reset(major, 0);
+}
+
 void FrameWriter::write_file_header(uint16_t major, uint16_t minor) {
+  continue_format(major);
   FileHeader h;
   h.major = major;
   h.minor = minor;
@@ -66,11 +73,13 @@ void FrameWriter::write_frame(FrameKind kind, BuildFn build, size_t size_hint) {
   if (++queued_ == window_.size()) flush();
 }
 
-void FrameWriter::write_frame(FrameKind kind, const uint8_t* flatbuffer, size_t size) {
+void FrameWriter::write_frame(FrameKind kind, const uint8_t* flatbuffer, size_t size,
+                              uint8_t flags) {
   std::unique_ptr<Pending>& p = window_[queued_];
   if (!p) p = std::make_unique<Pending>();
   p->kind = kind;
   p->build = nullptr;
+  p->flags = flags;
   if (window_.size() == 1) {
     // Compressed before this call returns: the caller's bytes need no copy.
     p->data = flatbuffer;
@@ -100,7 +109,7 @@ void FrameWriter::prepare(size_t i) {
       slot->fbb_capacity = p.size_hint;
     }
     slot->fbb.Clear();
-    p.build(slot->fbb);
+    p.flags = p.build(slot->fbb);
     p.build = nullptr;  // releases what the closure holds
     data = slot->fbb.GetBufferPointer();
     size = slot->fbb.GetSize();
@@ -115,7 +124,7 @@ void FrameWriter::prepare(size_t i) {
   slot->zstd.compress(data, size, p.payload);
   if (p.payload.size() > UINT32_MAX) fail(KVSDK_E_INTERNAL, "compressed frame too large");
   p.raw_bytes = uint32_t(size);
-  p.hash = xxh64(p.payload.data(), p.payload.size(), id_);
+  p.hash = record_hash(major_, p.payload.data(), p.payload.size(), id_);
 }
 
 void FrameWriter::flush() {
@@ -131,11 +140,12 @@ void FrameWriter::flush() {
     Pending& p = *window_[i];
     FrameHeader h;
     h.kind = uint8_t(p.kind);
+    h.flags = p.flags;
     h.payload_bytes = uint32_t(p.payload.size());
     h.raw_bytes = p.raw_bytes;
     h.payload_hash = p.hash;
     unsigned char hdr[kFrameHeaderBytes];
-    encode_frame_header(h, id_, hdr);
+    encode_frame_header(h, id_, hdr, major_);
     frames_.push_back({offset_, h.payload_bytes, h.kind});
     emit(hdr, sizeof hdr, true);
     emit(p.payload.data(), p.payload.size(), false);
@@ -156,7 +166,7 @@ void FrameWriter::write_index_and_trailer() {
   flush();
   t.records_hash = records_hash_.digest();
   unsigned char buf[kTrailerBytes];
-  encode_trailer(t, id_, buf);
+  encode_trailer(t, id_, buf, major_);
   emit(buf, sizeof buf, false);
 }
 

@@ -43,8 +43,9 @@ struct FrameRecord {
 
 class FrameWriter {
  public:
-  // Fills a cleared builder with one finished FlatBuffer (root Frame).
-  using BuildFn = std::function<void(flatbuffers::FlatBufferBuilder&)>;
+  // Fills a cleared builder with one finished FlatBuffer (root Frame); returns the frame's flags
+  // (container.h: kFrameShuffled when it shuffled its rows, else 0).
+  using BuildFn = std::function<uint8_t(flatbuffers::FlatBufferBuilder&)>;
 
   // `start_offset`: where the sink's first byte lands in the file (journal appends start at the
   // journal end). `pool`: where frames are built and compressed (nullptr: this thread); it must
@@ -55,16 +56,22 @@ class FrameWriter {
   FrameWriter(const FrameWriter&) = delete;
   FrameWriter& operator=(const FrameWriter&) = delete;
 
-  // Writes the file header with the given format version (before any frame).
+  // Writes the file header with the given format version (before any frame); the major picks
+  // the hash of every record after it (xxhash64.h: record_hash).
   void write_file_header(uint16_t major = kFormatMajorTyped, uint16_t minor = kFormatMinorTyped);
+  // For a writer that continues a file (journal appends) instead of writing its header: the
+  // file's format major.
+  void continue_format(uint16_t major);
+  uint16_t format_major() const { return major_; }
   // Queues a frame of `kind` whose FlatBuffer `build` makes. `build` may run on any pool thread,
   // concurrently with other frames' builds and after this call returns (until the next flush):
   // it may only read what outlives that and nothing that changes meanwhile. `size_hint`: about
   // how large the FlatBuffer will be, so that its builder is allocated once at that size instead
   // of growing (and copying) to it; 0 when unknown.
   void write_frame(FrameKind kind, BuildFn build, size_t size_hint = 0);
-  // Queues one finished FlatBuffer (copied when it has to wait for the window).
-  void write_frame(FrameKind kind, const uint8_t* flatbuffer, size_t size);
+  // Queues one finished FlatBuffer (copied when it has to wait for the window) with frame
+  // `flags` (container.h; a shuffled frame copied from another file keeps its flag).
+  void write_frame(FrameKind kind, const uint8_t* flatbuffer, size_t size, uint8_t flags = 0);
   // Builds, compresses and writes every queued frame.
   void flush();
   // Writes the INDEX frame listing every frame written so far, then the trailer.
@@ -88,7 +95,8 @@ class FrameWriter {
   uint64_t offset_;
   int level_;
   ThreadPool* pool_;
-  Xxh64Stream records_hash_;
+  uint16_t major_ = kFormatMajorPrefix;
+  RecordHashStream records_hash_{kFormatMajorPrefix, 0};
   std::vector<FrameRecord> frames_;
   std::vector<std::unique_ptr<Pending>> window_;
   size_t queued_ = 0;

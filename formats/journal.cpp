@@ -101,7 +101,11 @@ std::vector<fb::Segment> match_in_order(const std::vector<uint64_t>& before,
 }
 
 uint64_t row_fingerprint(int32_t position, const uint16_t* k, const uint16_t* v,
-                         size_t head_dim) {
+                         size_t head_dim, bool xxh3) {
+  if (xxh3) {
+    const uint64_t seed = xxh3_64(&position, sizeof position, 0x6b7673646b726f77ull);
+    return xxh3_64(v, head_dim * 2, xxh3_64(k, head_dim * 2, seed));
+  }
   const uint64_t seed = xxh64(&position, sizeof position, 0x6b7673646b726f77ull);
   return xxh64(v, head_dim * 2, xxh64(k, head_dim * 2, seed));
 }
@@ -109,7 +113,8 @@ uint64_t row_fingerprint(int32_t position, const uint16_t* k, const uint16_t* v,
 namespace {
 
 // fingerprint(), also handing back each layer's records (built once: the delta writes them).
-Fingerprints fingerprint_with(const StoreView& cache, std::vector<std::vector<TierRecord>>* records) {
+Fingerprints fingerprint_with(const StoreView& cache, std::vector<std::vector<TierRecord>>* records,
+                              bool xxh3) {
   const Geometry& g = cache.geometry();
   Fingerprints fp;
   std::vector<std::vector<uint64_t>>& out = fp.rows;
@@ -121,7 +126,7 @@ Fingerprints fingerprint_with(const StoreView& cache, std::vector<std::vector<Ti
       f.resize(e.size());
       for (size_t r = 0; r < e.size(); ++r) {
         f[r] = row_fingerprint(e.positions[r], e.k.data() + r * g.head_dim,
-                               e.v.data() + r * g.head_dim, g.head_dim);
+                               e.v.data() + r * g.head_dim, g.head_dim, xxh3);
       }
     }
   }
@@ -142,13 +147,15 @@ Fingerprints fingerprint_with(const StoreView& cache, std::vector<std::vector<Ti
 
 }  // namespace
 
-Fingerprints fingerprint(const StoreView& cache) { return fingerprint_with(cache, nullptr); }
+Fingerprints fingerprint(const StoreView& cache, bool xxh3) {
+  return fingerprint_with(cache, nullptr, xxh3);
+}
 
 DeltaFrames build_delta(const StoreView& cache, const JournalBase& base, uint64_t max_frame_bytes) {
   const Geometry& g = cache.geometry();
   DeltaFrames d;
   std::vector<std::vector<TierRecord>> records;
-  d.now = fingerprint_with(cache, &records);
+  d.now = fingerprint_with(cache, &records, uses_xxh3(base.format_major));
   const std::vector<std::vector<uint64_t>>& now_rows = d.now.rows;
   if (base.rows.size() != now_rows.size()) fail(KVSDK_E_INTERNAL, "journal base of another shape");
   std::vector<HeadPlan> plans;

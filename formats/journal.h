@@ -3,14 +3,18 @@
 //
 // A delta must stay exact whatever happened since the last save: tokens appended, and also rows
 // removed from the middle of a head by eviction (and, later, rows rewritten by other tiers). The
-// writer therefore does not trust any change tracking in the cache. At every save/load it keeps
-// a 64-bit fingerprint of each stored row (XXH64 of position, key and value); a delta compares
-// the current rows with those fingerprints and describes each changed head as segments in its
-// new row order: "copy rows [b, b+n) of the previous state" or "take the next n new rows", plus
-// the new rows themselves. Appending is one copy segment and one new segment; eviction is a few
-// copy segments; anything else degrades gracefully to new rows (at worst a head rewrite).
+// writer therefore does not trust any change tracking in the cache. At every save/load it keeps a
+// 64-bit fingerprint of each stored row (XXH64, or XXH3-64 for a format 6 file, of position, key
+// and value); a delta compares the current rows with those fingerprints and describes each changed
+// head as segments in its new row order: "copy rows [b, b+n) of the previous state" or "take the
+// next n new rows", plus the new rows themselves. Appending is one copy segment and one new
+// segment; eviction is a few copy segments; anything else degrades gracefully to new rows (at worst
+// a head rewrite).
 // The cost: 8 bytes of host memory per stored row between saves, and one hash pass over the
-// cache per delta (memory speed, far below the cost of compressing a full save).
+// cache per delta (memory speed, far below the cost of compressing a full save; XXH3 for files of
+// format 6). A full save also fingerprints in a pass of its own, before writing anything: the
+// snapshot id, which seeds every record hash and opens the file, is derived from the fingerprints
+// (snapshot_writer.h), so they cannot be taken while the rows are copied into frames.
 #pragma once
 
 #include <cstddef>
@@ -62,7 +66,10 @@ std::vector<fb::Segment> match_in_order(const std::vector<uint64_t>& before,
                                         const std::vector<uint64_t>& now,
                                         std::vector<size_t>* new_rows);
 
-uint64_t row_fingerprint(int32_t position, const uint16_t* k, const uint16_t* v, size_t head_dim);
+// `xxh3`: XXH3-64 (the journal base of a format 6 file, xxhash64.h) instead of XXH64 (older
+// files, and content_hash, which identifies a prefix across formats and must not change).
+uint64_t row_fingerprint(int32_t position, const uint16_t* k, const uint16_t* v, size_t head_dim,
+                         bool xxh3 = false);
 
 // What a journal base remembers of a cache: fingerprints of every exact row and every layer's
 // compressed stores (`rows`, as JournalBase::rows), and the signatures of those stores.
@@ -72,7 +79,9 @@ struct Fingerprints {
   std::vector<std::vector<uint64_t>> windows;
   ScoreBase scores;
 };
-Fingerprints fingerprint(const StoreView& cache);
+// `xxh3`: row fingerprints as row_fingerprint(..., xxh3); a journal base of a file of format
+// major M takes uses_xxh3(M).
+Fingerprints fingerprint(const StoreView& cache, bool xxh3 = false);
 
 // A delta ready to append: finished FlatBuffers (root Frame holding a JournalDelta), one per
 // frame, and the fingerprints that become the base once the frames are safely written.

@@ -295,13 +295,16 @@ std::string foreign_journal_tail(int fd, uint64_t size, const JournalBase& base,
     FrameHeader h;
     if (size - pos < kFrameHeaderBytes) return {};
     if (!read_all(fd, pos, fh, sizeof fh)) io_fail("cannot read", path);
-    if (!decode_frame_header(fh, base.snapshot_id, &h)) return {};
+    if (!decode_frame_header(fh, base.snapshot_id, &h, base.format_major)) return {};
     if (size - pos - kFrameHeaderBytes < h.payload_bytes) return {};
     payload.resize(h.payload_bytes);
     if (!read_all(fd, pos + kFrameHeaderBytes, payload.data(), payload.size())) {
       io_fail("cannot read", path);
     }
-    if (xxh64(payload.data(), payload.size(), base.snapshot_id) != h.payload_hash) return {};
+    if (record_hash(base.format_major, payload.data(), payload.size(), base.snapshot_id) !=
+        h.payload_hash) {
+      return {};
+    }
     // A sound frame of this snapshot.
     if (h.kind != uint8_t(FrameKind::kJournal)) return "a frame that is not a journal frame";
     try {
@@ -348,7 +351,7 @@ uint64_t append_journal(const std::string& path, const JournalBase& base,
   if (same) {
     try {
       same = decode_file_header(hdr).snapshot_id == base.snapshot_id;
-      decode_trailer(trl, base.snapshot_id);
+      decode_trailer(trl, base.snapshot_id, base.format_major);
     } catch (const Error&) {
       same = false;
     }
@@ -374,6 +377,7 @@ uint64_t append_journal(const std::string& path, const JournalBase& base,
   if (::lseek(f.fd, off_t(base.journal_end), SEEK_SET) < 0) io_fail("cannot seek in", path);
   FdSink sink(f.fd, path);
   FrameWriter out(sink, base.snapshot_id, zstd_level, base.journal_end, pool);
+  out.continue_format(base.format_major);
   try {
     for (const std::vector<uint8_t>& p : parts) {
       out.write_frame(FrameKind::kJournal, p.data(), p.size());

@@ -16,6 +16,7 @@
 #include "util/positions.h"
 #include "util/thread_pool.h"
 #include "xxhash64.h"
+#include "byte_planes.h"
 #include "zstd_frame.h"
 
 namespace kvsdk::format {
@@ -49,7 +50,9 @@ struct BatchFrame {
 
 class Reader {
  public:
-  Reader(const unsigned char* data, size_t size) : data_(data), size_(size) {}
+  // `major`: the file's format major, which picks the record hash (xxhash64.h).
+  Reader(const unsigned char* data, size_t size, uint16_t major)
+      : data_(data), size_(size), major_(major) {}
 
   // Locates the frame at `offset` from its header alone; returns false when the header is cut
   // off or damaged, or the payload it declares is.
@@ -58,7 +61,7 @@ class Reader {
       *why = "truncated (frame header cut off)";
       return false;
     }
-    if (!decode_frame_header(data_ + offset, id, &f->header)) {
+    if (!decode_frame_header(data_ + offset, id, &f->header, major_)) {
       *why = "damaged frame header";
       return false;
     }
@@ -74,7 +77,7 @@ class Reader {
 
   // The payload hash of a frame located by locate_header.
   bool check_payload(const RawFrame& f, uint64_t id, std::string* why) const {
-    if (xxh64(data_ + f.offset + kFrameHeaderBytes, f.header.payload_bytes, id) !=
+    if (record_hash(major_, data_ + f.offset + kFrameHeaderBytes, f.header.payload_bytes, id) !=
         f.header.payload_hash) {
       *why = "frame payload checksum mismatch";
       return false;
@@ -121,6 +124,7 @@ class Reader {
 
   const unsigned char* data_;
   size_t size_;
+  uint16_t major_;
   ZstdDecompressor zstd_;
 };
 
@@ -236,8 +240,9 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
   if (opt.require_implemented) require_policy_implemented(s.policy);
   s.budget_bytes = m.budget_bytes();
   s.includes_backing = m.includes_backing();
-  // Format 5: the shared prefix the cache continues; only files that have one carry major 5.
-  if ((m.prefix() != nullptr) != (s.format_major >= 5)) {
+  // Format 5: the shared prefix the cache continues; only files that have one carry major 5
+  // (format 6 may or may not have one).
+  if (s.format_major < 6 && (m.prefix() != nullptr) != (s.format_major >= 5)) {
     fail(KVSDK_E_CORRUPT, "a format ", s.format_major, " snapshot ",
          m.prefix() ? "with" : "without", " a shared prefix reference");
   }
@@ -312,8 +317,10 @@ void check_tier_record(const TierRecord& r, const Geometry& g, const Snapshot& s
   }
 }
 
+// `shuffled`: the frame's keys and values are byte planes (container.h, format 6).
 void read_tier_chunk(const fb::TierChunk& c, const Geometry& g, Snapshot& s,
-                     const std::vector<std::vector<uint64_t>>& declared, uint64_t reserve_limit) {
+                     const std::vector<std::vector<uint64_t>>& declared, uint64_t reserve_limit,
+                     bool shuffled) {
   const bool has_heads = c.heads() && c.heads()->size() != 0;
   const bool has_tiers = c.tiers() && c.tiers()->size() != 0;
   const bool has_typed = c.typed_tiers() && c.typed_tiers()->size() != 0;
@@ -369,8 +376,16 @@ void read_tier_chunk(const fb::TierChunk& c, const Geometry& g, Snapshot& s,
       e.v.reserve(declared[l][h] * dim);
     }
     e.positions.insert(e.positions.end(), pos, pos + n);
-    e.k.insert(e.k.end(), r->keys()->data(), r->keys()->data() + n * dim);
-    e.v.insert(e.v.end(), r->values()->data(), r->values()->data() + n * dim);
+    if (shuffled) {
+      // Unshuffled while copied into the store (the bytes of a ushort vector are planes here).
+      const unsigned char* k = r->keys()->Data();
+      const unsigned char* v = r->values()->Data();
+      append_unshuffled(k, k + n * dim, n * dim, e.k);
+      append_unshuffled(v, v + n * dim, n * dim, e.v);
+    } else {
+      e.k.insert(e.k.end(), r->keys()->data(), r->keys()->data() + n * dim);
+      e.v.insert(e.v.end(), r->values()->data(), r->values()->data() + n * dim);
+    }
   }
 }
 
@@ -481,7 +496,7 @@ Snapshot read_snapshot(const unsigned char* data, size_t size, const ReadOptions
   s.format_minor = fh.minor;
   s.snapshot_id = fh.snapshot_id;
 
-  Reader rd(data, size);
+  Reader rd(data, size, s.format_major);
   std::vector<std::vector<uint64_t>> declared;
   bool have_meta = false;
   // Vectors may reserve what the metadata declares only up to this much (zstd ratios on real
@@ -560,7 +575,8 @@ Snapshot read_snapshot(const unsigned char* data, size_t size, const ReadOptions
         read_metadata(*root->payload_as_Metadata(), opt, s, declared);
         have_meta = true;
       } else if (kind == uint8_t(FrameKind::kTierChunk)) {
-        read_tier_chunk(*root->payload_as_TierChunk(), s.geometry, s, declared, reserve_limit);
+        read_tier_chunk(*root->payload_as_TierChunk(), s.geometry, s, declared, reserve_limit,
+                        (f.header.flags & kFrameShuffled) != 0);
       } else if (kind == uint8_t(FrameKind::kIndex)) {
         check_index(*root->payload_as_Index(), s.frames);
         s.frames.push_back({pos, f.header.payload_bytes, kind});
@@ -579,9 +595,9 @@ Snapshot read_snapshot(const unsigned char* data, size_t size, const ReadOptions
     }
   }
   if (size - pos < kTrailerBytes) corrupt_at(pos, "truncated (trailer cut off)");
-  const Trailer t = decode_trailer(data + pos, s.snapshot_id);
+  const Trailer t = decode_trailer(data + pos, s.snapshot_id, s.format_major);
   if (t.index_offset != s.frames.back().offset) corrupt_at(pos, "trailer points to another index");
-  Xxh64Stream records(0);
+  RecordHashStream records(s.format_major, 0);
   records.update(data, kFileHeaderBytes);
   for (const FrameRecord& fr : s.frames) records.update(data + fr.offset, kFrameHeaderBytes);
   if (t.records_hash != records.digest()) corrupt_at(pos, "snapshot checksum mismatch");

@@ -16,6 +16,7 @@
 #include "tier_state.h"
 #include "util/options.h"
 #include "util/struct_versions.h"
+#include "byte_planes.h"
 #include "zstd_frame.h"
 
 namespace kvsdk::format {
@@ -80,28 +81,47 @@ flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder&
 }
 
 // Queues one frame of exact rows; it is built on whichever pool thread compresses it (`cache`
-// is not modified while write_snapshot runs, and `spans` travels with the frame).
+// is not modified while write_snapshot runs, and `spans` travels with the frame). With
+// `may_shuffle` (format 6), keys and values go in as byte planes (container.h) when a sample of
+// the frame's first span says that compresses smaller at `level`: shuffled while copied into the
+// frame, so it costs no pass of its own.
 void write_tier_frame(FrameWriter& out, const StoreView& cache, uint32_t layer,
-                      std::vector<RowSpan> spans, uint64_t row_bytes) {
+                      std::vector<RowSpan> spans, uint64_t row_bytes, int level, bool may_shuffle) {
   // The rows, plus (generously) each HeadRows table with its vectors' lengths and padding, and
   // the frame's root and vtables.
   uint64_t hint = 1024;
   for (const RowSpan& s : spans) hint += s.rows * row_bytes + 256;
-  out.write_frame(FrameKind::kTierChunk, [&cache, layer, spans = std::move(spans)](
-                                              flatbuffers::FlatBufferBuilder& fbb) {
+  out.write_frame(FrameKind::kTierChunk, [&cache, layer, level, may_shuffle,
+                                          spans = std::move(spans)](
+                                             flatbuffers::FlatBufferBuilder& fbb) -> uint8_t {
     const size_t dim = cache.geometry().head_dim;
+    bool shuffle = false;
+    if (may_shuffle && !spans.empty()) {
+      const RowSpan& s = spans.front();
+      const ExactStore& e = cache.exact_rows(layer, s.head);
+      shuffle = shuffle_pays(e.k.data() + s.row_begin * dim, e.v.data() + s.row_begin * dim,
+                             s.rows * dim, level);
+    }
+    const auto rows_vector = [&fbb, shuffle](const uint16_t* src, size_t n) {
+      if (!shuffle) return fbb.CreateVector(src, n);
+      uint16_t* dst = nullptr;
+      const auto vec = fbb.CreateUninitializedVector(n, &dst);
+      shuffle_f16(src, n, reinterpret_cast<unsigned char*>(dst));
+      return vec;
+    };
     std::vector<flatbuffers::Offset<fb::HeadRows>> heads;
     for (const RowSpan& s : spans) {
       const ExactStore& e = cache.exact_rows(layer, s.head);
-      const auto rows = fb::CreateExactRows(
-          fbb, fbb.CreateVector(e.positions.data() + s.row_begin, s.rows),
-          fbb.CreateVector(e.k.data() + s.row_begin * dim, s.rows * dim),
-          fbb.CreateVector(e.v.data() + s.row_begin * dim, s.rows * dim));
+      const auto positions = fbb.CreateVector(e.positions.data() + s.row_begin, s.rows);
+      const auto keys = rows_vector(e.k.data() + s.row_begin * dim, s.rows * dim);
+      const auto values = rows_vector(e.v.data() + s.row_begin * dim, s.rows * dim);
+      const auto rows = fb::CreateExactRows(fbb, positions, keys, values);
       heads.push_back(fb::CreateHeadRows(fbb, layer, s.head, s.row_begin, rows));
     }
     const auto chunk = fb::CreateTierChunk(fbb, fbb.CreateVector(heads));
     fbb.Finish(fb::CreateFrame(fbb, fb::Payload::TierChunk, chunk.Union()),
                fb::FrameIdentifier());
+    return shuffle ? kFrameShuffled : uint8_t(0);
   }, size_t(hint));
 }
 
@@ -119,7 +139,7 @@ void write_tier_states(FrameWriter& out, const std::vector<TierRecord>& records,
       bytes += tier_record_bytes(records[i++]);
     }
     out.write_frame(FrameKind::kTierChunk, [&records, begin, end = i, typed](
-                                                flatbuffers::FlatBufferBuilder& fbb) {
+                                                flatbuffers::FlatBufferBuilder& fbb) -> uint8_t {
       std::vector<flatbuffers::Offset<fb::TierState>> states;
       std::vector<flatbuffers::Offset<fb::TypedTierState>> typed_states;
       for (size_t r = begin; r < end; ++r) {
@@ -131,6 +151,7 @@ void write_tier_states(FrameWriter& out, const std::vector<TierRecord>& records,
                 : fb::CreateTierChunk(fbb, 0, fbb.CreateVector(states));
       fbb.Finish(fb::CreateFrame(fbb, fb::Payload::TierChunk, chunk.Union()),
                  fb::FrameIdentifier());
+      return 0;  // compressed-store records are never shuffled
     });
   }
 }
@@ -172,14 +193,27 @@ SaveParams save_params_from_c(const kvsdk_save_options* options) {
   return p;
 }
 
+bool has_exact_rows(const StoreView& cache) {
+  const Geometry& g = cache.geometry();
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
+      if (cache.exact_rows(l, h).size() != 0) return true;
+    }
+  }
+  return false;
+}
+
 uint16_t format_major_for(const StoreView& cache, bool any_tier) {
-  if (cache.prefix_view()) return kFormatMajor;
+  // Exact rows may go into shuffled frames, which only format 6 has (container.h).
+  if (has_exact_rows(cache)) return kFormatMajor;
+  if (cache.prefix_view()) return kFormatMajorPrefix;
   return any_tier || method_traits(cache.policy()).uses_window() ? kFormatMajorTyped
                                                                  : kFormatMajorV1;
 }
 
 uint16_t format_minor_for(uint16_t major) {
   if (major == kFormatMajor) return kFormatMinor;
+  if (major == kFormatMajorPrefix) return kFormatMinorPrefix;
   return major == kFormatMajorTyped ? kFormatMinorTyped : kFormatMinorV1;
 }
 
@@ -255,6 +289,7 @@ uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64
   // row per frame); a frame never mixes layers.
   const uint64_t row_bytes = sizeof(int32_t) + uint64_t(g.head_dim) * 2 * sizeof(uint16_t);
   const uint64_t cap = params.max_frame_bytes;
+  const bool shuffle = major >= 6;
   for (uint32_t l = 0; l < g.n_layers; ++l) {
     std::vector<RowSpan> spans;
     uint64_t frame_bytes = 0;
@@ -264,7 +299,7 @@ uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64
       while (r < n) {
         uint64_t fit = (cap - std::min(cap, frame_bytes)) / row_bytes;
         if (fit == 0 && !spans.empty()) {
-          write_tier_frame(out, cache, l, std::move(spans), row_bytes);
+          write_tier_frame(out, cache, l, std::move(spans), row_bytes, params.zstd_level, shuffle);
           spans.clear();
           frame_bytes = 0;
           fit = cap / row_bytes;
@@ -275,7 +310,9 @@ uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64
         r += take;
       }
     }
-    if (!spans.empty()) write_tier_frame(out, cache, l, std::move(spans), row_bytes);
+    if (!spans.empty()) {
+      write_tier_frame(out, cache, l, std::move(spans), row_bytes, params.zstd_level, shuffle);
+    }
     write_tier_states(out, tiers[l], cap, major >= 4);
   }
   out.write_index_and_trailer();

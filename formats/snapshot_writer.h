@@ -6,6 +6,7 @@
 
 #include "core/store_view.h"
 #include "sink.h"
+#include "zstd_frame.h"
 
 namespace kvsdk {
 class ThreadPool;
@@ -14,7 +15,7 @@ class ThreadPool;
 namespace kvsdk::format {
 
 struct SaveParams {
-  int zstd_level = 3;
+  int zstd_level = kDefaultZstdLevel;
   bool include_backing = false;
   uint64_t max_frame_bytes = 8ull << 20;
   uint32_t max_journal_percent = 0;  // save_delta compacts past this share of the base; 0: never
@@ -39,7 +40,11 @@ uint64_t write_snapshot(const StoreView& cache, const SaveParams& params, uint64
 // The format major a full save writes: 3 for caches whose later deltas may use format-3
 // encodings (compressed stores field by field, sliding observation windows), so that older
 // readers refuse them; 1 otherwise, which readers that know only major 1 keep loading.
+// 6 (container.h) for every cache that holds exact rows, which may go into shuffled frames.
 uint16_t format_major_for(const StoreView& cache, bool any_tier);
+// Whether the cache holds exact rows (then format_major_for gives 6, whose journal base takes
+// XXH3 row fingerprints: fingerprint(cache, has_exact_rows(cache))).
+bool has_exact_rows(const StoreView& cache);
 // The minor version a file of that major is written with.
 uint16_t format_minor_for(uint16_t major);
 

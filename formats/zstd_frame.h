@@ -47,6 +47,6 @@ void release_idle_zstd_contexts();
 // Levels kvsdk accepts (zstd's own range, clamped to what is useful for snapshots).
 constexpr int kMinZstdLevel = -7;
 constexpr int kMaxZstdLevel = 19;
-constexpr int kDefaultZstdLevel = 3;
+constexpr int kDefaultZstdLevel = 1;  // measured: include/kvsdk.h, zstd_level
 
 }  // namespace kvsdk::format

@@ -884,14 +884,31 @@ KVSDK_API kvsdk_status kvsdk_cache_layer_stats_get(const kvsdk_cache *cache, uin
  *  (kvsdk_cache_create_on_prefix), by content hash or with the prefix's snapshot embedded: only
  *  snapshots of such conversations are written as 5.0 (a 4.x reader would load them without
  *  their prefix, so it must refuse them); every other cache is written as before (4.1 or 1.3).
+ *  Format 6.0 is 5.0 plus byte-shuffled exact rows and XXH3 hashes: a frame of exact f16 rows may
+ *  hold its keys and values as byte planes (low bytes, then high bytes), flagged in its frame
+ *  header, which compresses them smaller and faster; and every container hash (headers, frame
+ *  payloads, the trailer) is XXH3-64 instead of XXH64. Every cache that holds exact rows (every
+ *  preset with a layer or head kept in f16) is written as 6.0, which a 5.x reader refuses with
+ *  KVSDK_E_VERSION; caches whose every layer is compressed are written as before (4.1, or 5.0
+ *  on a shared prefix). Files of formats 1.x to 5.0 keep loading and verify with XXH64.
  *  These macros name the newest format this library reads and writes. */
-#define KVSDK_SNAPSHOT_FORMAT_MAJOR 5
+#define KVSDK_SNAPSHOT_FORMAT_MAJOR 6
 #define KVSDK_SNAPSHOT_FORMAT_MINOR 0
 
 typedef struct kvsdk_save_options {
   uint32_t struct_size;      /**< sizeof(kvsdk_save_options); set by kvsdk_save_options_init. */
   int32_t zstd_level;        /**< zstd compression level, 1..19 (also negative "fast" levels
-                                  down to -7). Default 3. Level 0 means the default. */
+                                  down to -7). Default 1. Level 0 means the default.
+                                  Why 1: f16 rows are mostly literals to zstd (few long matches),
+                                  so higher levels find almost nothing more. Measured (zstd
+                                  1.5.4, docs/benchmarks.md): real shakespeare-base K/V as byte
+                                  planes, size / raw and compress / decompress MB/s: level 1
+                                  0.826, 1469 / 3711; level 3 0.824, 931 / 3362; the synthetic
+                                  Llama-3-8B-like rows of snapshot_bench, whole saves: level 1
+                                  and 3 both 0.743 of raw, level 1 a few percent faster (zstd's
+                                  search is a small share there). Negative levels turn off
+                                  zstd's literal (Huffman) compression, which is all of the
+                                  gain on f16 rows: -1 stores them raw (1.008 of raw). */
   uint32_t include_backing;  /**< 1: also write the off-budget full-precision backing store of
                                   specache, so that the resumed cache fetches the same rows and
                                   continues bit-identically. 0: leave it out (smaller file); the
@@ -928,7 +945,7 @@ typedef struct kvsdk_save_options {
 } kvsdk_save_options;
 
 /** Initialises the app's `*options` of `struct_size` bytes: defaults for the fields that fit
- *  (zstd level 3, SpeCache's backing store included, 8 MiB frames, no journal compaction) (the
+ *  (zstd level 1, SpeCache's backing store included, 8 MiB frames, no journal compaction) (the
  *  ABI rules, "Initialising a struct"). Writes min(struct_size, sizeof(kvsdk_save_options))
  *  bytes, never more, and sets struct_size to that count.
  *  Errors: KVSDK_E_INVALID_ARG (`options` NULL, `struct_size` below the first version's: the

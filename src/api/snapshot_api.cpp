@@ -8,6 +8,7 @@
 #include "core/geometry.h"
 #include "core/policy.h"
 #include "journal.h"
+#include "xxhash64.h"
 #include "kvsdk.h"
 #include "snapshot_file.h"
 #include "snapshot_reader.h"
@@ -136,7 +137,7 @@ void load(kvsdk_cache** out, std::shared_ptr<Context> ctx, const unsigned char* 
   if (pre) h->impl->attach_prefix(std::move(pre));
   // Deltas continue the records as the file holds them (a file saved without SpeCache's backing
   // store has none, although the restored cache rebuilt it).
-  Fingerprints fp = fingerprint(*h->impl);
+  Fingerprints fp = fingerprint(*h->impl, uses_xxh3(major));
   for (uint32_t l = 0; l < s.geometry.n_layers && l < s.tiers.size(); ++l) {
     fp.tiers[l] = sign_layer(s.tiers[l]);
   }
@@ -156,7 +157,7 @@ void load(kvsdk_cache** out, std::shared_ptr<Context> ctx, const unsigned char* 
 // A full atomic save to `path`, which becomes the base of the cache's later deltas.
 void save_full(kvsdk_cache& c, const char* path, const SaveParams& params) {
   // Fingerprint first: once the file is renamed nothing may fail.
-  Fingerprints fp = fingerprint(*c.impl);
+  Fingerprints fp = fingerprint(*c.impl, has_exact_rows(*c.impl));  // XXH3 in format 6 files
   const uint64_t id = snapshot_id_of(*c.impl, fp.rows);
   // The journal continues the records as the file holds them: without the backing store
   // fields when the save leaves them out (a later delta then writes them whole).
@@ -221,7 +222,9 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache* cache,
     const kvsdk_cache& c = handle(cache);
     KVSDK_REQUIRE(out_size != nullptr, "out_size is NULL");
     const SaveParams params = save_params_from_c(options);
-    const uint64_t id = snapshot_id_of(*c.impl, fingerprint(*c.impl).rows);
+    // The id a file save of this cache writes (save_full), so that both give the same bytes.
+    const uint64_t id =
+        snapshot_id_of(*c.impl, fingerprint(*c.impl, has_exact_rows(*c.impl)).rows);
     if (buf == nullptr) {
       CountingSink sink;
       *out_size = size_t(write_snapshot(*c.impl, params, id, sink, &c.impl->context().pool()));

@@ -91,6 +91,22 @@ uint16_t to_f16(float f) {  // round-to-nearest for normal range values (enough 
   return uint16_t(h);
 }
 
+// kvsdk's save options: the defaults, or KVSDK_BENCH_LEVEL (zstd level; a negative level as
+// its absolute value plus 100, e.g. 101 for -1) and KVSDK_BENCH_FRAME_KIB (max_frame_bytes in
+// KiB) to compare levels and frame sizes in the same setting.
+const kvsdk_save_options* save_options() {
+  static kvsdk_save_options o = [] {
+    kvsdk_save_options x;
+    kvsdk_save_options_init(&x);
+    const std::vector<int64_t> level = env_list("KVSDK_BENCH_LEVEL");
+    if (!level.empty()) x.zstd_level = level[0] > 100 ? -int32_t(level[0] - 100) : int32_t(level[0]);
+    const std::vector<int64_t> kib = env_list("KVSDK_BENCH_FRAME_KIB");
+    if (!kib.empty()) x.max_frame_bytes = uint64_t(kib[0]) << 10;
+    return x;
+  }();
+  return &o;
+}
+
 // One cache (and its raw FP16 dump) per token count, built once.
 struct Fixture {
   kvsdk_context* ctx = nullptr;
@@ -184,9 +200,9 @@ Fixture& fixture(int64_t tokens) {
     }
   }
   size_t size = 0;
-  kvsdk_cache_save_to_buffer(x.cache, nullptr, nullptr, 0, &size);
+  kvsdk_cache_save_to_buffer(x.cache, save_options(), nullptr, 0, &size);
   x.snapshot.resize(size);
-  kvsdk_cache_save_to_buffer(x.cache, nullptr, x.snapshot.data(), size, &size);
+  kvsdk_cache_save_to_buffer(x.cache, save_options(), x.snapshot.data(), size, &size);
   x.baseline.resize(ZSTD_compressBound(x.fp16_bytes));
   x.baseline.resize(ZSTD_compress(x.baseline.data(), x.baseline.size(), x.raw.data(),
                                   x.fp16_bytes, 3));
@@ -213,7 +229,7 @@ void BM_KvsdkSaveToBuffer(benchmark::State& state, int64_t threads) {
   std::vector<unsigned char> buf(f.snapshot.size());
   size_t size = 0;
   for (auto _ : state) {
-    if (kvsdk_cache_save_to_buffer(cache, nullptr, buf.data(), buf.size(), &size) != KVSDK_OK) {
+    if (kvsdk_cache_save_to_buffer(cache, save_options(), buf.data(), buf.size(), &size) != KVSDK_OK) {
       state.SkipWithError(kvsdk_last_error());
       break;
     }
@@ -242,7 +258,7 @@ void BM_KvsdkSaveToFile(benchmark::State& state, int64_t threads) {
   // Left in place for KvsdkLoadFromFile, which runs after it.
   const std::string path = temp_file("kvsdk_snapshot_bench.kvsnap");
   for (auto _ : state) {
-    if (kvsdk_cache_save(cache, path.c_str(), nullptr) != KVSDK_OK) {
+    if (kvsdk_cache_save(cache, path.c_str(), save_options()) != KVSDK_OK) {
       state.SkipWithError(kvsdk_last_error());
       break;
     }

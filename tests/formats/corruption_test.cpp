@@ -168,15 +168,15 @@ TEST_F(Corruption, WrongMagicAndNewerMajor) {
   // The trailer's file hash covers the header too: a changed header without resealing fails.
   EXPECT_EQ(try_load(ctx.get(), t), KVSDK_E_CORRUPT);
   // Resealed: a newer minor of our major loads and is reported.
-  const fmt::Trailer tr = fmt::decode_trailer(&file[lay.trailer], h.snapshot_id);
+  const fmt::Trailer tr = fmt::decode_trailer(&file[lay.trailer], h.snapshot_id, h.major);
   fmt::Trailer sealed = tr;
-  fmt::Xxh64Stream records(0);
+  fmt::RecordHashStream records(h.major, 0);
   records.update(t.data(), fmt::kFileHeaderBytes);
   for (uint64_t f : lay.frames) {
     if (f < lay.trailer) records.update(&t[f], fmt::kFrameHeaderBytes);
   }
   sealed.records_hash = records.digest();
-  fmt::encode_trailer(sealed, h.snapshot_id, &t[lay.trailer]);
+  fmt::encode_trailer(sealed, h.snapshot_id, &t[lay.trailer], h.major);
   kvsdk_load_info info{};
   info.struct_size = sizeof info;
   EXPECT_EQ(try_load(ctx.get(), t, &info), KVSDK_OK) << kvsdk_last_error();

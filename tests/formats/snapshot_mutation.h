@@ -31,6 +31,7 @@ struct MutableFrame {
   bool journal = false;
   size_t index = 0;
   std::vector<uint8_t> flatbuffer;
+  uint8_t flags = 0;  // the frame header's (kFrameShuffled: keys and values are byte planes)
   const kvsdk::fb::Frame* root() const { return kvsdk::fb::GetFrame(flatbuffer.data()); }
 };
 
@@ -58,7 +59,7 @@ inline std::vector<unsigned char> rewrite_snapshot(
   while (pos < file.size()) {
     fmt::FrameHeader h;
     if (file.size() - pos < fmt::kFrameHeaderBytes ||
-        !fmt::decode_frame_header(&file[pos], fh.snapshot_id, &h)) {
+        !fmt::decode_frame_header(&file[pos], fh.snapshot_id, &h, fh.major)) {
       ADD_FAILURE() << "unsound frame header at byte " << pos;
       return {};
     }
@@ -72,8 +73,8 @@ inline std::vector<unsigned char> rewrite_snapshot(
       continue;
     }
     MutableFrame f{fmt::FrameKind(h.kind), journal, counts[journal]++,
-                   std::vector<uint8_t>(raw.begin(), raw.end())};
-    if (mutate(f)) w.write_frame(f.kind, f.flatbuffer.data(), f.flatbuffer.size());
+                   std::vector<uint8_t>(raw.begin(), raw.end()), h.flags};
+    if (mutate(f)) w.write_frame(f.kind, f.flatbuffer.data(), f.flatbuffer.size(), f.flags);
   }
   for (const std::vector<uint8_t>& j : extra_journal) {
     w.write_frame(fmt::FrameKind::kJournal, j.data(), j.size());

@@ -46,9 +46,9 @@ TEST(SnapshotRoundTrip, FileRoundTripGivesBackEveryRowAndStat) {
   ASSERT_EQ(kvsdk_cache_load(&raw, ctx.get(), path.c_str(), &g, &info), KVSDK_OK)
       << kvsdk_last_error();
   CachePtr b(raw);
-  // Exact caches are written as format 1.3 so that major-1 readers keep loading them.
-  EXPECT_EQ(info.format_major, 1u);
-  EXPECT_EQ(info.format_minor, 3u);
+  // Caches with exact rows are written as format 6.0 (byte-shuffled rows, XXH3 records).
+  EXPECT_EQ(info.format_major, 6u);
+  EXPECT_EQ(info.format_minor, 0u);
   EXPECT_EQ(info.journal_frames_applied, 0u);
   EXPECT_EQ(info.journal_frames_dropped, 0u);
   EXPECT_TRUE(dump(a.get()) == dump(b.get()));
@@ -147,7 +147,7 @@ TEST(SnapshotRoundTrip, TinyFramesSplitLayersIntoManyFrames) {
   fill(a.get(), g, 40, 0, 9);
   kvsdk_save_options o;
   ASSERT_EQ(kvsdk_save_options_init(&o), KVSDK_OK);
-  EXPECT_EQ(o.zstd_level, 3);
+  EXPECT_EQ(o.zstd_level, 1);
   EXPECT_EQ(o.max_frame_bytes, 8u << 20);
   const auto big = save_buffer(a.get(), &o);
   for (uint64_t frame : {1ull, 100ull, 68ull * 3, 1000ull}) {

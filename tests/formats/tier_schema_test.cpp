@@ -537,7 +537,7 @@ FileDeltas inspect(const std::vector<unsigned char>& f) {
   std::vector<unsigned char> raw;
   for (size_t pos = fmt::kFileHeaderBytes; pos + fmt::kFrameHeaderBytes <= f.size();) {
     fmt::FrameHeader fh;
-    if (!fmt::decode_frame_header(&f[pos], h.snapshot_id, &fh)) {
+    if (!fmt::decode_frame_header(&f[pos], h.snapshot_id, &fh, h.major)) {
       pos += fmt::kTrailerBytes;
       continue;
     }
