@@ -1046,7 +1046,8 @@ HWY_INLINE void ValueSegment(State& st, const KiviView& kv, size_t t, size_t n) 
 #if HWY_TARGET == HWY_AVX3_DL
   const bool done = kv.vnni;
   if (done && kv.row_bytes % 16 == 0) {
-    ValueDotsLanes<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n, kv.vc_end);
+    // Adds its sums to acc itself (AddValueSums fused into its last step).
+    return ValueDotsLanes<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n, kv.vc_end);
   } else if (done) {
     ValueDotsVnni<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n);
   }

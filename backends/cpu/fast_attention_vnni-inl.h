@@ -304,7 +304,8 @@ struct ValueCtl {
   }
 };
 
-// RT rows of the integer sums of channel blocks cb and cb + 1 (one group g) over nq quads.
+// RT rows of the integer sums of channel blocks cb and cb + 1 (one group g) over nq quads,
+// added to acc.
 template <size_t RT>
 HWY_INLINE void ValueLanesTile(State& st, const __m512i* xs, size_t nb, size_t nq, size_t cb,
                                size_t g, size_t r0) {
@@ -324,11 +325,18 @@ HWY_INLINE void ValueLanesTile(State& st, const __m512i* xs, size_t nb, size_t n
       l[r][1] = DpbusdBcst(l[r][1], x1, wlo + at);
     }
   }
-  int32_t* ii = st.At<int32_t>(st.lay.ii);
+  // AddValueSums' acc += dv * float(II) for these channels (elementwise: the same bits), with
+  // its skip of a group without weight.
+  const float* dv = st.F(st.lay.dv);
   for (size_t r = 0; r < RT; ++r) {
+    const float s = dv[(r0 + r) * ng + g];
+    if (s == 0.0f) continue;
+    const __m512 sv = _mm512_set1_ps(s);
     for (size_t e = 0; e < 2; ++e) {
-      _mm512_storeu_si512(ii + (r0 + r) * st.D + 16 * (cb + e),
-                          _mm512_add_epi32(_mm512_slli_epi32(h[r][e], 7), l[r][e]));
+      float* a = st.acc + (r0 + r) * st.D + 16 * (cb + e);
+      const __m512i ii = _mm512_add_epi32(_mm512_slli_epi32(h[r][e], 7), l[r][e]);
+      _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a),
+                                        _mm512_mul_ps(sv, _mm512_cvtepi32_ps(ii))));
     }
   }
 }
