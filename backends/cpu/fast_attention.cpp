@@ -14,9 +14,11 @@
 // of per token; rows are prefetched a segment ahead). KIVI runs its dot products on integer codes
 // (vpdpbusd) decoded in registers, with one token per lane for keys and one value group's 16
 // channels per vector for values, so neither needs a horizontal reduction or per-lane weights.
-// At 32k tokens (KIVI-2): key dots ~23%, value dots ~27%, value weights ~16%, per-block query
-// codes ~15%, softmax ~8%; the dots are bound by vpdpbusd (2 per row, channel quad and token:
-// 15- and 14-bit codes take a high and a low byte). Code rows are prefetched a segment ahead a
+// At 32k tokens (KIVI-2; perf, and each step knocked out in turn): value dots (with the value
+// sums added to acc) ~30%, key dots ~27%, value weights ~15% (a third of it widening and
+// transposing the value scales and zeros), per-block query codes ~15%, softmax ~9%; the dots
+// are bound by vpdpbusd (2 per row, channel quad and token: 15- and 14-bit codes take a high
+// and a low byte; 32 per token and KV head, about a third of the time on Zen 4 at 1 per cycle). Code rows are prefetched a segment ahead a
 // few lines at a time (waiting on them was a quarter of the value dots), scales two blocks or
 // one segment ahead.
 #include "hwy_targets.h"  // the same Highway targets in every SIMD file (see there)
@@ -1046,7 +1048,8 @@ HWY_INLINE void ValueSegment(State& st, const KiviView& kv, size_t t, size_t n) 
 #if HWY_TARGET == HWY_AVX3_DL
   const bool done = kv.vnni;
   if (done && kv.row_bytes % 16 == 0) {
-    ValueDotsLanes<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n, kv.vc_end);
+    // Adds its sums to acc itself (AddValueSums fused into its last step).
+    return ValueDotsLanes<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n, kv.vc_end);
   } else if (done) {
     ValueDotsVnni<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n);
   }

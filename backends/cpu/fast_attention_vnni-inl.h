@@ -9,27 +9,32 @@
 #if HWY_TARGET == HWY_AVX3_DL
 
 // PrepareKeyBlock's query codes for the vpdpbusd layout, with the same arithmetic as the generic
-// passes below (so the same bits): a row's products stay in registers, floor(x + 0.5) is one
-// conversion in round-down mode, and the high/low bytes are packed with vpackssdw/vpacksswb
-// (no saturation happens: |code| <= kQMax) and put back in channel order by one vpermd.
+// passes below (so the same bits): the products q * key scale are kept from the first pass (qsb),
+// floor(x + 0.5) is one conversion in round-down mode, and the high/low bytes are split on 16-bit
+// words and packed with vpacksswb, put back in channel order by one vpermd. Only the lower clamp
+// is needed: |x| <= max |x| makes x * (kQMax / max) round to at most kQMax + 1 ulp in magnitude,
+// so floor(x + 0.5) lies in [-kQMax, kQMax]; a NaN converts to INT_MIN, which max() takes to
+// -kQMax as the generic clamp does. vpackssdw then saturates nothing.
 template <size_t NV>  // D / 16 vectors per row
 HWY_INLINE void QueryCodesVnni(State& st, const float* kf) {
   constexpr size_t D = NV * 16;
   float* dq = st.F(st.lay.dq);
+  float* xs = st.F(st.lay.qsb);
   int8_t* qhi = st.At<int8_t>(st.lay.qhi);
   int8_t* qlo = st.At<int8_t>(st.lay.qlo);
   // After the packs, dword 4L + v holds channels 16v + 4L .. + 3 of the four vectors v.
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  const __m512i lim = _mm512_set1_epi32(kQMax), low7 = _mm512_set1_epi32(127);
+  const __m512i nlim = _mm512_set1_epi32(-kQMax), low7 = _mm512_set1_epi16(127);
   const __m512 half = _mm512_set1_ps(0.5f);
-  // Two passes (every row's max and step, then the codes, the products formed again: the same
-  // bits), so the rows' chains of max, reduction and division overlap instead of queueing.
+  // Two passes (every row's max and step, then the codes), so the rows' chains of max, reduction
+  // and division overlap instead of queueing.
   float* inv_of = st.F(st.lay.qmx);
   for (size_t r = 0; r < st.R; ++r) {
     const float* qr = st.q->q + r * D;
     __m512 mxv = _mm512_setzero_ps();
     for (size_t v = 0; v < NV; ++v) {
       const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(qr + 16 * v), _mm512_load_ps(kf + 16 * v));
+      _mm512_store_ps(xs + r * D + 16 * v, x);
       mxv = _mm512_max_ps(mxv, _mm512_abs_ps(x));
     }
     const float m = _mm512_reduce_max_ps(mxv);  // max is exact in any order
@@ -38,29 +43,24 @@ HWY_INLINE void QueryCodesVnni(State& st, const float* kf) {
     inv_of[r] = zero ? 0.0f : float(kQMax) / m;
   }
   for (size_t r = 0; r < st.R; ++r) {
-    const float* qr = st.q->q + r * D;
-    __m512 x[NV];
-    for (size_t v = 0; v < NV; ++v) {
-      x[v] = _mm512_mul_ps(_mm512_loadu_ps(qr + 16 * v), _mm512_load_ps(kf + 16 * v));
-    }
     const __m512 inv = _mm512_set1_ps(inv_of[r]);
     for (size_t v0 = 0; v0 < NV; v0 += 4) {
-      __m512i hi[4], lo[4];
+      __m512i c[4];
       for (size_t k = 0; k < 4; ++k) {
-        __m512i c = _mm512_cvt_roundps_epi32(_mm512_add_ps(_mm512_mul_ps(x[v0 + k], inv), half),
-                                             _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-        c = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_sub_epi32(_mm512_setzero_si512(), lim)),
-                             lim);
-        hi[k] = _mm512_srai_epi32(c, 7);
-        lo[k] = _mm512_and_si512(c, low7);
+        c[k] = _mm512_max_epi32(
+            _mm512_cvt_roundps_epi32(
+                _mm512_add_ps(_mm512_mul_ps(_mm512_load_ps(xs + r * D + 16 * (v0 + k)), inv),
+                              half),
+                _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC),
+            nlim);
       }
-      const auto pack = [&](const __m512i* w) {
-        return _mm512_permutexvar_epi32(
-            order, _mm512_packs_epi16(_mm512_packs_epi32(w[0], w[1]),
-                                      _mm512_packs_epi32(w[2], w[3])));
-      };
-      _mm512_storeu_si512(qhi + r * D + 16 * v0, pack(hi));
-      _mm512_storeu_si512(qlo + r * D + 16 * v0, pack(lo));
+      // x = 128 hi + lo with lo in [0, 127] (arithmetic shift): vpdpbusd's signed bytes.
+      const __m512i x01 = _mm512_packs_epi32(c[0], c[1]), x23 = _mm512_packs_epi32(c[2], c[3]);
+      const __m512i hi = _mm512_packs_epi16(_mm512_srai_epi16(x01, 7), _mm512_srai_epi16(x23, 7));
+      const __m512i lo =
+          _mm512_packs_epi16(_mm512_and_si512(x01, low7), _mm512_and_si512(x23, low7));
+      _mm512_storeu_si512(qhi + r * D + 16 * v0, _mm512_permutexvar_epi32(order, hi));
+      _mm512_storeu_si512(qlo + r * D + 16 * v0, _mm512_permutexvar_epi32(order, lo));
     }
   }
 }
@@ -216,29 +216,28 @@ HWY_INLINE __m512i PackOrder() {
 
 // One row and group's weight codes W = round(w / dv) in [0, kWMax] (the generic rounding and
 // clamp), as their high (W >> 7) and low 7-bit bytes, 4 tokens per dword: what ValueDotsVnni and
-// ValueDotsLanes broadcast. Tokens past n16 get 0.
+// ValueDotsLanes broadcast. Tokens past n16 get 0. The clamp is the packs' unsigned saturation:
+// w >= 0 and w * (kWMax / max w) rounds to at most kWMax + 1 ulp, so floor(x + 0.5) <= kWMax,
+// and what is below 0 (NaN converts to INT_MIN) saturates to 0, as the generic max(., 0) gives.
+// The split into bytes runs on 16-bit words (half the vectors of the 32-bit codes).
 HWY_INLINE void WeightBytesVnni(State& st, const __m512* w, size_t nv, __m512 inv, size_t at) {
   const __m512 half = _mm512_set1_ps(0.5f);
-  const __m512i lim = _mm512_set1_epi32(kWMax), low7 = _mm512_set1_epi32(127);
-  __m512i hi[kSeg / 16], lo[kSeg / 16];
+  const __m512i low7 = _mm512_set1_epi16(127);
+  __m512i c[kSeg / 16];
   for (size_t k = 0; k < kSeg / 16; ++k) {
-    __m512i c = _mm512_setzero_si512();
-    if (k < nv) {
-      c = _mm512_cvt_roundps_epi32(_mm512_add_ps(_mm512_mul_ps(w[k], inv), half),
-                                   _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-      c = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_setzero_si512()), lim);
-    }
-    hi[k] = _mm512_srli_epi32(c, 7);
-    lo[k] = _mm512_and_si512(c, low7);
+    c[k] = k < nv ? _mm512_cvt_roundps_epi32(_mm512_add_ps(_mm512_mul_ps(w[k], inv), half),
+                                             _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)
+                  : _mm512_setzero_si512();
   }
   static_assert(kSeg == 64, "one vector of bytes per row and group");
-  const auto pack = [](const __m512i* x) {
-    return _mm512_permutexvar_epi32(
-        PackOrder(),
-        _mm512_packs_epi16(_mm512_packs_epi32(x[0], x[1]), _mm512_packs_epi32(x[2], x[3])));
-  };
-  _mm512_storeu_si512(st.At<uint32_t>(st.lay.whi) + at, pack(hi));
-  _mm512_storeu_si512(st.At<uint32_t>(st.lay.wlo) + at, pack(lo));
+  // The packs interleave their operands by 128-bit blocks; PackOrder puts the dwords back in
+  // token order (the same element order as packing the 32-bit bytes, so the same dwords).
+  const __m512i x01 = _mm512_packus_epi32(c[0], c[1]), x23 = _mm512_packus_epi32(c[2], c[3]);
+  const __m512i hi = _mm512_packus_epi16(_mm512_srli_epi16(x01, 7), _mm512_srli_epi16(x23, 7));
+  const __m512i lo =
+      _mm512_packus_epi16(_mm512_and_si512(x01, low7), _mm512_and_si512(x23, low7));
+  _mm512_storeu_si512(st.At<uint32_t>(st.lay.whi) + at, _mm512_permutexvar_epi32(PackOrder(), hi));
+  _mm512_storeu_si512(st.At<uint32_t>(st.lay.wlo) + at, _mm512_permutexvar_epi32(PackOrder(), lo));
 }
 
 // ValueWeights' per row and group work for the vpdpbusd layout with everything in registers:
@@ -305,7 +304,8 @@ struct ValueCtl {
   }
 };
 
-// RT rows of the integer sums of channel blocks cb and cb + 1 (one group g) over nq quads.
+// RT rows of the integer sums of channel blocks cb and cb + 1 (one group g) over nq quads,
+// added to acc.
 template <size_t RT>
 HWY_INLINE void ValueLanesTile(State& st, const __m512i* xs, size_t nb, size_t nq, size_t cb,
                                size_t g, size_t r0) {
@@ -325,11 +325,18 @@ HWY_INLINE void ValueLanesTile(State& st, const __m512i* xs, size_t nb, size_t n
       l[r][1] = DpbusdBcst(l[r][1], x1, wlo + at);
     }
   }
-  int32_t* ii = st.At<int32_t>(st.lay.ii);
+  // AddValueSums' acc += dv * float(II) for these channels (elementwise: the same bits), with
+  // its skip of a group without weight.
+  const float* dv = st.F(st.lay.dv);
   for (size_t r = 0; r < RT; ++r) {
+    const float s = dv[(r0 + r) * ng + g];
+    if (s == 0.0f) continue;
+    const __m512 sv = _mm512_set1_ps(s);
     for (size_t e = 0; e < 2; ++e) {
-      _mm512_storeu_si512(ii + (r0 + r) * st.D + 16 * (cb + e),
-                          _mm512_add_epi32(_mm512_slli_epi32(h[r][e], 7), l[r][e]));
+      float* a = st.acc + (r0 + r) * st.D + 16 * (cb + e);
+      const __m512i ii = _mm512_add_epi32(_mm512_slli_epi32(h[r][e], 7), l[r][e]);
+      _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a),
+                                        _mm512_mul_ps(sv, _mm512_cvtepi32_ps(ii))));
     }
   }
 }
