@@ -11,6 +11,7 @@
 #include "tier_state.h"
 #include "util/error.h"
 #include "util/positions.h"
+#include "util/thread_pool.h"
 #include "xxhash64.h"
 
 namespace kvsdk::format {
@@ -79,6 +80,12 @@ std::vector<fb::Segment> match_in_order(const std::vector<uint64_t>& before,
       ++j;
       continue;
     }
+    // Once every previous row is matched, the rest is new (an append-only delta: no index).
+    if (j == before.size()) {
+      add_segment(segs, kNewRows, 1);
+      if (new_rows) new_rows->push_back(i);
+      continue;
+    }
     if (!indexed) {
       for (size_t b = 0; b < before.size(); ++b) where[before[b]].push_back(b);
       indexed = true;
@@ -113,22 +120,29 @@ uint64_t row_fingerprint(int32_t position, const uint16_t* k, const uint16_t* v,
 namespace {
 
 // fingerprint(), also handing back each layer's records (built once: the delta writes them).
+// The rows' pass is split by KV head over `pool` (each head's fingerprints are its own vector,
+// so the result is the same for any pool); the stores are only read.
 Fingerprints fingerprint_with(const StoreView& cache, std::vector<std::vector<TierRecord>>* records,
-                              bool xxh3) {
+                              bool xxh3, ThreadPool* pool) {
   const Geometry& g = cache.geometry();
   Fingerprints fp;
   std::vector<std::vector<uint64_t>>& out = fp.rows;
-  out.resize(size_t(g.n_layers) * g.n_kv_heads);
-  for (uint32_t l = 0; l < g.n_layers; ++l) {
-    for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
-      const ExactStore& e = cache.exact_rows(l, h);
-      std::vector<uint64_t>& f = out[size_t(l) * g.n_kv_heads + h];
-      f.resize(e.size());
-      for (size_t r = 0; r < e.size(); ++r) {
-        f[r] = row_fingerprint(e.positions[r], e.k.data() + r * g.head_dim,
-                               e.v.data() + r * g.head_dim, g.head_dim, xxh3);
-      }
+  const size_t heads = size_t(g.n_layers) * g.n_kv_heads;
+  out.resize(heads);
+  for (size_t i = 0; i < heads; ++i) out[i].resize(cache.exact_rows(uint32_t(i / g.n_kv_heads),
+                                                                    uint32_t(i % g.n_kv_heads)).size());
+  const auto one_head = [&](size_t i) {
+    const ExactStore& e = cache.exact_rows(uint32_t(i / g.n_kv_heads), uint32_t(i % g.n_kv_heads));
+    std::vector<uint64_t>& f = out[i];
+    for (size_t r = 0; r < e.size(); ++r) {
+      f[r] = row_fingerprint(e.positions[r], e.k.data() + r * g.head_dim,
+                             e.v.data() + r * g.head_dim, g.head_dim, xxh3);
     }
+  };
+  if (pool && pool->size() > 1 && heads > 1) {
+    pool->run(heads, one_head);
+  } else {
+    for (size_t i = 0; i < heads; ++i) one_head(i);
   }
   fp.tiers.resize(g.n_layers);
   std::vector<std::vector<TierRecord>> own;
@@ -147,15 +161,16 @@ Fingerprints fingerprint_with(const StoreView& cache, std::vector<std::vector<Ti
 
 }  // namespace
 
-Fingerprints fingerprint(const StoreView& cache, bool xxh3) {
-  return fingerprint_with(cache, nullptr, xxh3);
+Fingerprints fingerprint(const StoreView& cache, bool xxh3, ThreadPool* pool) {
+  return fingerprint_with(cache, nullptr, xxh3, pool);
 }
 
-DeltaFrames build_delta(const StoreView& cache, const JournalBase& base, uint64_t max_frame_bytes) {
+DeltaFrames build_delta(const StoreView& cache, const JournalBase& base, uint64_t max_frame_bytes,
+                        ThreadPool* pool) {
   const Geometry& g = cache.geometry();
   DeltaFrames d;
   std::vector<std::vector<TierRecord>> records;
-  d.now = fingerprint_with(cache, &records, uses_xxh3(base.format_major));
+  d.now = fingerprint_with(cache, &records, uses_xxh3(base.format_major), pool);
   const std::vector<std::vector<uint64_t>>& now_rows = d.now.rows;
   if (base.rows.size() != now_rows.size()) fail(KVSDK_E_INTERNAL, "journal base of another shape");
   std::vector<HeadPlan> plans;
@@ -327,10 +342,32 @@ void apply_delta(const Geometry& g, const std::vector<const fb::JournalDelta*>& 
     ExactStore& old = layers[key.first].heads[key.second];
     std::vector<const fb::ExactRows*> src = w.rows;
     size_t src_i = 0, src_row = 0;
+    // A leading copy of the previous rows from the first one stays where it is, and only what
+    // follows is rebuilt: an append-only delta costs its new rows, not the head's whole state
+    // (a journal of many deltas would otherwise load in time quadratic in their number).
+    uint64_t keep = 0, total = 0, available = old.size();
+    for (const fb::ExactRows* r : w.rows) available += r->positions()->size();
+    for (const fb::Segment* s : *w.segments) {
+      if (s->count() > available - total) {
+        fail(KVSDK_E_CORRUPT, "journal: segments hold more rows than there are");
+      }
+      total += s->count();
+    }
     ExactStore next;
     uint64_t copied_end = 0;  // copy segments move forward: survivors keep their order
+    bool first_segment = true;
     for (const fb::Segment* s : *w.segments) {
       const uint64_t count = s->count();
+      if (first_segment && s->base_begin() == 0 && count <= old.size()) {
+        first_segment = false;
+        keep = count;
+        copied_end = count;
+        next.positions.reserve(total - keep);
+        next.k.reserve((total - keep) * dim);
+        next.v.reserve((total - keep) * dim);
+        continue;
+      }
+      first_segment = false;
       if (s->base_begin() != kNewRows) {
         const uint64_t b = s->base_begin();
         if (b < copied_end || b > old.size() || count > old.size() - b) {
@@ -364,7 +401,16 @@ void apply_delta(const Geometry& g, const std::vector<const fb::JournalDelta*>& 
       src_row = 0;
     }
     if (src_i != src.size()) fail(KVSDK_E_CORRUPT, "journal: new rows left over after segments");
-    old = std::move(next);
+    if (keep == 0) {
+      old = std::move(next);
+    } else {
+      old.positions.resize(keep);
+      old.k.resize(keep * dim);
+      old.v.resize(keep * dim);
+      old.positions.insert(old.positions.end(), next.positions.begin(), next.positions.end());
+      old.k.insert(old.k.end(), next.k.begin(), next.k.end());
+      old.v.insert(old.v.end(), next.v.begin(), next.v.end());
+    }
   }
   for (uint32_t l = 0; l < g.n_layers; ++l) layers[l].appended_tokens = appended->Get(l);
   const fb::JournalDelta* last = parts.back();

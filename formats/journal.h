@@ -25,6 +25,10 @@
 #include "policy_state.h"
 #include "tier_delta.h"
 
+namespace kvsdk {
+class ThreadPool;
+}
+
 namespace kvsdk::fb {
 struct JournalDelta;
 }
@@ -81,7 +85,8 @@ struct Fingerprints {
 };
 // `xxh3`: row fingerprints as row_fingerprint(..., xxh3); a journal base of a file of format
 // major M takes uses_xxh3(M).
-Fingerprints fingerprint(const StoreView& cache, bool xxh3 = false);
+// `pool`: where the rows are hashed, a KV head per task (nullptr: this thread); same result.
+Fingerprints fingerprint(const StoreView& cache, bool xxh3 = false, ThreadPool* pool = nullptr);
 
 // A delta ready to append: finished FlatBuffers (root Frame holding a JournalDelta), one per
 // frame, and the fingerprints that become the base once the frames are safely written.
@@ -92,7 +97,8 @@ struct DeltaFrames {
 
 // Builds delta number base.next_sequence; new rows are split so that no part holds more than
 // `max_frame_bytes` of rows (at least one row per part).
-DeltaFrames build_delta(const StoreView& cache, const JournalBase& base, uint64_t max_frame_bytes);
+DeltaFrames build_delta(const StoreView& cache, const JournalBase& base, uint64_t max_frame_bytes,
+                        ThreadPool* pool = nullptr);
 
 // Applies the verified parts of one complete delta (in part order) to `layers` (n_layers of
 // geometry). Throws KVSDK_E_CORRUPT, leaving `layers` unspecified, when the delta does not fit

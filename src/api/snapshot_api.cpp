@@ -137,7 +137,7 @@ void load(kvsdk_cache** out, std::shared_ptr<Context> ctx, const unsigned char* 
   if (pre) h->impl->attach_prefix(std::move(pre));
   // Deltas continue the records as the file holds them (a file saved without SpeCache's backing
   // store has none, although the restored cache rebuilt it).
-  Fingerprints fp = fingerprint(*h->impl, uses_xxh3(major));
+  Fingerprints fp = fingerprint(*h->impl, uses_xxh3(major), &ctx->pool());
   for (uint32_t l = 0; l < s.geometry.n_layers && l < s.tiers.size(); ++l) {
     fp.tiers[l] = sign_layer(s.tiers[l]);
   }
@@ -157,7 +157,8 @@ void load(kvsdk_cache** out, std::shared_ptr<Context> ctx, const unsigned char* 
 // A full atomic save to `path`, which becomes the base of the cache's later deltas.
 void save_full(kvsdk_cache& c, const char* path, const SaveParams& params) {
   // Fingerprint first: once the file is renamed nothing may fail.
-  Fingerprints fp = fingerprint(*c.impl, has_exact_rows(*c.impl));  // XXH3 in format 6 files
+  // XXH3 in format 6 files.
+  Fingerprints fp = fingerprint(*c.impl, has_exact_rows(*c.impl), &c.impl->context().pool());
   const uint64_t id = snapshot_id_of(*c.impl, fp.rows);
   // The journal continues the records as the file holds them: without the backing store
   // fields when the save leaves them out (a later delta then writes them whole).
@@ -224,7 +225,8 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache* cache,
     const SaveParams params = save_params_from_c(options);
     // The id a file save of this cache writes (save_full), so that both give the same bytes.
     const uint64_t id =
-        snapshot_id_of(*c.impl, fingerprint(*c.impl, has_exact_rows(*c.impl)).rows);
+        snapshot_id_of(*c.impl, fingerprint(*c.impl, has_exact_rows(*c.impl),
+                                              &c.impl->context().pool()).rows);
     if (buf == nullptr) {
       CountingSink sink;
       *out_size = size_t(write_snapshot(*c.impl, params, id, sink, &c.impl->context().pool()));
@@ -246,7 +248,8 @@ KVSDK_API kvsdk_status kvsdk_cache_save_delta(kvsdk_cache* cache, const char* pa
     if (!c.journal) {
       fail(KVSDK_E_STATE, "the cache was never saved or loaded: save it in full first");
     }
-    DeltaFrames d = build_delta(*c.impl, *c.journal, params.max_frame_bytes);
+    DeltaFrames d = build_delta(*c.impl, *c.journal, params.max_frame_bytes,
+                                &c.impl->context().pool());
     const uint64_t end = append_journal(path, *c.journal, d.parts, params.zstd_level,
                                         &c.impl->context().pool());
     c.journal->journal_end = end;

@@ -239,7 +239,9 @@ int main(void) {
   /* Save to a buffer with old save options. */
   CALL(kvsdk_save_options_init(save), "kvsdk_save_options_init");
   slot_check(&ssv, "kvsdk_save_options_init");
-  expect(save->zstd_level == 3 && save->include_backing == 1 &&
+  /* The default level is the library's, not the header's: 3 until snapshot format 6, 1 since
+   * (measured faster at the same size on byte-plane rows). */
+  expect((save->zstd_level == 3 || save->zstd_level == 1) && save->include_backing == 1 &&
              save->max_frame_bytes == (uint64_t)8 << 20 && save->max_journal_percent == 0,
          "save options defaults");
   CALL(kvsdk_cache_save_to_buffer(cache, save, NULL, 0, &snapshot_size), "save size query");

@@ -70,7 +70,7 @@ class kvsdk_layer_stats(Structure):
                 ("bytes_by_tier", c_uint64 * KVSDK_TIER_SLOTS)]
 
 # ----- Snapshots -----------------------------------------------------------------------------
-KVSDK_SNAPSHOT_FORMAT_MAJOR = 5
+KVSDK_SNAPSHOT_FORMAT_MAJOR = 6
 KVSDK_SNAPSHOT_FORMAT_MINOR = 0
 
 class kvsdk_save_options(Structure):

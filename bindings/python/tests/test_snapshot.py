@@ -32,7 +32,7 @@ class SnapshotTest(unittest.TestCase):
             chat.save(path)  # references the prefix by content hash
             self.assertEqual(status_of(lambda: kvsdk.Cache.load(ctx, path)), Status.STATE)
             loaded, info = kvsdk.Cache.load_on_prefix(prefix, path)
-            self.assertEqual(info.format_major, 5)
+            self.assertEqual(info.format_major, 6)  # exact rows on a prefix: 6.0 (kvsdk.h)
             self.assertEqual(loaded.attend(1, q), expected)
             alone, _ = kvsdk.Cache.load_from_bytes(
                 kvsdk.Context(), chat.save_to_bytes(kvsdk.SaveOptions(embed_prefix=1)))
@@ -50,13 +50,13 @@ class SnapshotTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "conversation.kvsdk")
             data = cache.save_to_bytes()
-            cache.save(path, kvsdk.SaveOptions(zstd_level=3))  # the base of later deltas
+            cache.save(path, kvsdk.SaveOptions(zstd_level=1))  # the default; base of later deltas
             # Each save carries a fresh random snapshot id: same length, not same bytes.
             self.assertEqual(os.path.getsize(path), len(data))
             from_file, info = kvsdk.Cache.load(ctx, path, expected=geometry())
-            # Caches of exact rows only are written as 1.3 (kvsdk.h); the newest is 5.0.
-            self.assertEqual((info.format_major, info.format_minor), (1, 3))
-            self.assertEqual(kvsdk.SNAPSHOT_FORMAT, (5, 0))
+            # Caches holding exact rows are written as 6.0 (byte-plane rows; kvsdk.h), the newest.
+            self.assertEqual((info.format_major, info.format_minor), (6, 0))
+            self.assertEqual(kvsdk.SNAPSHOT_FORMAT, (6, 0))
             from_bytes, _ = kvsdk.Cache.load_from_bytes(ctx, data)
             self.assertEqual(from_file.policy, cache.policy)
             q = rng.draw(2 * 32)

@@ -2,7 +2,7 @@
 use crate::{kvsdk_cache, kvsdk_context, kvsdk_geometry, kvsdk_policy, kvsdk_status};
 use core::ffi::{c_char, c_void};
 
-pub const KVSDK_SNAPSHOT_FORMAT_MAJOR: u32 = 5;
+pub const KVSDK_SNAPSHOT_FORMAT_MAJOR: u32 = 6;
 pub const KVSDK_SNAPSHOT_FORMAT_MINOR: u32 = 0;
 
 #[repr(C)]

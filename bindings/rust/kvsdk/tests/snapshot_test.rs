@@ -45,7 +45,7 @@ fn a_conversation_on_a_prefix_references_or_embeds_it() {
     chat.save(&path, &SaveOptions::default()).unwrap();
     assert_eq!(Cache::load(&ctx, &path, None).unwrap_err().status, Status::State);
     let (mut loaded, info) = Cache::load_on_prefix(&prefix, &path).unwrap();
-    assert_eq!(info.format_major, 5);
+    assert_eq!(info.format_major, 6); // exact rows on a prefix: 6.0 (kvsdk.h)
     assert_eq!(loaded.attend(1, &q, None).unwrap(), expected);
     let embed = SaveOptions { embed_prefix: true, ..SaveOptions::default() };
     let bytes = chat.save_to_vec(&embed).unwrap();
@@ -74,9 +74,9 @@ fn save_load_round_trip_is_bit_identical() {
     assert_eq!(std::fs::read(&path).unwrap().len(), bytes.len());
 
     let (mut from_file, info) = Cache::load(&ctx, &path, Some(&geometry())).unwrap();
-    // Caches of exact rows only are written as 1.3 (kvsdk.h); the newest format is 5.0.
-    assert_eq!((info.format_major, info.format_minor), (1, 3));
-    assert_eq!(kvsdk::SNAPSHOT_FORMAT, (5, 0));
+    // Caches holding exact rows are written as 6.0 (byte-plane rows; kvsdk.h), the newest.
+    assert_eq!((info.format_major, info.format_minor), (6, 0));
+    assert_eq!(kvsdk::SNAPSHOT_FORMAT, (6, 0));
     let (mut from_buf, _) = Cache::load_from_buffer(&ctx, &bytes, None).unwrap();
     assert_eq!(from_file.policy().unwrap(), cache.policy().unwrap());
     let q = draw(&mut rng, 2 * 32);

@@ -14,10 +14,10 @@ final class SnapshotTests: XCTestCase {
         }
         let bytes = try cache.saveToBytes()
         let (loaded, info) = try Cache.load(context: context, bytes: bytes, expected: geometry)
-        // Caches of exact rows only are written as 1.3 (kvsdk.h); the newest format is 5.0.
-        XCTAssertEqual(info.formatMajor, 1)
-        XCTAssertEqual(info.formatMinor, 3)
-        XCTAssertEqual(snapshotFormat.major, 5)
+        // Caches holding exact rows are written as 6.0 (byte-plane rows; kvsdk.h), the newest.
+        XCTAssertEqual(info.formatMajor, 6)
+        XCTAssertEqual(info.formatMinor, 0)
+        XCTAssertEqual(snapshotFormat.major, 6)
         XCTAssertEqual(snapshotFormat.minor, 0)
         let q = [Float](repeating: 0.5, count: geometry.qElementsPerQuery)
         XCTAssertEqual(try loaded.attend(layer: 1, queries: q),
@@ -54,7 +54,7 @@ final class SnapshotTests: XCTestCase {
             XCTAssertEqual((error as? KVSDKError)?.status, .state)
         }
         let (loaded, info) = try Cache.load(onPrefix: prefix, path: path)
-        XCTAssertEqual(info.formatMajor, 5)
+        XCTAssertEqual(info.formatMajor, 6)
         XCTAssertEqual(try loaded.attend(layer: 1, queries: q), expected)
         var embed = SaveOptions()
         embed.embedPrefix = true
