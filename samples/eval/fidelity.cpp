@@ -210,12 +210,13 @@ Reference build_reference(const llama::Model& model, const std::vector<int>& tex
 }
 
 Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_policy& policy,
-                 uint64_t budget_bytes, bool with_mini_prefill, const llama::Model* proxy_model) {
+                 uint64_t budget_bytes, bool with_mini_prefill, const llama::Model* proxy_model,
+                 bool with_ppl) {
   const size_t V = size_t(model.config().vocab_size);
   Outcome out;
   try {
     llama::ContextHandle ctx(budget_bytes);
-    {
+    if (with_ppl) {
       llama::Session s(model, ctx.ctx, &policy);
       std::unique_ptr<llama::ProxyRunner> proxy;
       if (proxy_model) proxy = std::make_unique<llama::ProxyRunner>(*proxy_model, s.cache());

@@ -54,10 +54,12 @@ uint64_t snapshot_bytes(const kvsdk_cache* cache);
 // `mini_prefill` (XKV), each run first plans the prompt with kvsdk_planner_* in a cache-free pass
 // (llama::Session::plan_prefill) and fixes the cache's allocation before the real prefill.
 // With `proxy` (smallkv), the proxy model runs each step just before `model` on its own full cache
-// (llama::ProxyRunner, proxy_runner.h).
+// (llama::ProxyRunner, proxy_runner.h). Without `with_ppl` the perplexity pass over the text is
+// skipped (ppl stays 0): top-1, KL and the snapshot come from the continuation alone, which is
+// all kvsdk-eval --target needs, at half the cost.
 Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_policy& policy,
                  uint64_t budget_bytes, bool mini_prefill = false,
-                 const llama::Model* proxy = nullptr);
+                 const llama::Model* proxy = nullptr, bool with_ppl = true);
 
 // Perplexity of `text` given logits (text.size() x vocab): exp of the mean next-token NLL over
 // text[1..n): every token but the first is scored, each predicted from all tokens before it. No

@@ -5,6 +5,11 @@
 // bytes: perplexity on held-out text, top-1 agreement and KL against the full cache over a greedy
 // continuation, and the peak cache bytes. Policies that kvsdk_cache_create rejects with
 // KVSDK_E_UNSUPPORTED are skipped with a note, so methods added later appear automatically.
+//
+// With --target top1=X[,kl=Y], instead of the grid: per model, the smallest resume snapshot
+// that meets the target, searched coarse-to-fine over the policies, their KIVI widths and a
+// continuous budget (target_search.h).
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -20,6 +25,7 @@
 #include "report.h"
 #include "sampler.h"
 #include "session.h"
+#include "target_search.h"
 #include "tokenizer.h"
 
 namespace {
@@ -45,6 +51,9 @@ struct Options {
   bool mini_prefill = false;  // also run xkv with the XKV mini-prefill planner
   std::string proxy_model;    // smallkv's proxy; empty: llama::default_proxy_model
   std::vector<double> slacks;  // evict_slack values for the eviction presets; empty: the default
+  bool has_target = false;     // --target: search instead of the grid
+  eval::Target target;
+  eval::SearchOptions search;
 };
 
 // Whether a policy evicts rows by selection, the only ones policy.evict_slack changes.
@@ -81,12 +90,21 @@ void usage(std::FILE* f) {
                "  --proxy-model NAME  smallkv's proxy (a smaller model with the same tokenizer; default:\n"
                "                      shakespeare-small for shakespeare-base, none for other models,\n"
                "                      whose smallkv rows are skipped)\n"
+               "  --target top1=0.95[,kl=0.01]\n"
+               "                      instead of the budget grid: per model, the smallest snapshot\n"
+               "                      meeting the target, searched over the policies (and every KIVI\n"
+               "                      width of those that quantize) and a continuous budget: a ladder\n"
+               "                      of 50..3.125%%, then bisection; assumes fidelity is monotone in\n"
+               "                      the budget and reports only measured points (not with --budgets,\n"
+               "                      --slacks, --mini-prefill or --plot)\n"
+               "  --bisect-steps N    --target's bisection steps per policy (default 3)\n"
                "  --json FILE  --markdown FILE  --plot FILE.png\n",
                kCompositions[0], kCompositions[1], kCompositions[2], kHeldOutOffset, KVSDK_SHARED_DIR);
 }
 
 Options parse(int argc, char** argv) {
   Options o;
+  bool grid_option = false;  // an option that only the budget grid uses
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "-h" || a == "--help") {
@@ -95,6 +113,7 @@ Options parse(int argc, char** argv) {
     }
     if (a == "--mini-prefill") {
       o.mini_prefill = true;
+      grid_option = true;
       continue;
     }
     if (i + 1 >= argc) {
@@ -105,6 +124,7 @@ Options parse(int argc, char** argv) {
     if (a == "--models") o.models = llama::split_list(v);
     else if (a == "--policies") o.policies = llama::split_list(v);
     else if (a == "--budgets") {
+      grid_option = true;
       o.budgets.clear();
       for (const std::string& b : llama::split_list(v)) {
         const int pct = std::atoi(b.c_str());
@@ -119,9 +139,21 @@ Options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = std::strtoull(v.c_str(), nullptr, 10);
     else if (a == "--json") o.json = v;
     else if (a == "--markdown") o.markdown = v;
-    else if (a == "--plot") o.plot = v;
+    else if (a == "--plot") {
+      o.plot = v;
+      grid_option = true;
+    } else if (a == "--target") {
+      o.target = eval::parse_target(v);
+      o.has_target = true;
+    } else if (a == "--bisect-steps") {
+      o.search.bisect_steps = std::atoi(v.c_str());
+      if (o.search.bisect_steps < 0 || o.search.bisect_steps > 20) {
+        throw llama::Error("--bisect-steps must be in 0..20");
+      }
+    }
     else if (a == "--proxy-model") o.proxy_model = v;
     else if (a == "--slacks") {
+      grid_option = true;
       for (const std::string& s : llama::split_list(v)) {
         o.slacks.push_back(std::atof(s.c_str()));
         if (!(o.slacks.back() >= 0.0 && o.slacks.back() <= 0.5)) {
@@ -135,6 +167,10 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.chunk == 0) throw llama::Error("--chunk must be positive");
+  if (o.has_target && grid_option) {
+    throw llama::Error("--target searches its own budgets: --budgets, --slacks, --mini-prefill and "
+                       "--plot belong to the budget grid");
+  }
   if (!(o.prompt_share > 0.0 && o.prompt_share < 1.0)) throw llama::Error("--prompt-share must be in (0, 1)");
   if (o.policies.empty()) {
     for (int m = 0; m < KVSDK_METHOD_COUNT; ++m) o.policies.push_back(kvsdk_method_name(kvsdk_method(m)));
@@ -192,19 +228,25 @@ std::vector<int> evaluation_text(const Options& o, const std::string& name, cons
   return tokens;
 }
 
+// What kvsdk_cache_create says of `policy` on `model`'s geometry (an unlimited context).
+kvsdk_status creates(const llama::Model& model, const kvsdk_policy& policy) {
+  kvsdk_context* ctx = nullptr;
+  llama::check(kvsdk_context_create(&ctx, nullptr), "kvsdk_context_create");
+  const kvsdk_geometry g = llama::geometry_of(model.config());
+  kvsdk_cache* cache = nullptr;
+  const kvsdk_status st = kvsdk_cache_create(&cache, ctx, &g, &policy);
+  kvsdk_cache_destroy(cache);
+  kvsdk_context_destroy(ctx);
+  return st;
+}
+
 // False (with a note) when `spec` does not parse or kvsdk does not implement it yet.
 bool policy_available(const std::string& spec, const llama::Model& model, kvsdk_policy* policy) {
   if (kvsdk_policy_parse(policy, spec.c_str()) != KVSDK_OK) {
     std::fprintf(stderr, "note: policy '%s' skipped: %s\n", spec.c_str(), kvsdk_last_error());
     return false;
   }
-  kvsdk_context* ctx = nullptr;
-  llama::check(kvsdk_context_create(&ctx, nullptr), "kvsdk_context_create");
-  const kvsdk_geometry g = llama::geometry_of(model.config());
-  kvsdk_cache* cache = nullptr;
-  const kvsdk_status st = kvsdk_cache_create(&cache, ctx, &g, policy);
-  kvsdk_cache_destroy(cache);
-  kvsdk_context_destroy(ctx);
+  const kvsdk_status st = creates(model, *policy);
   // Only "not implemented" skips a policy: any other refusal is measured (and recorded as a
   // failure) so that it shows in the results instead of disappearing.
   if (st != KVSDK_E_UNSUPPORTED) return true;
@@ -240,7 +282,96 @@ std::unique_ptr<llama::Model> load_proxy(const Options& o, const std::string& na
   return m;
 }
 
-void evaluate_model(const Options& o, const std::string& name, std::vector<eval::Record>& records) {
+// kvsdk-eval --target on one model: the smallest resume snapshot meeting o.target.
+eval::TargetRecord search_target(const Options& o, const std::string& name, const llama::Model& model,
+                                 const eval::Reference& ref) {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<llama::Model> proxy;
+  std::string no_proxy;
+  bool proxy_tried = false;
+  // The listed specs go through policy_available (a note when skipped); the KIVI widths the
+  // search adds are kept only where the library creates them (specache takes 1 or 2 bits).
+  auto accept = [&](const std::string& spec, const kvsdk_policy& policy) {
+    bool listed = false;
+    for (const std::string& p : o.policies) listed = listed || p == spec;
+    kvsdk_policy parsed;
+    if (listed ? !policy_available(spec, model, &parsed) : creates(model, policy) != KVSDK_OK) {
+      return false;
+    }
+    if (policy.method != KVSDK_METHOD_SMALLKV) return true;
+    if (!proxy_tried) proxy = load_proxy(o, name, model, &no_proxy);
+    proxy_tried = true;
+    return proxy != nullptr;
+  };
+  const std::vector<eval::Family> families = eval::expand_families(o.policies, accept);
+  auto measure = [&](size_t f, double pct) {
+    kvsdk_policy policy;
+    llama::check(kvsdk_policy_parse(&policy, families[f].spec.c_str()), "kvsdk_policy_parse");
+    const uint64_t budget =
+        std::max<uint64_t>(1, uint64_t(double(ref.full_cache_bytes) * pct / 100.0));
+    const eval::Outcome out =
+        eval::evaluate(model, ref, policy, budget, false,
+                       policy.method == KVSDK_METHOD_SMALLKV ? proxy.get() : nullptr,
+                       /*with_ppl=*/false);
+    eval::Point p;
+    p.ok = out.ok;
+    p.snapshot_bytes = out.snapshot_bytes;
+    p.top1 = out.top1_agreement;
+    p.kl = out.kl;
+    if (out.ok) {
+      std::fprintf(stderr, "[%s] target %-16s %8.4f%%: snapshot %8llu (%.3f x full)  top-1 %.4f  KL %.5f\n",
+                   name.c_str(), families[f].spec.c_str(), pct, (unsigned long long)out.snapshot_bytes,
+                   double(out.snapshot_bytes) / double(ref.full_snapshot_bytes), out.top1_agreement,
+                   out.kl);
+    } else {
+      std::fprintf(stderr, "[%s] target %-16s %8.4f%%: failed: %s\n", name.c_str(),
+                   families[f].spec.c_str(), pct, kvsdk_status_str(out.status));
+    }
+    return p;
+  };
+  const eval::SearchResult res = eval::search(families, o.target, o.search, measure);
+  eval::TargetRecord t;
+  t.model = name;
+  t.target = eval::describe(o.target);
+  t.min_top1 = o.target.min_top1;
+  t.max_kl = o.target.max_kl;
+  t.found = res.found;
+  t.full_snapshot_bytes = ref.full_snapshot_bytes;
+  if (res.found) {
+    t.policy = families[res.family].spec;
+    t.budget_pct = res.best.budget_pct;
+    t.budget_bytes =
+        std::max<uint64_t>(1, uint64_t(double(ref.full_cache_bytes) * res.best.budget_pct / 100.0));
+    t.snapshot_bytes = res.best.snapshot_bytes;
+    t.top1_agreement = res.best.top1;
+    t.kl = res.best.kl;
+  }
+  t.context_tokens = ref.text.size();
+  t.prompt_tokens = ref.schedule.prompt_tokens;
+  t.families = families.size();
+  t.evaluations = res.trials.size();
+  t.pruned = res.pruned;
+  t.violations = res.violations;
+  t.ladder = o.search.ladder;
+  t.bisect_steps = o.search.bisect_steps;
+  for (const eval::Trial& x : res.trials) {
+    eval::TargetTrial tt;
+    tt.policy = families[x.family].spec;
+    tt.budget_pct = x.point.budget_pct;
+    tt.ok = x.point.ok;
+    tt.status = x.point.ok ? "ok" : "failed";
+    tt.snapshot_bytes = x.point.snapshot_bytes;
+    tt.top1_agreement = x.point.top1;
+    tt.kl = x.point.kl;
+    tt.passed = x.passed;
+    t.trials.push_back(tt);
+  }
+  t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return t;
+}
+
+void evaluate_model(const Options& o, const std::string& name, std::vector<eval::Record>& records,
+                    std::vector<eval::TargetRecord>& targets) {
   const bool shared = name == "stories260K";
   const std::string dir = shared ? o.shared_dir + "/models" : o.bundled_dir;
   const std::string model_path = dir + "/" + name + ".bin";
@@ -266,6 +397,10 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
   const eval::Reference ref = eval::build_reference(model, text, schedule);
   std::fprintf(stderr, "[%s] full cache %llu bytes, ppl %.4f\n", name.c_str(),
                (unsigned long long)ref.full_cache_bytes, ref.ppl_full);
+  if (o.has_target) {
+    targets.push_back(search_target(o, name, model, ref));
+    return;
+  }
   for (const std::string& spec : o.policies) {
     kvsdk_policy policy;
     if (!policy_available(spec, model, &policy)) continue;
@@ -341,11 +476,31 @@ int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
     std::vector<eval::Record> records;
-    for (const std::string& name : o.models) evaluate_model(o, name, records);
-    if (records.empty()) throw llama::Error("nothing was evaluated (see the notes above)");
-    if (!o.json.empty()) eval::write_json(o.json, records);
-    if (!o.markdown.empty()) eval::write_markdown(o.markdown, records);
+    std::vector<eval::TargetRecord> targets;
+    for (const std::string& name : o.models) evaluate_model(o, name, records, targets);
+    if (records.empty() && targets.empty()) {
+      throw llama::Error("nothing was evaluated (see the notes above)");
+    }
+    if (!o.json.empty()) eval::write_json(o.json, records, targets);
+    if (!o.markdown.empty()) eval::write_markdown(o.markdown, records, targets);
     if (!o.plot.empty()) eval::write_plot(o.plot, records);
+    if (o.has_target) {
+      std::printf("target: %s\n", eval::describe(o.target).c_str());
+      std::printf("%-18s %-16s %9s %11s %7s %7s %9s %6s %8s\n", "model", "recipe", "budget",
+                  "snapshot_B", "x_full", "top1", "KL", "evals", "seconds");
+      for (const eval::TargetRecord& t : targets) {
+        if (t.found) {
+          std::printf("%-18s %-16s %8.4f%% %11llu %7.3f %7.4f %9.5f %6zu %8.1f\n", t.model.c_str(),
+                      t.policy.c_str(), t.budget_pct, (unsigned long long)t.snapshot_bytes,
+                      double(t.snapshot_bytes) / double(t.full_snapshot_bytes), t.top1_agreement,
+                      t.kl, t.evaluations, t.seconds);
+        } else {
+          std::printf("%-18s %-16s %9s %11s %7s %7s %9s %6zu %8.1f\n", t.model.c_str(), "none", "-",
+                      "-", "-", "-", "-", t.evaluations, t.seconds);
+        }
+      }
+      return 0;
+    }
     std::printf("%-18s %-14s %6s %10s %9s %9s %7s %9s\n", "model", "policy", "budget", "cache_B",
                 "ppl", "ppl_full", "top1", "KL");
     for (const eval::Record& r : records) {

@@ -52,11 +52,77 @@ std::vector<std::string> models_in_order(const std::vector<Record>& records) {
   return models;
 }
 
+// kvsdk-eval --target's section: the recipe per model, then each family's smallest passing point.
+void write_target_section(std::ostream& f, const std::vector<TargetRecord>& targets) {
+  std::ostringstream ladder;
+  for (double b : targets.front().ladder) ladder << (ladder.tellp() > 0 ? ", " : "") << b;
+  f << "## Smallest snapshot meeting the target\n\n"
+    << "Found by `kvsdk-eval --target` (samples/eval/target_search.h), coarse-to-fine rather than\n"
+    << "on a grid: every evicting policy is run down a budget ladder (" << ladder.str() << "% of\n"
+    << "the full cache's bytes) to its first failing budget, and the budget is then bisected "
+    << targets.front().bisect_steps << "\n"
+    << "times between that and the smallest passing one; policies that never evict (full, kivi,\n"
+    << "minicache, specache) keep the same rows at any budget they fit and are run once at 100%,\n"
+    << "at every KIVI width. A policy is skipped when it can no longer beat the best snapshot\n"
+    << "found. The search assumes fidelity is monotone in the budget and never measures below a\n"
+    << "budget that failed, so where fidelity recovers at a lower budget it can miss a smaller\n"
+    << "recipe; what it reports is always a measured point that met the target (the smallest\n"
+    << "measured snapshot; `inversions` counts pairs of one policy's points whose snapshots shrink\n"
+    << "as the budget grows). `snapshot` is the resume snapshot against the full cache's.\n\n"
+    << "| model | target | recipe | budget | snapshot bytes | snapshot (x full) | top-1 agreement | "
+       "KL (nats) | evaluations | pruned | inversions | seconds |\n"
+    << "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const TargetRecord& t : targets) {
+    f << "| " << t.model << " | " << t.target << " | ";
+    if (t.found) {
+      f << t.policy << " | " << std::defaultfloat << std::setprecision(6) << t.budget_pct << "% | "
+        << t.snapshot_bytes << " | " << std::fixed << std::setprecision(3)
+        << double(t.snapshot_bytes) / double(t.full_snapshot_bytes ? t.full_snapshot_bytes : 1)
+        << " | " << t.top1_agreement << " | " << std::setprecision(4) << t.kl << " | ";
+    } else {
+      f << "none meets it | - | - | - | - | - | ";
+    }
+    f << t.evaluations << " | " << t.pruned << " | " << t.violations << " | " << std::fixed
+      << std::setprecision(0) << t.seconds << " |\n";
+  }
+  for (const TargetRecord& t : targets) {
+    f << "\n### " << t.model << ": smallest passing point per policy (" << t.target << ")\n\n"
+      << "| policy | evaluations | budget | snapshot (x full) | top-1 agreement | KL (nats) |\n"
+      << "|---|---:|---:|---:|---:|---:|\n";
+    std::vector<std::string> order;
+    for (const TargetTrial& x : t.trials) {
+      bool seen = false;
+      for (const std::string& p : order) seen = seen || p == x.policy;
+      if (!seen) order.push_back(x.policy);
+    }
+    for (const std::string& p : order) {
+      const TargetTrial* best = nullptr;
+      size_t n = 0;
+      for (const TargetTrial& x : t.trials) {
+        if (x.policy != p) continue;
+        ++n;
+        if (x.passed && (!best || x.snapshot_bytes < best->snapshot_bytes)) best = &x;
+      }
+      f << "| " << p << " | " << n << " | ";
+      if (best) {
+        f << std::defaultfloat << std::setprecision(6) << best->budget_pct << "% | " << std::fixed
+          << std::setprecision(3)
+          << double(best->snapshot_bytes) / double(t.full_snapshot_bytes ? t.full_snapshot_bytes : 1)
+          << " | " << best->top1_agreement << " | " << std::setprecision(4) << best->kl << " |\n";
+      } else {
+        f << "none passed | - | - | - |\n";
+      }
+    }
+  }
+  f << "\n";
+}
+
 }  // namespace
 
-void write_json(const std::string& path, const std::vector<Record>& records) {
+void write_json(const std::string& path, const std::vector<Record>& records,
+                const std::vector<TargetRecord>& targets) {
   std::ofstream f = open_out(path);
-  f << "[\n";
+  f << (targets.empty() ? "[\n" : "{\"records\": [\n");
   for (size_t i = 0; i < records.size(); ++i) {
     const Record& r = records[i];
     f << "  {\"model\": " << json_string(r.model) << ", \"policy\": " << json_string(r.policy)
@@ -75,11 +141,54 @@ void write_json(const std::string& path, const std::vector<Record>& records) {
     if (!r.ok) f << ", \"error\": " << json_string(r.error);
     f << "}" << (i + 1 < records.size() ? "," : "") << "\n";
   }
-  f << "]\n";
+  f << "]";
+  if (!targets.empty()) {
+    f << ",\n\"models\": [\n";
+    for (size_t i = 0; i < targets.size(); ++i) {
+      const TargetRecord& t = targets[i];
+      f << "  {\"model\": " << json_string(t.model) << ", \"target\": {"
+        << "\"goal\": {\"top1\": " << number_or_null(t.min_top1 >= 0, t.min_top1)
+        << ", \"kl\": " << number_or_null(t.max_kl >= 0, t.max_kl) << "}"
+        << ", \"found\": " << (t.found ? "true" : "false")
+        << ", \"recipe\": ";
+      if (t.found) {
+        f << "{\"policy\": " << json_string(t.policy)
+          << ", \"budget_pct\": " << number_or_null(true, t.budget_pct)
+          << ", \"budget_bytes\": " << t.budget_bytes << "}";
+      } else {
+        f << "null";
+      }
+      f << ", \"snapshot_bytes\": " << (t.found ? std::to_string(t.snapshot_bytes) : "null")
+        << ", \"full_snapshot_bytes\": " << t.full_snapshot_bytes
+        << ", \"ratio\": "
+        << number_or_null(t.found && t.full_snapshot_bytes,
+                          t.full_snapshot_bytes ? double(t.snapshot_bytes) / double(t.full_snapshot_bytes) : 0)
+        << ", \"top1_agreement\": " << number_or_null(t.found, t.top1_agreement)
+        << ", \"kl\": " << number_or_null(t.found, t.kl)
+        << ", \"context_tokens\": " << t.context_tokens << ", \"prompt_tokens\": " << t.prompt_tokens
+        << ", \"families\": " << t.families << ", \"evaluations\": " << t.evaluations
+        << ", \"pruned\": " << t.pruned << ", \"monotonicity_violations\": " << t.violations
+        << ", \"seconds\": " << number_or_null(true, t.seconds) << ",\n    \"trials\": [";
+      for (size_t k = 0; k < t.trials.size(); ++k) {
+        const TargetTrial& x = t.trials[k];
+        f << (k ? ",\n      " : "\n      ") << "{\"policy\": " << json_string(x.policy)
+          << ", \"budget_pct\": " << number_or_null(true, x.budget_pct)
+          << ", \"status\": " << json_string(x.status)
+          << ", \"snapshot_bytes\": " << (x.ok ? std::to_string(x.snapshot_bytes) : "null")
+          << ", \"top1_agreement\": " << number_or_null(x.ok, x.top1_agreement)
+          << ", \"kl\": " << number_or_null(x.ok, x.kl)
+          << ", \"passed\": " << (x.passed ? "true" : "false") << "}";
+      }
+      f << "]}}" << (i + 1 < targets.size() ? "," : "") << "\n";
+    }
+    f << "]}";
+  }
+  f << "\n";
   if (!f) throw llama::Error("error writing '" + path + "'");
 }
 
-void write_markdown(const std::string& path, const std::vector<Record>& records) {
+void write_markdown(const std::string& path, const std::vector<Record>& records,
+                    const std::vector<TargetRecord>& targets) {
   std::ofstream f = open_out(path);
   f << "# kvsdk fidelity evaluation\n\n"
     << "Budgets are shares of the full cache's bytes for the whole sequence; `cache KiB` is the\n"
@@ -92,8 +201,13 @@ void write_markdown(const std::string& path, const std::vector<Record>& records)
     << "model (teacher-forced), measured after a real resume: the conversation is saved (default\n"
     << "options) after every prompt token but the last, loaded back, and every scored step runs\n"
     << "on the loaded cache. `failed` rows could not stay within the budget. `snapshot` is the\n"
-    << "size of that resume snapshot as a share of the full cache's snapshot at the same point.\n\n"
-    << "## Smallest snapshot at top-1 agreement >= 0.95\n\n"
+    << "size of that resume snapshot as a share of the full cache's snapshot at the same point.\n\n";
+  if (!targets.empty()) write_target_section(f, targets);
+  if (records.empty() && !targets.empty()) {
+    if (!f) throw llama::Error("error writing '" + path + "'");
+    return;
+  }
+  f << "## Smallest snapshot at top-1 agreement >= 0.95\n\n"
     << "| model | policy | budget | snapshot (x full) | top-1 agreement | KL (nats) |\n"
     << "|---|---|---:|---:|---:|---:|\n";
   for (const std::string& model : models_in_order(records)) {

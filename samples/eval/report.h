@@ -24,9 +24,46 @@ struct Record {
   double fetch_hit_rate = -1;  // SpeCache's fetch hit rate; -1: not applicable
 };
 
-// Each writer throws llama::Error when the file cannot be written.
-void write_json(const std::string& path, const std::vector<Record>& records);
-void write_markdown(const std::string& path, const std::vector<Record>& records);
+// One measurement of kvsdk-eval --target's search (target_search.h).
+struct TargetTrial {
+  std::string policy;
+  double budget_pct = 0;
+  bool ok = false;              // false: the run failed (`status` says why)
+  std::string status;
+  uint64_t snapshot_bytes = 0;  // meaningful when ok
+  double top1_agreement = 0, kl = 0;
+  bool passed = false;          // ran and met the target
+};
+
+// The outcome of kvsdk-eval --target on one model: the recipe with the smallest measured
+// snapshot that met the target, or found = false.
+struct TargetRecord {
+  std::string model;
+  std::string target;            // e.g. "top-1 >= 0.95, KL <= 0.01"
+  double min_top1 = -1, max_kl = -1;  // negative: not constrained
+  bool found = false;
+  std::string policy;            // the recipe's policy spec
+  double budget_pct = 0;         // its budget in % of the full cache's bytes
+  uint64_t budget_bytes = 0;
+  uint64_t snapshot_bytes = 0, full_snapshot_bytes = 0;  // resume snapshot, and full's there
+  double top1_agreement = 0, kl = 0;
+  size_t context_tokens = 0, prompt_tokens = 0;
+  size_t families = 0, evaluations = 0, pruned = 0, violations = 0;
+  double seconds = 0;            // wall time of the search (the reference run not included)
+  std::vector<double> ladder;    // the search's coarse budgets (%), and its bisection steps
+  int bisect_steps = 0;
+  std::vector<TargetTrial> trials;  // every measurement, in search order
+};
+
+// Each writer throws llama::Error when the file cannot be written. Without `targets` both write
+// exactly what they wrote before --target existed. With them, the JSON becomes an object
+// {"records": [...], "models": [{"model": ..., "target": {...}}, ...]} and the Markdown gains a
+// section with the recipes and each family's smallest passing point (the budget-grid sections
+// follow when there are records).
+void write_json(const std::string& path, const std::vector<Record>& records,
+                const std::vector<TargetRecord>& targets = {});
+void write_markdown(const std::string& path, const std::vector<Record>& records,
+                    const std::vector<TargetRecord>& targets = {});
 // Runs gnuplot (must be on PATH) to draw top-1 agreement and KL against cache bytes as a share
 // of the full cache, one panel per model, one line per policy.
 void write_plot(const std::string& path, const std::vector<Record>& records);

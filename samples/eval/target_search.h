@@ -1,0 +1,120 @@
+// kvsdk-eval --target: the smallest snapshot that meets a fidelity target (top-1 agreement and/or
+// KL against the full cache), searched coarse-to-fine over policy families and budgets.
+//
+// The search is a pure function of a measurement callback (family, budget -> measured point), so
+// that its logic is tested on synthetic fidelity curves (tests/samples/eval/target_search_test.cpp)
+// and the tool plugs in eval::evaluate (fidelity.h).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kvsdk.h"
+
+namespace eval {
+
+// What a snapshot must keep: top-1 agreement >= min_top1 and mean KL <= max_kl (nats). A negative
+// value leaves that metric free.
+struct Target {
+  double min_top1 = -1;
+  double max_kl = -1;
+};
+
+// Parses "top1=0.95", "kl=0.01" or "top1=0.95,kl=0.01". Throws llama::Error on anything else
+// (unknown key, a value out of range, a key given twice, no key at all).
+Target parse_target(const std::string& text);
+// "top-1 >= 0.95, KL <= 0.01" (the metrics the target constrains).
+std::string describe(const Target& t);
+
+// One measurement: a family's policy run at a budget, saved, resumed and scored (eval::evaluate).
+struct Point {
+  double budget_pct = 0;        // share of the full cache's bytes (continuous)
+  bool ok = false;              // false: the run failed (e.g. could not stay within the budget)
+  uint64_t snapshot_bytes = 0;  // the resume snapshot's bytes (meaningful when ok)
+  double top1 = 0, kl = 0;
+};
+
+// Whether `p` ran and meets `t`.
+bool meets(const Target& t, const Point& p);
+
+// A candidate: one policy spec. `budgeted` families evict to their budget, so their snapshot
+// shrinks with it and the search looks for their smallest passing budget; the others (full,
+// kivi, minicache, specache: they never evict) keep the same rows at every budget that they fit,
+// so one measurement at 100% is all there is to know. `at_least` is the index (in the family
+// list) of a family whose snapshot is never larger than this one's (the same non-evicting
+// method with fewer KIVI bits: same rows, fewer code bits, same scales and residual window), or
+// -1: when that family's measured snapshot already cannot beat the best, this one is skipped.
+struct Family {
+  std::string spec;
+  bool budgeted = true;
+  int at_least = -1;
+};
+
+// Whether `spec` evicts rows to its budget (its snapshot shrinks with the budget).
+bool evicts_to_budget(const kvsdk_policy& policy);
+
+// The candidate families of `specs` (kvsdk_policy_parse specs, e.g. every method name and the
+// eval's compositions): each spec that stores KIVI codes (quant_bits != 0: kivi, specache,
+// "xkv+kivi2", ...) is tried at every bit width the parser takes (1, 2, 4, 8), spelled as the
+// parser reads it ("kivi+kivi1", "xkv+kivi8"; the method's default width keeps its plain name),
+// each (method, bits) once. `accept` says whether the library runs a spec (it is asked about
+// every variant; refused ones are left out). Non-budgeted families come first, each method's
+// widths ascending with `at_least` pointing at the next narrower width; the budgeted follow,
+// in the order of `specs`.
+std::vector<Family> expand_families(const std::vector<std::string>& specs,
+                                    const std::function<bool(const std::string& spec,
+                                                             const kvsdk_policy& policy)>& accept);
+
+struct SearchOptions {
+  // Coarse ladder for budgeted families, descending, in % of the full cache's bytes.
+  std::vector<double> ladder = {50, 25, 12.5, 6.25, 3.125};
+  // Bisection steps between the smallest passing and the first failing ladder budget: the
+  // smallest passing budget is found within (gap / 2^steps) where fidelity is monotone.
+  int bisect_steps = 3;
+};
+
+struct Trial {
+  size_t family = 0;  // index into the family list
+  Point point;
+  bool passed = false;
+};
+
+struct SearchResult {
+  bool found = false;
+  size_t family = 0;       // the recipe: families[family].spec at best.budget_pct
+  Point best;              // always a measured, passing point
+  std::vector<Trial> trials;  // every measurement, in order
+  size_t pruned = 0;          // families or bisections skipped because they could not win
+  size_t violations = 0;      // pairs of one family's measured points whose snapshots shrink
+                              // as the budget grows (see search())
+};
+
+// Measures `families[family]` at `budget_pct`.
+using Measure = std::function<Point(size_t family, double budget_pct)>;
+
+// The smallest snapshot meeting `target` among `families`.
+//
+// Budgeted families: the ladder is walked downwards until the first budget that fails; the
+// budget is then bisected `bisect_steps` times between the smallest passing budget and that
+// failing one (between 100% and the first ladder budget when even that fails: 100% itself is
+// never measured, it only brackets the bisection). This ASSUMES that fidelity is monotone in the
+// budget (more budget, more kept rows, no worse fidelity) and that the snapshot grows with the
+// budget. The search never measures below a budget that failed, so a family whose fidelity
+// recovers at a lower budget is not followed there: a violation of monotonicity can make it miss
+// a smaller recipe, never report a failing one. Of the passing points it keeps the one with the
+// smallest *measured* snapshot (not the smallest budget: where the snapshot does not grow with
+// the budget, a higher budget can be the smaller recipe; such inversions are counted in
+// `violations`), and it never reports an unmeasured budget.
+//
+// Pruning: a bisection stops when its failing bracket's measured snapshot is already no smaller
+// than the best passing snapshot found (every budget above it would give a larger snapshot); a
+// family is skipped when its `at_least` family's measured snapshot is no smaller than the best.
+//
+// Non-budgeted families are measured once at 100%. Families run in the given order (put cheap,
+// likely-small ones first: the sooner a small best is known, the more is pruned).
+SearchResult search(const std::vector<Family>& families, const Target& target,
+                    const SearchOptions& options, const Measure& measure);
+
+}  // namespace eval
