@@ -366,6 +366,7 @@ eval::TargetRecord search_target(const Options& o, const std::string& name, cons
     tt.passed = x.passed;
     t.trials.push_back(tt);
   }
+  for (size_t f : res.skipped) t.skipped.push_back(families[f].spec);
   t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return t;
 }

@@ -86,7 +86,8 @@ void write_target_section(std::ostream& f, const std::vector<TargetRecord>& targ
       << std::setprecision(0) << t.seconds << " |\n";
   }
   for (const TargetRecord& t : targets) {
-    f << "\n### " << t.model << ": smallest passing point per policy (" << t.target << ")\n\n"
+    f << "\n### " << t.model << ": smallest measured passing point per policy (" << t.target
+      << ")\n\n"
       << "| policy | evaluations | budget | snapshot (x full) | top-1 agreement | KL (nats) |\n"
       << "|---|---:|---:|---:|---:|---:|\n";
     std::vector<std::string> order;
@@ -112,6 +113,12 @@ void write_target_section(std::ostream& f, const std::vector<TargetRecord>& targ
       } else {
         f << "none passed | - | - | - |\n";
       }
+    }
+    if (!t.skipped.empty()) {
+      f << "\nNot measured (a narrower KIVI width of the same policy already could not beat the "
+           "best):";
+      for (size_t k = 0; k < t.skipped.size(); ++k) f << (k ? ", " : " ") << t.skipped[k];
+      f << ".\n";
     }
   }
   f << "\n";
@@ -179,6 +186,8 @@ void write_json(const std::string& path, const std::vector<Record>& records,
           << ", \"kl\": " << number_or_null(x.ok, x.kl)
           << ", \"passed\": " << (x.passed ? "true" : "false") << "}";
       }
+      f << "],\n    \"skipped\": [";
+      for (size_t k = 0; k < t.skipped.size(); ++k) f << (k ? ", " : "") << json_string(t.skipped[k]);
       f << "]}}" << (i + 1 < targets.size() ? "," : "") << "\n";
     }
     f << "]}";

@@ -53,6 +53,8 @@ struct TargetRecord {
   std::vector<double> ladder;    // the search's coarse budgets (%), and its bisection steps
   int bisect_steps = 0;
   std::vector<TargetTrial> trials;  // every measurement, in search order
+  std::vector<std::string> skipped;  // policies never measured: a narrower KIVI width of the
+                                     // same policy already could not beat the best
 };
 
 // Each writer throws llama::Error when the file cannot be written. Without `targets` both write

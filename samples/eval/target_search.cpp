@@ -166,6 +166,7 @@ SearchResult search(const std::vector<Family>& families, const Target& target,
         cannot_win(lower[size_t(fam.at_least)])) {
       lower[f] = lower[size_t(fam.at_least)];
       ++r.pruned;
+      r.skipped.push_back(f);
       continue;
     }
     if (!fam.budgeted) {

@@ -87,6 +87,7 @@ struct SearchResult {
   Point best;              // always a measured, passing point
   std::vector<Trial> trials;  // every measurement, in order
   size_t pruned = 0;          // families or bisections skipped because they could not win
+  std::vector<size_t> skipped;  // the families skipped unmeasured (through `at_least`)
   size_t violations = 0;      // pairs of one family's measured points whose snapshots shrink
                               // as the budget grows (see search())
 };

@@ -254,6 +254,7 @@ TEST(TargetSearch, PicksTheSmallestSnapshotAcrossFamiliesAndPrunes) {
   EXPECT_EQ(calls[0], 1);
   EXPECT_EQ(calls[1], 1);
   EXPECT_EQ(calls.count(2), 0u);  // pruned by at_least
+  EXPECT_EQ(r.skipped, std::vector<size_t>{2});
   EXPECT_EQ(calls[3], 2);         // 50% (pass, 50000 bytes), 25% (fail); bisection pruned
   EXPECT_EQ(r.pruned, 2u);
 }
@@ -394,6 +395,7 @@ TEST(TargetReport, JsonAndMarkdownHoldTheRecipe) {
   none.model = "n";
   none.found = false;
   none.trials[0].passed = false;
+  none.skipped = {"kivi+kivi4"};
   const std::string json = testing::TempDir() + "t.json", md = testing::TempDir() + "t.md";
   eval::write_json(json, {}, {t, none});
   eval::write_markdown(md, {}, {t, none});
@@ -411,6 +413,8 @@ TEST(TargetReport, JsonAndMarkdownHoldTheRecipe) {
             std::string::npos)
       << m.str();
   EXPECT_NE(m.str().find("| n | top-1 >= 0.95 | none meets it |"), std::string::npos) << m.str();
+  EXPECT_NE(m.str().find("could not beat the best): kivi+kivi4."), std::string::npos) << m.str();
+  EXPECT_NE(j.str().find("\"skipped\": [\"kivi+kivi4\"]"), std::string::npos) << j.str();
   EXPECT_NE(m.str().find("ladder (50, 25% of"), std::string::npos) << m.str();
   EXPECT_EQ(m.str().find("## Smallest snapshot at top-1 agreement >= 0.95"), std::string::npos);
 }
