@@ -303,7 +303,14 @@ eval::TargetRecord search_target(const Options& o, const std::string& name, cons
     proxy_tried = true;
     return proxy != nullptr;
   };
+  for (const std::string& spec : o.policies) {
+    kvsdk_policy parsed;
+    if (kvsdk_policy_parse(&parsed, spec.c_str()) != KVSDK_OK) {
+      std::fprintf(stderr, "note: policy '%s' skipped: %s\n", spec.c_str(), kvsdk_last_error());
+    }
+  }
   const std::vector<eval::Family> families = eval::expand_families(o.policies, accept);
+  std::vector<std::string> statuses;  // each measurement's status, in the order of the trials
   auto measure = [&](size_t f, double pct) {
     kvsdk_policy policy;
     llama::check(kvsdk_policy_parse(&policy, families[f].spec.c_str()), "kvsdk_policy_parse");
@@ -313,6 +320,7 @@ eval::TargetRecord search_target(const Options& o, const std::string& name, cons
         eval::evaluate(model, ref, policy, budget, false,
                        policy.method == KVSDK_METHOD_SMALLKV ? proxy.get() : nullptr,
                        /*with_ppl=*/false);
+    statuses.push_back(out.ok ? "ok" : kvsdk_status_str(out.status));
     eval::Point p;
     p.ok = out.ok;
     p.snapshot_bytes = out.snapshot_bytes;
@@ -354,12 +362,13 @@ eval::TargetRecord search_target(const Options& o, const std::string& name, cons
   t.violations = res.violations;
   t.ladder = o.search.ladder;
   t.bisect_steps = o.search.bisect_steps;
-  for (const eval::Trial& x : res.trials) {
+  for (size_t k = 0; k < res.trials.size(); ++k) {
+    const eval::Trial& x = res.trials[k];
     eval::TargetTrial tt;
     tt.policy = families[x.family].spec;
     tt.budget_pct = x.point.budget_pct;
     tt.ok = x.point.ok;
-    tt.status = x.point.ok ? "ok" : "failed";
+    tt.status = statuses[k];
     tt.snapshot_bytes = x.point.snapshot_bytes;
     tt.top1_agreement = x.point.top1;
     tt.kl = x.point.kl;
