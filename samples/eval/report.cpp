@@ -174,7 +174,7 @@ void write_json(const std::string& path, const std::vector<Record>& records,
         << ", \"kl\": " << number_or_null(t.found, t.kl)
         << ", \"context_tokens\": " << t.context_tokens << ", \"prompt_tokens\": " << t.prompt_tokens
         << ", \"families\": " << t.families << ", \"evaluations\": " << t.evaluations
-        << ", \"pruned\": " << t.pruned << ", \"monotonicity_violations\": " << t.violations
+        << ", \"pruned\": " << t.pruned << ", \"snapshot_inversions\": " << t.violations
         << ", \"seconds\": " << number_or_null(true, t.seconds) << ",\n    \"trials\": [";
       for (size_t k = 0; k < t.trials.size(); ++k) {
         const TargetTrial& x = t.trials[k];
