@@ -1031,10 +1031,13 @@ KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache *cache, const char *path,
  *  Cost: the converted cache is built in full before it is written, as a temporary cache on the
  *  cache's own context, and destroyed when the save returns. Contexts account bytes, not caches:
  *  every byte a cache holds is charged to its context's budget when it is reserved, and a
- *  per-cache budget caps only that cache. So the temporary cache's bytes are charged to the
- *  context's budget like any other cache's while the save runs (with another policy it first
- *  holds every converted row, before the budget compresses it), next to the live cache's, and a
- *  context budget that cannot hold both fails the save with KVSDK_E_BUDGET.
+ *  per-cache budget caps only that cache, and every cache also compresses to fit what its
+ *  context has free. So the temporary cache's bytes are charged to the context's budget like any
+ *  other cache's while the save runs, next to the live cache's (with another policy it first
+ *  holds every converted row, before target_budget_bytes compresses it). Where the context's
+ *  free bytes run short of that, an eviction target evicts to fit them as it goes (its file then
+ *  holds fewer rows than one converted with room, e.g. by `kvsdk recompress`, which loads into a
+ *  context without a budget), and a target that cannot evict fails with KVSDK_E_BUDGET.
  *  The live cache is not changed, and a targeted save does not become the base of its journal:
  *  kvsdk_cache_save_delta continues only a file of the cache itself (it refuses, KVSDK_E_STATE,
  *  a file written by a targeted save: a delta of the live policy cannot continue a file of

@@ -42,7 +42,8 @@ int usage() {
                "       kvsdk recompress IN OUT --policy SPEC --budget BYTES [--zstd-level N] "
                "[--json]\n"
                "  SPEC: a preset such as full, snapkv, xkv+kivi2\n"
-               "  BYTES: an integer, optionally with a K, M or G suffix (powers of 1024)\n");
+               "  BYTES: an integer, optionally with a K, M or G suffix (powers of 1024); the\n"
+               "         output's per-cache budget (0: the input's own)\n");
   return kExitUsage;
 }
 

@@ -268,15 +268,15 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache* cache,
     const SaveTarget target = save_target_from_c(options);
     // Writes `cache` (this one, or its conversion) with the id a file save writes (save_full,
     // save_converted), so that both give the same bytes.
-    auto write = [&](const Cache& cache, uint64_t id) {
+    auto write = [&](const Cache& saved, uint64_t id) {
       if (buf == nullptr) {
         CountingSink sink;
-        *out_size = size_t(write_snapshot(cache, params, id, sink, &cache.context().pool()));
+        *out_size = size_t(write_snapshot(saved, params, id, sink, &saved.context().pool()));
         return;
       }
       // A buffer is not a file: the journal keeps continuing the last file saved or loaded.
       BufferSink sink(buf, capacity);
-      write_snapshot(cache, params, id, sink, &cache.context().pool());
+      write_snapshot(saved, params, id, sink, &saved.context().pool());
       *out_size = size_t(sink.written());
     };
     if (target.set) {

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -241,9 +242,9 @@ TEST_P(SaveTarget, DeltaDoesNotContinueATargetedFile) {
 
 INSTANTIATE_TEST_SUITE_P(EveryPreset, SaveTarget, ::testing::ValuesIn(kPresets), preset_name);
 
-// The bad inputs: each is refused with its status and changes nothing (the live cache, the
-// context's charge, the file at the path).
-class SaveTargetRefused : public ::testing::Test {
+// Options and sources: the bad ones are refused with their status and change nothing (the live
+// cache, the context's charge, the file at the path).
+class SaveTargetOptions : public ::testing::Test {
  protected:
   void SetUp() override {
     g = make_geometry(kLayers, kQ, kKv, kDim);
@@ -281,12 +282,12 @@ class SaveTargetRefused : public ::testing::Test {
   std::vector<uint8_t> file, before;
 };
 
-TEST_F(SaveTargetRefused, BudgetWithoutPolicy) {
+TEST_F(SaveTargetOptions, BudgetWithoutPolicy) {
   kvsdk_save_options o = target_options(nullptr, 12345);
   expect_refused(src.get(), o, KVSDK_E_INVALID_ARG, "target_budget_bytes");
 }
 
-TEST_F(SaveTargetRefused, InvalidPolicies) {
+TEST_F(SaveTargetOptions, InvalidPolicies) {
   kvsdk_policy p;
   std::memset(&p, 0x5a, sizeof p);  // garbage: no struct_size, no method
   kvsdk_save_options o = target_options(&p, 0);
@@ -301,7 +302,7 @@ TEST_F(SaveTargetRefused, InvalidPolicies) {
   expect_refused(src.get(), o, KVSDK_E_UNSUPPORTED, "");
 }
 
-TEST_F(SaveTargetRefused, BudgetTooSmall) {
+TEST_F(SaveTargetOptions, BudgetTooSmall) {
   for (const char* spec : {"snapkv", "kivi", "full"}) {
     SCOPED_TRACE(spec);
     kvsdk_policy p;
@@ -310,7 +311,7 @@ TEST_F(SaveTargetRefused, BudgetTooSmall) {
   }
 }
 
-TEST_F(SaveTargetRefused, ContextCannotHoldTheTemporaryCache) {
+TEST_F(SaveTargetOptions, ContextCannotHoldTheTemporaryCache) {
   // The converted cache is charged to the live cache's context while the save runs: a kivi
   // conversion (about half the f16 bytes here: its residual window stays exact) does not fit
   // beside the live cache in 1.2 times the live cache's bytes. (An eviction target would evict
@@ -333,7 +334,7 @@ TEST_F(SaveTargetRefused, ContextCannotHoldTheTemporaryCache) {
   EXPECT_EQ(read_file(path), file);
 }
 
-TEST_F(SaveTargetRefused, SourceEvictedPerHead) {
+TEST_F(SaveTargetOptions, SourceEvictedPerHead) {
   // A snapkv cache compressed after an observation keeps, in each KV head, the rows its own
   // queries attended most: other rows per head.
   kvsdk_policy snap;
@@ -375,7 +376,41 @@ TEST_F(SaveTargetRefused, SourceEvictedPerHead) {
   EXPECT_EQ(kvsdk_cache_save(c.get(), same.c_str(), &o), KVSDK_OK) << kvsdk_last_error();
 }
 
-TEST_F(SaveTargetRefused, SpeCacheSource) {
+TEST_F(SaveTargetOptions, OlderStructGetsNoTarget) {
+  // An app built before target_policy passes a smaller struct: the fields past it are not read
+  // (whatever bytes follow), and the save is a plain one.
+  kvsdk_policy p;
+  ASSERT_EQ(kvsdk_policy_parse(&p, "kivi"), KVSDK_OK);
+  kvsdk_save_options o = target_options(&p, 5);
+  o.struct_size = uint32_t(offsetof(kvsdk_save_options, target_policy));
+  kvsdk_save_options plain = target_options(nullptr, 0);
+  size_t a = 0, b = 0;
+  ASSERT_EQ(kvsdk_cache_save_to_buffer(src.get(), &o, nullptr, 0, &a), KVSDK_OK)
+      << kvsdk_last_error();
+  ASSERT_EQ(kvsdk_cache_save_to_buffer(src.get(), &plain, nullptr, 0, &b), KVSDK_OK);
+  std::vector<uint8_t> x(a), y(b);
+  ASSERT_EQ(kvsdk_cache_save_to_buffer(src.get(), &o, x.data(), a, &a), KVSDK_OK);
+  ASSERT_EQ(kvsdk_cache_save_to_buffer(src.get(), &plain, y.data(), b, &b), KVSDK_OK);
+  EXPECT_EQ(x, y);
+}
+
+TEST_F(SaveTargetOptions, SameMethodIsTheCacheAsItIs) {
+  // A snapkv cache that evicted per KV head, saved with its own policy and budget: exactly the
+  // plain save (the same rows and policy state), although another policy refuses it above.
+  kvsdk_policy snap;
+  ASSERT_EQ(kvsdk_policy_parse(&snap, "snapkv"), KVSDK_OK);
+  CachePtr c = make_cache(ctx.get(), g, &snap);
+  ASSERT_TRUE(c);
+  fill(c.get(), g, 22);
+  ASSERT_EQ(kvsdk_cache_set_budget(c.get(), stats(src.get()).bytes / 2), KVSDK_OK);
+  const kvsdk_save_options o = target_options(&snap, 0), plain = target_options(nullptr, 0);
+  const std::string a = dir.file("a.kvsnap"), b = dir.file("b.kvsnap");
+  ASSERT_EQ(kvsdk_cache_save(c.get(), a.c_str(), &o), KVSDK_OK) << kvsdk_last_error();
+  ASSERT_EQ(kvsdk_cache_save(c.get(), b.c_str(), &plain), KVSDK_OK);
+  EXPECT_EQ(read_file(a), read_file(b));
+}
+
+TEST_F(SaveTargetOptions, SpeCacheSource) {
   kvsdk_policy sp;
   ASSERT_EQ(kvsdk_policy_parse(&sp, "specache"), KVSDK_OK);
   CachePtr c = make_cache(ctx.get(), g, &sp);
