@@ -1047,16 +1047,16 @@ KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache *cache, const char *path,
  *  target policy whose parameters do not fit the cache's geometry, e.g. boundary_layer),
  *  KVSDK_E_UNSUPPORTED (a pair above that cannot be converted, with the reason in
  *  kvsdk_last_error), KVSDK_E_BUDGET (target_budget_bytes holds too little for the target
- *  policy, or the context's budget cannot hold the temporary cache), KVSDK_E_STATE (as the
- *  cache's own calls, e.g. smallkv's proxy state), and the errors of the save itself. */
+ *  policy's fixed bytes, or would leave a layer that held rows with none; or the context's
+ *  budget cannot hold the temporary cache), and the errors of the save itself. */
 
 /** Saves the whole cache into a caller-owned buffer. With `buf` NULL it is a size query: writes
  *  the exact number of bytes a save needs to `*out_size` (this encodes and compresses the whole
- *  cache, so it costs as much as a save; with a target policy it converts the cache again). A
- *  target policy (see "Targeted saves") applies as to kvsdk_cache_save: the same bytes as the
- *  file save with the same options. Otherwise writes the snapshot to `buf` (`capacity`
- *  bytes) and its size to `*out_size`. The cache is not modified, and a buffer save does not
- *  change which file kvsdk_cache_save_delta continues (the last file saved or loaded).
+ *  cache, so it costs as much as a save; with a target policy it converts the cache again).
+ *  Otherwise writes the snapshot to `buf` (`capacity` bytes) and its size to `*out_size`. The
+ *  cache is not modified, and a buffer save does not change which file kvsdk_cache_save_delta
+ *  continues (the last file saved or loaded). A target policy ("Targeted saves") applies as to
+ *  kvsdk_cache_save: the buffer holds the bytes the file save writes with the same options.
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/out_size, bad options, `capacity` smaller than the
  *          snapshot), KVSDK_E_NO_MEMORY. On failure `*out_size` is untouched and the contents of
  *          `buf` are unspecified. */
