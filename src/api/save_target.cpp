@@ -1,3 +1,5 @@
+// Save-time compression: a cache converted to a target policy and budget (save_target.h; the
+// contract per source and target is include/kvsdk.h's "Targeted saves").
 #include "save_target.h"
 
 #include <algorithm>
