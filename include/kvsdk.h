@@ -942,10 +942,21 @@ typedef struct kvsdk_save_options {
                                   and loads with kvsdk_cache_load_on_prefix. Other caches ignore
                                   it. 0 or 1. Added after the first version: a smaller struct
                                   gets 0. */
+  /* Save-time compression (added after the first version; a smaller struct gets NULL and 0, a
+   * save of the cache as it is). See "Targeted saves" below kvsdk_cache_save. */
+  const kvsdk_policy *target_policy; /**< NULL (default): save the cache as it is. Otherwise the
+                                  file holds the cache converted to this policy and compressed to
+                                  target_budget_bytes; the live cache is not changed. Read only
+                                  during the call. kvsdk_cache_save_delta refuses it. */
+  uint64_t target_budget_bytes; /**< With target_policy: the converted cache's per-cache budget
+                                  (as kvsdk_cache_set_budget); 0 (default): the cache's current
+                                  per-cache budget (none if it has none). Nonzero without
+                                  target_policy: KVSDK_E_INVALID_ARG. */
 } kvsdk_save_options;
 
 /** Initialises the app's `*options` of `struct_size` bytes: defaults for the fields that fit
- *  (zstd level 1, SpeCache's backing store included, 8 MiB frames, no journal compaction) (the
+ *  (zstd level 1, SpeCache's backing store included, 8 MiB frames, no journal compaction, the
+ *  prefix referenced, no target policy: the cache saved as it is) (the
  *  ABI rules, "Initialising a struct"). Writes min(struct_size, sizeof(kvsdk_save_options))
  *  bytes, never more, and sets struct_size to that count.
  *  Errors: KVSDK_E_INVALID_ARG (`options` NULL, `struct_size` below the first version's: the
@@ -987,11 +998,65 @@ KVSDK_API kvsdk_status (kvsdk_save_options_init)(kvsdk_save_options *options);
 KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache *cache, const char *path,
                                         const kvsdk_save_options *options);
 
+/* Targeted saves (save-time compression): kvsdk_save_options.target_policy set.
+ *  What the file holds: the snapshot of the cache this one becomes when converted to
+ *  target_policy and compressed to target_budget_bytes; it loads (kvsdk_cache_load) as a cache
+ *  of that policy, which continues (append, attend, save) like any. `kvsdk recompress IN OUT
+ *  --policy P --budget B` is the same operation on a file (it loads IN and saves it with these
+ *  options), so both write byte-identical files from equal caches and equal options.
+ *  The conversion:
+ *    - the same method and quant_bits as the cache's: the cache as it is (an exact copy with its
+ *      policy state: scores, windows, allocation; its own parameters are kept), then compressed
+ *      to the budget by its own policy (kvsdk_cache_set_budget);
+ *    - another policy: every layer's rows, as kvsdk_cache_read returns them, appended in stored
+ *      order to an empty cache of target_policy, which is then given the budget and compressed
+ *      over every layer at once (kvsdk_cache_set_budget). The target sees rows, not the source's
+ *      policy state: importance scores and observation windows start empty, so an eviction
+ *      target ranks by what it has (positions, recency).
+ *  Per source (the cache saved) with another target policy:
+ *    - exact rows (full; streaming_llm, h2o, snapkv, pyramidkv, xkv and spindlekv's evicting
+ *      layers): exact, bit for bit, when every KV head of a layer holds the same positions (never
+ *      evicted, or evicted per layer); a layer evicted per KV head (e.g. h2o or snapkv after they
+ *      evicted) is refused, KVSDK_E_UNSUPPORTED (an append takes every KV head of a token);
+ *    - kivi and '+kiviN' overlays: their dequantized rows (what attention sees; a KIVI target
+ *      quantizes them again), same head rule;
+ *    - spindlekv's codebook layers and minicache's merged layers: their reconstructed rows (what
+ *      attention sees), not the rows first appended;
+ *    - smallkv (its marginal rows keep no keys) and specache (its exact rows are in its backing
+ *      store): refused, KVSDK_E_UNSUPPORTED;
+ *    - a conversation on a shared prefix: refused, KVSDK_E_UNSUPPORTED (its prefix's rows are
+ *      not its own).
+ *  Per target: every policy kvsdk_cache_create accepts, except smallkv (refused,
+ *  KVSDK_E_UNSUPPORTED: it needs its proxy cache, which a save does not have).
+ *  Cost: the converted cache is built in full before it is written, as a temporary cache on the
+ *  cache's own context, and destroyed when the save returns. Contexts account bytes, not caches:
+ *  every byte a cache holds is charged to its context's budget when it is reserved, and a
+ *  per-cache budget caps only that cache, and every cache also compresses to fit what its
+ *  context has free. So the temporary cache's bytes are charged to the context's budget like any
+ *  other cache's while the save runs, next to the live cache's (with another policy it first
+ *  holds every converted row, before target_budget_bytes compresses it). Where the context's
+ *  free bytes run short of that, an eviction target evicts to fit them as it goes (its file then
+ *  holds fewer rows than one converted with room, e.g. by `kvsdk recompress`, which loads into a
+ *  context without a budget), and a target that cannot evict fails with KVSDK_E_BUDGET.
+ *  The live cache is not changed, and a targeted save does not become the base of its journal:
+ *  kvsdk_cache_save_delta continues only a file of the cache itself (it refuses, KVSDK_E_STATE,
+ *  a file written by a targeted save: a delta of the live policy cannot continue a file of
+ *  another policy), and the file of its last plain save or load stays its journal's base.
+ *  Errors (nothing is written, the live cache is unchanged): KVSDK_E_INVALID_ARG (a bad
+ *  target_policy: bad struct_size or values; target_budget_bytes without target_policy; a
+ *  target policy whose parameters do not fit the cache's geometry, e.g. boundary_layer),
+ *  KVSDK_E_UNSUPPORTED (a pair above that cannot be converted, with the reason in
+ *  kvsdk_last_error), KVSDK_E_BUDGET (target_budget_bytes holds too little for the target
+ *  policy's fixed bytes, or would leave a layer that held rows with none; or the context's
+ *  budget cannot hold the temporary cache), and the errors of the save itself. */
+
 /** Saves the whole cache into a caller-owned buffer. With `buf` NULL it is a size query: writes
  *  the exact number of bytes a save needs to `*out_size` (this encodes and compresses the whole
- *  cache, so it costs as much as a save). Otherwise writes the snapshot to `buf` (`capacity`
- *  bytes) and its size to `*out_size`. The cache is not modified, and a buffer save does not
- *  change which file kvsdk_cache_save_delta continues (the last file saved or loaded).
+ *  cache, so it costs as much as a save; with a target policy it converts the cache again).
+ *  Otherwise writes the snapshot to `buf` (`capacity` bytes) and its size to `*out_size`. The
+ *  cache is not modified, and a buffer save does not change which file kvsdk_cache_save_delta
+ *  continues (the last file saved or loaded). A target policy ("Targeted saves") applies as to
+ *  kvsdk_cache_save: the buffer holds the bytes the file save writes with the same options.
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/out_size, bad options, `capacity` smaller than the
  *          snapshot), KVSDK_E_NO_MEMORY. On failure `*out_size` is untouched and the contents of
  *          `buf` are unspecified. */
@@ -1020,8 +1085,10 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache *cache,
  *  whole layers. When the journal outgrows a nonzero `max_journal_percent` of the base snapshot,
  *  the delta is followed by a full save to `path` (see kvsdk_save_options; same atomicity as
  *  kvsdk_cache_save). `include_backing` applies only to that full save; `options` may be NULL for
- *  defaults.
- *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options),
+ *  defaults. A delta records the cache's own changes: options with a target_policy are refused
+ *  (KVSDK_E_UNSUPPORTED), and so is a file written by a targeted save (KVSDK_E_STATE, below).
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options), KVSDK_E_UNSUPPORTED (a
+ *          target_policy in `options`; nothing is written),
  *          KVSDK_E_STATE (this cache has no base to continue from: it was never saved or loaded;
  *          or `path` is not the file of its last full save/load, or ends before this cache's
  *          last delta; or that file's journal holds, after the end of this cache's journal,

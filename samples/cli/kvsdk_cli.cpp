@@ -4,7 +4,9 @@
 //                                    logical FP16 size vs file size
 //   kvsdk verify FILE [--json]       full validation; exit 0 only if the file is sound
 //   kvsdk recompress IN OUT --policy SPEC --budget BYTES [--zstd-level N] [--json]
-//                                    load under a new policy and budget, save atomically
+//                                    load, save atomically converted to a policy and budget
+//                                    (a targeted save: kvsdk_save_options.target_policy;
+//                                    BYTES 0 keeps the snapshot's own budget)
 //
 // Exit codes: 0 success (verify: sound); 1 the file is not sound or the operation failed
 // (message on stderr, or in the JSON "error" field); 2 usage error. Never a signal: every
@@ -19,7 +21,6 @@
 #include <vector>
 
 #include "kvsdk.h"
-#include "reappend.h"
 #include "report.h"
 
 using kvsdk_cli::Report;
@@ -41,7 +42,8 @@ int usage() {
                "       kvsdk recompress IN OUT --policy SPEC --budget BYTES [--zstd-level N] "
                "[--json]\n"
                "  SPEC: a preset such as full, snapkv, xkv+kivi2\n"
-               "  BYTES: an integer, optionally with a K, M or G suffix (powers of 1024)\n");
+               "  BYTES: an integer, optionally with a K, M or G suffix (powers of 1024); the\n"
+               "         output's per-cache budget (0: the input's own)\n");
   return kExitUsage;
 }
 
@@ -236,41 +238,19 @@ int cmd_recompress(const char* in, const char* out, const char* spec, uint64_t b
   kvsdk_policy policy;
   kvsdk_status st = kvsdk_policy_parse(&policy, spec);
   if (st != KVSDK_OK) return report_failure(r, json, "bad --policy", st);
-  // Read the snapshot as it is first (any budget), to learn its geometry and check it.
+  // The snapshot as it is (any budget), then a targeted save: the library converts it to the
+  // policy and budget (include/kvsdk.h, "Targeted saves"), exactly as an app's
+  // kvsdk_cache_save with these options would, so both write the same bytes.
   Loaded src;
   st = load(in, 0, &src);
   if (st != KVSDK_OK) return report_failure(r, json, "cannot load input snapshot", st);
-  kvsdk_geometry g;
-  kvsdk_geometry_init(&g);
-  kvsdk_cache_geometry(src.cache, &g);
-  kvsdk_policy current;
-  kvsdk_policy_init(&current, KVSDK_METHOD_FULL);
-  kvsdk_cache_policy(src.cache, &current);
   kvsdk_save_options o;
   kvsdk_save_options_init(&o);
   o.zstd_level = zstd_level;
-  if (policy.method != current.method || policy.quant_bits != current.quant_bits) {
-    // A new policy: re-append the rows into a cache with that policy, then compress it to the
-    // budget over every layer at once (the source is in memory already, so this costs no peak).
-    Loaded dst;
-    st = kvsdk_context_create(&dst.ctx, nullptr);
-    if (st != KVSDK_OK) return report_failure(r, json, "cannot create a context", st);
-    st = kvsdk_cache_create(&dst.cache, dst.ctx, &g, &policy);
-    if (st != KVSDK_OK) return report_failure(r, json, "cannot apply --policy", st);
-    const char* detail = nullptr;
-    st = kvsdk_cli::reappend(src.cache, dst.cache, &detail);
-    if (st == KVSDK_OK) st = kvsdk_cache_set_budget(dst.cache, budget);
-    if (st == KVSDK_OK) st = kvsdk_cache_compress(dst.cache);
-    if (st != KVSDK_OK) return report_failure(r, json, "cannot apply --policy", st, detail);
-    st = kvsdk_cache_save(dst.cache, out, &o);
-    if (st != KVSDK_OK) return report_failure(r, json, "cannot save output snapshot", st);
-  } else {
-    Loaded dst;
-    st = load(in, budget, &dst);
-    if (st != KVSDK_OK) return report_failure(r, json, "cannot fit the snapshot into --budget", st);
-    st = kvsdk_cache_save(dst.cache, out, &o);
-    if (st != KVSDK_OK) return report_failure(r, json, "cannot save output snapshot", st);
-  }
+  o.target_policy = &policy;
+  o.target_budget_bytes = budget;
+  st = kvsdk_cache_save(src.cache, out, &o);
+  if (st != KVSDK_OK) return report_failure(r, json, "cannot apply --policy and --budget", st);
   r.field("ok", true);
   r.field("input", in);
   r.field("output", out);

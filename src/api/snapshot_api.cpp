@@ -8,6 +8,7 @@
 #include "core/geometry.h"
 #include "core/policy.h"
 #include "journal.h"
+#include "save_target.h"
 #include "xxhash64.h"
 #include "kvsdk.h"
 #include "snapshot_file.h"
@@ -176,6 +177,37 @@ void save_full(kvsdk_cache& c, const char* path, const SaveParams& params) {
   c.journal = std::move(base);
 }
 
+// A targeted save (kvsdk_save_options.target_policy, include/kvsdk.h "Targeted saves"): the
+// cache converted by convert_cache, written atomically to `path` (or sized / written into a
+// buffer by the caller's `write`). The converted cache is temporary: the file does not become
+// the base of the live cache's journal, whose base stays the file of its last plain save/load.
+template <class Write>
+void save_converted(const kvsdk_cache& c, const SaveTarget& target, Write&& write) {
+  const std::unique_ptr<Cache> t = convert_cache(*c.impl, target);
+  const uint64_t id =
+      snapshot_id_of(*t, fingerprint(*t, has_exact_rows(*t), &t->context().pool()).rows);
+  write(*t, id);
+}
+
+// Why kvsdk_cache_save_delta cannot continue `path`, when the file there holds a snapshot of
+// another policy than the cache's (e.g. one a targeted save wrote); empty otherwise (the caller
+// keeps its own message). Only runs on that error path: it reads the whole file.
+std::string foreign_policy_note(const Cache& c, const char* path) {
+  try {
+    MappedFile f(path);
+    ReadOptions opt;
+    opt.require_implemented = false;
+    const Snapshot s = read_snapshot(f.data(), f.size(), opt);
+    if (std::memcmp(&s.policy, &c.policy(), sizeof(kvsdk_policy)) == 0) return {};
+    return "'" + std::string(path) + "' holds a snapshot of policy '" + policy_spec(s.policy) +
+           "' (e.g. from a save with a target_policy), this cache's policy is '" +
+           policy_spec(c.policy()) + "': a delta of the live policy cannot continue a file of "
+           "another policy (save it in full first)";
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -212,7 +244,17 @@ KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache* cache, const char* path,
   return guard("kvsdk_cache_save", [&] {
     kvsdk_cache& c = handle(cache);
     KVSDK_REQUIRE(path != nullptr, "path is NULL");
-    save_full(c, path, save_params_from_c(options));
+    const SaveParams params = save_params_from_c(options);
+    const SaveTarget target = save_target_from_c(options);
+    if (!target.set) {
+      save_full(c, path, params);
+      return;
+    }
+    save_converted(c, target, [&](const Cache& t, uint64_t id) {
+      save_file_atomically(path, [&](Sink& sink) {
+        write_snapshot(t, params, id, sink, &t.context().pool());
+      });
+    });
   });
 }
 
@@ -223,19 +265,26 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache* cache,
     const kvsdk_cache& c = handle(cache);
     KVSDK_REQUIRE(out_size != nullptr, "out_size is NULL");
     const SaveParams params = save_params_from_c(options);
-    // The id a file save of this cache writes (save_full), so that both give the same bytes.
-    const uint64_t id =
-        snapshot_id_of(*c.impl, fingerprint(*c.impl, has_exact_rows(*c.impl),
-                                              &c.impl->context().pool()).rows);
-    if (buf == nullptr) {
-      CountingSink sink;
-      *out_size = size_t(write_snapshot(*c.impl, params, id, sink, &c.impl->context().pool()));
+    const SaveTarget target = save_target_from_c(options);
+    // Writes `cache` (this one, or its conversion) with the id a file save writes (save_full,
+    // save_converted), so that both give the same bytes.
+    auto write = [&](const Cache& saved, uint64_t id) {
+      if (buf == nullptr) {
+        CountingSink sink;
+        *out_size = size_t(write_snapshot(saved, params, id, sink, &saved.context().pool()));
+        return;
+      }
+      // A buffer is not a file: the journal keeps continuing the last file saved or loaded.
+      BufferSink sink(buf, capacity);
+      write_snapshot(saved, params, id, sink, &saved.context().pool());
+      *out_size = size_t(sink.written());
+    };
+    if (target.set) {
+      save_converted(c, target, write);
       return;
     }
-    // A buffer is not a file: the journal keeps continuing the last file saved or loaded.
-    BufferSink sink(buf, capacity);
-    write_snapshot(*c.impl, params, id, sink, &c.impl->context().pool());
-    *out_size = size_t(sink.written());
+    write(*c.impl, snapshot_id_of(*c.impl, fingerprint(*c.impl, has_exact_rows(*c.impl),
+                                                       &c.impl->context().pool()).rows));
   });
 }
 
@@ -245,13 +294,28 @@ KVSDK_API kvsdk_status kvsdk_cache_save_delta(kvsdk_cache* cache, const char* pa
     kvsdk_cache& c = handle(cache);
     KVSDK_REQUIRE(path != nullptr, "path is NULL");
     const SaveParams params = save_params_from_c(options);
+    if (save_target_from_c(options).set) {
+      fail(KVSDK_E_UNSUPPORTED, "a delta records the cache's own changes under its own policy: "
+           "options.target_policy applies to kvsdk_cache_save and kvsdk_cache_save_to_buffer "
+           "only");
+    }
     if (!c.journal) {
-      fail(KVSDK_E_STATE, "the cache was never saved or loaded: save it in full first");
+      const std::string note = foreign_policy_note(*c.impl, path);
+      fail(KVSDK_E_STATE, "the cache was never saved or loaded: save it in full first",
+           note.empty() ? "" : "; ", note);
     }
     DeltaFrames d = build_delta(*c.impl, *c.journal, params.max_frame_bytes,
                                 &c.impl->context().pool());
-    const uint64_t end = append_journal(path, *c.journal, d.parts, params.zstd_level,
-                                        &c.impl->context().pool());
+    uint64_t end = 0;
+    try {
+      end = append_journal(path, *c.journal, d.parts, params.zstd_level,
+                           &c.impl->context().pool());
+    } catch (const Error& e) {
+      if (e.status() != KVSDK_E_STATE) throw;
+      const std::string note = foreign_policy_note(*c.impl, path);
+      if (note.empty()) throw;
+      fail(KVSDK_E_STATE, e.what(), "; ", note);
+    }
     c.journal->journal_end = end;
     c.journal->next_sequence += 1;
     c.journal->rows = std::move(d.now.rows);

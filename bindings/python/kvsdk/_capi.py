@@ -76,7 +76,8 @@ KVSDK_SNAPSHOT_FORMAT_MINOR = 0
 class kvsdk_save_options(Structure):
     _fields_ = [("struct_size", c_uint32), ("zstd_level", c_int32),
                 ("include_backing", c_uint32), ("max_frame_bytes", c_uint64),
-                ("max_journal_percent", c_uint32), ("embed_prefix", c_uint32)]
+                ("max_journal_percent", c_uint32), ("embed_prefix", c_uint32),
+                ("target_policy", POINTER(kvsdk_policy)), ("target_budget_bytes", c_uint64)]
 
 class kvsdk_load_info(Structure):
     _fields_ = [("struct_size", c_uint32), ("format_major", c_uint32),

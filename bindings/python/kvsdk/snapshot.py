@@ -20,15 +20,24 @@ class SaveOptions:
     max_frame_bytes: int = None
     max_journal_percent: int = None
     embed_prefix: int = None  # a conversation on a shared prefix: 1 embeds the prefix
+    # Save-time compression (kvsdk.h "Targeted saves"): a Policy, or None to save the cache as
+    # it is; the file then holds the cache converted to it and compressed to
+    # target_budget_bytes (0: the cache's own budget). The live cache is not changed.
+    target_policy: Policy = None
+    target_budget_bytes: int = None
 
     def __post_init__(self):
         defaults = _initialised_sized(_capi.kvsdk_save_options, lib.kvsdk_save_options_init_sized)
         for f in dataclasses.fields(self):
-            if getattr(self, f.name) is None:
+            if getattr(self, f.name) is None and f.name != "target_policy":
                 setattr(self, f.name, getattr(defaults, f.name))
 
     def to_c(self):
-        return _to_c(self, _capi.kvsdk_save_options)
+        raw = _to_c(dataclasses.replace(self, target_policy=None), _capi.kvsdk_save_options)
+        if self.target_policy is not None:
+            # The struct keeps the policy alive (ctypes records the pointer's object in it).
+            raw.target_policy = ctypes.pointer(self.target_policy.to_c())
+        return raw
 
 
 @dataclasses.dataclass(frozen=True)

@@ -71,6 +71,30 @@ class SnapshotTest(unittest.TestCase):
             self.assertGreater(info.journal_frames_applied, 0)
             self.assertEqual(resumed.stats().tokens, cache.stats().tokens)
 
+    def test_targeted_save_holds_the_target_policy(self):
+        ctx = kvsdk.Context()
+        cache = kvsdk.Cache(ctx, geometry())
+        rng = Rng(6)
+        append_tokens(cache, rng, 0, 40)
+        before = cache.save_to_bytes()
+        budget = cache.stats().bytes // 2
+        options = kvsdk.SaveOptions(target_policy=kvsdk.Policy.parse("snapkv"),
+                                    target_budget_bytes=budget)
+        data = cache.save_to_bytes(options)
+        self.assertEqual(cache.save_to_bytes(), before)  # the live cache is as it was
+        loaded, _ = kvsdk.Cache.load_from_bytes(kvsdk.Context(), data)
+        self.assertEqual(loaded.policy, kvsdk.Policy.parse("snapkv"))
+        self.assertLessEqual(loaded.stats().bytes, budget)
+        append_tokens(loaded, rng, 40, 1)  # it continues
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "small.kvsdk")
+            cache.save(path, options)
+            with open(path, "rb") as f:
+                self.assertEqual(f.read(), data)  # the file save writes the buffer's bytes
+            self.assertEqual(status_of(cache.save_delta, path, options), Status.UNSUPPORTED)
+        self.assertEqual(status_of(cache.save_to_bytes, kvsdk.SaveOptions(target_budget_bytes=9)),
+                         Status.INVALID_ARG)
+
     def test_bad_snapshots_give_a_status(self):
         ctx = kvsdk.Context()
         cache = kvsdk.Cache(ctx, geometry())

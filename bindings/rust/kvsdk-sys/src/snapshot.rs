@@ -6,7 +6,7 @@ pub const KVSDK_SNAPSHOT_FORMAT_MAJOR: u32 = 6;
 pub const KVSDK_SNAPSHOT_FORMAT_MINOR: u32 = 0;
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct kvsdk_save_options {
     pub struct_size: u32,
     pub zstd_level: i32,
@@ -14,6 +14,24 @@ pub struct kvsdk_save_options {
     pub max_frame_bytes: u64,
     pub max_journal_percent: u32,
     pub embed_prefix: u32,
+    pub target_policy: *const kvsdk_policy,
+    pub target_budget_bytes: u64,
+}
+
+// All zero, as the C struct before kvsdk_save_options_init (a raw pointer has no Default).
+impl Default for kvsdk_save_options {
+    fn default() -> Self {
+        kvsdk_save_options {
+            struct_size: 0,
+            zstd_level: 0,
+            include_backing: 0,
+            max_frame_bytes: 0,
+            max_journal_percent: 0,
+            embed_prefix: 0,
+            target_policy: core::ptr::null(),
+            target_budget_bytes: 0,
+        }
+    }
 }
 
 #[repr(C)]

@@ -18,7 +18,7 @@ pub const SNAPSHOT_FORMAT: (u32, u32) =
     (sys::KVSDK_SNAPSHOT_FORMAT_MAJOR, sys::KVSDK_SNAPSHOT_FORMAT_MINOR);
 
 /// Save options (`kvsdk_save_options`); `Default` is kvsdk_save_options_init's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SaveOptions {
     /// zstd level 1..19 (or negative fast levels down to -7); 0 = the default.
     pub zstd_level: i32,
@@ -32,6 +32,12 @@ pub struct SaveOptions {
     /// A conversation on a shared prefix: embed the prefix's snapshot (loads alone) instead of
     /// referencing it by content hash (loads with [`Cache::load_on_prefix`]).
     pub embed_prefix: bool,
+    /// Save-time compression (kvsdk.h "Targeted saves"): the file holds the cache converted to
+    /// this policy and compressed to `target_budget_bytes`; the live cache is not changed.
+    /// None (the default): the cache as it is. save_delta refuses it (Status::Unsupported).
+    pub target_policy: Option<Policy>,
+    /// With `target_policy`: the converted cache's budget; 0 = the cache's own budget.
+    pub target_budget_bytes: u64,
 }
 
 impl Default for SaveOptions {
@@ -47,12 +53,23 @@ impl Default for SaveOptions {
             max_frame_bytes: raw.max_frame_bytes,
             max_journal_percent: raw.max_journal_percent,
             embed_prefix: raw.embed_prefix != 0,
+            target_policy: None,
+            target_budget_bytes: raw.target_budget_bytes,
         }
     }
 }
 
 impl SaveOptions {
-    pub fn to_raw(&self) -> sys::kvsdk_save_options {
+    /// The C struct. A target policy is written to `policy`, which the struct then points to:
+    /// keep `policy` alive (and in place) while the struct is used.
+    pub fn to_raw(&self, policy: &mut sys::kvsdk_policy) -> sys::kvsdk_save_options {
+        let target_policy = match &self.target_policy {
+            Some(p) => {
+                *policy = p.to_raw();
+                policy as *const sys::kvsdk_policy
+            }
+            None => ptr::null(),
+        };
         sys::kvsdk_save_options {
             struct_size: std::mem::size_of::<sys::kvsdk_save_options>() as u32,
             zstd_level: self.zstd_level,
@@ -60,6 +77,8 @@ impl SaveOptions {
             max_frame_bytes: self.max_frame_bytes,
             max_journal_percent: self.max_journal_percent,
             embed_prefix: self.embed_prefix as u32,
+            target_policy,
+            target_budget_bytes: self.target_budget_bytes,
         }
     }
 }
@@ -96,7 +115,8 @@ impl Cache {
     /// Saves the whole cache to `path` atomically (kvsdk_cache_save).
     pub fn save(&mut self, path: impl AsRef<Path>, options: &SaveOptions) -> Result<()> {
         let path = c_path(path.as_ref())?;
-        let raw = options.to_raw();
+        let mut policy = sys::kvsdk_policy::default();
+        let raw = options.to_raw(&mut policy);
         // SAFETY: live handle, NUL-terminated path, valid options.
         check(unsafe { sys::kvsdk_cache_save(self.as_ptr(), path.as_ptr(), &raw) })
     }
@@ -104,7 +124,8 @@ impl Cache {
     /// Saves the whole cache into a new buffer (kvsdk_cache_save_to_buffer: a size query, then
     /// the save).
     pub fn save_to_vec(&mut self, options: &SaveOptions) -> Result<Vec<u8>> {
-        let raw = options.to_raw();
+        let mut policy = sys::kvsdk_policy::default();
+        let raw = options.to_raw(&mut policy);
         let mut size = 0usize;
         // SAFETY: live handle; NULL buffer = size query.
         check(unsafe {
@@ -128,7 +149,8 @@ impl Cache {
     /// Appends what changed since the last save, delta or load of `path` as journal frames.
     pub fn save_delta(&mut self, path: impl AsRef<Path>, options: &SaveOptions) -> Result<()> {
         let path = c_path(path.as_ref())?;
-        let raw = options.to_raw();
+        let mut policy = sys::kvsdk_policy::default();
+        let raw = options.to_raw(&mut policy);
         // SAFETY: live handle, NUL-terminated path, valid options.
         check(unsafe { sys::kvsdk_cache_save_delta(self.as_ptr(), path.as_ptr(), &raw) })
     }

@@ -125,3 +125,35 @@ fn bad_snapshots_give_a_status() {
     let bad = SaveOptions { zstd_level: 99, ..Default::default() };
     assert_eq!(cache.save_to_vec(&bad).unwrap_err().status, Status::InvalidArg);
 }
+
+#[test]
+fn targeted_save_holds_the_target_policy() {
+    let ctx = Context::with_budget(0).unwrap();
+    let mut cache = Cache::new(&ctx, &geometry(), &Policy::parse("full").unwrap()).unwrap();
+    let mut rng = 6u32;
+    append_tokens(&mut cache, &mut rng, 0, 40);
+    let before = cache.save_to_vec(&SaveOptions::default()).unwrap();
+    let budget = cache.stats().unwrap().bytes / 2;
+    let target = Policy::parse("snapkv").unwrap();
+    let options = SaveOptions {
+        target_policy: Some(target),
+        target_budget_bytes: budget,
+        ..SaveOptions::default()
+    };
+    let bytes = cache.save_to_vec(&options).unwrap();
+    // The live cache is as it was.
+    assert_eq!(cache.save_to_vec(&SaveOptions::default()).unwrap(), before);
+    let (mut loaded, _) =
+        Cache::load_from_buffer(&Context::with_budget(0).unwrap(), &bytes, None).unwrap();
+    assert_eq!(loaded.policy().unwrap(), target);
+    assert!(loaded.stats().unwrap().bytes <= budget);
+    append_tokens(&mut loaded, &mut rng, 40, 1); // it continues
+    let dir = scratch_dir("target");
+    let path = dir.join("small.kvsdk");
+    cache.save(&path, &options).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), bytes); // the file save writes the same bytes
+    assert_eq!(cache.save_delta(&path, &options).unwrap_err().status, Status::Unsupported);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let stray = SaveOptions { target_budget_bytes: 9, ..SaveOptions::default() };
+    assert_eq!(cache.save_to_vec(&stray).unwrap_err().status, Status::InvalidArg);
+}

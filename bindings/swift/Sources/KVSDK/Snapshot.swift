@@ -15,6 +15,12 @@ public struct SaveOptions {
     /// A conversation on a shared prefix: embed the prefix's snapshot (loads alone) instead of
     /// referencing it by content hash (loads with Cache.load(onPrefix:path:)).
     public var embedPrefix: Bool
+    /// Save-time compression (kvsdk.h "Targeted saves"): the file holds the cache converted to
+    /// this policy and compressed to targetBudgetBytes; the live cache is not changed. nil (the
+    /// default): the cache as it is. saveDelta refuses it (.unsupported).
+    public var targetPolicy: Policy?
+    /// With targetPolicy: the converted cache's budget; 0 = the cache's own budget.
+    public var targetBudgetBytes: UInt64
 
     public init() {
         var raw = kvsdk_save_options()
@@ -24,6 +30,8 @@ public struct SaveOptions {
         maxFrameBytes = raw.max_frame_bytes
         maxJournalPercent = raw.max_journal_percent
         embedPrefix = raw.embed_prefix != 0
+        targetPolicy = nil
+        targetBudgetBytes = raw.target_budget_bytes
     }
 
     var raw: kvsdk_save_options {
@@ -34,7 +42,21 @@ public struct SaveOptions {
         r.max_frame_bytes = maxFrameBytes
         r.max_journal_percent = maxJournalPercent
         r.embed_prefix = embedPrefix ? 1 : 0
+        r.target_budget_bytes = targetBudgetBytes
         return r
+    }
+
+    /// Calls `body` with the C struct; its target_policy points at a copy of targetPolicy that
+    /// lives until `body` returns.
+    func withRaw<T>(_ body: (UnsafePointer<kvsdk_save_options>) throws -> T) rethrows -> T {
+        var r = raw
+        guard var policy = targetPolicy?.raw else {
+            return try withUnsafePointer(to: &r) { try body($0) }
+        }
+        return try withUnsafePointer(to: &policy) { p in
+            r.target_policy = p
+            return try withUnsafePointer(to: &r) { try body($0) }
+        }
     }
 }
 
@@ -46,27 +68,26 @@ public struct LoadInfo: Equatable {
 extension Cache {
     /// Saves the whole cache to `path` atomically.
     public func save(to path: String, options: SaveOptions = SaveOptions()) throws {
-        var o = options.raw
-        try check(kvsdk_cache_save(handle, path, &o))
+        try options.withRaw { o in try check(kvsdk_cache_save(handle, path, o)) }
     }
 
     /// Saves the whole cache into a new byte array (size query, then the save).
     public func saveToBytes(options: SaveOptions = SaveOptions()) throws -> [UInt8] {
-        var o = options.raw
-        var size = 0
-        try check(kvsdk_cache_save_to_buffer(handle, &o, nil, 0, &size))
-        var bytes = [UInt8](repeating: 0, count: size)
-        let status = bytes.withUnsafeMutableBytes { b in
-            kvsdk_cache_save_to_buffer(handle, &o, b.baseAddress, b.count, &size)
+        return try options.withRaw { (o) -> [UInt8] in
+            var size = 0
+            try check(kvsdk_cache_save_to_buffer(handle, o, nil, 0, &size))
+            var bytes = [UInt8](repeating: 0, count: size)
+            let status = bytes.withUnsafeMutableBytes { b in
+                kvsdk_cache_save_to_buffer(handle, o, b.baseAddress, b.count, &size)
+            }
+            try check(status)
+            return Array(bytes[0..<size])
         }
-        try check(status)
-        return Array(bytes[0..<size])
     }
 
     /// Appends what changed since the last save, delta or load of `path` as journal frames.
     public func saveDelta(to path: String, options: SaveOptions = SaveOptions()) throws {
-        var o = options.raw
-        try check(kvsdk_cache_save_delta(handle, path, &o))
+        try options.withRaw { o in try check(kvsdk_cache_save_delta(handle, path, o)) }
     }
 
     /// Loads a snapshot file into a new cache on `context`. `expected`: nil accepts the file's

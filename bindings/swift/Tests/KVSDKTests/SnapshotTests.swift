@@ -31,6 +31,32 @@ final class SnapshotTests: XCTestCase {
         }
     }
 
+    func testATargetedSaveHoldsTheTargetPolicy() throws {
+        let context = try Context()
+        let cache = try Cache(context: context, geometry: geometry)
+        let kv = (0..<(40 * 16)).map { Float($0 % 17) / 8 }
+        for layer in UInt32(0)..<2 {
+            try cache.append(layer: layer, keys: kv, values: kv,
+                             positions: (0..<40).map { Int32($0) })
+        }
+        let before = try cache.saveToBytes()
+        var options = SaveOptions()
+        options.targetPolicy = try Policy(parsing: "snapkv")
+        options.targetBudgetBytes = try cache.stats().bytes / 2
+        let bytes = try cache.saveToBytes(options: options)
+        XCTAssertEqual(try cache.saveToBytes(), before)  // the live cache is as it was
+        let (loaded, _) = try Cache.load(context: try Context(), bytes: bytes)
+        XCTAssertEqual(try loaded.policy().method, .snapKV)
+        XCTAssertLessThanOrEqual(try loaded.stats().bytes, options.targetBudgetBytes)
+        let path = NSTemporaryDirectory() + "kvsdk-swift-target-\(getpid()).kvsdk"
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        try cache.save(to: path, options: options)
+        XCTAssertEqual(FileManager.default.contents(atPath: path).map { [UInt8]($0) }, bytes)
+        XCTAssertThrowsError(try cache.saveDelta(to: path, options: options)) { error in
+            XCTAssertEqual((error as? KVSDKError)?.status, .unsupported)
+        }
+    }
+
     func testAConversationOnAPrefixReferencesOrEmbedsIt() throws {
         let context = try Context()
         let kv = (0..<(12 * 16)).map { Float($0 % 11) / 8 }
