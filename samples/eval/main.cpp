@@ -56,19 +56,10 @@ struct Options {
   eval::SearchOptions search;
 };
 
-// Whether a policy evicts rows by selection, the only ones policy.evict_slack changes.
+// Whether --slacks sweeps a policy: the presets that evict rows by selection (SmallKV evicts too
+// but has no slack rows: its eviction is measured with its proxy at the default slack only).
 bool slack_applies(const kvsdk_policy& p) {
-  switch (p.method) {
-    case KVSDK_METHOD_STREAMING_LLM:
-    case KVSDK_METHOD_H2O:
-    case KVSDK_METHOD_SNAPKV:
-    case KVSDK_METHOD_PYRAMIDKV:
-    case KVSDK_METHOD_XKV:
-    case KVSDK_METHOD_SPINDLEKV:
-      return true;
-    default:
-      return false;
-  }
+  return eval::evicts_to_budget(p) && p.method != KVSDK_METHOD_SMALLKV;
 }
 
 void usage(std::FILE* f) {
