@@ -87,7 +87,7 @@ void usage(std::FILE* f) {
                "                      width of those that quantize) and a continuous budget: a ladder\n"
                "                      of 50..3.125%%, then bisection; assumes fidelity is monotone in\n"
                "                      the budget and reports only measured points (not with --budgets,\n"
-               "                      --slacks, --mini-prefill or --plot)\n"
+               "                      --slacks or --mini-prefill; --plot then draws the search)\n"
                "  --bisect-steps N    --target's bisection steps per policy (default 3)\n"
                "  --json FILE  --markdown FILE  --plot FILE.png\n",
                kCompositions[0], kCompositions[1], kCompositions[2], kHeldOutOffset, KVSDK_SHARED_DIR);
@@ -132,7 +132,6 @@ Options parse(int argc, char** argv) {
     else if (a == "--markdown") o.markdown = v;
     else if (a == "--plot") {
       o.plot = v;
-      grid_option = true;
     } else if (a == "--target") {
       o.target = eval::parse_target(v);
       o.has_target = true;
@@ -159,8 +158,8 @@ Options parse(int argc, char** argv) {
   }
   if (o.chunk == 0) throw llama::Error("--chunk must be positive");
   if (o.has_target && grid_option) {
-    throw llama::Error("--target searches its own budgets: --budgets, --slacks, --mini-prefill and "
-                       "--plot belong to the budget grid");
+    throw llama::Error("--target searches its own budgets: --budgets, --slacks and --mini-prefill "
+                       "belong to the budget grid");
   }
   if (!(o.prompt_share > 0.0 && o.prompt_share < 1.0)) throw llama::Error("--prompt-share must be in (0, 1)");
   if (o.policies.empty()) {
@@ -484,7 +483,13 @@ int main(int argc, char** argv) {
     }
     if (!o.json.empty()) eval::write_json(o.json, records, targets);
     if (!o.markdown.empty()) eval::write_markdown(o.markdown, records, targets);
-    if (!o.plot.empty()) eval::write_plot(o.plot, records);
+    if (!o.plot.empty()) {
+      if (o.has_target) {
+        eval::write_target_plot(o.plot, targets);
+      } else {
+        eval::write_plot(o.plot, records);
+      }
+    }
     if (o.has_target) {
       std::printf("target: %s\n", eval::describe(o.target).c_str());
       std::printf("%-18s %-16s %9s %11s %7s %7s %9s %6s %8s\n", "model", "recipe", "budget",

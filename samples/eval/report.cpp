@@ -1,5 +1,6 @@
 #include "report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -257,6 +258,18 @@ void write_markdown(const std::string& path, const std::vector<Record>& records,
   if (!f) throw llama::Error("error writing '" + path + "'");
 }
 
+namespace {
+// Runs gnuplot on `script_path`, then removes it and `data_path`.
+void run_gnuplot(const std::string& script_path, const std::string& data_path) {
+  const std::string cmd = "gnuplot '" + script_path + "'";
+  if (std::system(cmd.c_str()) != 0) {
+    throw llama::Error("gnuplot failed (is it installed? scripts/bootstrap.sh installs gnuplot-nox)");
+  }
+  std::remove(data_path.c_str());
+  std::remove(script_path.c_str());
+}
+}  // namespace
+
 void write_plot(const std::string& path, const std::vector<Record>& records) {
   const std::vector<std::string> models = models_in_order(records);
   const std::string data_path = path + ".dat";
@@ -322,12 +335,69 @@ void write_plot(const std::string& path, const std::vector<Record>& records) {
   }
   g << "unset multiplot\n";
   g.close();
-  const std::string cmd = "gnuplot '" + script_path + "'";
-  if (std::system(cmd.c_str()) != 0) {
-    throw llama::Error("gnuplot failed (is it installed? scripts/bootstrap.sh installs gnuplot-nox)");
+  run_gnuplot(script_path, data_path);
+}
+
+void write_target_plot(const std::string& path, const std::vector<TargetRecord>& targets) {
+  const std::string data_path = path + ".dat";
+  const std::string script_path = path + ".gp";
+  // Per model: one data block per policy (its measured points by budget: snapshot share, top-1),
+  // then one block with the recipe alone.
+  std::vector<std::vector<std::string>> names(targets.size());
+  {
+    std::ofstream d = open_out(data_path);
+    for (size_t m = 0; m < targets.size(); ++m) {
+      const TargetRecord& t = targets[m];
+      const double full = double(std::max<uint64_t>(1, t.full_snapshot_bytes));
+      std::map<std::string, std::vector<const TargetTrial*>> by_policy;
+      for (const TargetTrial& r : t.trials) {
+        if (!r.ok) continue;
+        if (!by_policy.count(r.policy)) names[m].push_back(r.policy);
+        by_policy[r.policy].push_back(&r);
+      }
+      for (const std::string& p : names[m]) {
+        std::vector<const TargetTrial*>& pts = by_policy[p];
+        std::sort(pts.begin(), pts.end(), [](const TargetTrial* a, const TargetTrial* b) {
+          return a->budget_pct < b->budget_pct;
+        });
+        d << "# " << t.model << " " << p << "\n";
+        for (const TargetTrial* r : pts) {
+          d << double(r->snapshot_bytes) / full << " " << r->top1_agreement << "\n";
+        }
+        d << "\n\n";
+      }
+      d << "# " << t.model << " recipe\n";
+      if (t.found) d << double(t.snapshot_bytes) / full << " " << t.top1_agreement << "\n";
+      d << "\n\n";
+    }
   }
-  std::remove(data_path.c_str());
-  std::remove(script_path.c_str());
+  std::ofstream g = open_out(script_path);
+  g << "set terminal pngcairo size " << 620 * std::max<size_t>(1, targets.size())
+    << ",480 font ',10'\n"
+    << "set output '" << path << "'\n"
+    << "set multiplot layout 1," << std::max<size_t>(1, targets.size())
+    << " title 'kvsdk-eval --target: resume snapshot vs top-1 agreement (every measured point)'\n"
+    << "set grid\nset key outside right top noenhanced samplen 2 spacing 0.9 font ',8'\n"
+    << "set logscale x\nset xrange [0.02:1.3]\nset yrange [0.7:1.01]\n"
+    << "set xlabel 'snapshot bytes (x full snapshot, log)'\nset ylabel 'top-1 agreement'\n";
+  size_t block = 0;
+  for (size_t m = 0; m < targets.size(); ++m) {
+    const TargetRecord& t = targets[m];
+    g << "set title '" << t.model << " (" << t.target << ")'\n";
+    g << "plot ";
+    for (size_t i = 0; i < names[m].size(); ++i) {
+      g << "'" << data_path << "' index " << block++ << " using 1:2 with linespoints pointsize 1.2 "
+        << (names[m][i] == "full" ? "lc rgb 'black' lw 2 " : "") << "title '" << names[m][i]
+        << "', ";
+    }
+    g << "'" << data_path << "' index " << block++
+      << " using 1:2 with points pt 6 ps 4 lw 2 lc rgb 'red' title 'recipe'";
+    if (t.min_top1 >= 0) g << ", " << t.min_top1 << " with lines dt 2 lc rgb 'red' title 'bound'";
+    g << "\n";
+  }
+  g << "unset multiplot\n";
+  g.close();
+  run_gnuplot(script_path, data_path);
 }
 
 }  // namespace eval

@@ -69,5 +69,10 @@ void write_markdown(const std::string& path, const std::vector<Record>& records,
 // Runs gnuplot (must be on PATH) to draw top-1 agreement and KL against cache bytes as a share
 // of the full cache, one panel per model, one line per policy.
 void write_plot(const std::string& path, const std::vector<Record>& records);
+// kvsdk-eval --target --plot: top-1 agreement against the resume snapshot's bytes (share of the
+// full cache's snapshot) for every measured point of the search, one panel per model, one line
+// per policy (its budgets; `full` and plain `kivi` are the references), the recipe circled and
+// the top-1 bound drawn. Runs gnuplot like write_plot.
+void write_target_plot(const std::string& path, const std::vector<TargetRecord>& targets);
 
 }  // namespace eval

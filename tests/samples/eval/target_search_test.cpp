@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -417,6 +419,22 @@ TEST(TargetReport, JsonAndMarkdownHoldTheRecipe) {
   EXPECT_NE(j.str().find("\"skipped\": [\"kivi+kivi4\"]"), std::string::npos) << j.str();
   EXPECT_NE(m.str().find("ladder (50, 25% of"), std::string::npos) << m.str();
   EXPECT_EQ(m.str().find("## Smallest snapshot at top-1 agreement >= 0.95"), std::string::npos);
+  // The search's plot: a PNG (gnuplot from scripts/bootstrap.sh), its data and script removed;
+  // an unwritable path is an error.
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "gnuplot not installed (scripts/bootstrap.sh installs gnuplot-nox)";
+  }
+  const std::string png = testing::TempDir() + "t.png";
+  std::remove(png.c_str());
+  eval::write_target_plot(png, {t, none});
+  std::ifstream f(png, std::ios::binary);
+  char magic[4] = {};
+  f.read(magic, 4);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+  EXPECT_FALSE(std::ifstream(png + ".dat").good());
+  EXPECT_FALSE(std::ifstream(png + ".gp").good());
+  EXPECT_THROW(eval::write_target_plot("/nonexistent/dir/t.png", {t}), llama::Error);
+  std::remove(png.c_str());
 }
 
 }  // namespace
