@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../formats/snapshot_test_util.h"
 #include "kvsdk.h"
 #include "preset_util.h"
 #include "test_util.h"
@@ -29,31 +30,10 @@ constexpr uint32_t kLayers = 4, kQ = 4, kKv = 2, kDim = 16;
 constexpr size_t kTokens = 320;
 constexpr int kZstd = 1;
 
-std::vector<uint8_t> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
-}
-
 bool exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
 }
-
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/kvsdk-target-XXXXXX";
-    path_ = mkdtemp(tmpl.data()) ? tmpl : std::string();
-  }
-  ~TempDir() {
-    if (!path_.empty()) std::system(("rm -rf '" + path_ + "'").c_str());
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 kvsdk_save_options target_options(const kvsdk_policy* policy, uint64_t budget) {
   kvsdk_save_options o;
