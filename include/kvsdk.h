@@ -331,9 +331,9 @@ typedef enum kvsdk_pool_kind {
 /** kvsdk_policy.quant_residual: the exact residual window chosen by the length of what the
  *  cache holds instead of a fixed R. A fixed R = 128 keeps a quarter of a 512-token
  *  conversation in f16; kvsdk-eval measured (shakespeare models, 115 to 767 rows per layer,
- *  2- and 1-bit KIVI; docs/eval/representations.md) that windows beyond about 1/32 of the rows add bytes
- *  without improving top-1 or KL, and that no window at all costs fidelity (KL up to 2x). The
- *  window is resolved once, to
+ *  2- and 1-bit KIVI; docs/eval/representations.md) that windows beyond about 1/32 of the
+ *  rows add bytes without improving top-1 or KL, and that no window at all costs fidelity (KL
+ *  up to 2x). The window is resolved once, to
  *      R = clamp(round(rows / 32), 16, 128),
  *  where `rows` is:
  *    - kvsdk_cache_create / kvsdk_cache_create_on_prefix: the rows per layer and KV head that
