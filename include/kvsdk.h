@@ -329,13 +329,15 @@ typedef enum kvsdk_pool_kind {
 } kvsdk_pool_kind;
 
 /** kvsdk_policy.quant_residual: the exact residual window chosen by the length of what the
- *  cache holds instead of a fixed R. A fixed R = 128 keeps a quarter of a 512-token
- *  conversation in f16; kvsdk-eval measured (shakespeare models, 115 to 767 rows per layer,
- *  2- and 1-bit KIVI; docs/eval/representations.md) that windows beyond about 1/32 of the
- *  rows add bytes without improving top-1 or KL, and that no window at all costs fidelity (KL
- *  up to 2x). The window is resolved once, to
- *      R = clamp(round(rows / 32), 16, 128),
- *  where `rows` is:
+ *  cache holds, its head_dim and its KIVI width instead of a fixed R. A fixed R = 128 keeps a
+ *  quarter of a 512-token conversation in f16. kvsdk-eval measured on three models
+ *  (docs/eval/representations.md; 115 to 767 rows per layer, head_dim 64 and 8, 1 to 8 bits):
+ *  at head_dim 64 and 2 bits, windows beyond 1/32 of the rows add bytes without improving
+ *  top-1 or KL, and no window at all doubles KL; head_dim 8 needs 8x that share at 2 bits
+ *  (KL 0.10 at R = 16, 0.006 at R = 96 of 383 rows), while 4 bits needs no more than 16 rows
+ *  at either head_dim. The window is resolved once, to
+ *      R = clamp(round(rows x 2 / head_dim x 4^(2 - bits)), 16, 128)
+ *  (bits: quant_bits; 0, a method without KIVI codes, counts as 8), where `rows` is:
  *    - kvsdk_cache_create / kvsdk_cache_create_on_prefix: the rows per layer and KV head that
  *      the context's budget holds in f16 (budget / (n_layers x n_kv_heads x (4 x head_dim + 4)));
  *      a context without a budget gives R = 128 (the length is unknown);

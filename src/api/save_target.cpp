@@ -146,7 +146,8 @@ std::unique_ptr<Cache> convert_cache(const Cache& src, const SaveTarget& target)
     rows = std::max<uint64_t>(rows, src.head_tokens(l, 0));
   }
   dst = std::make_unique<Cache>(src.context_ptr(), src.geometry(),
-                                resolve_auto_residual(target.policy, std::max<uint64_t>(rows, 1)));
+                                resolve_auto_residual(target.policy, std::max<uint64_t>(rows, 1),
+                                                      src.geometry().head_dim));
   reappend(src, *dst);
   // Set last, then compressed, so that the allocation stage sees every layer's rows at once.
   if (budget != 0) {
