@@ -121,10 +121,15 @@ void write_target_section(std::ostream& f, const std::vector<TargetRecord>& targ
     }
     for (const TargetTrial* first : order) {
       const TargetTrial* best = nullptr;
-      size_t n = 0;
+      const TargetTrial* failed = nullptr;  // the first run that failed (why, in the table)
+      size_t n = 0, n_failed = 0;
       for (const TargetTrial& x : t.trials) {
         if (family_of(x) != family_of(*first)) continue;
         ++n;
+        if (!x.ok) {
+          ++n_failed;
+          if (!failed) failed = &x;
+        }
         if (x.passed && (!best || x.snapshot_bytes < best->snapshot_bytes)) best = &x;
       }
       f << "| " << recipe_text(first->policy, first->save_as) << " | " << n << " | ";
@@ -134,7 +139,10 @@ void write_target_section(std::ostream& f, const std::vector<TargetRecord>& targ
           << double(best->snapshot_bytes) / double(t.full_snapshot_bytes ? t.full_snapshot_bytes : 1)
           << " | " << best->top1_agreement << " | " << std::setprecision(4) << best->kl << " |\n";
       } else {
-        f << "none passed | - | - | - |\n";
+        f << "none passed";
+        // A refusal (e.g. a save-as pair the library cannot convert) says so, not only "none".
+        if (failed) f << " (" << n_failed << " failed: " << failed->status << ")";
+        f << " | - | - | - |\n";
       }
     }
     if (!t.skipped.empty()) {
@@ -409,12 +417,14 @@ void write_target_plot(const std::string& path, const std::vector<TargetRecord>&
   size_t series = 0;
   for (const std::vector<std::string>& n : names) series = std::max(series, n.size() + 2);
   std::ofstream g = open_out(script_path);
-  g << "set terminal pngcairo size " << 620 * std::max<size_t>(1, targets.size()) << ","
-    << std::max<size_t>(480, 120 + 11 * series) << " font ',10'\n"
+  g << "set terminal pngcairo size " << 820 * std::max<size_t>(1, targets.size()) << ","
+    << std::max<size_t>(480, 140 + 13 * series) << " font ',10'\n"
     << "set output '" << path << "'\n"
     << "set multiplot layout 1," << std::max<size_t>(1, targets.size())
-    << " title 'kvsdk-eval --target: resume snapshot vs top-1 agreement (every measured point)'\n"
-    << "set grid\nset key outside right top noenhanced samplen 2 spacing 0.9 font ',8'\n"
+    << " title 'kvsdk-eval --target: resume snapshot vs top-1 agreement (every measured point; "
+       "dashed: P>kiviN, live P saved as KIVI-N)'\n"
+    << "set grid\nset key outside right top noenhanced samplen 2 spacing 0.9 font ',8' maxrows "
+    << std::max<size_t>(1, series) << "\n"
     << "set logscale x\nset xrange [0.02:1.3]\nset yrange [0.7:1.01]\n"
     << "set xlabel 'snapshot bytes (x full snapshot, log)'\nset ylabel 'top-1 agreement'\n";
   size_t block = 0;
@@ -425,8 +435,7 @@ void write_target_plot(const std::string& path, const std::vector<TargetRecord>&
     for (size_t i = 0; i < names[m].size(); ++i) {
       g << "'" << data_path << "' index " << block++ << " using 1:2 with linespoints pointsize 1.2 "
         << (names[m][i] == "full" ? "lc rgb 'black' lw 2 " : "")
-        << (converted[m][i] ? "dt 2 " : "") << "title '" << names[m][i]
-        << (converted[m][i] ? " (saved as KIVI)" : "") << "', ";
+        << (converted[m][i] ? "dt 2 " : "") << "title '" << names[m][i] << "', ";
     }
     g << "'" << data_path << "' index " << block++
       << " using 1:2 with points pt 6 ps 4 lw 2 lc rgb 'red' title 'recipe'";

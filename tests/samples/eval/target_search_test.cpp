@@ -565,6 +565,15 @@ TEST(TargetReport, JsonAndMarkdownHoldTheRecipe) {
   EXPECT_NE(m.str().find("| h2o saved as h2o+kivi2 | 2 | 9.375% | 0.080 |"), std::string::npos)
       << m.str();
   EXPECT_NE(m.str().find("| xkv+kivi2 | 1 | 9.375% |"), std::string::npos) << m.str();
+  // A family whose runs only failed says how (n: its one trial ran and missed the target).
+  eval::TargetRecord only_refused = saved;
+  only_refused.trials = {refused};
+  eval::write_markdown(md, {}, {only_refused});
+  std::stringstream m2;
+  m2 << std::ifstream(md).rdbuf();
+  EXPECT_NE(m2.str().find("| h2o saved as h2o+kivi2 | 1 | none passed (1 failed: unsupported) |"),
+            std::string::npos)
+      << m2.str();
   EXPECT_NE(m.str().find("keeps the live cache in policy P and writes its file converted"),
             std::string::npos)
       << m.str();
