@@ -229,6 +229,12 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
   } catch (const Error& e) {
     fail(KVSDK_E_CORRUPT, "snapshot policy is invalid: ", e.what());
   }
+  if (s.policy.quant_residual == KVSDK_QUANT_RESIDUAL_AUTO) {
+    // A cache resolves it when created (kvsdk.h), so no writer stores it; the stores' sizes
+    // follow from the resolved window.
+    fail(KVSDK_E_CORRUPT, "snapshot policy holds quant_residual KVSDK_QUANT_RESIDUAL_AUTO, "
+         "which caches resolve before saving");
+  }
   if (opt.expected && *opt.expected != s.geometry) {
     const Geometry& e = *opt.expected;
     const Geometry& g = s.geometry;

@@ -328,6 +328,25 @@ typedef enum kvsdk_pool_kind {
   KVSDK_POOL_AVG = 1
 } kvsdk_pool_kind;
 
+/** kvsdk_policy.quant_residual: the exact residual window chosen by the length of what the
+ *  cache holds instead of a fixed R. A fixed R = 128 keeps a quarter of a 512-token
+ *  conversation in f16; kvsdk-eval measured (shakespeare models, 115 to 767 rows per layer,
+ *  2- and 1-bit KIVI; docs/eval/representations.md) that windows beyond about 1/32 of the
+ *  rows add bytes without improving top-1 or KL, and that no window at all costs fidelity (KL
+ *  up to 2x). The window is resolved once, to
+ *      R = clamp(round(rows / 32), 16, 128),
+ *  where `rows` is:
+ *    - kvsdk_cache_create / kvsdk_cache_create_on_prefix: the rows per layer and KV head that
+ *      the context's budget holds in f16 (budget / (n_layers x n_kv_heads x (4 x head_dim + 4)));
+ *      a context without a budget gives R = 128 (the length is unknown);
+ *    - a targeted save (kvsdk_save_options.target_policy) converting to another policy: the most
+ *      rows any layer of the saved cache holds per KV head.
+ *  The cache (and its snapshots) then carry the resolved value: kvsdk_cache_policy returns it
+ *  and a cache loaded from a file continues with it. Snapshot files never hold
+ *  KVSDK_QUANT_RESIDUAL_AUTO (a file that does is refused, KVSDK_E_CORRUPT). Not the default:
+ *  quant_residual stays 128 unless set, so caches behave as they did. */
+#define KVSDK_QUANT_RESIDUAL_AUTO (-1)
+
 /** Policy parameters. Fields that a method does not use are ignored by it. kvsdk_policy_init
  *  sets the defaults given with each field (the same for every method, except quant_bits: 2 for
  *  kivi and specache, 0 for the others). */
@@ -341,7 +360,8 @@ typedef struct kvsdk_policy {
                                  minicache: the merged directions; full, spindlekv and smallkv
                                  take none (KVSDK_E_UNSUPPORTED). */
   int32_t quant_group;      /**< KIVI group size G (tokens for keys, channels for values). 32. */
-  int32_t quant_residual;   /**< KIVI exact residual window R (tokens). 128. */
+  int32_t quant_residual;   /**< KIVI exact residual window R (tokens), >= 0, or
+                                 KVSDK_QUANT_RESIDUAL_AUTO. 128. */
   int32_t sink_tokens;      /**< StreamingLLM / H2O: first rows never evicted. 4. */
   int32_t recent_tokens;    /**< Not used by any method in this version (checked >= 0, saved in
                                  snapshots). The recent rows a method keeps follow from its own

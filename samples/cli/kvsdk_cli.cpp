@@ -3,10 +3,12 @@
 //   kvsdk inspect FILE [--json]      format, geometry, policy, per-layer tokens and bytes by tier,
 //                                    logical FP16 size vs file size
 //   kvsdk verify FILE [--json]       full validation; exit 0 only if the file is sound
-//   kvsdk recompress IN OUT --policy SPEC --budget BYTES [--zstd-level N] [--json]
+//   kvsdk recompress IN OUT --policy SPEC --budget BYTES [--residual R|auto] [--zstd-level N]
+//                    [--json]
 //                                    load, save atomically converted to a policy and budget
 //                                    (a targeted save: kvsdk_save_options.target_policy;
-//                                    BYTES 0 keeps the snapshot's own budget)
+//                                    BYTES 0 keeps the snapshot's own budget; --residual sets
+//                                    the KIVI window, auto = KVSDK_QUANT_RESIDUAL_AUTO)
 //
 // Exit codes: 0 success (verify: sound); 1 the file is not sound or the operation failed
 // (message on stderr, or in the JSON "error" field); 2 usage error. Never a signal: every
@@ -14,6 +16,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -39,9 +42,11 @@ int usage() {
   std::fprintf(stderr,
                "usage: kvsdk inspect FILE [--json]\n"
                "       kvsdk verify FILE [--json]\n"
-               "       kvsdk recompress IN OUT --policy SPEC --budget BYTES [--zstd-level N] "
-               "[--json]\n"
+               "       kvsdk recompress IN OUT --policy SPEC --budget BYTES [--residual R|auto] "
+               "[--zstd-level N] [--json]\n"
                "  SPEC: a preset such as full, snapkv, xkv+kivi2\n"
+               "  R: the KIVI exact residual window in tokens (default: the preset's, 128); auto\n"
+               "     chooses it from the rows converted (KVSDK_QUANT_RESIDUAL_AUTO)\n"
                "  BYTES: an integer, optionally with a K, M or G suffix (powers of 1024); the\n"
                "         output's per-cache budget (0: the input's own)\n");
   return kExitUsage;
@@ -71,6 +76,20 @@ bool parse_bytes(const char* text, uint64_t* out) {
   if (mul != 1) ++end;
   if (*end != '\0' || (v != 0 && mul > UINT64_MAX / v)) return false;
   *out = v * mul;
+  return true;
+}
+
+// --residual: a token count (0..INT32_MAX) or "auto" (KVSDK_QUANT_RESIDUAL_AUTO).
+bool parse_residual(const char* text, int32_t* out) {
+  if (std::strcmp(text, "auto") == 0) {
+    *out = KVSDK_QUANT_RESIDUAL_AUTO;
+    return true;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0' || v < 0 || v > INT32_MAX) return false;
+  *out = int32_t(v);
   return true;
 }
 
@@ -232,12 +251,13 @@ int cmd_verify(const char* path, bool json) {
 }
 
 int cmd_recompress(const char* in, const char* out, const char* spec, uint64_t budget,
-                   int zstd_level, bool json) {
+                   const int32_t* residual, int zstd_level, bool json) {
   Report r(json);
   r.begin(nullptr);
   kvsdk_policy policy;
   kvsdk_status st = kvsdk_policy_parse(&policy, spec);
   if (st != KVSDK_OK) return report_failure(r, json, "bad --policy", st);
+  if (residual) policy.quant_residual = *residual;  // validated by the save, as any policy
   // The snapshot as it is (any budget), then a targeted save: the library converts it to the
   // policy and budget (include/kvsdk.h, "Targeted saves"), exactly as an app's
   // kvsdk_cache_save with these options would, so both write the same bytes.
@@ -270,6 +290,7 @@ int main(int argc, char** argv) {
   bool json = false;
   const char* policy = nullptr;
   const char* budget_text = nullptr;
+  const char* residual_text = nullptr;
   int zstd_level = 3;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -279,6 +300,8 @@ int main(int argc, char** argv) {
       policy = argv[++i];
     } else if (a == "--budget" && i + 1 < argc) {
       budget_text = argv[++i];
+    } else if (a == "--residual" && i + 1 < argc) {
+      residual_text = argv[++i];
     } else if (a == "--zstd-level" && i + 1 < argc) {
       zstd_level = std::atoi(argv[++i]);
     } else if (a == "-h" || a == "--help") {
@@ -301,7 +324,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "kvsdk: recompress needs --policy SPEC and --budget BYTES\n");
       return usage();
     }
-    return cmd_recompress(pos[1].c_str(), pos[2].c_str(), policy, budget, zstd_level, json);
+    int32_t residual = 0;
+    if (residual_text && !parse_residual(residual_text, &residual)) {
+      std::fprintf(stderr, "kvsdk: --residual takes a token count or 'auto', not '%s'\n",
+                   residual_text);
+      return usage();
+    }
+    return cmd_recompress(pos[1].c_str(), pos[2].c_str(), policy, budget,
+                          residual_text ? &residual : nullptr, zstd_level, json);
   }
   return usage();
 }

@@ -19,8 +19,13 @@ namespace kvsdk {
 Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk_policy& policy)
     : ctx_(std::move(ctx)),
       geometry_(geometry),
-      policy_(policy),
-      traits_(method_traits(policy)),
+      // KVSDK_QUANT_RESIDUAL_AUTO: the length the cache can hold is what its context's budget
+      // holds (a snapshot or conversion passes a resolved policy, left as it is).
+      policy_(resolve_auto_residual(policy, budget_rows_per_layer(ctx_->budget(),
+                                                                  geometry.n_layers,
+                                                                  geometry.n_kv_heads,
+                                                                  geometry.head_dim))),
+      traits_(method_traits(policy_)),
       layers_(geometry.n_layers),
       max_position_(geometry.n_layers, -1),
       exact_floor_(geometry.n_layers, 0) {

@@ -1,5 +1,6 @@
 #include "core/policy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -49,7 +50,9 @@ kvsdk_policy policy_from_c(const kvsdk_policy* caller) {
                 "policy.quant_bits is ", p.quant_bits, " (must be 0, 1, 2, 4 or 8)");
   KVSDK_REQUIRE(p.quant_group >= 1 && p.quant_group <= 4096, "policy.quant_group is ",
                 p.quant_group, " (must be 1..4096)");
-  KVSDK_REQUIRE(p.quant_residual >= 0, "policy.quant_residual is negative");
+  KVSDK_REQUIRE(p.quant_residual >= 0 || p.quant_residual == KVSDK_QUANT_RESIDUAL_AUTO,
+                "policy.quant_residual is ", p.quant_residual,
+                " (must be >= 0, or KVSDK_QUANT_RESIDUAL_AUTO = -1)");
   KVSDK_REQUIRE(p.sink_tokens >= 0, "policy.sink_tokens is negative");
   KVSDK_REQUIRE(p.recent_tokens >= 0, "policy.recent_tokens is negative");
   KVSDK_REQUIRE(p.obs_window >= 1, "policy.obs_window is ", p.obs_window, " (must be >= 1)");
@@ -75,6 +78,23 @@ kvsdk_policy policy_from_c(const kvsdk_policy* caller) {
                 "policy.evict_slack is ", p.evict_slack, " (must be in [0, ", kMaxEvictSlack,
                 "]: a share of a layer's cap)");
   return p;
+}
+
+kvsdk_policy resolve_auto_residual(const kvsdk_policy& policy, uint64_t rows) {
+  if (policy.quant_residual != KVSDK_QUANT_RESIDUAL_AUTO) return policy;
+  // kvsdk.h gives the rule and the measurement behind it: 1/32 of the rows, at least 16 (no
+  // window at all cost fidelity), at most KIVI's own 128 (reached from 4096 rows on).
+  constexpr uint64_t kMin = 16, kMax = 128, kShare = 32;
+  kvsdk_policy p = policy;
+  const uint64_t r = rows == 0 ? kMax : (rows + kShare / 2) / kShare;
+  p.quant_residual = int32_t(std::min(kMax, std::max(kMin, r)));
+  return p;
+}
+
+uint64_t budget_rows_per_layer(uint64_t budget_bytes, uint32_t n_layers, uint32_t n_kv_heads,
+                               uint32_t head_dim) {
+  const uint64_t row = uint64_t(head_dim) * 4 + sizeof(int32_t);  // f16 key + value, position
+  return budget_bytes / (uint64_t(n_layers) * n_kv_heads * row);
 }
 
 void require_policy_implemented(const kvsdk_policy& p) {

@@ -13,6 +13,10 @@
 namespace kvsdk {
 
 cpu::KiviConfig kivi_config(const kvsdk_policy& p) {
+  if (p.quant_residual < 0) {  // KVSDK_QUANT_RESIDUAL_AUTO is resolved by the cache (policy.h)
+    fail(KVSDK_E_INTERNAL, "KIVI store built from an unresolved quant_residual ",
+         p.quant_residual);
+  }
   return cpu::KiviConfig{uint32_t(p.quant_bits), uint32_t(p.quant_group),
                          uint32_t(p.quant_residual)};
 }

@@ -86,18 +86,19 @@ std::vector<float> rows(const kvsdk_cache* c, const kvsdk_geometry& g) {
 
 // `kvsdk recompress IN OUT --policy SPEC --budget BYTES`; its exit status (-1: died).
 int run_recompress(const std::string& in, const std::string& out, const std::string& spec,
-                   uint64_t budget, std::string* err) {
+                   uint64_t budget, std::string* err, const std::string& extra = "") {
 #ifdef KVSDK_CLI
   const std::string log = out + ".log";
   const std::string cmd = std::string("'") + KVSDK_CLI + "' recompress '" + in + "' '" + out +
                           "' --policy '" + spec + "' --budget " + std::to_string(budget) +
-                          " --zstd-level " + std::to_string(kZstd) + " >'" + log + "' 2>&1";
+                          " --zstd-level " + std::to_string(kZstd) + " " + extra + " >'" +
+                          log + "' 2>&1";
   const int rc = std::system(cmd.c_str());
   const std::vector<uint8_t> text = read_file(log);
   *err = std::string(text.begin(), text.end());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 #else
-  (void)in, (void)out, (void)spec, (void)budget, (void)err;
+  (void)in, (void)out, (void)spec, (void)budget, (void)err, (void)extra;
   return -2;
 #endif
 }
@@ -441,6 +442,52 @@ TEST(SaveTargetSource, KiviGivesItsDequantizedRows) {
     differ += kvsdk::f16_to_f32(kvsdk::f32_to_f16(want[i])) != got[i];
   }
   EXPECT_EQ(differ, 0u);
+}
+
+// KVSDK_QUANT_RESIDUAL_AUTO in a target: the window follows the rows converted (kTokens = 320
+// per layer: round(320 / 32) = 10, raised to the least window, 16), the loaded cache carries
+// the resolved value, and `kvsdk recompress --residual auto` writes the same bytes.
+TEST(SaveTargetAutoResidual, WindowFollowsTheRowsConverted) {
+  const kvsdk_geometry g = make_geometry(kLayers, kQ, kKv, kDim);
+  ContextPtr ctx = make_context();
+  CachePtr c = make_cache(ctx.get(), g);
+  ASSERT_TRUE(c);
+  fill(c.get(), g, 9);
+  kvsdk_policy kivi;
+  ASSERT_EQ(kvsdk_policy_parse(&kivi, "kivi"), KVSDK_OK);
+  kivi.quant_residual = KVSDK_QUANT_RESIDUAL_AUTO;
+  const kvsdk_save_options o = target_options(&kivi, 0);
+  TempDir dir;
+  const std::string path = dir.file("auto.kvsnap");
+  ASSERT_EQ(kvsdk_cache_save(c.get(), path.c_str(), &o), KVSDK_OK) << kvsdk_last_error();
+  kvsdk_cache* raw = nullptr;
+  ASSERT_EQ(kvsdk_cache_load(&raw, ctx.get(), path.c_str(), &g, nullptr), KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr loaded(raw);
+  kvsdk_policy p;
+  kvsdk_policy_init(&p, KVSDK_METHOD_FULL);
+  ASSERT_EQ(kvsdk_cache_policy(loaded.get(), &p), KVSDK_OK);
+  EXPECT_EQ(p.quant_residual, 16);
+  // Exact rows: at most R + G - 1 = 47 of the 320 per layer and head, far fewer than the
+  // fixed window's 128 or more.
+  const kvsdk_cache_stats s = stats(loaded.get());
+  EXPECT_LE(s.bytes_by_tier[KVSDK_TIER_EXACT],
+            uint64_t(kLayers) * kKv * 47 * kDim * 2 * 2);
+  EXPECT_GT(s.bytes_by_tier[KVSDK_TIER_QUANTIZED], 0u);
+
+  const std::string plain = path + ".plain", re = path + ".re";
+  kvsdk_save_options po;
+  kvsdk_save_options_init(&po);
+  po.zstd_level = kZstd;
+  ASSERT_EQ(kvsdk_cache_save(c.get(), plain.c_str(), &po), KVSDK_OK) << kvsdk_last_error();
+  std::string err;
+  const int rc = run_recompress(plain, re, "kivi", 0, &err, "--residual auto");
+  if (rc == -2) GTEST_SKIP() << "the kvsdk CLI is not built with these tests";
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_EQ(read_file(re), read_file(path)) << "kvsdk recompress wrote other bytes";
+  // A window that is neither a count nor 'auto' is a usage error, and writes nothing.
+  EXPECT_EQ(run_recompress(plain, path + ".bad", "kivi", 0, &err, "--residual -5"), 2) << err;
+  EXPECT_FALSE(exists(path + ".bad"));
 }
 
 }  // namespace

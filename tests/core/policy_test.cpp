@@ -88,3 +88,37 @@ TEST(Policy, ValidatesParameters) {
   EXPECT_EQ(kvsdk_cache_create(&cache, ctx.get(), &g, &p), KVSDK_E_INVALID_ARG);
   EXPECT_EQ(cache, nullptr);
 }
+
+// KVSDK_QUANT_RESIDUAL_AUTO on kvsdk_cache_create: resolved from the rows per layer and KV head
+// that the context's budget holds in f16 (4 x head_dim + 4 bytes a row), as round(rows / 32)
+// within 16..128; 128 without a budget. Other negative windows are refused.
+TEST(Policy, AutoResidualFollowsTheContextBudget) {
+  const kvsdk_geometry g = kvsdk_test::make_geometry(2, 4, 2, 16);
+  const uint64_t row = 16 * 4 + 4;  // bytes of one f16 row with its position
+  struct Case {
+    uint64_t rows;  // per layer and KV head; 0: no budget
+    int32_t want;
+  };
+  for (const Case& c : {Case{0, 128}, Case{100, 16}, Case{2000, 63}, Case{3000, 94},
+                        Case{100000, 128}}) {
+    auto ctx = kvsdk_test::make_context(c.rows * g.n_layers * g.n_kv_heads * row);
+    kvsdk_policy p;
+    ASSERT_EQ(kvsdk_policy_parse(&p, "kivi"), KVSDK_OK);
+    p.quant_residual = KVSDK_QUANT_RESIDUAL_AUTO;
+    kvsdk_cache* cache = nullptr;
+    ASSERT_EQ(kvsdk_cache_create(&cache, ctx.get(), &g, &p), KVSDK_OK) << kvsdk_last_error();
+    kvsdk_policy got;
+    kvsdk_policy_init(&got, KVSDK_METHOD_FULL);
+    EXPECT_EQ(kvsdk_cache_policy(cache, &got), KVSDK_OK);
+    EXPECT_EQ(got.quant_residual, c.want) << c.rows << " rows";
+    kvsdk_cache_destroy(cache);
+  }
+  auto ctx = kvsdk_test::make_context();
+  kvsdk_policy p;
+  ASSERT_EQ(kvsdk_policy_parse(&p, "kivi"), KVSDK_OK);
+  p.quant_residual = -2;
+  kvsdk_cache* cache = nullptr;
+  EXPECT_EQ(kvsdk_cache_create(&cache, ctx.get(), &g, &p), KVSDK_E_INVALID_ARG);
+  EXPECT_NE(std::string(kvsdk_last_error()).find("quant_residual"), std::string::npos);
+  EXPECT_EQ(cache, nullptr);
+}

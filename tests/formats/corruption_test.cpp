@@ -194,13 +194,13 @@ class Crafted : public ::testing::Test {
   static flatbuffers::Offset<fb::Metadata> metadata(flatbuffers::FlatBufferBuilder& b,
                                                     uint32_t layers, uint32_t kv, uint32_t dim,
                                                     const std::vector<Layer>& ls,
-                                                    int method = 0) {
+                                                    int method = 0, int residual = 128) {
     std::vector<flatbuffers::Offset<fb::LayerInfo>> infos;
     for (const Layer& l : ls) {
       infos.push_back(fb::CreateLayerInfo(b, l.appended, b.CreateVector(l.head_tokens)));
     }
     const auto geo = fb::CreateGeometry(b, layers, kv, kv, dim, 0, 1, 10000.0f, 0.25f);
-    const auto pol = fb::CreatePolicy(b, method, 0, 32, 128, 4, 32, 32, 7, 0, 0.5f, 0.5f, 0.05f);
+    const auto pol = fb::CreatePolicy(b, method, 0, 32, residual, 4, 32, 32, 7, 0, 0.5f, 0.5f, 0.05f);
     return fb::CreateMetadata(b, 1, 0, 0, geo, pol, 0, b.CreateVector(infos));
   }
   // Writes header, the given frames, index and trailer, then `journal` frames.
@@ -235,9 +235,10 @@ class Crafted : public ::testing::Test {
     return {b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()};
   }
   static std::vector<uint8_t> meta_frame(uint32_t layers, uint32_t kv, uint32_t dim,
-                                         const std::vector<Layer>& ls, int method = 0) {
+                                         const std::vector<Layer>& ls, int method = 0,
+                                         int residual = 128) {
     flatbuffers::FlatBufferBuilder b;
-    return finish(b, fb::Payload::Metadata, metadata(b, layers, kv, dim, ls, method));
+    return finish(b, fb::Payload::Metadata, metadata(b, layers, kv, dim, ls, method, residual));
   }
   static std::vector<uint8_t> rows_frame(uint32_t layer, uint32_t head, uint64_t begin,
                                          size_t n, size_t key_elems, size_t value_elems,
@@ -276,6 +277,9 @@ TEST_F(Crafted, AbsurdCountsAndSizesAreCorrupt) {
       {{K::kMetadata, meta_frame(1, 1, 4, {{2, {2, 2}}})}},
       // Invalid policy value.
       {{K::kMetadata, meta_frame(1, 1, 4, {{2, {2}}}, 999)}},
+      // A KIVI window left unresolved (caches resolve KVSDK_QUANT_RESIDUAL_AUTO before saving).
+      {{K::kMetadata, meta_frame(1, 1, 4, {{2, {2}}}, KVSDK_METHOD_KIVI, KVSDK_QUANT_RESIDUAL_AUTO)}},
+      {{K::kMetadata, meta_frame(1, 1, 4, {{2, {2}}}, 0, KVSDK_QUANT_RESIDUAL_AUTO)}},
       // Rows: wrong array sizes, out-of-range head/layer, out of order, too many, too few.
       {{K::kMetadata, meta}, {K::kTierChunk, rows_frame(0, 0, 0, 2, 7, 8)}},
       {{K::kMetadata, meta}, {K::kTierChunk, rows_frame(0, 0, 0, 2, 8, 800)}},

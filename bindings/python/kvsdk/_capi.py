@@ -35,6 +35,8 @@ class kvsdk_geometry(Structure):
 
 # ----- Policy --------------------------------------------------------------------------------
 KVSDK_METHOD_COUNT = 11
+# kvsdk_policy.quant_residual: the KIVI window chosen by length (kvsdk.h).
+KVSDK_QUANT_RESIDUAL_AUTO = -1
 
 class kvsdk_policy(Structure):
     _fields_ = [("struct_size", c_uint32), ("method", c_int32), ("quant_bits", c_int32),

@@ -6,6 +6,7 @@ library's *_init functions, never from copies of their numbers.
 import ctypes
 import dataclasses
 import enum
+import typing
 
 from . import _capi
 from ._capi import lib
@@ -181,6 +182,10 @@ class Policy:
     fetch_tokens: int
     match_tokens: int
     evict_slack: float  # amortized eviction: share of a layer's cap evicted beyond it, 0..0.5
+
+    # quant_residual = Policy.RESIDUAL_AUTO: the KIVI exact window chosen by the length the
+    # cache holds (KVSDK_QUANT_RESIDUAL_AUTO; resolved when a cache is created or converted).
+    RESIDUAL_AUTO: typing.ClassVar[int] = _capi.KVSDK_QUANT_RESIDUAL_AUTO
 
     @classmethod
     def defaults(cls, method):

@@ -53,6 +53,19 @@ class CompressionTest(unittest.TestCase):
         full = kvsdk.Cache(ctx, geometry())
         self.assertEqual(status_of(full.set_allocation, [1, 1]), Status.UNSUPPORTED)
 
+    def test_auto_residual_window_is_resolved_by_the_budget(self):
+        # 100 rows per layer and KV head in f16 (head_dim x 4 + 4 bytes each): round(100 / 32) = 3,
+        # raised to the least window, 16; without a budget, KIVI's 128.
+        g = geometry()
+        p = kvsdk.Policy.parse("kivi")
+        p.quant_residual = kvsdk.Policy.RESIDUAL_AUTO
+        rows_budget = 100 * g.n_layers * g.n_kv_heads * (g.head_dim * 4 + 4)
+        for budget, want in ((rows_budget, 16), (0, 128)):
+            cache = kvsdk.Cache(kvsdk.Context(budget_bytes=budget), g, p)
+            self.assertEqual(cache.policy.quant_residual, want)
+        p.quant_residual = -2
+        self.assertEqual(status_of(kvsdk.Cache, kvsdk.Context(), g, p), Status.INVALID_ARG)
+
     def test_plan_allocation_marshals_every_layer(self):
         w0, w1 = [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0]
         self.assertEqual(kvsdk.plan_allocation([w0, w1], AllocMode.TOTAL_TOKENS, 7), [4, 3])

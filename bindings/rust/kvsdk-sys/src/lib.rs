@@ -105,6 +105,8 @@ pub const KVSDK_METHOD_MINICACHE: kvsdk_method = 8;
 pub const KVSDK_METHOD_SMALLKV: kvsdk_method = 9;
 pub const KVSDK_METHOD_SPECACHE: kvsdk_method = 10;
 pub const KVSDK_METHOD_COUNT: i32 = 11;
+/// `kvsdk_policy.quant_residual`: the KIVI window chosen by length (kvsdk.h).
+pub const KVSDK_QUANT_RESIDUAL_AUTO: i32 = -1;
 
 pub type kvsdk_pool_kind = i32;
 pub const KVSDK_POOL_MAX: kvsdk_pool_kind = 0;

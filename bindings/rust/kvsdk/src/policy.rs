@@ -115,6 +115,10 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// `quant_residual = Policy::RESIDUAL_AUTO`: the KIVI exact window chosen by the length the
+    /// cache holds (`KVSDK_QUANT_RESIDUAL_AUTO`; resolved when a cache is created or converted).
+    pub const RESIDUAL_AUTO: i32 = sys::KVSDK_QUANT_RESIDUAL_AUTO;
+
     /// The defaults of `method` (kvsdk_policy_init).
     pub fn new(method: Method) -> Result<Policy> {
         let mut raw = sys::kvsdk_policy::default();

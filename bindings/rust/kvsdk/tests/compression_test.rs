@@ -153,3 +153,22 @@ fn evict_slack_defaults_round_trips_and_is_checked() {
     bad.evict_slack = f32::NAN;
     assert_eq!(Cache::new(&ctx, &g, &bad).unwrap_err().status, Status::InvalidArg);
 }
+
+#[test]
+fn auto_residual_window_is_resolved_by_the_budget() {
+    // 100 rows per layer and KV head in f16 (8 x 4 + 4 bytes each): round(100 / 32) = 3, raised
+    // to the least window, 16; without a budget, KIVI's 128.
+    let g = geometry();
+    let mut p = Policy::parse("kivi").unwrap();
+    p.quant_residual = Policy::RESIDUAL_AUTO;
+    let row = u64::from(g.head_dim) * 4 + 4;
+    let budget = 100 * u64::from(g.n_layers) * u64::from(g.n_kv_heads) * row;
+    for (b, want) in [(budget, 16), (0, 128)] {
+        let ctx = Context::with_budget(b).unwrap();
+        let cache = Cache::new(&ctx, &g, &p).unwrap();
+        assert_eq!(cache.policy().unwrap().quant_residual, want);
+    }
+    p.quant_residual = -2;
+    let ctx = Context::with_budget(0).unwrap();
+    assert_eq!(Cache::new(&ctx, &g, &p).unwrap_err().status, Status::InvalidArg);
+}

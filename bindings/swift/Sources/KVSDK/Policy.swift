@@ -43,6 +43,9 @@ public struct Policy {
     public var quantResidual: Int32 {
         get { raw.quant_residual } set { raw.quant_residual = newValue }
     }
+    /// `quantResidual = Policy.residualAuto`: the KIVI exact window chosen by the length the
+    /// cache holds (KVSDK_QUANT_RESIDUAL_AUTO; resolved when a cache is created or converted).
+    public static let residualAuto: Int32 = -1
     public var sinkTokens: Int32 { get { raw.sink_tokens } set { raw.sink_tokens = newValue } }
     public var recentTokens: Int32 {
         get { raw.recent_tokens } set { raw.recent_tokens = newValue }
