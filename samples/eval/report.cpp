@@ -64,7 +64,8 @@ std::string family_of(const TargetTrial& x) { return x.label.empty() ? x.policy 
 // The save-as targets' KIVI residual window: a row count, or negative (the library's automatic
 // choice, KVSDK_QUANT_RESIDUAL_AUTO).
 std::string residual_text(int residual) {
-  return residual < 0 ? std::string("chosen by the library from the rows the cache holds")
+  return residual < 0 ? std::string("KVSDK_QUANT_RESIDUAL_AUTO, round(rows / 32) within 16..128 "
+                                    "of the rows the converted cache holds")
                       : std::to_string(residual) + " rows";
 }
 

@@ -58,11 +58,12 @@ struct Family {
   std::string save_as;
 };
 
-// The exact KIVI residual window R of every save-as target. Saved KIVI keeps its newest R rows
-// exact; the default (128) is sized for a live cache that keeps quantizing as it grows, and on a
-// budgeted cache of a few hundred rows it would keep most of them exact: a short window is what
-// makes the saved file small.
-constexpr int32_t kSaveAsResidual = 16;
+// The exact KIVI residual window R of every save-as target: the library's choice from the rows
+// the converted cache holds (KVSDK_QUANT_RESIDUAL_AUTO, "Targeted saves" in kvsdk.h). Saved KIVI
+// keeps its newest R rows exact; the default (128) is sized for a live cache that keeps
+// quantizing as it grows, and on a budgeted cache of a few hundred rows it would keep most of
+// them exact: a window scaled to the rows kept is what makes the saved file small.
+constexpr int32_t kSaveAsResidual = KVSDK_QUANT_RESIDUAL_AUTO;
 
 // "h2o" for a plain family, "h2o>kivi2" for h2o saved as h2o+kivi2, "full>kivi2" for full saved
 // as kivi+kivi2: the live method, then the width the file is written at.

@@ -533,6 +533,7 @@ TEST(TargetReport, JsonAndMarkdownHoldTheRecipe) {
   none.found = false;
   none.trials[0].passed = false;
   none.skipped = {"kivi+kivi4"};
+  none.save_as_residual = KVSDK_QUANT_RESIDUAL_AUTO;
   const std::string json = testing::TempDir() + "t.json", md = testing::TempDir() + "t.md";
   eval::write_json(json, {}, {t, saved, none});
   eval::write_markdown(md, {}, {t, saved, none});
@@ -549,7 +550,7 @@ TEST(TargetReport, JsonAndMarkdownHoldTheRecipe) {
                           "\"budget_pct\": 9.375, \"status\": \"ok\"",
                           "\"status\": \"unsupported\"", "\"error\": \"a layer evicted per KV head\"",
                           "{\"policy\": \"xkv+kivi2\", \"save_as\": null, \"label\": \"xkv+kivi2\"",
-                          "\"save_as_residual\": 16",
+                          "\"save_as_residual\": 16", "\"save_as_residual\": \"auto\"",
                           "\"snapshot_bytes\": 80", "\"ratio\": 0.08", "\"evaluations\": 7",
                           "\"seconds\": 12.5", "\"found\": false, \"recipe\": null"}) {
     EXPECT_NE(j.str().find(key), std::string::npos) << key << " in\n" << j.str();
