@@ -68,26 +68,65 @@ struct Resumed {
   uint64_t snapshot_bytes = 0;  // the conversation's snapshot (the proxy's is not counted)
 };
 
+// `cache` saved to a buffer with `options` (NULL: defaults).
+std::vector<unsigned char> save_to_buffer(kvsdk_cache* cache, const kvsdk_save_options* options) {
+  size_t size = 0;
+  llama::check(kvsdk_cache_save_to_buffer(cache, options, nullptr, 0, &size),
+               "kvsdk_cache_save_to_buffer (size)");
+  std::vector<unsigned char> snapshot(size);
+  llama::check(kvsdk_cache_save_to_buffer(cache, options, snapshot.data(), size, &size),
+               "kvsdk_cache_save_to_buffer");
+  snapshot.resize(size);
+  return snapshot;
+}
+
+// `kvsdk recompress` on a buffer: `snapshot` loaded into a scratch context without a budget and
+// saved converted to `target` (target_budget_bytes 0: the loaded cache's own budget; the other
+// options the defaults, as every snapshot of the eval). Why not a targeted save straight from
+// the live cache: the eval's context budget is full (the live cache fills it), and the converted
+// cache is charged to that same context while it is built ("Targeted saves" in kvsdk.h), so an
+// eviction target would evict to the few free bytes and a KIVI target would fail; a scratch
+// context without a budget converts every row the live cache kept, as recompress does.
+std::vector<unsigned char> recompress(const std::vector<unsigned char>& snapshot,
+                                      const kvsdk_policy& target) {
+  llama::ContextHandle scratch(0);
+  kvsdk_cache* loaded = nullptr;
+  llama::check(kvsdk_cache_load_from_buffer(&loaded, scratch.ctx, snapshot.data(), snapshot.size(),
+                                            nullptr, nullptr),
+               "kvsdk_cache_load_from_buffer (save-as source)");
+  std::unique_ptr<kvsdk_cache, decltype(&kvsdk_cache_destroy)> owned(loaded, kvsdk_cache_destroy);
+  kvsdk_save_options o;
+  llama::check(kvsdk_save_options_init(&o), "kvsdk_save_options_init");
+  o.target_policy = &target;
+  o.target_budget_bytes = 0;
+  return save_to_buffer(loaded, &o);
+}
+
 Resumed save_and_resume(const llama::Model& model, kvsdk_context* ctx,
                         std::unique_ptr<llama::Session> live,
                         std::unique_ptr<llama::ProxyRunner> live_proxy,
-                        const llama::Model* proxy_model, int position) {
-  size_t size = 0;
-  llama::check(kvsdk_cache_save_to_buffer(live->cache(), nullptr, nullptr, 0, &size),
-               "kvsdk_cache_save_to_buffer (size)");
-  std::vector<unsigned char> snapshot(size);
-  llama::check(kvsdk_cache_save_to_buffer(live->cache(), nullptr, snapshot.data(), size, &size),
-               "kvsdk_cache_save_to_buffer");
+                        const llama::Model* proxy_model, int position,
+                        const kvsdk_policy* save_as) {
+  std::vector<unsigned char> snapshot = save_to_buffer(live->cache(), nullptr);
   const std::string proxy_file = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
                                  "/kvsdk-eval-proxy-" + std::to_string(::getpid()) + ".kvsnap";
   if (live_proxy) live_proxy->save(proxy_file);
   // The live conversation goes first (its bytes leave the budget), as when the app quit.
   live_proxy.reset();
   live.reset();
+  if (save_as) {
+    try {
+      snapshot = recompress(snapshot, *save_as);
+    } catch (...) {
+      std::remove(proxy_file.c_str());
+      throw;
+    }
+  }
   Resumed r;
-  r.snapshot_bytes = size;
+  r.snapshot_bytes = snapshot.size();
   kvsdk_cache* cache = nullptr;
-  llama::check(kvsdk_cache_load_from_buffer(&cache, ctx, snapshot.data(), size, nullptr, nullptr),
+  llama::check(kvsdk_cache_load_from_buffer(&cache, ctx, snapshot.data(), snapshot.size(), nullptr,
+                                            nullptr),
                "kvsdk_cache_load_from_buffer");
   r.session = std::make_unique<llama::Session>(model, cache, position);  // owns `cache`
   if (proxy_model) {
@@ -211,7 +250,7 @@ Reference build_reference(const llama::Model& model, const std::vector<int>& tex
 
 Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_policy& policy,
                  uint64_t budget_bytes, bool with_mini_prefill, const llama::Model* proxy_model,
-                 bool with_ppl) {
+                 bool with_ppl, const kvsdk_policy* save_as) {
   const size_t V = size_t(model.config().vocab_size);
   Outcome out;
   try {
@@ -249,7 +288,7 @@ Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_po
                 &out.prefill_bytes, live_proxy.get());
     }
     Resumed r = save_and_resume(model, ctx.ctx, std::move(live), std::move(live_proxy), proxy_model,
-                                int(resume));
+                                int(resume), save_as);
     out.snapshot_bytes = r.snapshot_bytes;
     if (specache) {
       out.fetch_hit_rate = specache_decode(*r.session, tokens, resume, ref.schedule, &logits,

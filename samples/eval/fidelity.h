@@ -57,9 +57,18 @@ uint64_t snapshot_bytes(const kvsdk_cache* cache);
 // (llama::ProxyRunner, proxy_runner.h). Without `with_ppl` the perplexity pass over the text is
 // skipped (ppl stays 0): top-1, KL and the snapshot come from the continuation alone, which is
 // all kvsdk-eval --target needs, at half the cost.
+//
+// With `save_as`, the resume snapshot is the live cache converted to that policy at save time,
+// as `kvsdk recompress` writes it: the live cache saved as it is, loaded into a scratch context
+// without a budget and saved there with kvsdk_save_options.target_policy = *save_as (and
+// target_budget_bytes 0: the loaded cache's own budget). That converted snapshot is what the
+// eval's context loads and the continuation is scored on, and `snapshot_bytes` is its size. A
+// pair the library refuses (e.g. a source evicted per KV head) is a failed Outcome with the
+// status and message.
 Outcome evaluate(const llama::Model& model, const Reference& ref, const kvsdk_policy& policy,
                  uint64_t budget_bytes, bool mini_prefill = false,
-                 const llama::Model* proxy = nullptr, bool with_ppl = true);
+                 const llama::Model* proxy = nullptr, bool with_ppl = true,
+                 const kvsdk_policy* save_as = nullptr);
 
 // Perplexity of `text` given logits (text.size() x vocab): exp of the mean next-token NLL over
 // text[1..n): every token but the first is scored, each predicted from all tokens before it. No

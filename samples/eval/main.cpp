@@ -7,7 +7,8 @@
 // KVSDK_E_UNSUPPORTED are skipped with a note, so methods added later appear automatically.
 //
 // With --target top1=X[,kl=Y], instead of the grid: per model, the smallest resume snapshot
-// that meets the target, searched coarse-to-fine over the policies, their KIVI widths and a
+// that meets the target, searched coarse-to-fine over the policies, their KIVI widths, the
+// exact-row policies saved as KIVI ("h2o>kivi2": live h2o, file written as h2o+kivi2) and a
 // continuous budget (target_search.h).
 #include <chrono>
 #include <cstdio>
@@ -84,10 +85,12 @@ void usage(std::FILE* f) {
                "  --target top1=0.95[,kl=0.01]\n"
                "                      instead of the budget grid: per model, the smallest snapshot\n"
                "                      meeting the target, searched over the policies (and every KIVI\n"
-               "                      width of those that quantize) and a continuous budget: a ladder\n"
-               "                      of 50..3.125%%, then bisection; assumes fidelity is monotone in\n"
-               "                      the budget and reports only measured points (not with --budgets,\n"
-               "                      --slacks or --mini-prefill; --plot then draws the search)\n"
+               "                      width of those that quantize, and full and the evicting ones\n"
+               "                      saved as KIVI 1/2/4/8, e.g. 'h2o>kivi2') and a continuous\n"
+               "                      budget: a ladder of 50..3.125%%, then bisection; assumes\n"
+               "                      fidelity is monotone in the budget and reports only measured\n"
+               "                      points (not with --budgets, --slacks or --mini-prefill; --plot\n"
+               "                      then draws the search)\n"
                "  --bisect-steps N    --target's bisection steps per policy (default 3)\n"
                "  --json FILE  --markdown FILE  --plot FILE.png\n",
                kCompositions[0], kCompositions[1], kCompositions[2], kHeldOutOffset, KVSDK_SHARED_DIR);
@@ -300,17 +303,25 @@ eval::TargetRecord search_target(const Options& o, const std::string& name, cons
     }
   }
   const std::vector<eval::Family> families = eval::expand_families(o.policies, accept);
-  std::vector<std::string> statuses;  // each measurement's status, in the order of the trials
+  // Each measurement's status and error, in the order of the trials.
+  std::vector<std::string> statuses, errors;
   auto measure = [&](size_t f, double pct) {
     kvsdk_policy policy;
     llama::check(kvsdk_policy_parse(&policy, families[f].spec.c_str()), "kvsdk_policy_parse");
     const uint64_t budget =
         std::max<uint64_t>(1, uint64_t(double(ref.full_cache_bytes) * pct / 100.0));
+    // A save-as family runs live as its spec and is scored on its snapshot converted to the
+    // target, as `kvsdk recompress` writes it (eval::evaluate's save_as).
+    kvsdk_policy target;
+    const bool save_as = !families[f].save_as.empty();
+    if (save_as) target = eval::save_as_policy(families[f]);
     const eval::Outcome out =
         eval::evaluate(model, ref, policy, budget, false,
                        policy.method == KVSDK_METHOD_SMALLKV ? proxy.get() : nullptr,
-                       /*with_ppl=*/false);
+                       /*with_ppl=*/false, save_as ? &target : nullptr);
     statuses.push_back(out.ok ? "ok" : kvsdk_status_str(out.status));
+    errors.push_back(out.error);
+    const std::string label = eval::label(families[f]);
     eval::Point p;
     p.ok = out.ok;
     p.snapshot_bytes = out.snapshot_bytes;
@@ -318,12 +329,12 @@ eval::TargetRecord search_target(const Options& o, const std::string& name, cons
     p.kl = out.kl;
     if (out.ok) {
       std::fprintf(stderr, "[%s] target %-16s %8.4f%%: snapshot %8llu (%.3f x full)  top-1 %.4f  KL %.5f\n",
-                   name.c_str(), families[f].spec.c_str(), pct, (unsigned long long)out.snapshot_bytes,
+                   name.c_str(), label.c_str(), pct, (unsigned long long)out.snapshot_bytes,
                    double(out.snapshot_bytes) / double(ref.full_snapshot_bytes), out.top1_agreement,
                    out.kl);
     } else {
-      std::fprintf(stderr, "[%s] target %-16s %8.4f%%: failed: %s\n", name.c_str(),
-                   families[f].spec.c_str(), pct, kvsdk_status_str(out.status));
+      std::fprintf(stderr, "[%s] target %-16s %8.4f%%: failed: %s\n", name.c_str(), label.c_str(),
+                   pct, out.error.c_str());
     }
     return p;
   };
@@ -337,6 +348,8 @@ eval::TargetRecord search_target(const Options& o, const std::string& name, cons
   t.full_snapshot_bytes = ref.full_snapshot_bytes;
   if (res.found) {
     t.policy = families[res.family].spec;
+    t.save_as = families[res.family].save_as;
+    t.label = eval::label(families[res.family]);
     t.budget_pct = res.best.budget_pct;
     t.budget_bytes =
         std::max<uint64_t>(1, uint64_t(double(ref.full_cache_bytes) * res.best.budget_pct / 100.0));
@@ -350,12 +363,16 @@ eval::TargetRecord search_target(const Options& o, const std::string& name, cons
   t.evaluations = res.trials.size();
   t.pruned = res.pruned;
   t.violations = res.violations;
+  t.save_as_residual = eval::kSaveAsResidual;
   t.ladder = o.search.ladder;
   t.bisect_steps = o.search.bisect_steps;
   for (size_t k = 0; k < res.trials.size(); ++k) {
     const eval::Trial& x = res.trials[k];
     eval::TargetTrial tt;
     tt.policy = families[x.family].spec;
+    tt.save_as = families[x.family].save_as;
+    tt.label = eval::label(families[x.family]);
+    tt.error = errors[k];
     tt.budget_pct = x.point.budget_pct;
     tt.ok = x.point.ok;
     tt.status = statuses[k];
@@ -365,7 +382,7 @@ eval::TargetRecord search_target(const Options& o, const std::string& name, cons
     tt.passed = x.passed;
     t.trials.push_back(tt);
   }
-  for (size_t f : res.skipped) t.skipped.push_back(families[f].spec);
+  for (size_t f : res.skipped) t.skipped.push_back(eval::label(families[f]));
   t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return t;
 }
@@ -492,17 +509,19 @@ int main(int argc, char** argv) {
     }
     if (o.has_target) {
       std::printf("target: %s\n", eval::describe(o.target).c_str());
-      std::printf("%-18s %-16s %9s %11s %7s %7s %9s %6s %8s\n", "model", "recipe", "budget",
-                  "snapshot_B", "x_full", "top1", "KL", "evals", "seconds");
+      // The recipe's live policy, then its numbers; saved_as (last, "-" when the file is the
+      // cache as it is) is the policy the file is written as.
+      std::printf("%-18s %-16s %9s %11s %7s %7s %9s %6s %8s  %s\n", "model", "recipe", "budget",
+                  "snapshot_B", "x_full", "top1", "KL", "evals", "seconds", "saved_as");
       for (const eval::TargetRecord& t : targets) {
         if (t.found) {
-          std::printf("%-18s %-16s %8.4f%% %11llu %7.3f %7.4f %9.5f %6zu %8.1f\n", t.model.c_str(),
-                      t.policy.c_str(), t.budget_pct, (unsigned long long)t.snapshot_bytes,
+          std::printf("%-18s %-16s %8.4f%% %11llu %7.3f %7.4f %9.5f %6zu %8.1f  %s\n",
+                      t.model.c_str(), t.policy.c_str(), t.budget_pct, (unsigned long long)t.snapshot_bytes,
                       double(t.snapshot_bytes) / double(t.full_snapshot_bytes), t.top1_agreement,
-                      t.kl, t.evaluations, t.seconds);
+                      t.kl, t.evaluations, t.seconds, t.save_as.empty() ? "-" : t.save_as.c_str());
         } else {
-          std::printf("%-18s %-16s %9s %11s %7s %7s %9s %6zu %8.1f\n", t.model.c_str(), "none", "-",
-                      "-", "-", "-", "-", t.evaluations, t.seconds);
+          std::printf("%-18s %-16s %9s %11s %7s %7s %9s %6zu %8.1f  %s\n", t.model.c_str(), "none",
+                      "-", "-", "-", "-", "-", t.evaluations, t.seconds, "-");
         }
       }
       return 0;

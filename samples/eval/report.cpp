@@ -53,6 +53,24 @@ std::vector<std::string> models_in_order(const std::vector<Record>& records) {
   return models;
 }
 
+// "h2o" for a live recipe, "h2o saved as h2o+kivi2" for one whose file is converted.
+std::string recipe_text(const std::string& policy, const std::string& save_as) {
+  return save_as.empty() ? policy : policy + " saved as " + save_as;
+}
+
+// The family a trial belongs to (its label; the policy where a caller set none).
+std::string family_of(const TargetTrial& x) { return x.label.empty() ? x.policy : x.label; }
+
+// The save-as targets' KIVI residual window: a row count, or negative (the library's automatic
+// choice, KVSDK_QUANT_RESIDUAL_AUTO).
+std::string residual_text(int residual) {
+  return residual < 0 ? std::string("KVSDK_QUANT_RESIDUAL_AUTO, round(rows / 32) within 16..128 "
+                                    "of the rows the converted cache holds")
+                      : std::to_string(residual) + " rows";
+}
+
+std::string string_or_null(const std::string& s) { return s.empty() ? "null" : json_string(s); }
+
 // kvsdk-eval --target's section: the recipe per model, then each family's smallest passing point.
 void write_target_section(std::ostream& f, const std::vector<TargetRecord>& targets) {
   std::ostringstream ladder;
@@ -70,13 +88,18 @@ void write_target_section(std::ostream& f, const std::vector<TargetRecord>& targ
     << "recipe; what it reports is always a measured point that met the target (the smallest\n"
     << "measured snapshot; `inversions` counts pairs of one policy's points whose snapshots shrink\n"
     << "as the budget grows). `snapshot` is the resume snapshot against the full cache's.\n\n"
+    << "A recipe \"P saved as T\" keeps the live cache in policy P and writes its file converted\n"
+    << "to T (kvsdk_save_options.target_policy, as `kvsdk recompress` does; KIVI residual window\n"
+    << "of the targets: " << residual_text(targets.front().save_as_residual)
+    << "); its fidelity is measured on "
+    << "the converted cache loaded back from that file.\n\n"
     << "| model | target | recipe | budget | snapshot bytes | snapshot (x full) | top-1 agreement | "
        "KL (nats) | evaluations | pruned | inversions | seconds |\n"
     << "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const TargetRecord& t : targets) {
     f << "| " << t.model << " | " << t.target << " | ";
     if (t.found) {
-      f << t.policy << " | " << std::defaultfloat << std::setprecision(6) << t.budget_pct << "% | "
+      f << recipe_text(t.policy, t.save_as) << " | " << std::defaultfloat << std::setprecision(6) << t.budget_pct << "% | "
         << t.snapshot_bytes << " | " << std::fixed << std::setprecision(3)
         << double(t.snapshot_bytes) / double(t.full_snapshot_bytes ? t.full_snapshot_bytes : 1)
         << " | " << t.top1_agreement << " | " << std::setprecision(4) << t.kl << " | ";
@@ -91,28 +114,36 @@ void write_target_section(std::ostream& f, const std::vector<TargetRecord>& targ
       << ")\n\n"
       << "| policy | evaluations | budget | snapshot (x full) | top-1 agreement | KL (nats) |\n"
       << "|---|---:|---:|---:|---:|---:|\n";
-    std::vector<std::string> order;
+    std::vector<const TargetTrial*> order;  // the first trial of each family
     for (const TargetTrial& x : t.trials) {
       bool seen = false;
-      for (const std::string& p : order) seen = seen || p == x.policy;
-      if (!seen) order.push_back(x.policy);
+      for (const TargetTrial* p : order) seen = seen || family_of(*p) == family_of(x);
+      if (!seen) order.push_back(&x);
     }
-    for (const std::string& p : order) {
+    for (const TargetTrial* first : order) {
       const TargetTrial* best = nullptr;
-      size_t n = 0;
+      const TargetTrial* failed = nullptr;  // the first run that failed (why, in the table)
+      size_t n = 0, n_failed = 0;
       for (const TargetTrial& x : t.trials) {
-        if (x.policy != p) continue;
+        if (family_of(x) != family_of(*first)) continue;
         ++n;
+        if (!x.ok) {
+          ++n_failed;
+          if (!failed) failed = &x;
+        }
         if (x.passed && (!best || x.snapshot_bytes < best->snapshot_bytes)) best = &x;
       }
-      f << "| " << p << " | " << n << " | ";
+      f << "| " << recipe_text(first->policy, first->save_as) << " | " << n << " | ";
       if (best) {
         f << std::defaultfloat << std::setprecision(6) << best->budget_pct << "% | " << std::fixed
           << std::setprecision(3)
           << double(best->snapshot_bytes) / double(t.full_snapshot_bytes ? t.full_snapshot_bytes : 1)
           << " | " << best->top1_agreement << " | " << std::setprecision(4) << best->kl << " |\n";
       } else {
-        f << "none passed | - | - | - |\n";
+        f << "none passed";
+        // A refusal (e.g. a save-as pair the library cannot convert) says so, not only "none".
+        if (failed) f << " (" << n_failed << " failed: " << failed->status << ")";
+        f << " | - | - | - |\n";
       }
     }
     if (!t.skipped.empty()) {
@@ -160,7 +191,8 @@ void write_json(const std::string& path, const std::vector<Record>& records,
         << ", \"found\": " << (t.found ? "true" : "false")
         << ", \"recipe\": ";
       if (t.found) {
-        f << "{\"policy\": " << json_string(t.policy)
+        f << "{\"policy\": " << json_string(t.policy) << ", \"save_as\": " << string_or_null(t.save_as)
+          << ", \"label\": " << json_string(t.label.empty() ? t.policy : t.label)
           << ", \"budget_pct\": " << number_or_null(true, t.budget_pct)
           << ", \"budget_bytes\": " << t.budget_bytes << "}";
       } else {
@@ -176,16 +208,22 @@ void write_json(const std::string& path, const std::vector<Record>& records,
         << ", \"context_tokens\": " << t.context_tokens << ", \"prompt_tokens\": " << t.prompt_tokens
         << ", \"families\": " << t.families << ", \"evaluations\": " << t.evaluations
         << ", \"pruned\": " << t.pruned << ", \"snapshot_inversions\": " << t.violations
+        << ", \"save_as_residual\": "
+        << (t.save_as_residual < 0 ? std::string("\"auto\"") : std::to_string(t.save_as_residual))
         << ", \"seconds\": " << number_or_null(true, t.seconds) << ",\n    \"trials\": [";
       for (size_t k = 0; k < t.trials.size(); ++k) {
         const TargetTrial& x = t.trials[k];
         f << (k ? ",\n      " : "\n      ") << "{\"policy\": " << json_string(x.policy)
+          << ", \"save_as\": " << string_or_null(x.save_as)
+          << ", \"label\": " << json_string(family_of(x))
           << ", \"budget_pct\": " << number_or_null(true, x.budget_pct)
           << ", \"status\": " << json_string(x.status)
           << ", \"snapshot_bytes\": " << (x.ok ? std::to_string(x.snapshot_bytes) : "null")
           << ", \"top1_agreement\": " << number_or_null(x.ok, x.top1_agreement)
           << ", \"kl\": " << number_or_null(x.ok, x.kl)
-          << ", \"passed\": " << (x.passed ? "true" : "false") << "}";
+          << ", \"passed\": " << (x.passed ? "true" : "false");
+        if (!x.ok && !x.error.empty()) f << ", \"error\": " << json_string(x.error);
+        f << "}";
       }
       f << "],\n    \"skipped\": [";
       for (size_t k = 0; k < t.skipped.size(); ++k) f << (k ? ", " : "") << json_string(t.skipped[k]);
@@ -344,6 +382,7 @@ void write_target_plot(const std::string& path, const std::vector<TargetRecord>&
   // Per model: one data block per policy (its measured points by budget: snapshot share, top-1),
   // then one block with the recipe alone.
   std::vector<std::vector<std::string>> names(targets.size());
+  std::vector<std::vector<bool>> converted(targets.size());  // per series: a save-as family
   {
     std::ofstream d = open_out(data_path);
     for (size_t m = 0; m < targets.size(); ++m) {
@@ -352,8 +391,12 @@ void write_target_plot(const std::string& path, const std::vector<TargetRecord>&
       std::map<std::string, std::vector<const TargetTrial*>> by_policy;
       for (const TargetTrial& r : t.trials) {
         if (!r.ok) continue;
-        if (!by_policy.count(r.policy)) names[m].push_back(r.policy);
-        by_policy[r.policy].push_back(&r);
+        const std::string name = family_of(r);
+        if (!by_policy.count(name)) {
+          names[m].push_back(name);
+          converted[m].push_back(!r.save_as.empty());
+        }
+        by_policy[name].push_back(&r);
       }
       for (const std::string& p : names[m]) {
         std::vector<const TargetTrial*>& pts = by_policy[p];
@@ -371,13 +414,18 @@ void write_target_plot(const std::string& path, const std::vector<TargetRecord>&
       d << "\n\n";
     }
   }
+  // Tall enough that the key (outside, one line per series) fits beside the axes.
+  size_t series = 0;
+  for (const std::vector<std::string>& n : names) series = std::max(series, n.size() + 2);
   std::ofstream g = open_out(script_path);
-  g << "set terminal pngcairo size " << 620 * std::max<size_t>(1, targets.size())
-    << ",480 font ',10'\n"
+  g << "set terminal pngcairo size " << 820 * std::max<size_t>(1, targets.size()) << ","
+    << std::max<size_t>(480, 140 + 13 * series) << " font ',10'\n"
     << "set output '" << path << "'\n"
     << "set multiplot layout 1," << std::max<size_t>(1, targets.size())
-    << " title 'kvsdk-eval --target: resume snapshot vs top-1 agreement (every measured point)'\n"
-    << "set grid\nset key outside right top noenhanced samplen 2 spacing 0.9 font ',8'\n"
+    << " title 'kvsdk-eval --target: resume snapshot vs top-1 agreement (every measured point; "
+       "dashed: P>kiviN, live P saved as KIVI-N)'\n"
+    << "set grid\nset key outside right top noenhanced samplen 2 spacing 0.9 font ',8' maxrows "
+    << std::max<size_t>(1, series) << "\n"
     << "set logscale x\nset xrange [0.02:1.3]\nset yrange [0.7:1.01]\n"
     << "set xlabel 'snapshot bytes (x full snapshot, log)'\nset ylabel 'top-1 agreement'\n";
   size_t block = 0;
@@ -387,8 +435,8 @@ void write_target_plot(const std::string& path, const std::vector<TargetRecord>&
     g << "plot ";
     for (size_t i = 0; i < names[m].size(); ++i) {
       g << "'" << data_path << "' index " << block++ << " using 1:2 with linespoints pointsize 1.2 "
-        << (names[m][i] == "full" ? "lc rgb 'black' lw 2 " : "") << "title '" << names[m][i]
-        << "', ";
+        << (names[m][i] == "full" ? "lc rgb 'black' lw 2 " : "")
+        << (converted[m][i] ? "dt 2 " : "") << "title '" << names[m][i] << "', ";
     }
     g << "'" << data_path << "' index " << block++
       << " using 1:2 with points pt 6 ps 4 lw 2 lc rgb 'red' title 'recipe'";

@@ -26,10 +26,13 @@ struct Record {
 
 // One measurement of kvsdk-eval --target's search (target_search.h).
 struct TargetTrial {
-  std::string policy;
+  std::string policy;           // the live policy's spec
+  std::string save_as;          // the policy the snapshot was written as; empty: as it is
+  std::string label;            // the family's name in the search ("h2o>kivi2"; eval::label)
   double budget_pct = 0;
-  bool ok = false;              // false: the run failed (`status` says why)
+  bool ok = false;              // false: the run failed (`status` and `error` say why)
   std::string status;
+  std::string error;
   uint64_t snapshot_bytes = 0;  // meaningful when ok
   double top1_agreement = 0, kl = 0;
   bool passed = false;          // ran and met the target
@@ -42,13 +45,16 @@ struct TargetRecord {
   std::string target;            // e.g. "top-1 >= 0.95, KL <= 0.01"
   double min_top1 = -1, max_kl = -1;  // negative: not constrained
   bool found = false;
-  std::string policy;            // the recipe's policy spec
+  std::string policy;            // the recipe's live policy spec
+  std::string save_as;           // the policy its snapshot is written as; empty: as it is
+  std::string label;             // the recipe's family ("h2o>kivi2"; eval::label)
   double budget_pct = 0;         // its budget in % of the full cache's bytes
   uint64_t budget_bytes = 0;
   uint64_t snapshot_bytes = 0, full_snapshot_bytes = 0;  // resume snapshot, and full's there
   double top1_agreement = 0, kl = 0;
   size_t context_tokens = 0, prompt_tokens = 0;
   size_t families = 0, evaluations = 0, pruned = 0, violations = 0;
+  int save_as_residual = 0;      // the KIVI residual window of save-as targets (kSaveAsResidual)
   double seconds = 0;            // wall time of the search (the reference run not included)
   std::vector<double> ladder;    // the search's coarse budgets (%), and its bisection steps
   int bisect_steps = 0;
@@ -61,7 +67,7 @@ struct TargetRecord {
 // exactly what they wrote before --target existed. With them, the JSON becomes an object
 // {"records": [...], "models": [{"model": ..., "target": {...}}, ...]} and the Markdown gains a
 // section with the recipes and each family's smallest passing point (the budget-grid sections
-// follow when there are records).
+// follow when there are records). The recipe and every trial carry "save_as" (a spec or null).
 void write_json(const std::string& path, const std::vector<Record>& records,
                 const std::vector<TargetRecord>& targets = {});
 void write_markdown(const std::string& path, const std::vector<Record>& records,
@@ -72,7 +78,8 @@ void write_plot(const std::string& path, const std::vector<Record>& records);
 // kvsdk-eval --target --plot: top-1 agreement against the resume snapshot's bytes (share of the
 // full cache's snapshot) for every measured point of the search, one panel per model, one line
 // per policy (its budgets; `full` and plain `kivi` are the references), the recipe circled and
-// the top-1 bound drawn. Runs gnuplot like write_plot.
+// the top-1 bound drawn. Save-as families ("h2o>kivi2") are their own series, dashed, so that
+// they stand apart from the live policies. Runs gnuplot like write_plot.
 void write_target_plot(const std::string& path, const std::vector<TargetRecord>& targets);
 
 }  // namespace eval

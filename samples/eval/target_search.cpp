@@ -65,6 +65,27 @@ bool evicts_to_budget(const kvsdk_policy& policy) {
   }
 }
 
+std::string label(const Family& f) {
+  if (f.save_as.empty()) return f.spec;
+  kvsdk_policy live, target;
+  if (kvsdk_policy_parse(&live, f.spec.c_str()) != KVSDK_OK ||
+      kvsdk_policy_parse(&target, f.save_as.c_str()) != KVSDK_OK) {
+    return f.spec + ">" + f.save_as;  // not one expand_families made: say both specs
+  }
+  return std::string(kvsdk_method_name(kvsdk_method(live.method))) + ">kivi" +
+         std::to_string(target.quant_bits);
+}
+
+kvsdk_policy save_as_policy(const Family& f) {
+  kvsdk_policy p;
+  if (f.save_as.empty()) throw llama::Error("family '" + f.spec + "' has no save-as target");
+  if (kvsdk_policy_parse(&p, f.save_as.c_str()) != KVSDK_OK) {
+    throw llama::Error("save-as target '" + f.save_as + "': " + kvsdk_last_error());
+  }
+  p.quant_residual = kSaveAsResidual;
+  return p;
+}
+
 std::vector<Family> expand_families(const std::vector<std::string>& specs,
                                     const std::function<bool(const std::string& spec,
                                                              const kvsdk_policy& policy)>& accept) {
@@ -102,6 +123,41 @@ std::vector<Family> expand_families(const std::vector<std::string>& specs,
       (evicts_to_budget(c.policy) ? budgeted : fixed).push_back(c);
     }
   }
+  // Save-as variants of the accepted exact-row sources: `full` (whose file becomes plain KIVI)
+  // and the evicting ones, each method once (its first accepted spec), per width.
+  std::vector<Family> fixed_save_as;
+  std::vector<std::vector<Family>> budgeted_save_as(4);  // by width, in the order 2, 4, 1, 8
+  const int widths[4] = {2, 4, 1, 8};
+  std::vector<int32_t> sources;
+  for (const std::vector<Candidate>* list : {&fixed, &budgeted}) {
+    for (const Candidate& c : *list) {
+      const bool full = c.policy.method == KVSDK_METHOD_FULL;
+      if (c.policy.quant_bits != 0 || !(full || evicts_to_budget(c.policy))) continue;
+      bool seen = false;
+      for (int32_t m : sources) seen = seen || m == c.policy.method;
+      if (seen) continue;
+      sources.push_back(c.policy.method);
+      const std::string target_method =
+          full ? kvsdk_method_name(KVSDK_METHOD_KIVI) : kvsdk_method_name(kvsdk_method(c.policy.method));
+      for (int bits : {1, 2, 4, 8}) {
+        Family f;
+        f.spec = c.spec;
+        f.budgeted = !full;
+        f.save_as = target_method + "+kivi" + std::to_string(bits);
+        kvsdk_policy target;
+        if (kvsdk_policy_parse(&target, f.save_as.c_str()) != KVSDK_OK) continue;
+        target.quant_residual = kSaveAsResidual;
+        if (!accept(f.save_as, target)) continue;
+        if (full) {
+          fixed_save_as.push_back(f);
+        } else {
+          for (size_t w = 0; w < 4; ++w) {
+            if (widths[w] == bits) budgeted_save_as[w].push_back(f);
+          }
+        }
+      }
+    }
+  }
   std::vector<Family> out;
   for (const Candidate& c : fixed) {
     Family f;
@@ -119,7 +175,18 @@ std::vector<Family> expand_families(const std::vector<std::string>& specs,
     }
     out.push_back(f);
   }
-  for (const Candidate& c : budgeted) out.push_back(Family{c.spec, true, -1});
+  // Full saved as KIVI: every row, so with fewer bits (same rows, same scales and residual
+  // window) the file is never larger: the next narrower width bounds it, as above. They come
+  // in ascending widths, so that is the one before.
+  for (size_t k = 0; k < fixed_save_as.size(); ++k) {
+    Family f = fixed_save_as[k];
+    if (k > 0) f.at_least = int(out.size()) - 1;
+    out.push_back(f);
+  }
+  for (const std::vector<Family>& width : budgeted_save_as) {
+    out.insert(out.end(), width.begin(), width.end());
+  }
+  for (const Candidate& c : budgeted) out.push_back(Family{c.spec, true, -1, ""});
   return out;
 }
 

@@ -46,11 +46,32 @@ bool meets(const Target& t, const Point& p);
 // list) of a family whose snapshot is never larger than this one's (the same non-evicting
 // method with fewer KIVI bits: same rows, fewer code bits, same scales and residual window), or
 // -1: when that family's measured snapshot already cannot beat the best, this one is skipped.
+//
+// `save_as`: empty, the snapshot is the live cache saved as it is; otherwise a kvsdk_policy_parse
+// spec ("h2o+kivi2", "kivi+kivi2"): the live cache runs as `spec` and its snapshot is written
+// converted to that policy (kvsdk_save_options.target_policy, as `kvsdk recompress`), with the
+// KIVI residual window kSaveAsResidual (save_as_policy()).
 struct Family {
   std::string spec;
   bool budgeted = true;
   int at_least = -1;
+  std::string save_as;
 };
+
+// The exact KIVI residual window R of every save-as target: the library's choice from the rows
+// the converted cache holds (KVSDK_QUANT_RESIDUAL_AUTO, "Targeted saves" in kvsdk.h). Saved KIVI
+// keeps its newest R rows exact; the default (128) is sized for a live cache that keeps
+// quantizing as it grows, and on a budgeted cache of a few hundred rows it would keep most of
+// them exact: a window scaled to the rows kept is what makes the saved file small.
+constexpr int32_t kSaveAsResidual = KVSDK_QUANT_RESIDUAL_AUTO;
+
+// "h2o" for a plain family, "h2o>kivi2" for h2o saved as h2o+kivi2, "full>kivi2" for full saved
+// as kivi+kivi2: the live method, then the width the file is written at.
+std::string label(const Family& f);
+
+// The policy `f.save_as` names, with the residual window kSaveAsResidual. Throws llama::Error
+// when `f` has no save-as target or it does not parse.
+kvsdk_policy save_as_policy(const Family& f);
 
 // Whether `spec` evicts rows to its budget (its snapshot shrinks with the budget).
 bool evicts_to_budget(const kvsdk_policy& policy);
@@ -60,9 +81,23 @@ bool evicts_to_budget(const kvsdk_policy& policy);
 // "xkv+kivi2", ...) is tried at every bit width the parser takes (1, 2, 4, 8), spelled as the
 // parser reads it ("kivi+kivi1", "xkv+kivi8"; the method's default width keeps its plain name),
 // each (method, bits) once. `accept` says whether the library runs a spec (it is asked about
-// every variant; refused ones are left out). Non-budgeted families come first, each method's
-// widths ascending with `at_least` pointing at the next narrower width; the budgeted follow,
-// in the order of `specs`.
+// every variant; refused ones are left out).
+//
+// Save-as variants: every accepted spec that keeps exact rows and evicts to its budget
+// (streaming_llm, h2o, ...; a spec with a KIVI overlay already quantizes live and gets none),
+// and `full`, are also tried live as they are and saved as KIVI at widths 1, 2, 4, 8: the target
+// is the method with '+kiviN' ("h2o+kivi2"; full's is "kivi+kiviN"), with kSaveAsResidual, and
+// `accept` is asked about it (spec and save_as_policy) like any variant: the methods that take
+// no KIVI overlay (spindlekv, smallkv) are refused there and get none. Each (method, bits) once.
+//
+// Order (cheap, likely small first: the sooner a small best is known, the more is pruned):
+// non-budgeted families first, each method's widths ascending with `at_least` pointing at the
+// next narrower width, full's save-as variants after them (chained the same way: the same rows,
+// fewer code bits); then the budgeted save-as variants, by width 2, 4, 1, 8 (2-bit is the usual
+// winner, 1-bit needs a higher budget to pass, 8-bit is rarely small), each width's methods in
+// the order of `specs`; then the budgeted live families in the order of `specs`. A budgeted
+// save-as variant has no `at_least`: with fewer bits it may pass only at a higher budget, so
+// its snapshot is not bounded by a wider one's.
 std::vector<Family> expand_families(const std::vector<std::string>& specs,
                                     const std::function<bool(const std::string& spec,
                                                              const kvsdk_policy& policy)>& accept);

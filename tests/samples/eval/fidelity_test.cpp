@@ -3,15 +3,18 @@
 // reported (not crashed), and the metric helpers compute what they claim.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
 #include <string>
 
+#include "context_handle.h"
 #include "error.h"
 #include "fidelity.h"
 #include "model.h"
 #include "report.h"
+#include "session.h"
 #include "tokenizer.h"
 
 namespace {
@@ -94,6 +97,54 @@ TEST_F(FidelitySmoke, BudgetTheFullPolicyCannotMeetIsRecordedAsFailure) {
   EXPECT_EQ(out.status, KVSDK_E_BUDGET);
   EXPECT_NE(out.error.find("budget"), std::string::npos) << out.error;
   EXPECT_LE(out.cache_bytes, ref_->full_cache_bytes / 2);  // never above the budget
+}
+
+// With a save target, the scored cache is the one loaded from the converted snapshot: full saved
+// as KIVI-2 (residual 16 rows) gives exactly the bytes of a targeted save of the same cache with
+// room (what `kvsdk recompress` writes), and the continuation no longer agrees exactly (the
+// quantized rows are what it attends to). (At 47 rows the KIVI file is not smaller than the f16
+// one: too few rows to amortize its scales.)
+TEST_F(FidelitySmoke, SaveAsScoresTheConvertedSnapshot) {
+  kvsdk_policy full, kivi;
+  ASSERT_EQ(kvsdk_policy_parse(&full, "full"), KVSDK_OK);
+  ASSERT_EQ(kvsdk_policy_parse(&kivi, "kivi+kivi2"), KVSDK_OK);
+  kivi.quant_residual = 16;
+  const eval::Outcome out = eval::evaluate(*model_, *ref_, full, ref_->full_cache_bytes, false,
+                                           nullptr, /*with_ppl=*/false, &kivi);
+  ASSERT_TRUE(out.ok) << out.error;
+  EXPECT_NE(out.snapshot_bytes, ref_->full_snapshot_bytes);
+  EXPECT_GT(out.kl, 0.0);
+
+  // The same prefix (every prompt token but the last, in the schedule's chunks) on an unlimited
+  // full cache, saved with the same target.
+  llama::ContextHandle ctx(0);
+  llama::Session s(*model_, ctx.ctx, &full);
+  const size_t resume = ref_->schedule.prompt_tokens - 1;
+  for (size_t t = 0; t < resume;) {
+    const size_t n = std::min(ref_->schedule.chunk, resume - t);
+    s.forward(ref_->continuation.data() + t, n, nullptr);
+    t += n;
+  }
+  kvsdk_save_options o;
+  ASSERT_EQ(kvsdk_save_options_init(&o), KVSDK_OK);
+  o.target_policy = &kivi;
+  size_t size = 0;
+  ASSERT_EQ(kvsdk_cache_save_to_buffer(s.cache(), &o, nullptr, 0, &size), KVSDK_OK)
+      << kvsdk_last_error();
+  EXPECT_EQ(out.snapshot_bytes, size);
+}
+
+// A target the library refuses is a failed outcome with its status and reason, not a crash:
+// smallkv cannot be a save target (it needs its proxy cache).
+TEST_F(FidelitySmoke, RefusedSaveTargetIsRecordedAsFailure) {
+  kvsdk_policy full, smallkv;
+  ASSERT_EQ(kvsdk_policy_parse(&full, "full"), KVSDK_OK);
+  ASSERT_EQ(kvsdk_policy_parse(&smallkv, "smallkv"), KVSDK_OK);
+  const eval::Outcome out =
+      eval::evaluate(*model_, *ref_, full, 0, false, nullptr, /*with_ppl=*/false, &smallkv);
+  EXPECT_FALSE(out.ok);
+  EXPECT_EQ(out.status, KVSDK_E_UNSUPPORTED);
+  EXPECT_NE(out.error.find("kvsdk_cache_save_to_buffer"), std::string::npos) << out.error;
 }
 
 TEST(FidelityMetrics, PerplexityAndKl) {

@@ -278,8 +278,11 @@ TEST(TargetSearch, ExpandsEveryKiviWidthOfTheSpecsThatQuantize) {
         asked.push_back(spec);
         return !(p.method == KVSDK_METHOD_SPECACHE && p.quant_bits > 2);  // as the library
       });
+  // The live families (the save-as variants of full and h2o: ExpandsSaveAsVariants).
   std::vector<std::string> specs;
-  for (const Family& x : f) specs.push_back(x.spec);
+  for (const Family& x : f) {
+    if (x.save_as.empty()) specs.push_back(x.spec);
+  }
   EXPECT_EQ(specs, (std::vector<std::string>{"full", "kivi+kivi1", "kivi", "kivi+kivi4",
                                              "kivi+kivi8", "specache+kivi1", "specache", "h2o",
                                              "xkv+kivi1", "xkv+kivi2", "xkv+kivi4", "xkv+kivi8"}));
@@ -293,6 +296,7 @@ TEST(TargetSearch, ExpandsEveryKiviWidthOfTheSpecsThatQuantize) {
   EXPECT_EQ(f[5].at_least, -1);
   EXPECT_EQ(f[6].at_least, 5);
   for (size_t i = 7; i < f.size(); ++i) {
+    if (!f[i].save_as.empty()) continue;
     EXPECT_TRUE(f[i].budgeted) << f[i].spec;
     EXPECT_EQ(f[i].at_least, -1);
   }
@@ -310,8 +314,103 @@ TEST(TargetSearch, ExpandsEveryKiviWidthOfTheSpecsThatQuantize) {
   EXPECT_EQ(xkv4, 1u);
 }
 
+// Save-as variants: full and each exact-row evicting spec, saved as KIVI at every width the
+// library accepts, labelled "method>kiviN"; none for specs that already quantize live or whose
+// method takes no KIVI overlay; a refused target drops only its variant.
+TEST(TargetSearch, ExpandsSaveAsVariants) {
+  std::vector<std::pair<std::string, kvsdk_policy>> asked;
+  const std::vector<Family> f = eval::expand_families(
+      {"full", "streaming_llm", "h2o", "snapkv+kivi4", "spindlekv", "smallkv", "kivi", "h2o"},
+      [&](const std::string& spec, const kvsdk_policy& p) {
+        asked.emplace_back(spec, p);
+        // As the library: no KIVI overlay on full, spindlekv, smallkv; one target refused.
+        const bool no_overlay = p.method == KVSDK_METHOD_FULL || p.method == KVSDK_METHOD_SPINDLEKV ||
+                                p.method == KVSDK_METHOD_SMALLKV;
+        return !(p.quant_bits != 0 && no_overlay) && spec != "h2o+kivi8";
+      });
+  std::vector<std::string> labels;
+  for (const Family& x : f) labels.push_back(eval::label(x));
+  EXPECT_EQ(labels,
+            (std::vector<std::string>{
+                "full", "kivi+kivi1", "kivi", "kivi+kivi4", "kivi+kivi8",  // non-budgeted live
+                "full>kivi1", "full>kivi2", "full>kivi4", "full>kivi8",    // full saved as KIVI
+                "streaming_llm>kivi2", "h2o>kivi2", "streaming_llm>kivi4", "h2o>kivi4",
+                "streaming_llm>kivi1", "h2o>kivi1", "streaming_llm>kivi8",  // h2o>kivi8 refused
+                "streaming_llm", "h2o", "snapkv+kivi1", "snapkv+kivi2", "snapkv+kivi4",
+                "snapkv+kivi8", "spindlekv", "smallkv"}));
+  std::map<std::string, const Family*> by_label;
+  for (const Family& x : f) by_label[eval::label(x)] = &x;
+  // Save targets: the method with its overlay; full's is plain KIVI. Live spec unchanged.
+  EXPECT_EQ(by_label["h2o>kivi2"]->spec, "h2o");
+  EXPECT_EQ(by_label["h2o>kivi2"]->save_as, "h2o+kivi2");
+  EXPECT_EQ(by_label["full>kivi2"]->spec, "full");
+  EXPECT_EQ(by_label["full>kivi2"]->save_as, "kivi+kivi2");
+  EXPECT_EQ(by_label["streaming_llm>kivi1"]->save_as, "streaming_llm+kivi1");
+  // full saved as KIVI is measured once (not budgeted), each width bounded by the narrower one;
+  // the evicting ones are budgeted and unbounded (fewer bits may need a higher budget).
+  for (size_t i = 0; i < f.size(); ++i) {
+    const std::string l = labels[i];
+    if (l.rfind("full>", 0) == 0) {
+      EXPECT_FALSE(f[i].budgeted) << l;
+      EXPECT_EQ(f[i].at_least, l == "full>kivi1" ? -1 : int(i) - 1) << l;
+    } else if (!f[i].save_as.empty()) {
+      EXPECT_TRUE(f[i].budgeted) << l;
+      EXPECT_EQ(f[i].at_least, -1) << l;
+    }
+  }
+  // accept saw each save target with the search's residual window, and the policy built for a
+  // measurement is that one.
+  bool asked_h2o2 = false;
+  for (const auto& [spec, p] : asked) {
+    if (spec == "h2o+kivi2" && p.quant_residual == eval::kSaveAsResidual) asked_h2o2 = true;
+  }
+  EXPECT_TRUE(asked_h2o2);
+  const kvsdk_policy t = eval::save_as_policy(*by_label["h2o>kivi2"]);
+  EXPECT_EQ(t.method, KVSDK_METHOD_H2O);
+  EXPECT_EQ(t.quant_bits, 2);
+  EXPECT_EQ(t.quant_residual, eval::kSaveAsResidual);
+  EXPECT_EQ(eval::save_as_policy(*by_label["full>kivi8"]).method, KVSDK_METHOD_KIVI);
+  EXPECT_THROW(eval::save_as_policy(*by_label["h2o"]), llama::Error);  // saved as it is
+  EXPECT_EQ(eval::label(Family{"x", true, -1, ""}), "x");
+}
+
+// A search over expanded families with save-as variants on synthetic curves: the save-as winner
+// is found at a measured passing point, and the full>kivi chain prunes the wider widths once a
+// narrower one cannot beat the best.
+TEST(TargetSearch, SearchWithSaveAsFamiliesReturnsMeasuredPassingPoints) {
+  const std::vector<Family> families = eval::expand_families(
+      {"full", "h2o"}, [](const std::string&, const kvsdk_policy&) { return true; });
+  ASSERT_EQ(families.size(), 10u);  // full, full>kivi1..8, h2o>kivi2,4,1,8, h2o
+  // Per label: bytes per % of budget (budgeted) or at 100% (fixed), and the passing threshold.
+  const std::map<std::string, std::pair<double, double>> curves = {
+      {"full", {100000, 0}},          {"full>kivi1", {13000, 101}}, {"full>kivi2", {25000, 0}},
+      {"full>kivi4", {50000, 0}},     {"full>kivi8", {100000, 0}},  {"h2o>kivi2", {250, 14}},
+      {"h2o>kivi4", {500, 11}},       {"h2o>kivi1", {130, 40}},     {"h2o>kivi8", {1000, 10}},
+      {"h2o", {1000, 10}}};
+  std::vector<std::string> measured;
+  const SearchResult r = eval::search(families, top1(0.9), SearchOptions{}, [&](size_t f, double b) {
+    const std::string l = eval::label(families[f]);
+    measured.push_back(l);
+    const auto& [bytes, threshold] = curves.at(l);
+    Point p = families[f].budgeted ? step_curve(b, threshold) : step_curve(100, threshold);
+    p.snapshot_bytes = uint64_t(std::llround(families[f].budgeted ? b * bytes : bytes));
+    return p;
+  });
+  expect_sound(r, top1(0.9));
+  ASSERT_TRUE(r.found);
+  EXPECT_EQ(eval::label(families[r.family]), "h2o>kivi2");
+  // Threshold 14: 50, 25 pass, 12.5 fails; bisection 18.75, 15.625, 14.0625 all pass.
+  EXPECT_EQ(r.best.budget_pct, 14.0625);
+  EXPECT_EQ(r.best.snapshot_bytes, uint64_t(std::llround(14.0625 * 250)));
+  // full>kivi2 (25000 bytes) became the best of the fixed ones: the wider widths cannot beat it.
+  std::vector<std::string> skipped;
+  for (size_t f : r.skipped) skipped.push_back(eval::label(families[f]));
+  EXPECT_EQ(skipped, (std::vector<std::string>{"full>kivi4", "full>kivi8"}));
+  for (const std::string& l : measured) EXPECT_NE(l.rfind("full>kivi4", 0), 0u);
+}
+
 // One small real search: shakespeare-small on a 64-token text (as FidelitySmoke), the full cache
-// and xkv. Every reported number is a real measurement: the recipe re-evaluated at its budget
+// and xkv, with their save-as variants. Every reported number is a real measurement: the recipe re-evaluated at its budget
 // gives the same snapshot and metrics, and it meets the target.
 TEST(TargetSearchReal, SmallSearchOnTheBundledModel) {
   const std::string dir = std::string(KVSDK_SOURCE_DIR) + "/samples/models/";
@@ -327,14 +426,17 @@ TEST(TargetSearchReal, SmallSearchOnTheBundledModel) {
   const eval::Reference ref = eval::build_reference(model, text, s);
   const std::vector<Family> families = eval::expand_families(
       {"full", "xkv"}, [](const std::string&, const kvsdk_policy&) { return true; });
-  ASSERT_EQ(families.size(), 2u);
+  ASSERT_EQ(families.size(), 10u);  // full, full>kivi1..8, xkv>kivi2,4,1,8, xkv
   const Target target = eval::parse_target("top1=0.9,kl=0.05");
+  std::vector<eval::Outcome> outcomes;
   auto run = [&](size_t f, double pct) {
-    kvsdk_policy p;
+    kvsdk_policy p, save_as;
     EXPECT_EQ(kvsdk_policy_parse(&p, families[f].spec.c_str()), KVSDK_OK);
+    if (!families[f].save_as.empty()) save_as = eval::save_as_policy(families[f]);
     const eval::Outcome out = eval::evaluate(
         model, ref, p, std::max<uint64_t>(1, uint64_t(double(ref.full_cache_bytes) * pct / 100.0)),
-        false, nullptr, /*with_ppl=*/false);
+        false, nullptr, /*with_ppl=*/false, families[f].save_as.empty() ? nullptr : &save_as);
+    outcomes.push_back(out);
     EXPECT_EQ(out.ppl, 0.0);  // the perplexity pass is skipped
     Point pt;
     pt.ok = out.ok;
@@ -365,6 +467,24 @@ TEST(TargetSearchReal, SmallSearchOnTheBundledModel) {
   EXPECT_EQ(again.snapshot_bytes, r.best.snapshot_bytes);
   EXPECT_EQ(again.top1, r.best.top1);
   EXPECT_EQ(again.kl, r.best.kl);
+  // full saved as KIVI-1 (the first width, bounded by none) was measured once, at 100%, on the
+  // converted cache (its quantized rows move the distribution); a failed save-as measurement
+  // (a pair the library refuses) carries its status and reason.
+  size_t full_kivi1 = 0;
+  for (size_t k = 0; k < r.trials.size(); ++k) {
+    const eval::Trial& x = r.trials[k];
+    if (eval::label(families[x.family]) == "full>kivi1") {
+      ASSERT_TRUE(x.point.ok) << outcomes[k].error;
+      EXPECT_EQ(x.point.budget_pct, 100.0);
+      EXPECT_GT(x.point.kl, 0.0);
+      ++full_kivi1;
+    }
+    if (!x.point.ok) {
+      EXPECT_NE(outcomes[k].status, KVSDK_OK);
+      EXPECT_FALSE(outcomes[k].error.empty());
+    }
+  }
+  EXPECT_EQ(full_kivi1, 1u);
 }
 
 TEST(TargetReport, JsonAndMarkdownHoldTheRecipe) {
@@ -393,20 +513,44 @@ TEST(TargetReport, JsonAndMarkdownHoldTheRecipe) {
   x.top1_agreement = 0.96;
   x.kl = 0.004;
   t.trials = {x};
+  eval::TargetRecord saved = t;  // a recipe whose file is converted
+  saved.model = "s";
+  saved.policy = "h2o";
+  saved.save_as = "h2o+kivi2";
+  saved.label = "h2o>kivi2";
+  saved.save_as_residual = 16;
+  saved.trials[0].policy = "h2o";
+  saved.trials[0].save_as = "h2o+kivi2";
+  saved.trials[0].label = "h2o>kivi2";
+  eval::TargetTrial refused = saved.trials[0];
+  refused.ok = refused.passed = false;
+  refused.status = "unsupported";
+  refused.error = "a layer evicted per KV head";
+  saved.trials.push_back(refused);
+  saved.trials.push_back(x);  // a live trial beside it: its own family
   eval::TargetRecord none = t;
   none.model = "n";
   none.found = false;
   none.trials[0].passed = false;
   none.skipped = {"kivi+kivi4"};
+  none.save_as_residual = KVSDK_QUANT_RESIDUAL_AUTO;
   const std::string json = testing::TempDir() + "t.json", md = testing::TempDir() + "t.md";
-  eval::write_json(json, {}, {t, none});
-  eval::write_markdown(md, {}, {t, none});
+  eval::write_json(json, {}, {t, saved, none});
+  eval::write_markdown(md, {}, {t, saved, none});
   std::stringstream j, m;
   j << std::ifstream(json).rdbuf();
   m << std::ifstream(md).rdbuf();
   for (const char* key : {"{\"records\": [", "\"models\": [", "\"model\": \"m\", \"target\": {",
                           "\"goal\": {\"top1\": 0.95, \"kl\": null}", "\"found\": true",
-                          "\"recipe\": {\"policy\": \"xkv+kivi2\", \"budget_pct\": 9.375",
+                          "\"recipe\": {\"policy\": \"xkv+kivi2\", \"save_as\": null, "
+                          "\"label\": \"xkv+kivi2\", \"budget_pct\": 9.375",
+                          "\"recipe\": {\"policy\": \"h2o\", \"save_as\": \"h2o+kivi2\", "
+                          "\"label\": \"h2o>kivi2\", \"budget_pct\": 9.375",
+                          "{\"policy\": \"h2o\", \"save_as\": \"h2o+kivi2\", \"label\": \"h2o>kivi2\", "
+                          "\"budget_pct\": 9.375, \"status\": \"ok\"",
+                          "\"status\": \"unsupported\"", "\"error\": \"a layer evicted per KV head\"",
+                          "{\"policy\": \"xkv+kivi2\", \"save_as\": null, \"label\": \"xkv+kivi2\"",
+                          "\"save_as_residual\": 16", "\"save_as_residual\": \"auto\"",
                           "\"snapshot_bytes\": 80", "\"ratio\": 0.08", "\"evaluations\": 7",
                           "\"seconds\": 12.5", "\"found\": false, \"recipe\": null"}) {
     EXPECT_NE(j.str().find(key), std::string::npos) << key << " in\n" << j.str();
@@ -415,6 +559,25 @@ TEST(TargetReport, JsonAndMarkdownHoldTheRecipe) {
             std::string::npos)
       << m.str();
   EXPECT_NE(m.str().find("| n | top-1 >= 0.95 | none meets it |"), std::string::npos) << m.str();
+  EXPECT_NE(m.str().find("| s | top-1 >= 0.95 | h2o saved as h2o+kivi2 | 9.375% | 80 |"),
+            std::string::npos)
+      << m.str();
+  // Per family: the converted one (2 trials, 1 passed) apart from the live one.
+  EXPECT_NE(m.str().find("| h2o saved as h2o+kivi2 | 2 | 9.375% | 0.080 |"), std::string::npos)
+      << m.str();
+  EXPECT_NE(m.str().find("| xkv+kivi2 | 1 | 9.375% |"), std::string::npos) << m.str();
+  // A family whose runs only failed says how (n: its one trial ran and missed the target).
+  eval::TargetRecord only_refused = saved;
+  only_refused.trials = {refused};
+  eval::write_markdown(md, {}, {only_refused});
+  std::stringstream m2;
+  m2 << std::ifstream(md).rdbuf();
+  EXPECT_NE(m2.str().find("| h2o saved as h2o+kivi2 | 1 | none passed (1 failed: unsupported) |"),
+            std::string::npos)
+      << m2.str();
+  EXPECT_NE(m.str().find("keeps the live cache in policy P and writes its file converted"),
+            std::string::npos)
+      << m.str();
   EXPECT_NE(m.str().find("could not beat the best): kivi+kivi4."), std::string::npos) << m.str();
   EXPECT_NE(j.str().find("\"skipped\": [\"kivi+kivi4\"]"), std::string::npos) << j.str();
   EXPECT_NE(m.str().find("ladder (50, 25% of"), std::string::npos) << m.str();
@@ -426,7 +589,7 @@ TEST(TargetReport, JsonAndMarkdownHoldTheRecipe) {
   }
   const std::string png = testing::TempDir() + "t.png";
   std::remove(png.c_str());
-  eval::write_target_plot(png, {t, none});
+  eval::write_target_plot(png, {t, saved, none});
   std::ifstream f(png, std::ios::binary);
   char magic[4] = {};
   f.read(magic, 4);
