@@ -52,6 +52,11 @@ struct Options {
   bool mini_prefill = false;  // also run xkv with the XKV mini-prefill planner
   std::string proxy_model;    // smallkv's proxy; empty: llama::default_proxy_model
   std::vector<double> slacks;  // evict_slack values for the eviction presets; empty: the default
+  // --save-as: the grid's resume snapshots written as KIVI of this width (0: as the live cache
+  // is), with this exact window (KVSDK_QUANT_RESIDUAL_AUTO by default) and group.
+  int save_bits = 0;
+  int32_t save_residual = KVSDK_QUANT_RESIDUAL_AUTO;
+  int32_t save_group = 32;
   bool has_target = false;     // --target: search instead of the grid
   eval::Target target;
   eval::SearchOptions search;
@@ -79,6 +84,12 @@ void usage(std::FILE* f) {
                "  --mini-prefill      also measure xkv planned by a cache-free mini-prefill pass\n"
                "  --slacks 0,0.0625   run each eviction preset once per evict_slack value (labels\n"
                "                      'snapkv@slack0.0625'; default: once, with the policy default)\n"
+               "  --save-as N         write each resume snapshot converted to KIVI N = 1, 2, 4 or 8\n"
+               "                      bits (kvsdk_save_options.target_policy, as `kvsdk recompress`):\n"
+               "                      h2o as h2o+kiviN, full as kivi+kiviN (labels 'h2o>kiviN')\n"
+               "  --save-residual R   --save-as's exact KIVI window: tokens or auto (default auto,\n"
+               "                      KVSDK_QUANT_RESIDUAL_AUTO; labels '@R16')\n"
+               "  --save-group G      --save-as's KIVI group size (default 32; labels '@G64')\n"
                "  --proxy-model NAME  smallkv's proxy (a smaller model with the same tokenizer; default:\n"
                "                      shakespeare-small for shakespeare-base, none for other models,\n"
                "                      whose smallkv rows are skipped)\n"
@@ -145,6 +156,24 @@ Options parse(int argc, char** argv) {
       }
     }
     else if (a == "--proxy-model") o.proxy_model = v;
+    else if (a == "--save-as") {
+      grid_option = true;
+      o.save_bits = std::atoi(v.c_str());
+      if (o.save_bits != 1 && o.save_bits != 2 && o.save_bits != 4 && o.save_bits != 8) {
+        throw llama::Error("--save-as takes a KIVI width: 1, 2, 4 or 8");
+      }
+    } else if (a == "--save-residual") {
+      grid_option = true;
+      const long r = v == "auto" ? long(KVSDK_QUANT_RESIDUAL_AUTO) : std::strtol(v.c_str(), nullptr, 10);
+      if (v != "auto" && (r < 0 || r > 1 << 20 || v.find_first_not_of("0123456789") != std::string::npos)) {
+        throw llama::Error("--save-residual takes a token count or 'auto'");
+      }
+      o.save_residual = int32_t(r);
+    } else if (a == "--save-group") {
+      grid_option = true;
+      o.save_group = std::atoi(v.c_str());
+      if (o.save_group < 1 || o.save_group > 4096) throw llama::Error("--save-group must be in 1..4096");
+    }
     else if (a == "--slacks") {
       grid_option = true;
       for (const std::string& s : llama::split_list(v)) {
@@ -161,8 +190,8 @@ Options parse(int argc, char** argv) {
   }
   if (o.chunk == 0) throw llama::Error("--chunk must be positive");
   if (o.has_target && grid_option) {
-    throw llama::Error("--target searches its own budgets: --budgets, --slacks and --mini-prefill "
-                       "belong to the budget grid");
+    throw llama::Error("--target searches its own budgets and save-as widths: --budgets, --slacks, "
+                       "--mini-prefill and --save-* belong to the budget grid");
   }
   if (!(o.prompt_share > 0.0 && o.prompt_share < 1.0)) throw llama::Error("--prompt-share must be in (0, 1)");
   if (o.policies.empty()) {
@@ -439,6 +468,21 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
         std::snprintf(tag, sizeof tag, "@slack%g", o.slacks[si]);
         label += tag;
       }
+      // --save-as: the file is written as KIVI (the live method's '+kiviN' overlay; full's rows
+      // as plain KIVI). A pair the library refuses fails that cell with its reason.
+      kvsdk_policy save_as{};
+      if (o.save_bits) {
+        const std::string target =
+            std::string(policy.method == KVSDK_METHOD_FULL ? "kivi"
+                                                           : kvsdk_method_name(kvsdk_method(policy.method))) +
+            "+kivi" + std::to_string(o.save_bits);
+        llama::check(kvsdk_policy_parse(&save_as, target.c_str()), "kvsdk_policy_parse (--save-as)");
+        save_as.quant_residual = o.save_residual;
+        save_as.quant_group = o.save_group;
+        label += ">kivi" + std::to_string(o.save_bits);
+        if (o.save_residual != KVSDK_QUANT_RESIDUAL_AUTO) label += "@R" + std::to_string(o.save_residual);
+        if (o.save_group != 32) label += "@G" + std::to_string(o.save_group);
+      }
       eval::Record r;
       r.model = name;
       r.policy = label;
@@ -455,7 +499,8 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
         records.push_back(r);
         continue;
       }
-      const eval::Outcome out = eval::evaluate(model, ref, policy, r.budget_bytes, planned, proxy.get());
+      const eval::Outcome out = eval::evaluate(model, ref, policy, r.budget_bytes, planned, proxy.get(),
+                                               true, o.save_bits ? &save_as : nullptr);
       r.ok = out.ok;
       r.status = out.ok ? "ok" : kvsdk_status_str(out.status);
       r.error = out.error;

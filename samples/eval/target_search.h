@@ -92,8 +92,9 @@ bool evicts_to_budget(const kvsdk_policy& policy);
 //
 // Order (cheap, likely small first: the sooner a small best is known, the more is pruned):
 // non-budgeted families first, each method's widths ascending with `at_least` pointing at the
-// next narrower width, full's save-as variants after them (chained the same way: the same rows,
-// fewer code bits); then the budgeted save-as variants, by width 2, 4, 1, 8 (2-bit is the usual
+// next narrower width, full's save-as variants after them (not chained: their automatic residual
+// window grows as the width shrinks, so fewer bits can make a larger file); then the budgeted
+// save-as variants, by width 2, 4, 1, 8 (2-bit is the usual
 // winner, 1-bit needs a higher budget to pass, 8-bit is rarely small), each width's methods in
 // the order of `specs`; then the budgeted live families in the order of `specs`. A budgeted
 // save-as variant has no `at_least`: with fewer bits it may pass only at a higher budget, so
@@ -108,6 +109,11 @@ struct SearchOptions {
   // Bisection steps between the smallest passing and the first failing ladder budget: the
   // smallest passing budget is found within (gap / 2^steps) where fidelity is monotone.
   int bisect_steps = 3;
+  // Failing ladder rungs in a row that the coarse walk goes past before it stops: fidelity is
+  // not monotone in the budget where a live policy is saved converted (kvsdk-eval measured
+  // h2o saved as h2o+kivi2 on shakespeare-base failing at 25% and passing at 15%), so one
+  // failure does not end the walk. 0: stop at the first failure.
+  int ladder_patience = 1;
 };
 
 struct Trial {
@@ -132,14 +138,14 @@ using Measure = std::function<Point(size_t family, double budget_pct)>;
 
 // The smallest snapshot meeting `target` among `families`.
 //
-// Budgeted families: the ladder is walked downwards until the first budget that fails; the
-// budget is then bisected `bisect_steps` times between the smallest passing budget and that
-// failing one (between 100% and the first ladder budget when even that fails: 100% itself is
-// never measured, it only brackets the bisection). This ASSUMES that fidelity is monotone in the
-// budget (more budget, more kept rows, no worse fidelity) and that the snapshot grows with the
-// budget. The search never measures below a budget that failed, so a family whose fidelity
-// recovers at a lower budget is not followed there: a violation of monotonicity can make it miss
-// a smaller recipe, never report a failing one. Of the passing points it keeps the one with the
+// Budgeted families: the ladder is walked downwards until more than `ladder_patience` budgets
+// in a row fail; the budget is then bisected `bisect_steps` times between the smallest passing
+// ladder budget and the failing one right below it (between 100% and the first ladder budget
+// when no rung passes: 100% itself is never measured, it only brackets the bisection). Within
+// a bracket this ASSUMES that fidelity is monotone in the budget (more budget, more kept rows,
+// no worse fidelity) and that the snapshot grows with the budget; the patience follows
+// fidelity that recovers a rung below a failure, not further. So a violation of monotonicity
+// can make it miss a smaller recipe, never report a failing one. Of the passing points it keeps the one with the
 // smallest *measured* snapshot (not the smallest budget: where the snapshot does not grow with
 // the budget, a higher budget can be the smaller recipe; such inversions are counted in
 // `violations`), and it never reports an unmeasured budget.
