@@ -328,25 +328,25 @@ typedef enum kvsdk_pool_kind {
   KVSDK_POOL_AVG = 1
 } kvsdk_pool_kind;
 
-/** kvsdk_policy.quant_residual: the exact residual window chosen by the length of what the
- *  cache holds, its head_dim and its KIVI width instead of a fixed R. A fixed R = 128 keeps a
- *  quarter of a 512-token conversation in f16. kvsdk-eval measured on three models
- *  (docs/eval/representations.md; 115 to 767 rows per layer, head_dim 64 and 8, 1 to 8 bits):
- *  at head_dim 64 and 2 bits, windows beyond 1/32 of the rows add bytes without improving
- *  top-1 or KL, and no window at all doubles KL; head_dim 8 needs 8x that share at 2 bits
- *  (KL 0.10 at R = 16, 0.006 at R = 96 of 383 rows), while 4 bits needs no more than 16 rows
- *  at either head_dim. The window is resolved once, to
- *      R = clamp(round(rows x 2 / head_dim x 4^(2 - bits)), 16, 128)
- *  (bits: quant_bits; 0, a method without KIVI codes, counts as 8), where `rows` is:
- *    - kvsdk_cache_create / kvsdk_cache_create_on_prefix: the rows per layer and KV head that
- *      the context's budget holds in f16 (budget / (n_layers x n_kv_heads x (4 x head_dim + 4)));
- *      a context without a budget gives R = 128 (the length is unknown);
- *    - a targeted save (kvsdk_save_options.target_policy) converting to another policy: the most
- *      rows any layer of the saved cache holds per KV head.
- *  The cache (and its snapshots) then carry the resolved value: kvsdk_cache_policy returns it
- *  and a cache loaded from a file continues with it. Snapshot files never hold
- *  KVSDK_QUANT_RESIDUAL_AUTO (a file that does is refused, KVSDK_E_CORRUPT). Not the default:
- *  quant_residual stays 128 unless set, so caches behave as they did. */
+/** kvsdk_policy.quant_residual: the exact residual window chosen for the cache's head_dim and
+ *  KIVI width instead of a fixed R. A fixed R = 128 keeps a quarter of a 512-token conversation
+ *  in f16. kvsdk-eval measured on three models (docs/eval/representations.md: 128 to 767 rows
+ *  per layer, head_dim 64 and 8, 1 to 8 bits, live and evicted caches saved as KIVI) that the
+ *  window a width needs depends on head_dim and the width, not on those lengths: at head_dim
+ *  64 and 2 bits, 8 to 16 rows give the KL of 128 (windows beyond add bytes only) and no window
+ *  doubles KL; head_dim 8 needs about 96 rows at 2 bits (KL 0.10 at 16 rows, 0.006 at 96); 1
+ *  bit needs 4x the rows of 2 bits, and 4 bits no more than 16 at either head_dim. So the
+ *  window is
+ *      R = clamp(round(768 / head_dim x 4^(2 - bits)), 16, 128)
+ *  (bits: quant_bits; 0, a method without KIVI codes, counts as 8): 16 at head_dim 64 or 128
+ *  and 2 bits, 96 at head_dim 8; KIVI's own 128 is the cap. It is resolved once, when a cache
+ *  is created (kvsdk_cache_create, kvsdk_cache_create_on_prefix) or converted by a targeted save
+ *  (kvsdk_save_options.target_policy): the cache and its snapshots carry the resolved value,
+ *  kvsdk_cache_policy returns it, and a cache loaded from a file continues with it. Snapshot
+ *  files never hold KVSDK_QUANT_RESIDUAL_AUTO (a file that does is refused, KVSDK_E_CORRUPT).
+ *  Lengths beyond this model's context (thousands of rows) were not measured: the cap keeps
+ *  longer caches at KIVI's window or below. Not the default: quant_residual stays 128 unless
+ *  set, so caches behave as they did. */
 #define KVSDK_QUANT_RESIDUAL_AUTO (-1)
 
 /** Policy parameters. Fields that a method does not use are ignored by it. kvsdk_policy_init

@@ -98,9 +98,9 @@ void usage(std::FILE* f) {
                "                      meeting the target, searched over the policies (and every KIVI\n"
                "                      width of those that quantize, and full and the evicting ones\n"
                "                      saved as KIVI 1/2/4/8, e.g. 'h2o>kivi2') and a continuous\n"
-               "                      budget: a ladder of 50..3.125%%, then bisection; assumes\n"
-               "                      fidelity is monotone in the budget and reports only measured\n"
-               "                      points (not with --budgets, --slacks or --mini-prefill; --plot\n"
+               "                      budget: a ladder of 50..3.125%% (until two rungs in a row\n"
+               "                      fail), then bisection; reports only measured points (not\n"
+               "                      with --budgets, --slacks, --mini-prefill or --save-*; --plot\n"
                "                      then draws the search)\n"
                "  --bisect-steps N    --target's bisection steps per policy (default 3)\n"
                "  --json FILE  --markdown FILE  --plot FILE.png\n",

@@ -64,8 +64,8 @@ std::string family_of(const TargetTrial& x) { return x.label.empty() ? x.policy 
 // The save-as targets' KIVI residual window: a row count, or negative (the library's automatic
 // choice, KVSDK_QUANT_RESIDUAL_AUTO).
 std::string residual_text(int residual) {
-  return residual < 0 ? std::string("KVSDK_QUANT_RESIDUAL_AUTO, round(rows / 32) within 16..128 "
-                                    "of the rows the converted cache holds")
+  return residual < 0 ? std::string("KVSDK_QUANT_RESIDUAL_AUTO, round(768 / head_dim x "
+                                    "4^(2 - bits)) rows within 16..128")
                       : std::to_string(residual) + " rows";
 }
 
@@ -78,20 +78,21 @@ void write_target_section(std::ostream& f, const std::vector<TargetRecord>& targ
   f << "## Smallest snapshot meeting the target\n\n"
     << "Found by `kvsdk-eval --target` (samples/eval/target_search.h), coarse-to-fine rather than\n"
     << "on a grid: every evicting policy is run down a budget ladder (" << ladder.str() << "% of\n"
-    << "the full cache's bytes) to its first failing budget, and the budget is then bisected "
-    << targets.front().bisect_steps << "\n"
-    << "times between that and the smallest passing one; policies that never evict (full, kivi,\n"
-    << "minicache, specache) keep the same rows at any budget they fit and are run once at 100%,\n"
-    << "at every KIVI width. A policy is skipped when it can no longer beat the best snapshot\n"
-    << "found. The search assumes fidelity is monotone in the budget and never measures below a\n"
-    << "budget that failed, so where fidelity recovers at a lower budget it can miss a smaller\n"
-    << "recipe; what it reports is always a measured point that met the target (the smallest\n"
+    << "the full cache's bytes) until two budgets in a row fail (fidelity after a converted save\n"
+    << "is not monotone in the budget), and the budget is then bisected "
+    << targets.front().bisect_steps << " times between the\n"
+    << "smallest passing ladder budget and the failing one below it; policies that never evict\n"
+    << "(full, kivi, minicache, specache) keep the same rows at any budget they fit and are run\n"
+    << "once at 100%, at every KIVI width. A policy is skipped when it can no longer beat the best\n"
+    << "snapshot found. Within a bracket the search assumes fidelity is monotone in the budget,\n"
+    << "so where fidelity recovers further down it can miss a smaller recipe; what it reports is\n"
+    << "always a measured point that met the target (the smallest\n"
     << "measured snapshot; `inversions` counts pairs of one policy's points whose snapshots shrink\n"
     << "as the budget grows). `snapshot` is the resume snapshot against the full cache's.\n\n"
     << "A recipe \"P saved as T\" keeps the live cache in policy P and writes its file converted\n"
     << "to T (kvsdk_save_options.target_policy, as `kvsdk recompress` does; KIVI residual window\n"
     << "of the targets: " << residual_text(targets.front().save_as_residual)
-    << "); its fidelity is measured on "
+    << ");\nits fidelity is measured on "
     << "the converted cache loaded back from that file.\n\n"
     << "| model | target | recipe | budget | snapshot bytes | snapshot (x full) | top-1 agreement | "
        "KL (nats) | evaluations | pruned | inversions | seconds |\n"

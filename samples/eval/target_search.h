@@ -58,11 +58,10 @@ struct Family {
   std::string save_as;
 };
 
-// The exact KIVI residual window R of every save-as target: the library's choice from the rows
-// the converted cache holds (KVSDK_QUANT_RESIDUAL_AUTO, "Targeted saves" in kvsdk.h). Saved KIVI
-// keeps its newest R rows exact; the default (128) is sized for a live cache that keeps
-// quantizing as it grows, and on a budgeted cache of a few hundred rows it would keep most of
-// them exact: a window scaled to the rows kept is what makes the saved file small.
+// The exact KIVI residual window R of every save-as target: the library's choice for the head_dim
+// and width (KVSDK_QUANT_RESIDUAL_AUTO in kvsdk.h). Saved KIVI keeps its newest R rows exact;
+// the default (128) would keep most rows of a budgeted cache of a few hundred rows exact, while
+// the measured choice (16 rows at head_dim 64 and 2 bits) is what makes the saved file small.
 constexpr int32_t kSaveAsResidual = KVSDK_QUANT_RESIDUAL_AUTO;
 
 // "h2o" for a plain family, "h2o>kivi2" for h2o saved as h2o+kivi2, "full>kivi2" for full saved
@@ -106,7 +105,7 @@ std::vector<Family> expand_families(const std::vector<std::string>& specs,
 struct SearchOptions {
   // Coarse ladder for budgeted families, descending, in % of the full cache's bytes.
   std::vector<double> ladder = {50, 25, 12.5, 6.25, 3.125};
-  // Bisection steps between the smallest passing and the first failing ladder budget: the
+  // Bisection steps between the smallest passing ladder budget and the failing one below it: the
   // smallest passing budget is found within (gap / 2^steps) where fidelity is monotone.
   int bisect_steps = 3;
   // Failing ladder rungs in a row that the coarse walk goes past before it stops: fidelity is

@@ -140,14 +140,7 @@ std::unique_ptr<Cache> convert_cache(const Cache& src, const SaveTarget& target)
     return dst;
   }
   require_convertible_source(src);
-  // KVSDK_QUANT_RESIDUAL_AUTO: the window follows the rows converted (the longest layer's).
-  uint64_t rows = 0;
-  for (uint32_t l = 0; l < src.geometry().n_layers; ++l) {
-    rows = std::max<uint64_t>(rows, src.head_tokens(l, 0));
-  }
-  dst = std::make_unique<Cache>(src.context_ptr(), src.geometry(),
-                                resolve_auto_residual(target.policy, std::max<uint64_t>(rows, 1),
-                                                      src.geometry().head_dim));
+  dst = std::make_unique<Cache>(src.context_ptr(), src.geometry(), target.policy);
   reappend(src, *dst);
   // Set last, then compressed, so that the allocation stage sees every layer's rows at once.
   if (budget != 0) {

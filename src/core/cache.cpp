@@ -19,13 +19,8 @@ namespace kvsdk {
 Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk_policy& policy)
     : ctx_(std::move(ctx)),
       geometry_(geometry),
-      // KVSDK_QUANT_RESIDUAL_AUTO: the length the cache can hold is what its context's budget
-      // holds (a snapshot or conversion passes a resolved policy, left as it is).
-      policy_(resolve_auto_residual(policy, budget_rows_per_layer(ctx_->budget(),
-                                                                  geometry.n_layers,
-                                                                  geometry.n_kv_heads,
-                                                                  geometry.head_dim),
-                                    geometry.head_dim)),
+      // KVSDK_QUANT_RESIDUAL_AUTO resolved once, so that the stores and snapshots hold a value.
+      policy_(resolve_auto_residual(policy, geometry.head_dim)),
       traits_(method_traits(policy_)),
       layers_(geometry.n_layers),
       max_position_(geometry.n_layers, -1),

@@ -80,29 +80,20 @@ kvsdk_policy policy_from_c(const kvsdk_policy* caller) {
   return p;
 }
 
-kvsdk_policy resolve_auto_residual(const kvsdk_policy& policy, uint64_t rows,
-                                   uint32_t head_dim) {
+kvsdk_policy resolve_auto_residual(const kvsdk_policy& policy, uint32_t head_dim) {
   if (policy.quant_residual != KVSDK_QUANT_RESIDUAL_AUTO) return policy;
-  // kvsdk.h gives the rule and the measurements behind it: a share of the rows of
-  // 2 / head_dim x 4^(2 - bits), at least 16 (no window at all cost fidelity), at most KIVI's
-  // own 128. As a fraction num / den in integers: 4^(2 - bits) is 4 (1 bit), 1 (2 bits),
-  // 1/16 (4 bits) or 1/4096 (8 bits); a method without KIVI codes (bits 0) counts as 8 bits.
-  constexpr uint64_t kMin = 16, kMax = 128;
+  // kvsdk.h gives the rule and the measurements behind it: 768 / head_dim x 4^(2 - bits) rows,
+  // at least 16 (no window at all cost fidelity at every width), at most KIVI's own 128. As a
+  // fraction num / den in integers: 4^(2 - bits) is 4 (1 bit), 1 (2 bits), 1/16 (4 bits) or
+  // 1/4096 (8 bits); a method without KIVI codes (bits 0) counts as 8 bits.
+  constexpr uint64_t kMin = 16, kMax = 128, kRows = 768;
   const uint32_t bits = policy.quant_bits == 0 ? 8u : uint32_t(policy.quant_bits);
-  const uint64_t num = 2 * (bits == 1 ? 4u : 1u);
+  const uint64_t num = kRows * (bits == 1 ? 4u : 1u);
   const uint64_t den = uint64_t(std::max<uint32_t>(head_dim, 1)) *
                        (bits <= 2 ? 1u : uint64_t(1) << (2 * (bits - 2)));
   kvsdk_policy p = policy;
-  // rows x num stays far from overflow for any cache that fits in memory (num <= 8).
-  const uint64_t r = rows == 0 ? kMax : (rows * num + den / 2) / den;
-  p.quant_residual = int32_t(std::min(kMax, std::max(kMin, r)));
+  p.quant_residual = int32_t(std::min(kMax, std::max(kMin, (num + den / 2) / den)));
   return p;
-}
-
-uint64_t budget_rows_per_layer(uint64_t budget_bytes, uint32_t n_layers, uint32_t n_kv_heads,
-                               uint32_t head_dim) {
-  const uint64_t row = uint64_t(head_dim) * 4 + sizeof(int32_t);  // f16 key + value, position
-  return budget_bytes / (uint64_t(n_layers) * n_kv_heads * row);
 }
 
 void require_policy_implemented(const kvsdk_policy& p) {

@@ -29,12 +29,8 @@ void require_policy_implemented(const kvsdk_policy& policy);
 // (struct_size = sizeof(kvsdk_policy)). Throws KVSDK_E_INVALID_ARG on a name that does not parse.
 kvsdk_policy parse_policy_spec(const std::string& spec);
 // KVSDK_QUANT_RESIDUAL_AUTO resolved (include/kvsdk.h): `policy` unchanged when its
-// quant_residual is explicit; otherwise the window for layers holding up to `rows` rows per KV
-// head of `head_dim` (rows 0: unknown, the fixed default 128).
-kvsdk_policy resolve_auto_residual(const kvsdk_policy& policy, uint64_t rows, uint32_t head_dim);
-// The rows per layer and KV head that `budget_bytes` holds in f16 (0: no budget, 0 rows).
-uint64_t budget_rows_per_layer(uint64_t budget_bytes, uint32_t n_layers, uint32_t n_kv_heads,
-                               uint32_t head_dim);
+// quant_residual is explicit; otherwise the window for its KIVI width at `head_dim`.
+kvsdk_policy resolve_auto_residual(const kvsdk_policy& policy, uint32_t head_dim);
 // "snapkv+kivi2"-style canonical name.
 std::string policy_spec(const kvsdk_policy& policy);
 

@@ -444,10 +444,10 @@ TEST(SaveTargetSource, KiviGivesItsDequantizedRows) {
   EXPECT_EQ(differ, 0u);
 }
 
-// KVSDK_QUANT_RESIDUAL_AUTO in a target: the window follows the rows converted (kTokens = 320
-// per layer at head_dim 16 and 2 bits: round(320 x 2 / 16) = 40), the loaded cache carries the
-// resolved value, and `kvsdk recompress --residual auto` writes the same bytes.
-TEST(SaveTargetAutoResidual, WindowFollowsTheRowsConverted) {
+// KVSDK_QUANT_RESIDUAL_AUTO in a target: resolved for the head_dim and width (16 and 2 bits:
+// 768 / 16 = 48), the loaded cache carries the resolved value, and `kvsdk recompress --residual
+// auto` writes the same bytes.
+TEST(SaveTargetAutoResidual, WindowIsResolvedInTheFile) {
   const kvsdk_geometry g = make_geometry(kLayers, kQ, kKv, kDim);
   ContextPtr ctx = make_context();
   CachePtr c = make_cache(ctx.get(), g);
@@ -467,12 +467,12 @@ TEST(SaveTargetAutoResidual, WindowFollowsTheRowsConverted) {
   kvsdk_policy p;
   kvsdk_policy_init(&p, KVSDK_METHOD_FULL);
   ASSERT_EQ(kvsdk_cache_policy(loaded.get(), &p), KVSDK_OK);
-  EXPECT_EQ(p.quant_residual, 40);
-  // Exact rows: at most R + G - 1 = 71 of the 320 per layer and head, fewer than the fixed
+  EXPECT_EQ(p.quant_residual, 48);
+  // Exact rows: at most R + G - 1 = 79 of the 320 per layer and head, fewer than the fixed
   // window's 128 or more.
   const kvsdk_cache_stats s = stats(loaded.get());
   EXPECT_LE(s.bytes_by_tier[KVSDK_TIER_EXACT],
-            uint64_t(kLayers) * kKv * 71 * kDim * 2 * 2);
+            uint64_t(kLayers) * kKv * 79 * kDim * 2 * 2);
   EXPECT_GT(s.bytes_by_tier[KVSDK_TIER_QUANTIZED], 0u);
 
   const std::string plain = path + ".plain", re = path + ".re";

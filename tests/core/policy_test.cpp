@@ -89,35 +89,37 @@ TEST(Policy, ValidatesParameters) {
   EXPECT_EQ(cache, nullptr);
 }
 
-// KVSDK_QUANT_RESIDUAL_AUTO on kvsdk_cache_create: resolved from the rows per layer and KV head
-// that the context's budget holds in f16 (4 x head_dim + 4 bytes a row), as
-// round(rows x 2 / head_dim x 4^(2 - bits)) within 16..128; 128 without a budget. Other
+// KVSDK_QUANT_RESIDUAL_AUTO on kvsdk_cache_create: resolved for the head_dim and KIVI width, as
+// round(768 / head_dim x 4^(2 - bits)) within 16..128, whatever the context's budget. Other
 // negative windows are refused.
-TEST(Policy, AutoResidualFollowsTheContextBudget) {
-  const kvsdk_geometry g = kvsdk_test::make_geometry(2, 4, 2, 16);
-  const uint64_t row = 16 * 4 + 4;  // bytes of one f16 row with its position
+TEST(Policy, AutoResidualFollowsHeadDimAndWidth) {
   struct Case {
     const char* spec;
-    uint64_t rows;  // per layer and KV head; 0: no budget
+    uint32_t head_dim;
     int32_t want;
   };
-  for (const Case& c : {Case{"kivi", 0, 128}, Case{"kivi", 100, 16}, Case{"kivi", 500, 63},
-                        Case{"kivi", 800, 100}, Case{"kivi", 3000, 128},
-                        Case{"kivi+kivi1", 100, 50}, Case{"kivi+kivi4", 8000, 63},
-                        Case{"kivi+kivi8", 100000, 16}}) {
-    auto ctx = kvsdk_test::make_context(c.rows * g.n_layers * g.n_kv_heads * row);
-    kvsdk_policy p;
-    ASSERT_EQ(kvsdk_policy_parse(&p, c.spec), KVSDK_OK);
-    p.quant_residual = KVSDK_QUANT_RESIDUAL_AUTO;
-    kvsdk_cache* cache = nullptr;
-    ASSERT_EQ(kvsdk_cache_create(&cache, ctx.get(), &g, &p), KVSDK_OK) << kvsdk_last_error();
-    kvsdk_policy got;
-    kvsdk_policy_init(&got, KVSDK_METHOD_FULL);
-    EXPECT_EQ(kvsdk_cache_policy(cache, &got), KVSDK_OK);
-    EXPECT_EQ(got.quant_residual, c.want) << c.spec << ", " << c.rows << " rows";
-    kvsdk_cache_destroy(cache);
+  for (const Case& c : {Case{"kivi", 64, 16}, Case{"kivi", 128, 16}, Case{"kivi", 16, 48},
+                        Case{"kivi", 8, 96}, Case{"kivi+kivi1", 64, 48},
+                        Case{"kivi+kivi1", 128, 24}, Case{"kivi+kivi1", 8, 128},
+                        Case{"kivi+kivi4", 8, 16}, Case{"kivi+kivi8", 8, 16},
+                        Case{"h2o+kivi2", 32, 24}, Case{"specache+kivi1", 256, 16}}) {
+    const kvsdk_geometry g = kvsdk_test::make_geometry(2, 4, 2, c.head_dim);
+    for (uint64_t budget : {uint64_t(0), uint64_t(1) << 20}) {
+      auto ctx = kvsdk_test::make_context(budget);
+      kvsdk_policy p;
+      ASSERT_EQ(kvsdk_policy_parse(&p, c.spec), KVSDK_OK);
+      p.quant_residual = KVSDK_QUANT_RESIDUAL_AUTO;
+      kvsdk_cache* cache = nullptr;
+      ASSERT_EQ(kvsdk_cache_create(&cache, ctx.get(), &g, &p), KVSDK_OK) << kvsdk_last_error();
+      kvsdk_policy got;
+      kvsdk_policy_init(&got, KVSDK_METHOD_FULL);
+      EXPECT_EQ(kvsdk_cache_policy(cache, &got), KVSDK_OK);
+      EXPECT_EQ(got.quant_residual, c.want) << c.spec << ", head_dim " << c.head_dim;
+      kvsdk_cache_destroy(cache);
+    }
   }
   auto ctx = kvsdk_test::make_context();
+  const kvsdk_geometry g = kvsdk_test::make_geometry(2, 4, 2, 16);
   kvsdk_policy p;
   ASSERT_EQ(kvsdk_policy_parse(&p, "kivi"), KVSDK_OK);
   p.quant_residual = -2;

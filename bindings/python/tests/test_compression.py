@@ -53,16 +53,13 @@ class CompressionTest(unittest.TestCase):
         full = kvsdk.Cache(ctx, geometry())
         self.assertEqual(status_of(full.set_allocation, [1, 1]), Status.UNSUPPORTED)
 
-    def test_auto_residual_window_is_resolved_by_the_budget(self):
-        # 100 rows per layer and KV head in f16 (head_dim x 4 + 4 bytes each), head_dim 8, 2 bits:
-        # round(100 x 2 / 8) = 25; without a budget, KIVI's 128.
+    def test_auto_residual_window_is_resolved_for_the_head_dim(self):
+        # head_dim 8 and 2 bits: round(768 / 8) = 96 (include/kvsdk.h, KVSDK_QUANT_RESIDUAL_AUTO).
         g = geometry()
         p = kvsdk.Policy.parse("kivi")
         p.quant_residual = kvsdk.Policy.RESIDUAL_AUTO
-        rows_budget = 100 * g.n_layers * g.n_kv_heads * (g.head_dim * 4 + 4)
-        for budget, want in ((rows_budget, 25), (0, 128)):
-            cache = kvsdk.Cache(kvsdk.Context(budget_bytes=budget), g, p)
-            self.assertEqual(cache.policy.quant_residual, want)
+        cache = kvsdk.Cache(kvsdk.Context(), g, p)
+        self.assertEqual(cache.policy.quant_residual, 96)
         p.quant_residual = -2
         self.assertEqual(status_of(kvsdk.Cache, kvsdk.Context(), g, p), Status.INVALID_ARG)
 

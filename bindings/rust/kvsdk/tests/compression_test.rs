@@ -155,20 +155,14 @@ fn evict_slack_defaults_round_trips_and_is_checked() {
 }
 
 #[test]
-fn auto_residual_window_is_resolved_by_the_budget() {
-    // 100 rows per layer and KV head in f16 (8 x 4 + 4 bytes each), head_dim 8, 2 bits:
-    // round(100 x 2 / 8) = 25; without a budget, KIVI's 128.
+fn auto_residual_window_is_resolved_for_the_head_dim() {
+    // head_dim 8 and 2 bits: round(768 / 8) = 96 (kvsdk.h, KVSDK_QUANT_RESIDUAL_AUTO).
     let g = geometry();
     let mut p = Policy::parse("kivi").unwrap();
     p.quant_residual = Policy::RESIDUAL_AUTO;
-    let row = u64::from(g.head_dim) * 4 + 4;
-    let budget = 100 * u64::from(g.n_layers) * u64::from(g.n_kv_heads) * row;
-    for (b, want) in [(budget, 25), (0, 128)] {
-        let ctx = Context::with_budget(b).unwrap();
-        let cache = Cache::new(&ctx, &g, &p).unwrap();
-        assert_eq!(cache.policy().unwrap().quant_residual, want);
-    }
-    p.quant_residual = -2;
     let ctx = Context::with_budget(0).unwrap();
+    let cache = Cache::new(&ctx, &g, &p).unwrap();
+    assert_eq!(cache.policy().unwrap().quant_residual, 96);
+    p.quant_residual = -2;
     assert_eq!(Cache::new(&ctx, &g, &p).unwrap_err().status, Status::InvalidArg);
 }
