@@ -1049,7 +1049,12 @@ KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache *cache, const char *path,
  *    - a conversation on a shared prefix: refused, KVSDK_E_UNSUPPORTED (its prefix's rows are
  *      not its own).
  *  Per target: every policy kvsdk_cache_create accepts, except smallkv (refused,
- *  KVSDK_E_UNSUPPORTED: it needs its proxy cache, which a save does not have).
+ *  KVSDK_E_UNSUPPORTED: it needs its proxy cache, which a save does not have). A KIVI target
+ *  (kivi, a '+kiviN' overlay) with quant_residual = KVSDK_QUANT_RESIDUAL_AUTO gets the window
+ *  measured for its head_dim and width (16 rows at head_dim 64 and 2 bits instead of 128): an
+ *  evicting cache saved this way is the smallest faithful file kvsdk-eval found
+ *  (docs/eval/target.md: h2o at 12.5% saved as h2o+kivi4, 0.078 of the full snapshot on
+ *  shakespeare-base at top-1 0.973).
  *  Cost: the converted cache is built in full before it is written, as a temporary cache on the
  *  cache's own context, and destroyed when the save returns. Contexts account bytes, not caches:
  *  every byte a cache holds is charged to its context's budget when it is reserved, and a
