@@ -34,6 +34,14 @@ void append_unshuffled(const unsigned char* lo, const unsigned char* hi, size_t 
 // ways. The rows of one frame come from one layer (frames never mix layers), whose values have
 // one distribution, so the sample predicts the frame.
 constexpr size_t kShuffleSampleValues = 8192;
+// Frames whose rows hold fewer bytes than this are never shuffled, and not probed. Each plane
+// needs zstd blocks (128 KiB) of its own to gain from its own literal statistics, and the probe
+// (6 compressions of up to 32 KiB) costs more than a small frame's own compression. Measured on
+// shakespeare-base's real rows (snapshot_sweep_bench, docs/benchmarks.md): shuffling frames of
+// 128 KiB to 256 KiB made files 0.1-0.2% smaller, frames of 512 KiB 8% smaller; the probe was
+// 3/4 of a 64-token save (8 frames of 16 KiB: 8.3 -> 2.6 us a token without it) and
+// 0.8 us of the 1.9 us a token of a 512-token one.
+constexpr size_t kMinShuffledFrameBytes = size_t(512) << 10;
 bool shuffle_pays(const uint16_t* k, const uint16_t* v, size_t n, int level);
 
 }  // namespace kvsdk::format

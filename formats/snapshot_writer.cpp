@@ -82,15 +82,20 @@ flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder&
 
 // Queues one frame of exact rows; it is built on whichever pool thread compresses it (`cache`
 // is not modified while write_snapshot runs, and `spans` travels with the frame). With
-// `may_shuffle` (format 6), keys and values go in as byte planes (container.h) when a sample of
-// the frame's first span says that compresses smaller at `level`: shuffled while copied into the
-// frame, so it costs no pass of its own.
+// `may_shuffle` (format 6), keys and values go in as byte planes (container.h) when the frame's
+// rows fill a zstd block (kMinShuffledFrameBytes) and a sample of its first span says that
+// compresses smaller at `level`: shuffled while copied into the frame, so it costs no pass of
+// its own.
 void write_tier_frame(FrameWriter& out, const StoreView& cache, uint32_t layer,
                       std::vector<RowSpan> spans, uint64_t row_bytes, int level, bool may_shuffle) {
   // The rows, plus (generously) each HeadRows table with its vectors' lengths and padding, and
   // the frame's root and vtables.
-  uint64_t hint = 1024;
-  for (const RowSpan& s : spans) hint += s.rows * row_bytes + 256;
+  uint64_t hint = 1024, rows_bytes = 0;
+  for (const RowSpan& s : spans) {
+    hint += s.rows * row_bytes + 256;
+    rows_bytes += s.rows * row_bytes;
+  }
+  may_shuffle = may_shuffle && rows_bytes >= kMinShuffledFrameBytes;
   out.write_frame(FrameKind::kTierChunk, [&cache, layer, level, may_shuffle,
                                           spans = std::move(spans)](
                                              flatbuffers::FlatBufferBuilder& fbb) -> uint8_t {

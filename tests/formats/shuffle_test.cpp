@@ -166,8 +166,20 @@ TEST(ShuffledFrames, PlanesCompressSmallerThanTheRowsAsTheyAre) {
   EXPECT_LT(s.file.size(), plain.size());
 }
 
+// Frames whose rows are below kMinShuffledFrameBytes are written as they are, unprobed (both
+// planes would share one zstd block's statistics); at and above it the probe decides.
+TEST(ShuffledFrames, SmallFramesAreWrittenAsTheyAre) {
+  const kvsdk_geometry g = shuffle_geometry();
+  const size_t row = size_t(g.n_kv_heads) * (4 * g.head_dim + 4);  // a layer's row, every head
+  const size_t below = fmt::kMinShuffledFrameBytes / row - 1;
+  Saved small = saved_cache(below);
+  EXPECT_EQ(shuffled_frames(small.file), 0u);
+  Saved large = saved_cache(fmt::kMinShuffledFrameBytes / row + 1);
+  EXPECT_GT(shuffled_frames(large.file), 0u);
+}
+
 TEST(ShuffledFrames, UnshuffledFramesOfFormat6AndOlderFormatsLoadTheSameRows) {
-  Saved s = saved_cache(700);
+  Saved s = saved_cache(1100);  // frames above kMinShuffledFrameBytes
   ASSERT_GT(shuffled_frames(s.file), 0u);
   for (const auto& [major, minor] : {std::pair<uint16_t, uint16_t>{6, 0}, {4, 1}, {1, 3}}) {
     const std::vector<unsigned char> plain = unshuffled_as(s.file, major, minor);
@@ -182,7 +194,7 @@ TEST(ShuffledFrames, UnshuffledFramesOfFormat6AndOlderFormatsLoadTheSameRows) {
 }
 
 TEST(ShuffledFrames, TheReaderHonoursTheFlag) {
-  Saved s = saved_cache(700);
+  Saved s = saved_cache(1100);
   uint64_t trailer = 0;
   const std::vector<FrameInfo> frames = base_frames(s.file, &trailer);
   size_t tier = frames.size();
@@ -202,7 +214,7 @@ TEST(ShuffledFrames, TheReaderHonoursTheFlag) {
 }
 
 TEST(ShuffledFrames, UnknownFlagsAndFlagsOnOtherFramesAreCorrupt) {
-  Saved s = saved_cache(700);
+  Saved s = saved_cache(1100);
   uint64_t trailer = 0;
   const std::vector<FrameInfo> frames = base_frames(s.file, &trailer);
   for (size_t i = 0; i < frames.size(); ++i) {
