@@ -1,6 +1,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <climits>
 #include <type_traits>
 
 #include "cuda_check.h"
@@ -46,9 +47,17 @@ __device__ __forceinline__ void load_f16(const uint16_t* row, int lane, float (&
   }
 }
 
+// Rows beyond a query's position are masked (the tier's positions; none: every row is seen).
+__device__ __forceinline__ int32_t row_position(const int32_t* positions, size_t index) {
+  return positions ? positions[index] : INT32_MIN;
+}
+
 struct ExactLoader {
   ExactTierView t;
   size_t dim;
+  __device__ int32_t position(size_t head, size_t tok) const {
+    return row_position(t.positions, head * t.capacity + tok);
+  }
   template <int EPL>
   __device__ void key(size_t head, size_t tok, int lane, float (&out)[EPL]) const {
     load_f16<EPL>(t.k + (head * t.capacity + tok) * dim, lane, out);
@@ -63,6 +72,9 @@ struct ExactLoader {
 struct KiviLoader {
   KiviTierView t;
   size_t dim;
+  __device__ int32_t position(size_t head, size_t tok) const {
+    return row_position(t.positions, head * t.capacity + tok);
+  }
   template <int EPL>
   __device__ void key(size_t head, size_t tok, int lane, float (&out)[EPL]) const {
     const size_t row_bytes = (dim * t.bits + 7) / 8;
@@ -103,19 +115,23 @@ __device__ __forceinline__ float warp_sum(float v) {
 // of the group at column `split_base + blockIdx.x` of the partials.
 template <int EPL, class Loader>
 __global__ void __launch_bounds__(kWarps * 32)
-    decode_split_kernel(const float* q, Loader loader, size_t kv_heads, int group, size_t tokens,
-                        size_t split_tokens, size_t split_base, float scale, Partials part) {
+    decode_split_kernel(const float* q, const int32_t* q_pos, Loader loader, size_t kv_heads,
+                        int group, bool shared_rows, size_t tokens, size_t split_tokens,
+                        size_t split_base, float scale, Partials part) {
   constexpr int kDim = EPL * 32;
   __shared__ float s_m[kWarps][kMaxG], s_l[kWarps][kMaxG];
   __shared__ float s_acc[kWarps][kMaxG][kDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const size_t kvh = blockIdx.y, seq = blockIdx.z, head = seq * kv_heads + kvh;
+  const size_t kvh = blockIdx.y, seq = blockIdx.z;
+  const size_t head = shared_rows ? kvh : seq * kv_heads + kvh;  // whose rows
   const size_t first = size_t(blockIdx.x) * split_tokens;
   const size_t last = min(tokens, first + split_tokens);
 
   float qr[kMaxG][EPL], m[kMaxG], l[kMaxG], acc[kMaxG][EPL];
+  int32_t qp[kMaxG];
 #pragma unroll
   for (int g = 0; g < kMaxG; ++g) {
+    qp[g] = q_pos && g < group ? q_pos[(seq * kv_heads + kvh) * group + g] : INT32_MAX;
     m[g] = -INFINITY;
     l[g] = 0.0f;
 #pragma unroll
@@ -128,9 +144,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     float k[EPL], v[EPL];
     loader.template key<EPL>(head, tok, lane, k);
     loader.template value<EPL>(head, tok, lane, v);
+    const int32_t tok_pos = loader.position(head, tok);
 #pragma unroll
     for (int g = 0; g < kMaxG; ++g) {
       if (g >= group) break;
+      if (tok_pos > qp[g]) continue;  // the same for every lane of the warp: no divergence
       float d = 0.0f;
 #pragma unroll
       for (int j = 0; j < EPL; ++j) d += qr[g][j] * k[j];
@@ -202,19 +220,20 @@ __global__ void decode_reduce_kernel(Partials part, size_t dim, float* out) {
 }
 
 template <class Loader>
-void launch_splits(const float* q, const DecodeShape& sh, const Loader& loader, size_t tokens,
-                   size_t splits, size_t split_tokens, size_t split_base, const Partials& part,
-                   cudaStream_t stream) {
+void launch_splits(const float* q, const int32_t* q_pos, const DecodeShape& sh,
+                   const Loader& loader, size_t tokens, size_t splits, size_t split_tokens,
+                   size_t split_base, const Partials& part, cudaStream_t stream) {
   if (splits == 0) return;
   const dim3 grid(unsigned(splits), unsigned(sh.kv_heads), unsigned(sh.batch));
   const int group = int(sh.group);
   // One pointer per head dim (a template instance with two arguments is not one macro argument).
-  void (*kernel)(const float*, Loader, size_t, int, size_t, size_t, size_t, float, Partials) =
+  void (*kernel)(const float*, const int32_t*, Loader, size_t, int, bool, size_t, size_t, size_t,
+                 float, Partials) =
       sh.dim == 64    ? decode_split_kernel<2, Loader>
       : sh.dim == 128 ? decode_split_kernel<4, Loader>
                       : decode_split_kernel<8, Loader>;
-  KVSDK_LAUNCH(kernel, grid, kWarps * 32, 0, stream, q, loader, sh.kv_heads, group, tokens,
-               split_tokens, split_base, sh.scale, part);
+  KVSDK_LAUNCH(kernel, grid, kWarps * 32, 0, stream, q, q_pos, loader, sh.kv_heads, group,
+               sh.shared_rows, tokens, split_tokens, split_base, sh.scale, part);
   check_launch("decode_split_kernel");
 }
 
@@ -260,7 +279,7 @@ DecodePlan plan_decode(const DecodeShape& shape, size_t kivi_tokens, size_t exac
 
 void decode_attention(const float* q, const DecodeShape& shape, const KiviTierView* kivi,
                       const ExactTierView* exact, const DecodePlan& plan, void* workspace,
-                      float* out, cudaStream_t stream) {
+                      float* out, cudaStream_t stream, const int32_t* q_positions) {
   check_shape(shape);
   KVSDK_REQUIRE(kivi || exact, "decode attention needs at least one tier");
   const size_t kivi_tokens = kivi ? kivi->tokens : 0, exact_tokens = exact ? exact->tokens : 0;
@@ -293,11 +312,13 @@ void decode_attention(const float* q, const DecodeShape& shape, const KiviTierVi
     return;
   }
   if (kivi && plan.kivi_splits) {
-    launch_splits(q, shape, KiviLoader{*kivi, shape.dim}, kivi_tokens, plan.kivi_splits,
+    launch_splits(q, q_positions, shape, KiviLoader{*kivi, shape.dim}, kivi_tokens,
+                  plan.kivi_splits,
                   plan.kivi_split_tokens, 0, part, stream);
   }
   if (exact && plan.exact_splits) {
-    launch_splits(q, shape, ExactLoader{*exact, shape.dim}, exact_tokens, plan.exact_splits,
+    launch_splits(q, q_positions, shape, ExactLoader{*exact, shape.dim}, exact_tokens,
+                  plan.exact_splits,
                   plan.exact_split_tokens, plan.kivi_splits, part, stream);
   }
   KVSDK_LAUNCH(decode_reduce_kernel, unsigned(rows), 128, 0, stream, part, shape.dim, out);

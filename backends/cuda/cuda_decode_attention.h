@@ -10,7 +10,9 @@
 // an unnormalised partial; a reduction kernel merges the partials of all splits of all tiers, so a
 // KIVI tier and the exact residual window form one exact softmax.
 //
-// All tokens in the cache precede the query (decode), so there is no causal mask here.
+// Causal masking is optional: with positions for a tier's rows and for the queries, a query sees
+// only the rows whose position is <= its own (what the cache's attend does for chunked prefill);
+// without them every row is seen (decode: all tokens precede the query).
 // Device pointers; everything is enqueued on `stream`, nothing synchronises.
 #pragma once
 
@@ -29,6 +31,9 @@ struct DecodeShape {
   size_t group = 1;  // query heads per KV head (1..kDecodeMaxGroup)
   size_t dim = 0;    // head_dim: 64, 128 or 256
   float scale = 1.0f;
+  // Every sequence of the batch reads the same rows (those of sequence 0): the query tokens of one
+  // conversation, each a "sequence" with its own position. The tiers then hold kv_heads heads.
+  bool shared_rows = false;
 };
 
 // Rows of head (b, h) start at row (b * kv_heads + h) * capacity:
@@ -38,6 +43,8 @@ struct ExactTierView {
   const uint16_t* v = nullptr;
   size_t tokens = 0;    // valid rows per head
   size_t capacity = 0;  // row stride between heads (>= tokens)
+  // Positions of the rows, [head][capacity] like the rows, or null: no causal mask for this tier.
+  const int32_t* positions = nullptr;
 };
 
 // Per head (b, h) = index i: k_codes/v_codes [i][capacity][packed_bytes(dim)],
@@ -53,6 +60,7 @@ struct KiviTierView {
   uint32_t group = 32;  // G
   size_t tokens = 0;    // quantized tokens per head (a multiple of G)
   size_t capacity = 0;  // token stride between heads (a multiple of G, >= tokens)
+  const int32_t* positions = nullptr;  // [head][capacity], or null: no causal mask for this tier
 };
 
 // How the tokens are split, and the f32 workspace the partials need.
@@ -70,11 +78,12 @@ DecodePlan plan_decode(const DecodeShape& shape, size_t kivi_tokens, size_t exac
 
 // q f32 [batch][kv_heads * group][dim] (query head h*group + g belongs to KV head h) -> out f32
 // [batch][kv_heads * group][dim]. Either tier may be null (not both), and must match the plan's
-// token counts. `workspace` has plan.workspace_bytes bytes, 16-byte aligned. A head without any
-// token yields zeros. Throws KVSDK_E_INVALID_ARG for a mismatch, KVSDK_E_BACKEND for launch
-// failures.
+// token counts. `workspace` has plan.workspace_bytes bytes, 16-byte aligned. `q_positions`
+// [batch][kv_heads * group] (one per query row, like q) masks the rows of tiers that carry
+// positions; null: no mask. A query row that sees no token yields zeros. Throws
+// KVSDK_E_INVALID_ARG for a mismatch, KVSDK_E_BACKEND for launch failures.
 void decode_attention(const float* q, const DecodeShape& shape, const KiviTierView* kivi,
                       const ExactTierView* exact, const DecodePlan& plan, void* workspace,
-                      float* out, cudaStream_t stream);
+                      float* out, cudaStream_t stream, const int32_t* q_positions = nullptr);
 
 }  // namespace kvsdk::cuda

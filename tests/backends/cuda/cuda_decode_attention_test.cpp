@@ -29,12 +29,15 @@ void append(std::vector<T>& dst, const std::vector<T>& src) {
 }
 
 std::vector<float> run(const DecodeShape& sh, const std::vector<float>& q, const KiviTierView* kivi,
-                       const ExactTierView* exact, size_t split_tokens) {
+                       const ExactTierView* exact, size_t split_tokens,
+                       const std::vector<int32_t>& q_positions = {}) {
   const DecodePlan plan = plan_decode(sh, kivi ? kivi->tokens : 0, exact ? exact->tokens : 0,
                                       split_tokens);
   DeviceBuffer<float> dq(q), dout(q.size());
+  DeviceBuffer<int32_t> dpos(q_positions);
   DeviceBuffer<uint8_t> ws(plan.workspace_bytes);
-  decode_attention(dq.get(), sh, kivi, exact, plan, ws.get(), dout.get(), nullptr);
+  decode_attention(dq.get(), sh, kivi, exact, plan, ws.get(), dout.get(), nullptr,
+                   q_positions.empty() ? nullptr : dpos.get());
   return dout.download();
 }
 
@@ -144,6 +147,59 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaDecodeAttention,
                            return "dim" + std::to_string(c.dim) + "_group" +
                                   std::to_string(c.group) + "_bits" + std::to_string(c.bits);
                          });
+
+// The query tokens of one conversation (chunked prefill): every token is a sequence of the batch
+// reading the same rows (shared_rows), masked by position, against the CPU reference's
+// OnlineAttention with the same query positions. Rows are appended out of order on purpose, and
+// one query sees no row at all (zeros).
+TEST_P(CudaDecodeAttention, SharedRowsWithCausalMaskMatchCpu) {
+  KVSDK_REQUIRE_CUDA_DEVICE();
+  const Case c = GetParam();
+  DecodeShape sh;
+  sh.batch = 5, sh.kv_heads = 2, sh.group = c.group, sh.dim = c.dim, sh.shared_rows = true;
+  sh.scale = 1.0f / std::sqrt(float(c.dim));
+  const size_t tokens = 150, capacity = 160;
+  const auto kf = test::random_floats(sh.kv_heads * capacity * c.dim, 4);
+  const auto vf = test::random_floats(sh.kv_heads * capacity * c.dim, 5);
+  std::vector<uint16_t> k(kf.size()), v(vf.size());
+  std::vector<float> kr(kf.size()), vr(vf.size());
+  for (size_t i = 0; i < kf.size(); ++i) {
+    k[i] = f32_to_f16(kf[i]), v[i] = f32_to_f16(vf[i]);
+    kr[i] = f16_to_f32(k[i]), vr[i] = f16_to_f32(v[i]);
+  }
+  std::vector<int32_t> pos(sh.kv_heads * capacity, 0);
+  for (size_t h = 0; h < sh.kv_heads; ++h) {
+    for (size_t t = 0; t < tokens; ++t) pos[h * capacity + t] = int32_t(10 + (t * 37) % tokens);
+  }
+  // Query rows [batch][kv_heads][group]: token b at position 9 (sees nothing), 40, 80, 159, max.
+  const int32_t token_pos[5] = {9, 40, 80, 159, INT32_MAX};
+  std::vector<int32_t> qpos;
+  for (size_t b = 0; b < sh.batch; ++b) qpos.insert(qpos.end(), sh.kv_heads * c.group, token_pos[b]);
+  const auto q = test::random_floats(qpos.size() * c.dim, 6);
+  DeviceBuffer<uint16_t> dk(k), dv(v);
+  DeviceBuffer<int32_t> dp(pos);
+  ExactTierView view{dk.get(), dv.get(), tokens, capacity, dp.get()};
+  for (size_t split : {size_t(64), size_t(0)}) {
+    const auto out = run(sh, q, nullptr, &view, split, qpos);
+    for (size_t b = 0; b < sh.batch; ++b) {
+      for (size_t h = 0; h < sh.kv_heads; ++h) {
+        const size_t row = (b * sh.kv_heads + h) * c.group;
+        cpu::OnlineAttention attn(&q[row * c.dim], &qpos[row], c.group, c.dim, sh.scale);
+        attn.add_chunk(&kr[h * capacity * c.dim], &vr[h * capacity * c.dim], &pos[h * capacity],
+                       tokens);
+        std::vector<float> want(c.group * c.dim);
+        attn.finish(want.data());
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_NEAR(out[row * c.dim + i], want[i], 2e-4)
+              << "split " << split << " token " << b << " head " << h;
+        }
+        if (b == 0) {
+          for (float x : want) ASSERT_EQ(x, 0.0f);
+        }
+      }
+    }
+  }
+}
 
 TEST(CudaDecodeAttentionEdge, NoTokensGivesZeros) {
   KVSDK_REQUIRE_CUDA_DEVICE();
