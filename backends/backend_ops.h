@@ -15,6 +15,10 @@
 //
 // Tier objects (KiviHeadStore, SpindleHeadStore, MiniCache pairs, SpeCache fetched rows) are the
 // CPU stores' layouts; they are host-side until the CUDA backend gives each a device twin.
+//
+// Errors: CPU entries do not fail (allocation aside: alloc/workspace_create return null). A
+// device backend's entries throw kvsdk::Error: KVSDK_E_BACKEND with the driver's message when
+// the device fails, KVSDK_E_UNSUPPORTED for an operation it has no kernel for yet.
 #pragma once
 
 #include <cstddef>
@@ -46,6 +50,9 @@ struct QueryRows {
   size_t n_rows = 0;
   size_t dim = 0;
   float scale = 1.0f;
+  // Rows come in runs of `group` with the same position (the query heads of one token that share
+  // the KV head); a backend may load each K/V row once per run. 1: no such promise.
+  size_t group = 1;
 };
 
 // Dense IEEE binary16 rows of one KV head (the exact tier): k, v [n_tokens][dim], positions.
@@ -72,11 +79,17 @@ struct SmallKvMarginal {
 struct Ops {
   const char* name;
 
+  // Whether the backend's memory is the host's (CPU tables) or a device's (CUDA): the core never
+  // dereferences a device backend's pointers, it copies through to_backend / to_host.
+  bool device_memory;
+
   // --- memory owned by the backend -------------------------------------------------------------
   void* (*alloc)(size_t bytes);  // nullptr when out of memory
   void (*free)(void* buffer);    // nullptr is a no-op
   void (*to_backend)(void* dst, const void* host_src, size_t bytes);
   void (*to_host)(void* host_dst, const void* src, size_t bytes);
+  // Within the backend's memory; the ranges must not overlap. Complete when it returns.
+  void (*copy)(void* dst, const void* src, size_t bytes);
   Workspace* (*workspace_create)();  // nullptr when out of memory
   void (*workspace_destroy)(Workspace* ws);
 
@@ -173,8 +186,25 @@ struct Ops {
 const Ops& cpu_reference();
 const Ops& cpu_optimized();
 
+// A backend on a device (CUDA): its table, and the check that a context on `device` can run it
+// (throws kvsdk::Error: KVSDK_E_BACKEND when no device is usable, with the driver's reason;
+// KVSDK_E_INVALID_ARG for an ordinal that is not present).
+struct DeviceBackend {
+  const Ops* ops;
+  void (*require_device)(int32_t device);
+};
+// The CUDA backend of this build (backends/backend_registry.cpp): the one installed by
+// install_cuda_backend, else the CUDA table when the build has CUDA, else nullptr.
+const DeviceBackend* cuda_backend();
+// Installs `backend` as the CUDA backend (nullptr: back to the build's own). For the tests of a
+// build without CUDA: the CUDA kernels compiled against the host execution shim
+// (backends/cuda/host) run every device-cache path on the CPU. Not thread-safe with contexts
+// being created.
+void install_cuda_backend(const DeviceBackend* backend);
+
 // The table of a context's backend kind: KVSDK_BACKEND_CPU -> optimized, KVSDK_BACKEND_CPU_REFERENCE
-// -> reference; nullptr for kinds without a table in this build.
+// -> reference, KVSDK_BACKEND_CUDA -> cuda_backend()'s; nullptr for kinds without a table in this
+// build.
 const Ops* ops_for(kvsdk_backend kind);
 
 // Owns a workspace of one backend (move-only).

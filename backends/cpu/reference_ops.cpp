@@ -192,8 +192,8 @@ void attend_smallkv(const QueryRows& q, const F16Rows& full, const SmallKvMargin
 
 const Ops& cpu_reference() {
   static const Ops ops = {
-      "cpu-reference",
-      host_alloc, host_free, host_copy, host_copy, workspace_create, workspace_destroy,
+      "cpu-reference", /*device_memory=*/false,
+      host_alloc, host_free, host_copy, host_copy, host_copy, workspace_create, workspace_destroy,
       f32_to_f16, f16_to_f32,
       cpu::kivi_quantize_keys, cpu::kivi_dequantize_keys, cpu::kivi_quantize_values,
       cpu::kivi_dequantize_values,
@@ -225,14 +225,6 @@ WorkspaceHandle& WorkspaceHandle::operator=(WorkspaceHandle&& o) noexcept {
 void WorkspaceHandle::reset() noexcept {
   if (ws_) ops_->workspace_destroy(ws_);
   ws_ = nullptr;
-}
-
-const Ops* ops_for(kvsdk_backend kind) {
-  switch (kind) {
-    case KVSDK_BACKEND_CPU: return &cpu_optimized();
-    case KVSDK_BACKEND_CPU_REFERENCE: return &cpu_reference();
-    default: return nullptr;
-  }
 }
 
 }  // namespace kvsdk::backend

@@ -4,7 +4,7 @@
 
 #include "core/context.h"
 #include "kvsdk.h"
-#include "kvsdk_cuda.h"
+#include "backend_ops.h"
 #include "util/error.h"
 #include "util/options.h"
 #include "util/struct_versions.h"
@@ -56,7 +56,16 @@ KVSDK_API kvsdk_status kvsdk_context_create(kvsdk_context** out,
                   "options.backend is ", o.backend, " (not a kvsdk_backend)");
     KVSDK_REQUIRE(o.n_threads >= 0 && o.n_threads <= KVSDK_MAX_THREADS, "options.n_threads is ",
                   o.n_threads, " (0 = every core, or 1 .. ", KVSDK_MAX_THREADS, ")");
-    if (o.backend == KVSDK_BACKEND_CUDA) cuda::require_backend(o.device);
+    if (o.backend == KVSDK_BACKEND_CUDA) {
+      const backend::DeviceBackend* cuda = backend::cuda_backend();
+      if (!cuda) {
+        fail(KVSDK_E_UNSUPPORTED, "this kvsdk was built without CUDA (configure with ",
+             "-DKVSDK_ENABLE_CUDA=ON or the 'cuda' preset)");
+      }
+      KVSDK_REQUIRE(o.budget_bytes > 0, "a CUDA context needs options.budget_bytes > 0: its ",
+                    "caches live in one device allocation of exactly the budget");
+      cuda->require_device(o.device);
+    }
     auto handle = std::make_unique<kvsdk_context>();
     handle->impl = std::make_shared<Context>(kvsdk_backend(o.backend), o.device, o.budget_bytes,
                                              size_t(o.n_threads));

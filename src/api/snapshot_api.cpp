@@ -208,6 +208,12 @@ std::string foreign_policy_note(const Cache& c, const char* path) {
   }
 }
 
+// A save's scope: the host copies it staged of a device cache's rows are freed when it ends.
+struct HostStaging {
+  const Cache& cache;
+  ~HostStaging() { cache.release_host_staging(); }
+};
+
 }  // namespace
 
 extern "C" {
@@ -243,6 +249,7 @@ KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache* cache, const char* path,
                                         const kvsdk_save_options* options) {
   return guard("kvsdk_cache_save", [&] {
     kvsdk_cache& c = handle(cache);
+    const HostStaging staging{*c.impl};
     KVSDK_REQUIRE(path != nullptr, "path is NULL");
     const SaveParams params = save_params_from_c(options);
     const SaveTarget target = save_target_from_c(options);
@@ -263,6 +270,7 @@ KVSDK_API kvsdk_status kvsdk_cache_save_to_buffer(kvsdk_cache* cache,
                                                   size_t capacity, size_t* out_size) {
   return guard("kvsdk_cache_save_to_buffer", [&] {
     const kvsdk_cache& c = handle(cache);
+    const HostStaging staging{*c.impl};
     KVSDK_REQUIRE(out_size != nullptr, "out_size is NULL");
     const SaveParams params = save_params_from_c(options);
     const SaveTarget target = save_target_from_c(options);
@@ -292,6 +300,7 @@ KVSDK_API kvsdk_status kvsdk_cache_save_delta(kvsdk_cache* cache, const char* pa
                                               const kvsdk_save_options* options) {
   return guard("kvsdk_cache_save_delta", [&] {
     kvsdk_cache& c = handle(cache);
+    const HostStaging staging{*c.impl};
     KVSDK_REQUIRE(path != nullptr, "path is NULL");
     const SaveParams params = save_params_from_c(options);
     if (save_target_from_c(options).set) {

@@ -9,6 +9,7 @@
 
 #include "core/pending_plan.h"
 #include "core/policy.h"
+#include "repr/device_rows.h"
 #include "util/dtype.h"
 #include "util/error.h"
 #include "util/growth.h"
@@ -28,8 +29,14 @@ Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk
   for (LayerPolicyState& l : layers_) {
     if (traits_.scores_rows()) l.scores.resize(geometry_.n_kv_heads);
   }
-  repr_ = make_representation(geometry_, policy_);
-  rows_ = make_row_store(geometry_, policy_);
+  if (ctx_->ops().device_memory) {
+    // Device backends (CUDA): every layer in the context's device arena, for the policies that
+    // have a device path (the store refuses the others).
+    rows_ = std::make_unique<DeviceRows>(geometry_, policy_, *ctx_);
+  } else {
+    repr_ = make_representation(geometry_, policy_);
+    rows_ = make_row_store(geometry_, policy_);
+  }
   scratch_.sums.set_ops(ctx_->ops());
   if (repr_) repr_->set_ops(ctx_->ops(), ctx_->pool().size());
   rows_->set_ops(ctx_->ops(), ctx_->pool().size());

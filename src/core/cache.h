@@ -52,6 +52,11 @@ class Cache final : public StoreView {
   const ExactStore& exact_rows(uint32_t layer, uint32_t kv_head) const override;
   std::vector<int32_t> row_positions(uint32_t layer, uint32_t kv_head) const override;
   uint64_t context_budget() const override { return ctx_->budget(); }
+  // Frees the host copies of device-resident rows that a snapshot staged (exact_rows()).
+  void release_host_staging() const noexcept {
+    rows_->release_host_staging();
+    if (repr_) repr_->release_host_staging();
+  }
   // Layer `l` as a snapshot carries it (a copy: tests and tools).
   LayerState layer_image(uint32_t l) const;
 

@@ -15,7 +15,37 @@ void Context::count_live(int delta) {
   if (g_live_contexts.fetch_add(delta) + delta == 0) format::release_idle_zstd_contexts();
 }
 
-Context::~Context() { count_live(-1); }
+Context::~Context() {
+  if (arena_) ops_->free(arena_);
+  count_live(-1);
+}
+
+void* Context::allocate_arena(const backend::Ops& ops, uint64_t budget) {
+  if (!ops.device_memory) return nullptr;
+  KVSDK_REQUIRE(budget > 0, "a ", ops.name, " context needs budget_bytes > 0: its caches live in ",
+                "one device allocation of exactly the budget, made when the context is created");
+  if (budget > std::numeric_limits<size_t>::max()) {
+    fail(KVSDK_E_NO_MEMORY, "budget_bytes ", budget, " exceeds the address space");
+  }
+  void* arena = ops.alloc(size_t(budget));
+  if (!arena) {
+    fail(KVSDK_E_NO_MEMORY, "the ", ops.name, " device cannot allocate the budget's arena (",
+         budget, " bytes)");
+  }
+  return arena;
+}
+
+bool Context::claim_arena() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (arena_claimed_) return false;
+  arena_claimed_ = true;
+  return true;
+}
+
+void Context::release_arena() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  arena_claimed_ = false;
+}
 
 uint64_t Context::used() const {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -17,9 +17,12 @@ class Context {
  public:
   // Throws kvsdk::Error KVSDK_E_UNSUPPORTED for a backend without a kernel table in this build.
   // n_threads: the pool's size including the caller's thread (0 = every core).
+  // A device backend (ops().device_memory) allocates its arena here: budget_bytes of backend
+  // memory at once (KVSDK_E_INVALID_ARG for a zero budget, KVSDK_E_NO_MEMORY when the device
+  // cannot hold it).
   Context(kvsdk_backend backend, int32_t device, uint64_t budget_bytes, size_t n_threads = 1)
       : backend_(backend), device_(device), budget_(budget_bytes), ops_(require_ops(backend)),
-        pool_(n_threads) {
+        pool_(n_threads), arena_(allocate_arena(*ops_, budget_bytes)) {
     count_live(+1);
   }
   // The last context to go frees the zstd contexts snapshots keep between calls
@@ -43,6 +46,13 @@ class Context {
   // Bytes still free (UINT64_MAX when unlimited).
   uint64_t available() const;
 
+  // Device backends: the one allocation of exactly the budget that the rows of the context's
+  // cache live in (backend memory; null on the CPU). One cache holds it at a time in this
+  // version: claim_arena() returns false while another one does.
+  void* arena() const { return arena_; }
+  bool claim_arena();
+  void release_arena();
+
  private:
   const kvsdk_backend backend_;
   const int32_t device_;
@@ -56,6 +66,10 @@ class Context {
     if (!ops) fail(KVSDK_E_UNSUPPORTED, "backend ", int(kind), " has no kernels in this build");
     return ops;
   }
+  static void* allocate_arena(const backend::Ops& ops, uint64_t budget);
+  void* const arena_;
+  bool arena_claimed_ = false;  // under mutex_
+
   mutable std::mutex mutex_;
   uint64_t used_ = 0;
 };

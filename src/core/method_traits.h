@@ -50,6 +50,8 @@ struct MethodTraits {
   // The store of the layers the method compresses (null: every layer keeps its rows in the row
   // store of the exact tier). Throws kvsdk::Error for invalid parameters.
   std::unique_ptr<Representation> (*make_store)(const Geometry&, const kvsdk_policy&);
+  // Whether its caches run on device backends (CUDA; src/repr/device_rows.h) in this version.
+  bool on_device = false;
 
   bool evicts() const { return selection != Selection::kNone; }
   bool uses_window() const { return selection == Selection::kObservationWindow; }

@@ -182,6 +182,9 @@ class Representation {
     return nullptr;
   }
   virtual void restore_exact(uint32_t layer, std::vector<ExactStore> heads);
+  // Frees host copies that exact_rows() made of rows kept elsewhere (a device store stages them
+  // for a snapshot); the snapshot calls end with it. Host stores have none.
+  virtual void release_host_staging() const noexcept {}
 
   // --- Truncation (Cache::truncate, kvsdk_cache_truncate): removing every row of `layer` whose
   // position is >= `position`, so that the store holds exactly what it would hold had those rows

@@ -26,10 +26,10 @@ using A = Allocation;
 using Q = QuantUse;
 
 // method, name, selection, allocation, quant_bits, default bits, proxy, prefetch, store of the
-// compressed layers
+// compressed layers, runs on device backends (CUDA)
 constexpr MethodTraits kTable[] = {
     {KVSDK_METHOD_FULL, "full",
-     S::kNone, A::kUniform, Q::kNone, 0, false, false, nullptr},
+     S::kNone, A::kUniform, Q::kNone, 0, false, false, nullptr, true},
     {KVSDK_METHOD_STREAMING_LLM, "streaming_llm",
      S::kSinksAndRecent, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
     {KVSDK_METHOD_H2O, "h2o",

@@ -1,0 +1,158 @@
+// The CUDA kernel table (cuda_ops.h). Every memory entry is one synchronous runtime call, so a
+// copy has completed when it returns (the decode path stages a few KiB each way); attention is
+// cuda_decode_attention's split-K kernel over one KV head's f16 rows, on the default stream.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <new>
+
+#include "cuda_check.h"
+#include "cuda_decode_attention.h"
+#include "cuda_ops.h"
+#include "util/error.h"
+
+namespace kvsdk::cuda {
+namespace {
+
+// The device's working memory for attention: the decode plan's partials, grown to the largest
+// call and then reused (the decode path allocates nothing once it has grown).
+struct CudaWorkspace {
+  void* partials = nullptr;
+  size_t bytes = 0;
+};
+
+CudaWorkspace& cuda_workspace(backend::Workspace& ws) {
+  return *reinterpret_cast<CudaWorkspace*>(&ws);
+}
+
+void* device_alloc(size_t bytes) {
+  void* p = nullptr;
+  return cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess ? p : nullptr;
+}
+void device_free(void* p) {
+  if (p) cudaFree(p);
+}
+void to_device(void* dst, const void* src, size_t bytes) {
+  if (bytes) check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to the device");
+}
+void to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes) check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
+}
+void device_copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) {
+    check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy on the device");
+  }
+}
+backend::Workspace* workspace_create() {
+  return reinterpret_cast<backend::Workspace*>(new (std::nothrow) CudaWorkspace());
+}
+void workspace_destroy(backend::Workspace* ws) {
+  if (!ws) return;
+  CudaWorkspace* w = &cuda_workspace(*ws);
+  if (w->partials) cudaFree(w->partials);
+  delete w;
+}
+
+// One KV head's f16 rows against query rows of one conversation: each run of q.group rows (one
+// token's query heads) is a "sequence" of the decode kernel reading the same rows, masked by
+// position. Long prefill chunks go in pieces within the kernel's grid limit.
+void attend_f16(const backend::QueryRows& q, const backend::F16Rows& rows, backend::Workspace& ws,
+                float* out) {
+  const size_t group =
+      q.group >= 1 && q.group <= kDecodeMaxGroup && q.n_rows % q.group == 0 ? q.group : 1;
+  KVSDK_REQUIRE(q.dim == 64 || q.dim == 128 || q.dim == 256, "cuda: attention over head_dim ",
+                q.dim, " (the kernel has 64, 128 and 256)");
+  CudaWorkspace& w = cuda_workspace(ws);
+  constexpr size_t kMaxBatch = 32768;
+  const size_t sequences = q.n_rows / group;
+  for (size_t first = 0; first < sequences; first += kMaxBatch) {
+    DecodeShape shape;
+    shape.batch = std::min(kMaxBatch, sequences - first);
+    shape.kv_heads = 1;
+    shape.group = group;
+    shape.dim = q.dim;
+    shape.scale = q.scale;
+    shape.shared_rows = true;
+    const DecodePlan plan = plan_decode(shape, 0, rows.n_tokens);
+    if (plan.workspace_bytes > w.bytes) {
+      void* grown = nullptr;
+      check_cuda(cudaMalloc(&grown, plan.workspace_bytes), "cudaMalloc (attention workspace)");
+      if (w.partials) cudaFree(w.partials);
+      w.partials = grown;
+      w.bytes = plan.workspace_bytes;
+    }
+    ExactTierView view;
+    view.k = rows.k;
+    view.v = rows.v;
+    view.tokens = view.capacity = rows.n_tokens;
+    view.positions = rows.positions;
+    const size_t row0 = first * group;
+    decode_attention(q.q + row0 * q.dim, shape, nullptr, &view, plan, w.partials,
+                     out + row0 * q.dim, nullptr, q.positions + row0);
+  }
+  check_cuda(cudaDeviceSynchronize(), "decode attention");
+}
+
+void require_device(int32_t device) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    fail(KVSDK_E_BACKEND, "no CUDA device is available (",
+         err != cudaSuccess ? cudaGetErrorString(err) : "device count is 0", ")");
+  }
+  if (device < 0 || device >= count) {
+    fail(KVSDK_E_INVALID_ARG, "options.device is ", device, " but ", count,
+         " CUDA device(s) are present");
+  }
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+}
+
+// Entries without a device kernel yet: each throws KVSDK_E_UNSUPPORTED (the cache refuses the
+// policies that need them first, so this is a second line of defence, not a path users take).
+template <class F>
+struct Refuse;
+template <class R, class... A>
+struct Refuse<R (*)(A...)> {
+  static R call(A...) {
+    fail(KVSDK_E_UNSUPPORTED, "the CUDA backend has no kernel for this operation yet "
+         "(docs/gpu.md lists what runs on CUDA)");
+  }
+};
+template <class F>
+void refuse(F& entry) {
+  entry = &Refuse<F>::call;
+}
+
+backend::Ops make_ops() {
+  backend::Ops ops{};
+  ops.name = "cuda";
+  ops.device_memory = true;
+  ops.alloc = device_alloc;
+  ops.free = device_free;
+  ops.to_backend = to_device;
+  ops.to_host = to_host;
+  ops.copy = device_copy;
+  ops.workspace_create = workspace_create;
+  ops.workspace_destroy = workspace_destroy;
+  ops.attend_f16 = attend_f16;
+  refuse(ops.f32_to_f16), refuse(ops.f16_to_f32);
+  refuse(ops.kivi_quantize_keys), refuse(ops.kivi_dequantize_keys);
+  refuse(ops.kivi_quantize_values), refuse(ops.kivi_dequantize_values);
+  refuse(ops.attend_kivi), refuse(ops.attend_spindle), refuse(ops.attend_minicache);
+  refuse(ops.attend_minicache_kivi), refuse(ops.attend_specache);
+  refuse(ops.column_sums), refuse(ops.pool), refuse(ops.select_keep), refuse(ops.gather_rows);
+  refuse(ops.codebook_reconstruct), refuse(ops.merge_slerp), refuse(ops.restore_row);
+  refuse(ops.specache_select), refuse(ops.attend_specache_scored);
+  refuse(ops.specache_select_scored), refuse(ops.smallkv_softmax), refuse(ops.attend_smallkv);
+  return ops;
+}
+
+}  // namespace
+
+const backend::DeviceBackend& device_backend() {
+  static const backend::Ops ops = make_ops();
+  static const backend::DeviceBackend backend{&ops, require_device};
+  return backend;
+}
+
+}  // namespace kvsdk::cuda

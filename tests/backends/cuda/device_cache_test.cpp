@@ -1,0 +1,305 @@
+// Caches on a CUDA context through the C API, against the same calls on the CPU reference
+// backend (the oracle): rows bit for bit, attention within the decode kernel's tolerance (2e-4
+// absolute, f32 sums in another order), bytes and budget charges equal, snapshots interchangeable.
+//
+// Built twice: with CUDA (cuda_backend_test; skipped with the driver's reason when no GPU is
+// present, after checking that the context reports KVSDK_E_BACKEND), and without it against the
+// host execution shim (cuda_host_cache_test), where every call below runs the CUDA backend's own
+// code and kernels on the CPU, with device memory that the host never reads directly.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend_ops.h"
+#include "cuda_ops.h"
+#include "../../api/preset_util.h"
+#include "kvsdk.h"
+#include "test_util.h"
+
+namespace {
+
+using kvsdk_test::CachePtr;
+using kvsdk_test::ContextPtr;
+
+#ifdef KVSDK_CUDA_HOST_SHIM
+// The shim's CUDA backend stands in for the build's missing one in this test binary.
+class ShimBackend : public ::testing::Environment {
+ public:
+  void SetUp() override { kvsdk::backend::install_cuda_backend(&kvsdk::cuda::device_backend()); }
+  void TearDown() override { kvsdk::backend::install_cuda_backend(nullptr); }
+};
+const auto* const g_shim = ::testing::AddGlobalTestEnvironment(new ShimBackend);
+#endif
+
+kvsdk_status cuda_context(uint64_t budget, ContextPtr& out) {
+  kvsdk_context_options o;
+  kvsdk_context_options_init(&o);
+  o.backend = KVSDK_BACKEND_CUDA;
+  o.budget_bytes = budget;
+  kvsdk_context* c = nullptr;
+  const kvsdk_status st = kvsdk_context_create(&c, &o);
+  out.reset(c);
+  return st;
+}
+
+// First statement of the tests that need a device: skips (with the reason) when the context
+// cannot be created for lack of one, which must then be KVSDK_E_BACKEND.
+#define CUDA_CONTEXT_OR_SKIP(ctx, budget)                                                   \
+  ContextPtr ctx;                                                                           \
+  {                                                                                         \
+    const kvsdk_status st_ = cuda_context((budget), ctx);                                   \
+    if (st_ == KVSDK_E_BACKEND) GTEST_SKIP() << "no CUDA device: " << kvsdk_last_error();   \
+    ASSERT_EQ(st_, KVSDK_OK) << kvsdk_last_error();                                         \
+  }
+
+uint64_t device_bytes_in_use() {
+  size_t free_bytes = 0, total = 0;
+  EXPECT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  return uint64_t(total - free_bytes);
+}
+
+struct Rows {
+  std::vector<float> k, v;
+  std::vector<int32_t> pos;
+};
+
+Rows read_rows(kvsdk_cache* c, uint32_t layer, uint32_t head, uint32_t dim) {
+  size_t n = 0;
+  EXPECT_EQ(kvsdk_cache_read(c, layer, head, nullptr, nullptr, nullptr, 0, &n), KVSDK_OK);
+  Rows r{std::vector<float>(n * dim), std::vector<float>(n * dim), std::vector<int32_t>(n)};
+  EXPECT_EQ(kvsdk_cache_read(c, layer, head, r.k.data(), r.v.data(), r.pos.data(), n, &n),
+            KVSDK_OK)
+      << kvsdk_last_error();
+  return r;
+}
+
+void expect_same_rows(kvsdk_cache* a, kvsdk_cache* b, const kvsdk_geometry& g) {
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
+      const Rows x = read_rows(a, l, h, g.head_dim), y = read_rows(b, l, h, g.head_dim);
+      ASSERT_EQ(x.pos, y.pos) << "layer " << l << " head " << h;
+      ASSERT_EQ(0, std::memcmp(x.k.data(), y.k.data(), x.k.size() * sizeof(float)));
+      ASSERT_EQ(0, std::memcmp(x.v.data(), y.v.data(), x.v.size() * sizeof(float)));
+    }
+  }
+}
+
+std::vector<float> attend(kvsdk_cache* c, const kvsdk_geometry& g, uint32_t layer,
+                          const std::vector<float>& q, const std::vector<int32_t>& pos) {
+  const size_t n = pos.size();
+  std::vector<float> out(q.size());
+  EXPECT_EQ(kvsdk_cache_attend(c, layer, n, q.data(), pos.data(), q.size() * sizeof(float),
+                               out.data(), out.size() * sizeof(float)),
+            KVSDK_OK)
+      << kvsdk_last_error();
+  (void)g;
+  return out;
+}
+
+void append(kvsdk_cache* c, const kvsdk_geometry& g, uint32_t layer, int32_t first, size_t n,
+            uint32_t seed, kvsdk_status want = KVSDK_OK) {
+  const size_t elems = n * g.n_kv_heads * g.head_dim;
+  const auto k = kvsdk_test::random_floats(elems, seed), v = kvsdk_test::random_floats(elems, seed + 1);
+  const auto pos = kvsdk_test::iota_positions(n, first);
+  EXPECT_EQ(kvsdk_cache_append(c, layer, n, k.data(), v.data(), pos.data(),
+                               elems * sizeof(float)),
+            want)
+      << kvsdk_last_error();
+}
+
+uint64_t stats_bytes(kvsdk_cache* c) {
+  kvsdk_cache_stats s;
+  kvsdk_cache_stats_init(&s);
+  EXPECT_EQ(kvsdk_cache_stats_get(c, &s), KVSDK_OK);
+  return s.bytes;
+}
+
+struct Shape {
+  uint32_t layers, q_heads, kv_heads, dim;
+};
+
+class DeviceCache : public ::testing::TestWithParam<Shape> {};
+
+// A conversation: a prefill chunk attended causally, then decode steps (append one token to every
+// layer, attend), with layers growing in turn so the arena re-plans and moves rows between them.
+TEST_P(DeviceCache, ConversationMatchesTheCpuReference) {
+  const Shape s = GetParam();
+  const kvsdk_geometry g = kvsdk_test::make_geometry(s.layers, s.q_heads, s.kv_heads, s.dim);
+  CUDA_CONTEXT_OR_SKIP(gpu, 64u << 20);
+  ContextPtr cpu = kvsdk_test::make_context(64u << 20, KVSDK_BACKEND_CPU_REFERENCE);
+  CachePtr a = kvsdk_test::make_cache(gpu.get(), g), b = kvsdk_test::make_cache(cpu.get(), g);
+  ASSERT_TRUE(a && b) << kvsdk_last_error();
+  const size_t q_elems = size_t(s.q_heads) * s.dim;
+  const size_t prefill = 37;
+  for (uint32_t l = 0; l < s.layers; ++l) {
+    append(a.get(), g, l, 0, prefill, 100 + l);
+    append(b.get(), g, l, 0, prefill, 100 + l);
+    // The chunk's own queries, causal: query i sees positions 0..i (and one sees everything).
+    std::vector<int32_t> qpos = kvsdk_test::iota_positions(prefill);
+    qpos[5] = INT32_MAX;
+    const auto q = kvsdk_test::random_floats(prefill * q_elems, 200 + l);
+    const auto x = attend(a.get(), g, l, q, qpos), y = attend(b.get(), g, l, q, qpos);
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], y[i], 2e-4) << "prefill layer " << l;
+  }
+  for (int32_t step = 0; step < 24; ++step) {
+    const int32_t pos = int32_t(prefill) + step;
+    for (uint32_t l = 0; l < s.layers; ++l) {
+      // Layer 0 takes two tokens a step, so it outgrows the others and the arena re-plans.
+      const size_t n = l == 0 ? 2 : 1;
+      append(a.get(), g, l, pos * 2, n, 300 + uint32_t(step) * 7 + l);
+      append(b.get(), g, l, pos * 2, n, 300 + uint32_t(step) * 7 + l);
+      const auto q = kvsdk_test::random_floats(q_elems, 900 + uint32_t(step) + l);
+      const std::vector<int32_t> qpos{pos * 2 + 1};
+      const auto x = attend(a.get(), g, l, q, qpos), y = attend(b.get(), g, l, q, qpos);
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], y[i], 2e-4) << "step " << step;
+    }
+  }
+  expect_same_rows(a.get(), b.get(), g);
+  EXPECT_EQ(stats_bytes(a.get()), stats_bytes(b.get()));
+  EXPECT_EQ(kvsdk_test::used(gpu.get()), kvsdk_test::used(cpu.get()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, DeviceCache,
+                         ::testing::Values(Shape{3, 8, 2, 64}, Shape{2, 4, 4, 128},
+                                           Shape{2, 16, 2, 256}),
+                         [](const ::testing::TestParamInfo<Shape>& info) {
+                           const Shape& s = info.param;
+                           return "q" + std::to_string(s.q_heads) + "_kv" +
+                                  std::to_string(s.kv_heads) + "_dim" + std::to_string(s.dim);
+                         });
+
+// The arena is one allocation of exactly the budget, made with the context; appends allocate no
+// other device memory, and rows fill the budget to the last byte (the re-plan to exact sizes).
+// An append beyond it is KVSDK_E_BUDGET and changes nothing.
+TEST(DeviceCacheBudget, RowsFillTheArenaAndNeverExceedIt) {
+  const kvsdk_geometry g = kvsdk_test::make_geometry(3, 4, 2, 64);
+  const uint64_t row = uint64_t(g.n_kv_heads) * (g.head_dim * 4 + 4);  // a layer-token's bytes
+  const uint64_t budget = 40 * row * g.n_layers;
+  const uint64_t before = device_bytes_in_use();
+  CUDA_CONTEXT_OR_SKIP(gpu, budget);
+  const uint64_t arena = device_bytes_in_use() - before;
+  EXPECT_GE(arena, budget);
+  EXPECT_LT(arena, budget + 4096) << "one allocation of the budget (the driver's granularity)";
+  CachePtr c = kvsdk_test::make_cache(gpu.get(), g);
+  ASSERT_TRUE(c) << kvsdk_last_error();
+  // Uneven growth: layer 2 first grows by half, then the others need the room it reserved.
+  for (int32_t t = 0; t < 40; t += 4) append(c.get(), g, 2, t, 4, 10 + uint32_t(t));
+  for (int32_t t = 0; t < 40; ++t) {
+    append(c.get(), g, 0, t, 1, 500 + uint32_t(t));
+    append(c.get(), g, 1, t, 1, 700 + uint32_t(t));
+  }
+  EXPECT_EQ(device_bytes_in_use() - before, arena) << "appends allocate no device memory";
+  EXPECT_EQ(kvsdk_test::used(gpu.get()), budget);
+  const auto rows_before = read_rows(c.get(), 1, 1, g.head_dim);
+  append(c.get(), g, 1, 40, 1, 9, KVSDK_E_BUDGET);
+  EXPECT_EQ(kvsdk_test::used(gpu.get()), budget);
+  const auto rows_after = read_rows(c.get(), 1, 1, g.head_dim);
+  EXPECT_EQ(rows_before.pos, rows_after.pos);
+  EXPECT_EQ(rows_before.k, rows_after.k);
+  // The same rows as a CPU cache given the same appends.
+  ContextPtr cpu = kvsdk_test::make_context(budget, KVSDK_BACKEND_CPU_REFERENCE);
+  CachePtr r = kvsdk_test::make_cache(cpu.get(), g);
+  for (int32_t t = 0; t < 40; t += 4) append(r.get(), g, 2, t, 4, 10 + uint32_t(t));
+  for (int32_t t = 0; t < 40; ++t) {
+    append(r.get(), g, 0, t, 1, 500 + uint32_t(t));
+    append(r.get(), g, 1, t, 1, 700 + uint32_t(t));
+  }
+  expect_same_rows(c.get(), r.get(), g);
+}
+
+// Snapshots: a CUDA cache saves the same bytes as a CPU cache of the same rows, and each loads
+// into the other backend with the same rows and attention.
+TEST(DeviceCacheSnapshot, SavesAndLoadsAcrossBackends) {
+  const kvsdk_geometry g = kvsdk_test::make_geometry(2, 8, 2, 128);
+  CUDA_CONTEXT_OR_SKIP(gpu, 16u << 20);
+  // (The same budget: snapshots record the context budget they were saved under.)
+  ContextPtr cpu = kvsdk_test::make_context(16u << 20, KVSDK_BACKEND_CPU_REFERENCE);
+  CachePtr a = kvsdk_test::make_cache(gpu.get(), g), b = kvsdk_test::make_cache(cpu.get(), g);
+  ASSERT_TRUE(a && b);
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    append(a.get(), g, l, 0, 50, 40 + l);
+    append(b.get(), g, l, 0, 50, 40 + l);
+  }
+  const auto from_gpu = kvsdk_test::snapshot(a.get()), from_cpu = kvsdk_test::snapshot(b.get());
+  EXPECT_TRUE(from_gpu == from_cpu) << "the same rows (and budget) make the same file";
+  a.reset();  // the CUDA context holds one cache at a time
+  kvsdk_cache* loaded = nullptr;
+  ASSERT_EQ(kvsdk_cache_load_from_buffer(&loaded, gpu.get(), from_cpu.data(), from_cpu.size(),
+                                         &g, nullptr),
+            KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr on_gpu(loaded);
+  ASSERT_EQ(kvsdk_cache_load_from_buffer(&loaded, cpu.get(), from_gpu.data(), from_gpu.size(),
+                                         &g, nullptr),
+            KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr on_cpu(loaded);
+  expect_same_rows(on_gpu.get(), b.get(), g);
+  expect_same_rows(on_cpu.get(), b.get(), g);
+  const auto q = kvsdk_test::random_floats(size_t(g.n_q_heads) * g.head_dim, 5);
+  const std::vector<int32_t> qpos{50};
+  const auto x = attend(on_gpu.get(), g, 1, q, qpos), y = attend(b.get(), g, 1, q, qpos);
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], y[i], 2e-4);
+  // Continuing after the load: the loaded CUDA cache appends and truncates like the CPU one.
+  append(on_gpu.get(), g, 0, 50, 3, 77);
+  append(b.get(), g, 0, 50, 3, 77);
+  ASSERT_EQ(kvsdk_cache_truncate(on_gpu.get(), 48), KVSDK_OK) << kvsdk_last_error();
+  ASSERT_EQ(kvsdk_cache_truncate(b.get(), 48), KVSDK_OK) << kvsdk_last_error();
+  expect_same_rows(on_gpu.get(), b.get(), g);
+  EXPECT_EQ(stats_bytes(on_gpu.get()), stats_bytes(b.get()));
+}
+
+// What does not run on CUDA yet is refused with KVSDK_E_UNSUPPORTED and a message, and a refused
+// call leaves everything as it was.
+TEST(DeviceCacheRefusals, UnsupportedCallsSayWhy) {
+  const kvsdk_geometry g = kvsdk_test::make_geometry(2, 4, 2, 64);
+  CUDA_CONTEXT_OR_SKIP(gpu, 4u << 20);
+  for (const char* spec : {"h2o", "kivi", "snapkv+kivi2", "specache"}) {
+    kvsdk_policy p;
+    ASSERT_EQ(kvsdk_policy_parse(&p, spec), KVSDK_OK);
+    kvsdk_cache* c = nullptr;
+    EXPECT_EQ(kvsdk_cache_create(&c, gpu.get(), &g, &p), KVSDK_E_UNSUPPORTED) << spec;
+    EXPECT_NE(std::string(kvsdk_last_error()).find("only 'full'"), std::string::npos)
+        << kvsdk_last_error();
+  }
+  const kvsdk_geometry odd = kvsdk_test::make_geometry(2, 4, 2, 96);
+  kvsdk_cache* c = nullptr;
+  EXPECT_EQ(kvsdk_cache_create(&c, gpu.get(), &odd, nullptr), KVSDK_E_UNSUPPORTED);
+  CachePtr one = kvsdk_test::make_cache(gpu.get(), g);
+  ASSERT_TRUE(one) << kvsdk_last_error();
+  append(one.get(), g, 0, 0, 3, 1);
+  EXPECT_EQ(kvsdk_cache_create(&c, gpu.get(), &g, nullptr), KVSDK_E_UNSUPPORTED);
+  EXPECT_NE(std::string(kvsdk_last_error()).find("one cache at a time"), std::string::npos);
+  EXPECT_EQ(kvsdk_cache_fork(&c, one.get()), KVSDK_E_UNSUPPORTED);
+  EXPECT_EQ(kvsdk_test::used(gpu.get()), stats_bytes(one.get()));
+  // Out-of-order positions cannot be cut on the device: refused, rows kept.
+  const std::vector<int32_t> back{1};
+  const auto k = kvsdk_test::random_floats(g.n_kv_heads * g.head_dim, 3);
+  ASSERT_EQ(kvsdk_cache_append(one.get(), 0, 1, k.data(), k.data(), back.data(),
+                               k.size() * sizeof(float)),
+            KVSDK_OK);
+  EXPECT_EQ(kvsdk_cache_truncate(one.get(), 2), KVSDK_E_STATE);
+  EXPECT_EQ(read_rows(one.get(), 0, 0, g.head_dim).pos, (std::vector<int32_t>{0, 1, 2, 1}));
+}
+
+TEST(DeviceCacheContext, NeedsABudget) {
+  ContextPtr ctx;
+  EXPECT_EQ(cuda_context(0, ctx), KVSDK_E_INVALID_ARG);
+  EXPECT_NE(std::string(kvsdk_last_error()).find("budget"), std::string::npos);
+}
+
+#ifdef KVSDK_CUDA_HOST_SHIM
+// Without a CUDA backend in the build (the shim uninstalled), a CUDA context says so.
+TEST(DeviceCacheContext, WithoutCudaInTheBuildIsUnsupported) {
+  kvsdk::backend::install_cuda_backend(nullptr);
+  ContextPtr ctx;
+  EXPECT_EQ(cuda_context(1 << 20, ctx), KVSDK_E_UNSUPPORTED);
+  EXPECT_NE(std::string(kvsdk_last_error()).find("without CUDA"), std::string::npos);
+  kvsdk::backend::install_cuda_backend(&kvsdk::cuda::device_backend());
+}
+#endif
+
+}  // namespace
