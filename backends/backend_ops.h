@@ -192,6 +192,9 @@ const Ops& cpu_optimized();
 struct DeviceBackend {
   const Ops* ops;
   void (*require_device)(int32_t device);
+  // Makes `device` the calling thread's current device and returns the one that was, so that a
+  // call can put it back (the app's own choice of device on its threads is left as it was).
+  int32_t (*select_device)(int32_t device);
 };
 // The CUDA backend of this build (backends/backend_registry.cpp): the one installed by
 // install_cuda_backend, else the CUDA table when the build has CUDA, else nullptr.

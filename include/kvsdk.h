@@ -152,6 +152,9 @@ typedef enum kvsdk_backend {
    *  runs best, chosen at run time). Every SIMD target gives the same bits on every machine, so
    *  a snapshot continues identically wherever it is loaded. */
   KVSDK_BACKEND_CPU = 0,
+  /** An NVIDIA GPU (a kvsdk built with CUDA: Jetson Orin sm_87, Hopper sm_90, PTX for newer).
+   *  The context's caches keep their rows in device memory: see kvsdk_context_create for what
+   *  runs there in this version. */
   KVSDK_BACKEND_CUDA = 1,
   /** The scalar reference kernels, the oracle the optimized ones are tested against: slower;
    *  for checking a result. Outputs differ from KVSDK_BACKEND_CPU's by rounding only (the
@@ -212,13 +215,23 @@ KVSDK_API kvsdk_status (kvsdk_context_options_init)(kvsdk_context_options *optio
 /** Creates a context. `options` may be NULL for defaults. On success `*out` owns a new context;
  *  the caller releases it with kvsdk_context_destroy (caches on it keep it alive until they are
  *  destroyed).
- *  In this version KVSDK_BACKEND_CPU and KVSDK_BACKEND_CPU_REFERENCE create a context:
- *  KVSDK_BACKEND_CUDA fails with
- *  KVSDK_E_UNSUPPORTED (without CUDA compiled in; or, with it, after checking the device: the
- *  device cache backend is not implemented yet).
+ *  KVSDK_BACKEND_CUDA (a kvsdk built with CUDA) allocates the context's device arena at once:
+ *  one block of exactly budget_bytes of memory on GPU `device` (so budget_bytes must be > 0),
+ *  freed when the context's memory is. The rows of its cache live there, in f16 with their
+ *  positions, and attention runs on the GPU; stored rows, snapshots and budget charges are the
+ *  same as on the CPU (a snapshot saved on either backend loads on the other), and attention
+ *  outputs differ from the CPU's by rounding only. In this version a CUDA context holds one
+ *  cache at a time, of policy 'full' (no KIVI overlay), with head_dim 64, 128 or 256;
+ *  kvsdk_cache_create refuses the rest with KVSDK_E_UNSUPPORTED (docs/gpu.md lists what runs on
+ *  CUDA). Besides the arena, attention uses device working memory of about 8 bytes per query
+ *  element (n_queries x n_q_heads x head_dim) plus its split partials, grown to the largest call
+ *  and kept with the cache, and a save stages the rows through host memory (freed when the save
+ *  returns). Device calls select the context's device on the calling thread for their duration
+ *  and then restore the thread's current device.
  *  Errors: KVSDK_E_INVALID_ARG (NULL out, bad struct_size, unknown backend, device ordinal not
- *          present), KVSDK_E_UNSUPPORTED (see above), KVSDK_E_BACKEND (no CUDA device),
- *          KVSDK_E_NO_MEMORY. */
+ *          present, KVSDK_BACKEND_CUDA with budget_bytes 0), KVSDK_E_UNSUPPORTED (CUDA in a
+ *          build without it), KVSDK_E_BACKEND (no CUDA device, with the driver's reason),
+ *          KVSDK_E_NO_MEMORY (the device cannot allocate the budget). */
 KVSDK_API kvsdk_status kvsdk_context_create(kvsdk_context **out,
                                             const kvsdk_context_options *options);
 
@@ -288,7 +301,7 @@ KVSDK_API kvsdk_status (kvsdk_geometry_init)(kvsdk_geometry *geometry);
 
 /** Compression methods: one preset per method, each from its paper (titles and arXiv ids in
  *  docs/papers.md). Numbers are never renumbered. Every method is implemented on the CPU backend
- *  (no cache can be created on KVSDK_BACKEND_CUDA yet: see kvsdk_context_create). Not
+ *  (on KVSDK_BACKEND_CUDA only 'full' in this version: see kvsdk_context_create). Not
  *  implemented: a KIVI overlay (quant_bits != 0, e.g. "full+kivi2") on full, spindlekv or smallkv,
  *  for which kvsdk_cache_create returns KVSDK_E_UNSUPPORTED. Methods that "never evict" fail an
  *  append that does not fit the budget with KVSDK_E_BUDGET. */
@@ -471,7 +484,9 @@ typedef struct kvsdk_cache kvsdk_cache;
  *  Errors: KVSDK_E_INVALID_ARG (NULL out/ctx/geometry, bad struct_size, invalid geometry or
  *          policy values, e.g. kivi with quant_bits 0, specache with quant_bits other than 1 or
  *          2, boundary_layer beyond the geometry), KVSDK_E_UNSUPPORTED (a KIVI overlay on full,
- *          spindlekv or smallkv), KVSDK_E_NO_MEMORY. */
+ *          spindlekv or smallkv; on a KVSDK_BACKEND_CUDA context: a policy other than 'full', a
+ *          head_dim other than 64, 128 or 256, or a second cache while one exists),
+ *          KVSDK_E_BACKEND (the device failed), KVSDK_E_NO_MEMORY. */
 KVSDK_API kvsdk_status kvsdk_cache_create(kvsdk_cache **out, kvsdk_context *ctx,
                                           const kvsdk_geometry *geometry,
                                           const kvsdk_policy *policy);
@@ -492,8 +507,9 @@ KVSDK_API void kvsdk_cache_destroy(kvsdk_cache *cache);
  *  transient memory for one copy of them outside the budget. On success release `*out` with
  *  kvsdk_cache_destroy.
  *  Errors: KVSDK_E_INVALID_ARG (NULL out/cache), KVSDK_E_BUDGET (the copy does not fit the
- *          context's budget), KVSDK_E_NO_MEMORY. On failure `*out` is untouched and nothing stays
- *          charged.
+ *          context's budget), KVSDK_E_UNSUPPORTED (a KVSDK_BACKEND_CUDA context holds one cache
+ *          at a time in this version), KVSDK_E_NO_MEMORY. On failure `*out` is untouched and
+ *          nothing stays charged.
  *  Threading: reads `cache` (one thread at a time per cache, as every cache call). */
 KVSDK_API kvsdk_status kvsdk_cache_fork(kvsdk_cache **out, const kvsdk_cache *cache);
 
@@ -805,6 +821,13 @@ typedef struct kvsdk_cache_stats {
   uint64_t backing_bytes;                 /**< Off-budget full-precision backing store. */
   uint64_t budget_bytes;                  /**< The context budget (0 = unlimited). */
   uint64_t context_used_bytes;            /**< Bytes charged to the context by all its caches. */
+  uint64_t device_arena_bytes;            /**< KVSDK_BACKEND_CUDA: the context's device arena, one
+                                               allocation of exactly budget_bytes made with the
+                                               context; 0 on the CPU. */
+  uint64_t device_reserved_bytes;         /**< KVSDK_BACKEND_CUDA: bytes of the arena this cache's
+                                               layers are laid out over: their capacities, always
+                                               <= device_arena_bytes and >= the rows' share of
+                                               `bytes`; 0 on the CPU. */
 } kvsdk_cache_stats;
 
 /** Initialises the app's `*stats` of `struct_size` bytes: zeroes the fields that fit, ready for
@@ -873,7 +896,8 @@ KVSDK_API kvsdk_status kvsdk_cache_layer_stats_get(const kvsdk_cache *cache, uin
  * frame with its content checksum, plus a 64-bit hash of the compressed bytes), a footer index, a
  * trailer with a hash of the whole snapshot, then optional journal frames appended by
  * kvsdk_cache_save_delta. Little-endian on every platform, so a snapshot moves between machines.
- * (Caches exist only on the CPU backend in this version: a CUDA context cannot be created yet.)
+ * Across backends: a 'full' cache on KVSDK_BACKEND_CUDA saves the same bytes as a CPU cache of
+ * the same rows and budget, and either loads on the other (CUDA contexts: 'full' snapshots only).
  * Across architectures: a snapshot saved on x86-64 and resumed on aarch64 (or the reverse) by the
  * same kvsdk version continues bit-identically, for every policy, journal deltas included, within
  * the exceptions above: kvsdk fuses no multiply-adds and computes exp, sin, cos, acos and pow
@@ -1164,7 +1188,7 @@ KVSDK_API kvsdk_status (kvsdk_load_info_init)(kvsdk_load_info *info);
  *          read), KVSDK_E_CORRUPT (bad magic, truncated, checksum mismatch, invalid contents),
  *          KVSDK_E_VERSION (newer major format), KVSDK_E_GEOMETRY (differs from `expected`),
  *          KVSDK_E_UNSUPPORTED (the snapshot's policy or composition is not supported by this
- *          build),
+ *          build, or not on `ctx`'s backend: see kvsdk_context_create for CUDA),
  *          KVSDK_E_BUDGET (the cache does not fit the budget), KVSDK_E_STATE (the snapshot
  *          references a shared prefix it does not embed), KVSDK_E_NO_MEMORY.
  *  On failure `*out` and `*info` are untouched and nothing stays charged to `ctx`.

@@ -104,7 +104,13 @@ void require_device(int32_t device) {
     fail(KVSDK_E_INVALID_ARG, "options.device is ", device, " but ", count,
          " CUDA device(s) are present");
   }
-  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+}
+
+int32_t select_device(int32_t device) {
+  int current = 0;
+  check_cuda(cudaGetDevice(&current), "cudaGetDevice");
+  if (current != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  return current;
 }
 
 // Entries without a device kernel yet: each throws KVSDK_E_UNSUPPORTED (the cache refuses the
@@ -151,7 +157,7 @@ backend::Ops make_ops() {
 
 const backend::DeviceBackend& device_backend() {
   static const backend::Ops ops = make_ops();
-  static const backend::DeviceBackend backend{&ops, require_device};
+  static const backend::DeviceBackend backend{&ops, require_device, select_device};
   return backend;
 }
 

@@ -340,6 +340,10 @@ kvsdk_cache_stats Cache::stats() const {
   s.backing_bytes = repr_ ? repr_->backing_bytes() : 0;
   s.budget_bytes = ctx_->budget();
   s.context_used_bytes = ctx_->used();
+  if (ctx_->arena()) {
+    s.device_arena_bytes = ctx_->budget();
+    s.device_reserved_bytes = rows_->device_reserved_bytes();
+  }
   return s;
 }
 

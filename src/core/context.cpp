@@ -16,23 +16,44 @@ void Context::count_live(int delta) {
 }
 
 Context::~Context() {
-  if (arena_) ops_->free(arena_);
+  if (arena_) {
+    try {
+      const DeviceScope on_device(*this);
+      ops_->free(arena_);
+    } catch (...) {  // (a failed device cannot take its memory back either)
+    }
+  }
   count_live(-1);
 }
 
-void* Context::allocate_arena(const backend::Ops& ops, uint64_t budget) {
+void* Context::allocate_arena() const {
+  const backend::Ops& ops = *ops_;
+  const uint64_t budget = budget_;
   if (!ops.device_memory) return nullptr;
   KVSDK_REQUIRE(budget > 0, "a ", ops.name, " context needs budget_bytes > 0: its caches live in ",
                 "one device allocation of exactly the budget, made when the context is created");
   if (budget > std::numeric_limits<size_t>::max()) {
     fail(KVSDK_E_NO_MEMORY, "budget_bytes ", budget, " exceeds the address space");
   }
+  const DeviceScope on_device(*this);
   void* arena = ops.alloc(size_t(budget));
   if (!arena) {
     fail(KVSDK_E_NO_MEMORY, "the ", ops.name, " device cannot allocate the budget's arena (",
          budget, " bytes)");
   }
   return arena;
+}
+
+Context::DeviceScope::DeviceScope(const Context& ctx) : device_(ctx.device_backend_) {
+  if (device_) previous_ = device_->select_device(ctx.device_);
+}
+
+Context::DeviceScope::~DeviceScope() {
+  if (!device_) return;
+  try {
+    device_->select_device(previous_);
+  } catch (...) {  // (the device failed; the call that follows reports it)
+  }
 }
 
 bool Context::claim_arena() {

@@ -22,7 +22,7 @@ class Context {
   // cannot hold it).
   Context(kvsdk_backend backend, int32_t device, uint64_t budget_bytes, size_t n_threads = 1)
       : backend_(backend), device_(device), budget_(budget_bytes), ops_(require_ops(backend)),
-        pool_(n_threads), arena_(allocate_arena(*ops_, budget_bytes)) {
+        pool_(n_threads), arena_(allocate_arena()) {
     count_live(+1);
   }
   // The last context to go frees the zstd contexts snapshots keep between calls
@@ -52,6 +52,20 @@ class Context {
   void* arena() const { return arena_; }
   bool claim_arena();
   void release_arena();
+  // Device work of this context runs inside a DeviceScope: the context's device is current on
+  // the calling thread while it lives, and the thread's previous one afterwards. A no-op on the
+  // CPU. Throws KVSDK_E_BACKEND when the device cannot be selected.
+  class DeviceScope {
+   public:
+    explicit DeviceScope(const Context& ctx);
+    ~DeviceScope();
+    DeviceScope(const DeviceScope&) = delete;
+    DeviceScope& operator=(const DeviceScope&) = delete;
+
+   private:
+    const backend::DeviceBackend* device_;
+    int32_t previous_ = 0;
+  };
 
  private:
   const kvsdk_backend backend_;
@@ -66,7 +80,9 @@ class Context {
     if (!ops) fail(KVSDK_E_UNSUPPORTED, "backend ", int(kind), " has no kernels in this build");
     return ops;
   }
-  static void* allocate_arena(const backend::Ops& ops, uint64_t budget);
+  const backend::DeviceBackend* const device_backend_ =
+      backend_ == KVSDK_BACKEND_CUDA ? backend::cuda_backend() : nullptr;
+  void* allocate_arena() const;  // (in the constructor, after the members above)
   void* const arena_;
   bool arena_claimed_ = false;  // under mutex_
 

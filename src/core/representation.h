@@ -66,6 +66,8 @@ class Representation {
   }
   // Off-budget bytes (SpeCache's full-precision backing store); reported apart in stats.
   virtual uint64_t backing_bytes() const { return 0; }
+  // Bytes of a device arena the store's layout covers (device stores; 0 on the host).
+  virtual uint64_t device_reserved_bytes() const { return 0; }
 
   // An upper bound of how much the representation's bytes (layer_bytes summed over the covered
   // layers) can grow when `n_tokens` are appended to `layer`; usually only `layer` changes, but

@@ -79,6 +79,7 @@ char* DeviceRows::slice(uint32_t layer, uint32_t head, Part part) const {
 }
 
 void DeviceRows::relayout(const std::vector<uint64_t>& capacity) {
+  const Context::DeviceScope on_device(ctx_);
   const cuda::ArenaPartition next = layout_for(capacity);
   if (next.reserved > arena_bytes_) {
     fail(KVSDK_E_BUDGET, "the device arena (", arena_bytes_, " bytes) cannot hold ", next.reserved,
@@ -145,6 +146,7 @@ void DeviceRows::append_host(uint32_t layer, size_t n, const void* k, const void
 void DeviceRows::append_rows(uint32_t layer, size_t n, kvsdk_dtype dtype, const void* k,
                              const void* v, const int32_t* positions) {
   if (n == 0) return;
+  const Context::DeviceScope on_device(ctx_);
   const uint32_t dim = geometry_.head_dim, heads = geometry_.n_kv_heads;
   const size_t row = geometry_.kv_elems_per_token();
   // Everything that can fail before the store changes: host staging and mirrors, then the
@@ -183,6 +185,7 @@ void DeviceRows::append_rows(uint32_t layer, size_t n, kvsdk_dtype dtype, const 
 
 void DeviceRows::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                         const int32_t* row_positions, size_t n_rows, float* out) const {
+  const Context::DeviceScope on_device(ctx_);
   const size_t dim = geometry_.head_dim;
   const size_t q_bytes = n_rows * dim * sizeof(float), pos_bytes = n_rows * sizeof(int32_t);
   const size_t need = 2 * q_bytes + pos_bytes;  // queries, outputs, positions (16-byte aligned)
@@ -210,6 +213,7 @@ void DeviceRows::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
 }
 
 void DeviceRows::stage_head(uint32_t layer, uint32_t kv_head, ExactStore& into) const {
+  const Context::DeviceScope on_device(ctx_);
   const size_t n = size_t(tokens_[layer]), elems = n * geometry_.head_dim;
   into.positions.assign(positions_[layer][kv_head].begin(), positions_[layer][kv_head].end());
   into.k.resize(elems);
@@ -260,6 +264,7 @@ void DeviceRows::read_host(uint32_t layer, uint32_t kv_head, void* k, void* v,
 }
 
 void DeviceRows::restore_exact(uint32_t layer, std::vector<ExactStore> heads) {
+  const Context::DeviceScope on_device(ctx_);
   if (heads.size() != geometry_.n_kv_heads) {
     fail(KVSDK_E_INTERNAL, "restore: layer ", layer, " with ", heads.size(), " heads");
   }

@@ -68,9 +68,8 @@ class DeviceRows final : public Representation {
   std::string truncate_refusal(uint32_t layer, int32_t position) const override;
   void truncate(uint32_t layer, int32_t position) noexcept override;
 
-  // The arena as this store uses it: bytes the layers' capacities cover, and the arena's size.
-  uint64_t arena_reserved() const { return layout_.reserved; }
-  uint64_t arena_bytes() const { return arena_bytes_; }
+  // The arena as this store uses it: the bytes the layers' capacities cover.
+  uint64_t device_reserved_bytes() const override { return layout_.reserved; }
 
  private:
   enum Part : size_t { kKeys = 0, kValues = 1, kPositions = 2, kParts = 3 };

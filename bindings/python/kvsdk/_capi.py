@@ -63,7 +63,8 @@ class kvsdk_cache_stats(Structure):
                 ("appended_tokens", c_uint64), ("bytes", c_uint64),
                 ("bytes_by_tier", c_uint64 * KVSDK_TIER_SLOTS), ("full_bytes", c_uint64),
                 ("backing_bytes", c_uint64), ("budget_bytes", c_uint64),
-                ("context_used_bytes", c_uint64)]
+                ("context_used_bytes", c_uint64), ("device_arena_bytes", c_uint64),
+                ("device_reserved_bytes", c_uint64)]
 
 class kvsdk_layer_stats(Structure):
     _fields_ = [("struct_size", c_uint32), ("layer", c_uint32), ("tokens", c_uint64),

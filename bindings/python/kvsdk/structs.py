@@ -219,6 +219,8 @@ class CacheStats:
     backing_bytes: int
     budget_bytes: int
     context_used_bytes: int
+    device_arena_bytes: int
+    device_reserved_bytes: int
 
     @classmethod
     def from_c(cls, raw):

@@ -110,12 +110,13 @@ void append(kvsdk_cache* c, const kvsdk_geometry& g, uint32_t layer, int32_t fir
       << kvsdk_last_error();
 }
 
-uint64_t stats_bytes(kvsdk_cache* c) {
+kvsdk_cache_stats stats(kvsdk_cache* c) {
   kvsdk_cache_stats s;
   kvsdk_cache_stats_init(&s);
   EXPECT_EQ(kvsdk_cache_stats_get(c, &s), KVSDK_OK);
-  return s.bytes;
+  return s;
 }
+uint64_t stats_bytes(kvsdk_cache* c) { return stats(c).bytes; }
 
 struct Shape {
   uint32_t layers, q_heads, kv_heads, dim;
@@ -158,8 +159,16 @@ TEST_P(DeviceCache, ConversationMatchesTheCpuReference) {
     }
   }
   expect_same_rows(a.get(), b.get(), g);
-  EXPECT_EQ(stats_bytes(a.get()), stats_bytes(b.get()));
+  const kvsdk_cache_stats sa = stats(a.get()), sb = stats(b.get());
+  EXPECT_EQ(sa.bytes, sb.bytes);
   EXPECT_EQ(kvsdk_test::used(gpu.get()), kvsdk_test::used(cpu.get()));
+  // The arena in the stats: the budget, of which the layers' capacities cover at least the rows.
+  EXPECT_EQ(sa.device_arena_bytes, 64u << 20);
+  EXPECT_GE(sa.device_reserved_bytes, sa.bytes_by_tier[KVSDK_TIER_EXACT] +
+                                           sa.bytes_by_tier[KVSDK_TIER_METADATA]);
+  EXPECT_LE(sa.device_reserved_bytes, sa.device_arena_bytes);
+  EXPECT_EQ(sb.device_arena_bytes, 0u);
+  EXPECT_EQ(sb.device_reserved_bytes, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, DeviceCache,
@@ -193,6 +202,7 @@ TEST(DeviceCacheBudget, RowsFillTheArenaAndNeverExceedIt) {
   }
   EXPECT_EQ(device_bytes_in_use() - before, arena) << "appends allocate no device memory";
   EXPECT_EQ(kvsdk_test::used(gpu.get()), budget);
+  EXPECT_EQ(stats(c.get()).device_reserved_bytes, budget) << "laid out to the last byte";
   const auto rows_before = read_rows(c.get(), 1, 1, g.head_dim);
   append(c.get(), g, 1, 40, 1, 9, KVSDK_E_BUDGET);
   EXPECT_EQ(kvsdk_test::used(gpu.get()), budget);

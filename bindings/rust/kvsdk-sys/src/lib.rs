@@ -181,6 +181,8 @@ pub struct kvsdk_cache_stats {
     pub backing_bytes: u64,
     pub budget_bytes: u64,
     pub context_used_bytes: u64,
+    pub device_arena_bytes: u64,
+    pub device_reserved_bytes: u64,
 }
 
 #[repr(C)]

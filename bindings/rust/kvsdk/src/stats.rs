@@ -27,6 +27,8 @@ pub struct CacheStats {
     pub backing_bytes: u64,
     pub budget_bytes: u64,
     pub context_used_bytes: u64,
+    pub device_arena_bytes: u64,
+    pub device_reserved_bytes: u64,
 }
 
 impl CacheStats {
@@ -41,6 +43,8 @@ impl CacheStats {
             backing_bytes: raw.backing_bytes,
             budget_bytes: raw.budget_bytes,
             context_used_bytes: raw.context_used_bytes,
+            device_arena_bytes: raw.device_arena_bytes,
+            device_reserved_bytes: raw.device_reserved_bytes,
         }
     }
 }

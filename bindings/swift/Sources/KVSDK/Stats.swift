@@ -13,6 +13,7 @@ public struct CacheStats: Equatable {
     public let tokens, appendedTokens, bytes: UInt64
     public let bytesByTier: [UInt64]
     public let fullBytes, backingBytes, budgetBytes, contextUsedBytes: UInt64
+    public let deviceArenaBytes, deviceReservedBytes: UInt64
 
     init(_ r: kvsdk_cache_stats) {
         nLayers = r.n_layers
@@ -24,6 +25,8 @@ public struct CacheStats: Equatable {
         backingBytes = r.backing_bytes
         budgetBytes = r.budget_bytes
         contextUsedBytes = r.context_used_bytes
+        deviceArenaBytes = r.device_arena_bytes
+        deviceReservedBytes = r.device_reserved_bytes
     }
 }
 
