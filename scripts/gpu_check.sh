@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs, in one go on a machine with an NVIDIA GPU, everything the CUDA backend (issue 7) still
 # needs measured: builds the 'cuda' preset (with benchmarks), runs the whole test suite (the CUDA
-# tests no longer skip), runs the CUDA benchmarks, and writes every log plus the GPU, driver and
-# date into the folder given as argument. See docs/gpu.md for what to record afterwards.
+# tests no longer skip: every kernel against the CPU reference, and whole 'full' caches on a CUDA
+# context through the C API against the CPU reference backend, snapshots resumed across the two
+# backends both ways), runs the CUDA benchmarks (kernels, and a cache's decode step through the
+# C API), and writes every log plus the GPU, driver and date into the folder given as argument.
+# See docs/gpu.md for what to record afterwards.
 #
 #   scripts/gpu_check.sh LOG_DIR [extra cmake -D options, e.g. -DCMAKE_CUDA_ARCHITECTURES=90]
 set -euo pipefail

@@ -130,17 +130,21 @@ SaveTarget save_target_from_c(const kvsdk_save_options* options) {
 
 std::unique_ptr<Cache> convert_cache(const Cache& src, const SaveTarget& target) {
   const uint64_t budget = target.budget != 0 ? target.budget : src.budget();
+  // A device cache converts on the host, in a context of the same budget: its rows are staged
+  // there for the save anyway, and the device arena holds one cache at a time.
+  std::shared_ptr<Context> ctx = src.context_ptr();
+  if (ctx->arena()) ctx = std::make_shared<Context>(KVSDK_BACKEND_CPU, 0, ctx->budget(), 1);
   std::unique_ptr<Cache> dst;
   if (target.policy.method == src.policy().method &&
       target.policy.quant_bits == src.policy().quant_bits) {
     // The same store: the cache as it is, compressed by its own policy state.
-    dst = src.fork();
+    dst = src.fork(ctx);
     if (budget != dst->budget()) dst->set_budget(budget);
     require_rows_kept(src, *dst, budget);
     return dst;
   }
   require_convertible_source(src);
-  dst = std::make_unique<Cache>(src.context_ptr(), src.geometry(), target.policy);
+  dst = std::make_unique<Cache>(ctx, src.geometry(), target.policy);
   reappend(src, *dst);
   // Set last, then compressed, so that the allocation stage sees every layer's rows at once.
   if (budget != 0) {

@@ -38,8 +38,9 @@ class Cache final : public StoreView {
   // An independent copy in the same context (kvsdk_cache_fork): the same rows, store records and
   // policy state, restored through the snapshot path (so it continues exactly as this cache
   // would), charged to the context. Throws KVSDK_E_BUDGET (charging nothing) when it does not
-  // fit. Defined in cache_restore.cpp.
-  std::unique_ptr<Cache> fork() const;
+  // fit. Defined in cache_restore.cpp. `into`: another context to make the copy in (the same
+  // geometry and policy; e.g. a host context for a device cache's targeted save).
+  std::unique_ptr<Cache> fork(std::shared_ptr<Context> into = nullptr) const;
   // Snapshot support: the compressed stores of `layer` (empty when the layer is exact).
   std::vector<TierRecord> tier_records(uint32_t layer) const override;
 

@@ -51,7 +51,7 @@ std::unique_ptr<Cache> Cache::restore(std::shared_ptr<Context> ctx, const Geomet
   return cache;
 }
 
-std::unique_ptr<Cache> Cache::fork() const {
+std::unique_ptr<Cache> Cache::fork(std::shared_ptr<Context> into) const {
   // What a snapshot of this cache holds, without encoding it: the copy is exact for every store
   // (the snapshot round trip tests check that restore continues bit for bit), and a new store
   // needs nothing here beyond its save()/restore() records.
@@ -63,7 +63,8 @@ std::unique_ptr<Cache> Cache::fork() const {
     layers.push_back(layer_image(l));
     tiers.push_back(tier_records(l));
   }
-  std::unique_ptr<Cache> copy = restore(ctx_, geometry_, policy_, std::move(layers), tiers);
+  std::unique_ptr<Cache> copy =
+      restore(into ? std::move(into) : ctx_, geometry_, policy_, std::move(layers), tiers);
   copy->restore_policy_runtime(policy_runtime());
   // The copy continues this cache's history exactly, so it can truncate as far back as this one
   // from the cache's side (its stores restart their own history, as after a load).

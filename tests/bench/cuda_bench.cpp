@@ -3,7 +3,11 @@
 //    device-to-device copy bandwidth measured first (both as bytes read + written per second);
 //  - decode attention over a KIVI-2 cache (+ 128-token exact residual) vs dense FP16 decode
 //    attention (the same flash-decoding kernel over f16 rows), Llama-3-8B-like geometry (32 query
-//    heads, 8 KV heads, head_dim 128), 4k / 32k / 128k tokens, batch 1 and 16.
+//    heads, 8 KV heads, head_dim 128), 4k / 32k / 128k tokens, batch 1 and 16;
+//  - one decode step of a 'full' cache on a CUDA context through the C API (append one token,
+//    attend one query: the host staging and copies included), one layer of the same geometry at
+//    4k / 32k tokens, against the kernel-only dense decode of the same size (batch 1) and
+//    against the same step on the CPU backend (KVSDK_BACKEND_CPU, 1 thread).
 // Timing: CUDA events around the launches (manual time). Contents of the caches are constant
 // fills: the kernels' work does not depend on the values.
 // Without a CUDA device it prints why and exits with status 1.
@@ -15,8 +19,13 @@
 #include <string>
 #include <utility>
 
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
 #include "cuda_decode_attention.h"
 #include "cuda_kivi_quant.h"
+#include "kvsdk.h"
 
 namespace {
 
@@ -169,6 +178,60 @@ void BM_Decode(benchmark::State& state, bool kivi) {
   }
 }
 
+// One decode step of a 'full' cache through the C API, on `backend` (wall clock: every call is
+// synchronous). The cache holds `tokens` tokens of one layer before the timed steps.
+std::map<size_t, double> g_cpu_step_s;  // tokens -> seconds per step on the CPU backend
+void BM_CacheDecodeStep(benchmark::State& state, kvsdk_backend backend) {
+  const size_t tokens = size_t(state.range(0));
+  const size_t row = kKvHeads * kDim, steps = 64;
+  kvsdk_context_options o;
+  kvsdk_context_options_init(&o);
+  o.backend = backend;
+  o.n_threads = 1;
+  o.budget_bytes = uint64_t(tokens + steps * 64) * kKvHeads * (kDim * 4 + 4) + (1u << 20);
+  kvsdk_context* ctx = nullptr;
+  if (kvsdk_context_create(&ctx, &o) != KVSDK_OK) return state.SkipWithError(kvsdk_last_error());
+  kvsdk_geometry g;
+  kvsdk_geometry_init(&g);
+  g.n_layers = 1, g.n_q_heads = kQHeads, g.n_kv_heads = kKvHeads, g.head_dim = kDim;
+  kvsdk_cache* cache = nullptr;
+  if (kvsdk_cache_create(&cache, ctx, &g, nullptr) != KVSDK_OK) {
+    kvsdk_context_destroy(ctx);
+    return state.SkipWithError(kvsdk_last_error());
+  }
+  std::vector<float> kv(4096 * row, 0.25f), q(kQHeads * kDim, 0.5f), out(q.size());
+  std::vector<int32_t> pos(4096);
+  int32_t next = 0;
+  for (size_t done = 0; done < tokens;) {
+    const size_t n = std::min<size_t>(4096, tokens - done);
+    for (size_t i = 0; i < n; ++i) pos[i] = next++;
+    kvsdk_cache_append(cache, 0, n, kv.data(), kv.data(), pos.data(), n * row * sizeof(float));
+    done += n;
+  }
+  const auto step = [&] {
+    const int32_t p = next++;
+    kvsdk_cache_append(cache, 0, 1, kv.data(), kv.data(), &p, row * sizeof(float));
+    kvsdk_cache_attend(cache, 0, 1, q.data(), &p, q.size() * sizeof(float), out.data(),
+                       out.size() * sizeof(float));
+  };
+  step();  // warm-up: scratch grows once
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < steps; ++i) step();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
+    state.SetIterationTime(s);
+    if (backend == KVSDK_BACKEND_CPU) {
+      g_cpu_step_s[tokens] = s;
+    } else {
+      if (g_dense_s.count({tokens, 1})) state.counters["x_kernel_only"] = s / g_dense_s[{tokens, 1}];
+      if (g_cpu_step_s.count(tokens)) state.counters["speedup_vs_cpu"] = g_cpu_step_s[tokens] / s;
+    }
+  }
+  kvsdk_cache_destroy(cache);
+  kvsdk_context_destroy(ctx);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -202,6 +265,15 @@ int main(int argc, char** argv) {
                                    [](benchmark::State& s) { BM_Decode(s, true); })
           ->Args({tokens, batch})->UseManualTime()->Unit(benchmark::kMicrosecond);
     }
+  }
+  for (int64_t tokens : {4096, 32768}) {
+    // The CPU first: the CUDA run reports its speed-up over it.
+    benchmark::RegisterBenchmark("CacheDecodeStepCpu/tokens",
+                                 [](benchmark::State& s) { BM_CacheDecodeStep(s, KVSDK_BACKEND_CPU); })
+        ->Arg(tokens)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(3);
+    benchmark::RegisterBenchmark("CacheDecodeStepCuda/tokens",
+                                 [](benchmark::State& s) { BM_CacheDecodeStep(s, KVSDK_BACKEND_CUDA); })
+        ->Arg(tokens)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(3);
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
