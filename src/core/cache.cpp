@@ -37,7 +37,7 @@ Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk
     repr_ = make_representation(geometry_, policy_);
     rows_ = make_row_store(geometry_, policy_);
   }
-  scratch_.sums.set_ops(ctx_->ops());
+  scratch_.sums.set_ops(ctx_->host_ops());
   if (repr_) repr_->set_ops(ctx_->ops(), ctx_->pool().size());
   rows_->set_ops(ctx_->ops(), ctx_->pool().size());
 }

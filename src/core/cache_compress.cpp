@@ -160,7 +160,7 @@ void Cache::score_layer(uint32_t layer, const Append* in) {
     // always kept, so its scores are never compared.
     reserve_for_growth(out.heads[h], n);
     out.heads[h].assign(n, 0.0f);
-    ctx_->ops().pool(raw, n - prot, policy_.pool_kernel, kvsdk_pool_kind(policy_.pool_kind),
+    ctx_->host_ops().pool(raw, n - prot, policy_.pool_kernel, kvsdk_pool_kind(policy_.pool_kind),
                      out.heads[h].data());
   }
   (void)dim;
@@ -280,7 +280,7 @@ bool Cache::apply_caps(const std::vector<uint64_t>& caps, const Append* in, uint
         case Selection::kNone:
           break;
       }
-      ctx_->ops().select_keep(size_t(n), size_t(k), sinks, recent, sc, scratch_.sums.workspace(),
+      ctx_->host_ops().select_keep(size_t(n), size_t(k), sinks, recent, sc, scratch_.sums.workspace(),
                               keep[l][h]);
     }
   }

@@ -34,6 +34,11 @@ class Context {
   kvsdk_backend backend() const { return backend_; }
   // The kernel table every cache of this context runs (backends/backend_ops.h).
   const backend::Ops& ops() const { return *ops_; }
+  // The table of the kernels the core runs on host memory: ops() on the CPU; on a device backend
+  // the optimized CPU table (the selection stage scores keys copied out of the device).
+  const backend::Ops& host_ops() const {
+    return ops_->device_memory ? backend::cpu_optimized() : *ops_;
+  }
   // The threads kernels of this context's caches run on.
   ThreadPool& pool() const { return pool_; }
   int32_t device() const { return device_; }

@@ -17,13 +17,13 @@ DeviceRows::DeviceRows(const Geometry& g, const kvsdk_policy& p, Context& ctx)
       arena_(static_cast<char*>(ctx.arena())),
       arena_bytes_(ctx.budget()),
       capacity_(g.n_layers, 0),
-      tokens_(g.n_layers, 0),
       positions_(g.n_layers, std::vector<std::vector<int32_t>>(g.n_kv_heads)),
+      plans_(g.n_layers),
       staged_(g.n_layers, std::vector<ExactStore>(g.n_kv_heads)),
       present_(g.n_layers, std::vector<char>(g.n_kv_heads, 0)) {
   if (!method_traits(p).on_device || kivi_overlay(p)) {
     fail(KVSDK_E_UNSUPPORTED, "policy '", policy_spec(p), "' does not run on ", device_.name,
-         " in this version (only 'full' does: docs/gpu.md)");
+         " in this version (full, streaming_llm, snapkv, pyramidkv and xkv do: docs/gpu.md)");
   }
   if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) {
     fail(KVSDK_E_UNSUPPORTED, "a ", device_.name, " cache needs head_dim 64, 128 or 256 (the ",
@@ -38,6 +38,15 @@ DeviceRows::DeviceRows(const Geometry& g, const kvsdk_policy& p, Context& ctx)
 }
 
 DeviceRows::~DeviceRows() { ctx_.release_arena(); }
+
+void DeviceRows::check_usable() const {
+  if (failed_) {
+    fail(KVSDK_E_BACKEND, "the ", device_.name, " device failed while this cache evicted rows; ",
+         "its rows are lost (destroy the cache)");
+  }
+}
+
+// --- Layout ----------------------------------------------------------------------------------
 
 cuda::ArenaPartition DeviceRows::layout_for(const std::vector<uint64_t>& capacity) const {
   const uint32_t heads = geometry_.n_kv_heads;
@@ -68,10 +77,16 @@ std::vector<uint64_t> DeviceRows::used_bytes() const {
   const uint64_t row = uint64_t(geometry_.head_dim) * sizeof(uint16_t);
   std::vector<uint64_t> used(layout_.slices.size());
   for (size_t i = 0; i < used.size(); ++i) {
-    const size_t l = i / layout_.tiers, part = i % kParts;
-    used[i] = tokens_[l] * (part == kPositions ? sizeof(int32_t) : row);
+    const size_t l = i / layout_.tiers, h = (i % layout_.tiers) / kParts, part = i % kParts;
+    used[i] = positions_[l][h].size() * (part == kPositions ? sizeof(int32_t) : row);
   }
   return used;
+}
+
+uint64_t DeviceRows::layer_rows(uint32_t layer) const {
+  size_t n = 0;
+  for (const std::vector<int32_t>& p : positions_[layer]) n = std::max(n, p.size());
+  return n;
 }
 
 char* DeviceRows::slice(uint32_t layer, uint32_t head, Part part) const {
@@ -116,22 +131,36 @@ void DeviceRows::reserve_rows(uint32_t layer, uint64_t rows) {
   capacity[layer] = grown_capacity(size_t(capacity_[layer]), size_t(rows));
   if (layout_for(capacity).reserved > arena_bytes_) {
     // Growth by half does not fit: every layer exactly what it holds, this one what it needs.
-    capacity = tokens_;
+    for (uint32_t l = 0; l < geometry_.n_layers; ++l) capacity[l] = layer_rows(l);
     capacity[layer] = rows;
   }
   relayout(capacity);
 }
 
+// --- Bytes -----------------------------------------------------------------------------------
+
 void DeviceRows::add_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) const {
-  const uint64_t rows = tokens_[layer] * geometry_.n_kv_heads;
-  by_tier[KVSDK_TIER_EXACT] += rows * ExactStore::kv_bytes_per_token(geometry_.head_dim);
-  by_tier[KVSDK_TIER_METADATA] += rows * ExactStore::meta_bytes_per_token();
+  for (const std::vector<int32_t>& p : positions_[layer]) {
+    by_tier[KVSDK_TIER_EXACT] += p.size() * ExactStore::kv_bytes_per_token(geometry_.head_dim);
+    by_tier[KVSDK_TIER_METADATA] += p.size() * ExactStore::meta_bytes_per_token();
+  }
 }
 
 uint64_t DeviceRows::append_bound(uint32_t, size_t n_tokens) const {
   return uint64_t(n_tokens) * geometry_.n_kv_heads *
          ExactStore::bytes_per_token(geometry_.head_dim);
 }
+
+uint64_t DeviceRows::layer_token_bytes(uint64_t extra_per_row) const {
+  return uint64_t(geometry_.n_kv_heads) *
+         (ExactStore::bytes_per_token(geometry_.head_dim) + extra_per_row);
+}
+
+uint64_t DeviceRows::layer_token_capacity(uint64_t bytes, uint64_t extra_per_row) const {
+  return bytes / layer_token_bytes(extra_per_row);
+}
+
+// --- Append ----------------------------------------------------------------------------------
 
 void DeviceRows::append(uint32_t layer, size_t n, const float* k, const float* v,
                         const int32_t* positions) {
@@ -143,48 +172,55 @@ void DeviceRows::append_host(uint32_t layer, size_t n, const void* k, const void
   append_rows(layer, n, geometry_.dtype, k, v, positions);
 }
 
+void DeviceRows::stage_row(kvsdk_dtype dtype, const void* k, const void* v, size_t t,
+                           uint32_t head, size_t slot) const {
+  const uint32_t dim = geometry_.head_dim;
+  const size_t at = t * geometry_.kv_elems_per_token() + size_t(head) * dim;
+  if (dtype == KVSDK_DTYPE_F32) {
+    const backend::Ops& host = backend::cpu_optimized();  // the same rounding as ExactRows
+    host.f32_to_f16(static_cast<const float*>(k) + at, dim, stage_k_.data() + slot * dim);
+    host.f32_to_f16(static_cast<const float*>(v) + at, dim, stage_v_.data() + slot * dim);
+  } else {
+    load_f16(dtype, k, at, dim, stage_k_.data() + slot * dim);
+    load_f16(dtype, v, at, dim, stage_v_.data() + slot * dim);
+  }
+}
+
 void DeviceRows::append_rows(uint32_t layer, size_t n, kvsdk_dtype dtype, const void* k,
                              const void* v, const int32_t* positions) {
+  check_usable();
   if (n == 0) return;
   const Context::DeviceScope on_device(ctx_);
-  const uint32_t dim = geometry_.head_dim, heads = geometry_.n_kv_heads;
-  const size_t row = geometry_.kv_elems_per_token();
+  const uint32_t dim = geometry_.head_dim;
   // Everything that can fail before the store changes: host staging and mirrors, then the
   // arena's room (a re-plan only moves rows).
   reserve_for_growth(stage_k_, n * dim);
   reserve_for_growth(stage_v_, n * dim);
-  for (std::vector<int32_t>& p : positions_[layer]) reserve_for_growth(p, tokens_[layer] + n);
-  reserve_rows(layer, tokens_[layer] + n);
-  stage_k_.resize(n * dim);
-  stage_v_.resize(n * dim);
-  const size_t old = size_t(tokens_[layer]);
-  const backend::Ops& host = backend::cpu_optimized();  // the same rounding as ExactRows
-  for (uint32_t h = 0; h < heads; ++h) {
-    for (size_t t = 0; t < n; ++t) {
-      const size_t at = t * row + size_t(h) * dim;
-      if (dtype == KVSDK_DTYPE_F32) {
-        host.f32_to_f16(static_cast<const float*>(k) + at, dim, stage_k_.data() + t * dim);
-        host.f32_to_f16(static_cast<const float*>(v) + at, dim, stage_v_.data() + t * dim);
-      } else {
-        load_f16(dtype, k, at, dim, stage_k_.data() + t * dim);
-        load_f16(dtype, v, at, dim, stage_v_.data() + t * dim);
-      }
-    }
-    const size_t row_bytes = dim * sizeof(uint16_t);
+  stage_k_.resize(std::max(stage_k_.size(), n * dim));
+  stage_v_.resize(std::max(stage_v_.size(), n * dim));
+  for (std::vector<int32_t>& p : positions_[layer]) reserve_for_growth(p, p.size() + n);
+  reserve_rows(layer, layer_rows(layer) + n);
+  const size_t row_bytes = dim * sizeof(uint16_t);
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    const size_t old = positions_[layer][h].size();
+    for (size_t t = 0; t < n; ++t) stage_row(dtype, k, v, t, h, t);
     device_.to_backend(slice(layer, h, kKeys) + old * row_bytes, stage_k_.data(), n * row_bytes);
     device_.to_backend(slice(layer, h, kValues) + old * row_bytes, stage_v_.data(),
                        n * row_bytes);
     device_.to_backend(slice(layer, h, kPositions) + old * sizeof(int32_t), positions,
                        n * sizeof(int32_t));
   }
-  // (A device failure above leaves the rows beyond tokens_ unused: the store is unchanged.)
+  // (A device failure above leaves the rows beyond the mirrors' counts unused: the store is
+  // unchanged.)
   for (std::vector<int32_t>& p : positions_[layer]) p.insert(p.end(), positions, positions + n);
-  tokens_[layer] += n;
   release_host_staging();
 }
 
+// --- Attention and reads ----------------------------------------------------------------------
+
 void DeviceRows::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                         const int32_t* row_positions, size_t n_rows, float* out) const {
+  check_usable();
   const Context::DeviceScope on_device(ctx_);
   const size_t dim = geometry_.head_dim;
   const size_t q_bytes = n_rows * dim * sizeof(float), pos_bytes = n_rows * sizeof(int32_t);
@@ -207,15 +243,17 @@ void DeviceRows::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
   const backend::F16Rows rows{reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kKeys)),
                               reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kValues)),
                               reinterpret_cast<const int32_t*>(slice(layer, kv_head, kPositions)),
-                              size_t(tokens_[layer])};
+                              positions_[layer][kv_head].size()};
   device_.attend_f16(q, rows, workspace(), dout);
   device_.to_host(out, dout, q_bytes);
 }
 
 void DeviceRows::stage_head(uint32_t layer, uint32_t kv_head, ExactStore& into) const {
+  check_usable();
   const Context::DeviceScope on_device(ctx_);
-  const size_t n = size_t(tokens_[layer]), elems = n * geometry_.head_dim;
-  into.positions.assign(positions_[layer][kv_head].begin(), positions_[layer][kv_head].end());
+  const std::vector<int32_t>& p = positions_[layer][kv_head];
+  const size_t elems = p.size() * geometry_.head_dim;
+  into.positions.assign(p.begin(), p.end());
   into.k.resize(elems);
   into.v.resize(elems);
   device_.to_host(into.k.data(), slice(layer, kv_head, kKeys), elems * sizeof(uint16_t));
@@ -263,29 +301,188 @@ void DeviceRows::read_host(uint32_t layer, uint32_t kv_head, void* k, void* v,
   if (positions) std::copy_n(s.positions.data(), s.size(), positions);
 }
 
-void DeviceRows::restore_exact(uint32_t layer, std::vector<ExactStore> heads) {
+void DeviceRows::load_keys(uint32_t layer, uint32_t kv_head, size_t first, size_t count,
+                           float* dst) const {
+  check_usable();
   const Context::DeviceScope on_device(ctx_);
+  const size_t dim = geometry_.head_dim;
+  // Keys for the selection stage's scores (one pass per eviction): copied out, widened on the
+  // host. The staging grows to the largest chunk once.
+  reserve_for_growth(read_stage_.k, count * dim);
+  read_stage_.k.resize(std::max(read_stage_.k.size(), count * dim));
+  device_.to_host(read_stage_.k.data(), slice(layer, kv_head, kKeys) + first * dim * sizeof(uint16_t),
+                  count * dim * sizeof(uint16_t));
+  load_f32(KVSDK_DTYPE_F16, read_stage_.k.data(), 0, count * dim, dst);
+}
+
+// --- Selection -------------------------------------------------------------------------------
+
+uint64_t DeviceRows::plan_keep(uint32_t layer, const std::vector<std::vector<uint32_t>>& keep,
+                               const IncomingRows* incoming) {
+  check_usable();
+  const uint32_t dim = geometry_.head_dim;
+  if (keep.size() != geometry_.n_kv_heads) {
+    fail(KVSDK_E_INTERNAL, "plan_keep: ", keep.size(), " heads for ", geometry_.n_kv_heads);
+  }
+  Plan& next = plans_[layer];
+  next.active = false;  // (replaced: a throw below leaves nothing planned for the layer)
+  next.keep.resize(geometry_.n_kv_heads);
+  uint64_t rows = 0, most = 0, incoming_kept = 0;
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    next.keep[h].assign(keep[h].begin(), keep[h].end());  // capacity reused
+    rows += keep[h].size();
+    most = std::max<uint64_t>(most, keep[h].size());
+    const size_t held = positions_[layer][h].size();
+    incoming_kept = std::max<uint64_t>(
+        incoming_kept, uint64_t(keep[h].end() - std::lower_bound(keep[h].begin(), keep[h].end(),
+                                                                 uint32_t(held))));
+    positions_[layer][h].reserve(keep[h].size());  // capacity only: commit cannot allocate
+  }
+  // The arena after every planned layer commits (the others as they are) must fit: commit_keep
+  // re-plans to it without failing on room.
+  std::vector<uint64_t> after(geometry_.n_layers);
+  for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+    after[l] = l == layer ? most : plans_[l].active ? plans_[l].rows_after : layer_rows(l);
+  }
+  if (most > capacity_[layer] && layout_for(after).reserved > arena_bytes_) {
+    fail(KVSDK_E_BUDGET, "the device arena (", arena_bytes_, " bytes) cannot hold the rows layer ",
+         layer, " keeps");
+  }
+  reserve_for_growth(stage_k_, incoming_kept * dim);
+  reserve_for_growth(stage_v_, incoming_kept * dim);
+  stage_k_.resize(std::max(stage_k_.size(), size_t(incoming_kept) * dim));
+  stage_v_.resize(std::max(stage_v_.size(), size_t(incoming_kept) * dim));
+  next.held.resize(geometry_.n_kv_heads);
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) next.held[h] = positions_[layer][h].size();
+  next.rows_after = most;
+  next.has_incoming = incoming != nullptr;
+  next.incoming = incoming ? *incoming : IncomingRows{};
+  next.active = true;
+  return rows * ExactStore::bytes_per_token(dim);
+}
+
+void DeviceRows::move_rows_down(uint32_t layer, uint32_t head, size_t to, size_t from,
+                                size_t rows) {
+  const size_t shift = from - to;
+  const size_t row_bytes[kParts] = {geometry_.head_dim * sizeof(uint16_t),
+                                    geometry_.head_dim * sizeof(uint16_t), sizeof(int32_t)};
+  for (Part part : {kKeys, kValues, kPositions}) {
+    char* base = slice(layer, head, part);
+    for (size_t done = 0; done < rows; done += shift) {  // chunks never overlap themselves
+      const size_t n = std::min(shift, rows - done);
+      device_.copy(base + (to + done) * row_bytes[part], base + (from + done) * row_bytes[part],
+                   n * row_bytes[part]);
+    }
+  }
+}
+
+void DeviceRows::commit_layer(uint32_t layer) {
+  // The kept stored rows, compacted in order, run by run (indices ascend: row i comes from a row
+  // >= i), on the device and in the mirror.
+  Plan& plan = plans_[layer];
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    const std::vector<uint32_t>& keep = plan.keep[h];
+    std::vector<int32_t>& pos = positions_[layer][h];
+    const size_t held = pos.size();
+    const size_t j = size_t(std::lower_bound(keep.begin(), keep.end(), uint32_t(held)) - keep.begin());
+    for (size_t i = 0; i < j;) {
+      size_t run = 1;
+      while (i + run < j && keep[i + run] == keep[i] + run) ++run;
+      if (keep[i] != i) move_rows_down(layer, h, i, keep[i], run);
+      for (size_t r = 0; r < run; ++r) pos[i + r] = pos[keep[i] + r];
+      i += run;
+    }
+    pos.resize(j);
+  }
+}
+
+void DeviceRows::commit_keep() noexcept {
+  try {
+    const Context::DeviceScope on_device(ctx_);
+    bool any = false;
+    for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+      if (plans_[l].active) commit_layer(l), any = true;
+    }
+    if (!any) return;
+    // Room for the kept incoming rows (checked by plan_keep), then the rows themselves.
+    std::vector<uint64_t> capacity = capacity_;
+    bool grow = false;
+    for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+      if (!plans_[l].active) continue;
+      for (const std::vector<uint32_t>& k : plans_[l].keep) {
+        if (k.size() > capacity[l]) capacity[l] = k.size(), grow = true;
+      }
+    }
+    if (grow) {
+      if (layout_for(capacity).reserved > arena_bytes_) {
+        for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+          capacity[l] = plans_[l].active ? std::max(layer_rows(l), plans_[l].rows_after)
+                                         : layer_rows(l);
+        }
+      }
+      relayout(capacity);
+    }
+    const size_t row_bytes = geometry_.head_dim * sizeof(uint16_t);
+    for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+      Plan& plan = plans_[l];
+      if (!plan.active) continue;
+      plan.active = false;
+      if (!plan.has_incoming) continue;
+      const IncomingRows& in = plan.incoming;
+      for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+        std::vector<int32_t>& pos = positions_[l][h];
+        const std::vector<uint32_t>& keep = plan.keep[h];
+        const size_t stored = pos.size();  // the kept stored rows, compacted
+        const size_t n = keep.size() - stored;
+        if (n == 0) continue;
+        for (size_t i = 0; i < n; ++i) {  // kept incoming rows: indices past the held rows
+          const size_t t = keep[stored + i] - plan.held[h];
+          stage_row(geometry_.dtype, in.k, in.v, t, h, i);
+          pos.push_back(in.positions[t]);  // (capacity reserved by plan_keep)
+        }
+        device_.to_backend(slice(l, h, kKeys) + stored * row_bytes, stage_k_.data(),
+                           n * row_bytes);
+        device_.to_backend(slice(l, h, kValues) + stored * row_bytes, stage_v_.data(),
+                           n * row_bytes);
+        device_.to_backend(slice(l, h, kPositions) + stored * sizeof(int32_t),
+                           pos.data() + stored, n * sizeof(int32_t));
+      }
+    }
+  } catch (...) {
+    failed_ = true;
+    for (Plan& p : plans_) p.active = false;
+  }
+  release_host_staging();
+}
+
+void DeviceRows::drop_keep() noexcept {
+  for (Plan& p : plans_) p.active = false;
+}
+
+// --- Snapshots and truncation ------------------------------------------------------------------
+
+void DeviceRows::restore_exact(uint32_t layer, std::vector<ExactStore> heads) {
   if (heads.size() != geometry_.n_kv_heads) {
     fail(KVSDK_E_INTERNAL, "restore: layer ", layer, " with ", heads.size(), " heads");
   }
-  const size_t n = heads[0].size(), dim = geometry_.head_dim;
-  for (const ExactStore& h : heads) {
-    if (h.size() != n) {
-      fail(KVSDK_E_UNSUPPORTED, "layer ", layer, " holds a different number of rows per KV head; ",
-           "a ", device_.name, " cache holds the same rows in every head");
-    }
-  }
-  KVSDK_REQUIRE(tokens_[layer] == 0, "restore into a layer that holds rows");
+  KVSDK_REQUIRE(layer_rows(layer) == 0, "restore into a layer that holds rows");
+  const Context::DeviceScope on_device(ctx_);
+  const size_t dim = geometry_.head_dim;
+  size_t most = 0;
+  for (const ExactStore& h : heads) most = std::max(most, h.size());
   std::vector<std::vector<int32_t>> mirror(heads.size());
-  for (size_t h = 0; h < heads.size(); ++h) mirror[h].assign(heads[h].positions.begin(), heads[h].positions.end());
-  reserve_rows(layer, n);
+  for (size_t h = 0; h < heads.size(); ++h) {
+    mirror[h].assign(heads[h].positions.begin(), heads[h].positions.end());
+  }
+  reserve_rows(layer, most);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+    const size_t n = heads[h].size();
     device_.to_backend(slice(layer, h, kKeys), heads[h].k.data(), n * dim * sizeof(uint16_t));
     device_.to_backend(slice(layer, h, kValues), heads[h].v.data(), n * dim * sizeof(uint16_t));
-    device_.to_backend(slice(layer, h, kPositions), heads[h].positions.data(), n * sizeof(int32_t));
+    device_.to_backend(slice(layer, h, kPositions), heads[h].positions.data(),
+                       n * sizeof(int32_t));
   }
   positions_[layer] = std::move(mirror);
-  tokens_[layer] = n;
   release_host_staging();
 }
 
@@ -308,12 +505,11 @@ std::string DeviceRows::truncate_refusal(uint32_t layer, int32_t position) const
 }
 
 void DeviceRows::truncate(uint32_t layer, int32_t position) noexcept {
-  // A suffix (truncate_refusal), the same length in every head: only the count changes.
-  const std::vector<int32_t>& p0 = positions_[layer][0];
-  const size_t keep = size_t(std::find_if(p0.begin(), p0.end(),
-                                          [&](int32_t x) { return x >= position; }) - p0.begin());
-  for (std::vector<int32_t>& p : positions_[layer]) p.resize(std::min(keep, p.size()));
-  tokens_[layer] = keep;
+  // A suffix of every head (truncate_refusal): only the counts change.
+  for (std::vector<int32_t>& p : positions_[layer]) {
+    const auto first = std::find_if(p.begin(), p.end(), [&](int32_t x) { return x >= position; });
+    p.resize(size_t(first - p.begin()));
+  }
   release_host_staging();
 }
 

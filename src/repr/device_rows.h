@@ -5,16 +5,23 @@
 // snapshots and the attention output are copied out.
 //
 // Arena layout (one allocation of exactly the context budget, core/context.h): each layer has a
-// capacity in tokens; the k and v slices of every (layer, head) come first, then the positions of
-// every (layer, head), packed without padding (head_dim 64/128/256 keep every k/v slice a
-// multiple of 16 bytes, so rows stay aligned for vector loads). A layer that outgrows its
+// capacity in rows per head; the k and v slices of every (layer, head) come first, then the
+// positions of every (layer, head), packed without padding (head_dim 64/128/256 keep every k/v
+// slice a multiple of 16 bytes, so rows stay aligned for vector loads). A layer that outgrows its
 // capacity grows by half (as host stores do); when that does not fit, every layer is re-planned
 // to what it holds and the growing layer to what it needs, which always fits when the budget
 // admits the rows. Re-planning moves the live bytes in place (cuda::plan_repartition), so the
 // arena never needs more than the budget.
 //
-// Positions are mirrored on the host (4 bytes a row) for the core's bookkeeping (truncation,
-// snapshots' row tables) without a device round trip.
+// Eviction (the selection stage of the eviction presets, as for ExactRows): the cache scores on
+// the host, reading keys through load_keys() (copied out of the arena for each selection pass,
+// which evict_slack makes rare), and the kept rows are compacted in place on the device, run by
+// run in order (a run moves to lower offsets in chunks no longer than its shift, so no copy
+// overlaps itself).
+//
+// Positions are mirrored on the host (4 bytes a row): they are the per-head row counts, and the
+// core's bookkeeping (selection, truncation, snapshots' row tables) reads them without a device
+// round trip.
 #pragma once
 
 #include <mutex>
@@ -44,14 +51,29 @@ class DeviceRows final : public Representation {
                    const int32_t* positions) override;
   void attend(uint32_t layer, uint32_t kv_head, const float* q_rows, const int32_t* row_positions,
               size_t n_rows, float* out) const override;
-  size_t head_tokens(uint32_t layer, uint32_t) const override { return tokens_[layer]; }
+  size_t head_tokens(uint32_t layer, uint32_t kv_head) const override {
+    return positions_[layer][kv_head].size();
+  }
   void read(uint32_t layer, uint32_t kv_head, float* k, float* v,
             int32_t* positions) const override;
   void read_host(uint32_t layer, uint32_t kv_head, void* k, void* v,
                  int32_t* positions) const override;
+
+  // Row selection (the eviction presets), as ExactRows: see the interface.
+  bool selects_rows() const override { return true; }
   const int32_t* row_positions(uint32_t layer, uint32_t kv_head) const override {
     return positions_[layer][kv_head].data();
   }
+  void load_keys(uint32_t layer, uint32_t kv_head, size_t first, size_t count,
+                 float* dst) const override;
+  uint64_t plan_keep(uint32_t layer, const std::vector<std::vector<uint32_t>>& keep,
+                     const IncomingRows* incoming) override;
+  // A device failure half-way (the driver's error) cannot be reported from here: the store then
+  // refuses every later call with KVSDK_E_BACKEND.
+  void commit_keep() noexcept override;
+  void drop_keep() noexcept override;
+  uint64_t layer_token_bytes(uint64_t extra_per_row) const override;
+  uint64_t layer_token_capacity(uint64_t bytes, uint64_t extra_per_row) const override;
 
   // Snapshots write exact rows as typed row tables: a host copy of the head, staged on its first
   // request (thread-safe: the snapshot code asks from the context's pool) and kept until
@@ -75,25 +97,44 @@ class DeviceRows final : public Representation {
   enum Part : size_t { kKeys = 0, kValues = 1, kPositions = 2, kParts = 3 };
   cuda::ArenaPartition layout_for(const std::vector<uint64_t>& capacity) const;
   std::vector<uint64_t> used_bytes() const;
-  // Makes `layer` hold `rows` rows; may re-plan the arena. Throws KVSDK_E_BUDGET (nothing
-  // changed) when the arena cannot hold them, KVSDK_E_BACKEND when the device fails.
+  uint64_t layer_rows(uint32_t layer) const;  // the most rows any head of the layer holds
+  // Makes every head of `layer` able to hold `rows` rows; may re-plan the arena (the contents
+  // stay). Throws KVSDK_E_BUDGET (nothing changed) when the arena cannot hold them,
+  // KVSDK_E_BACKEND when the device fails.
   void reserve_rows(uint32_t layer, uint64_t rows);
   void relayout(const std::vector<uint64_t>& capacity);
   char* slice(uint32_t layer, uint32_t head, Part part) const;
-  // Appends rows converted to f16 on the host (staging reused: no allocation once grown).
+  // Converts row `t` of one head from k, v [n][n_kv_heads][head_dim] of `dtype` into f16 at
+  // row `slot` of the host staging.
+  void stage_row(kvsdk_dtype dtype, const void* k, const void* v, size_t t, uint32_t head,
+                 size_t slot) const;
   void append_rows(uint32_t layer, size_t n, kvsdk_dtype dtype, const void* k, const void* v,
                    const int32_t* positions);
+  // Moves `rows` rows of every part of one head from row `from` down to row `to` (to < from).
+  void move_rows_down(uint32_t layer, uint32_t head, size_t to, size_t from, size_t rows);
+  void commit_layer(uint32_t layer);
+  void check_usable() const;
+  // Copies one head's rows to the host.
+  void stage_head(uint32_t layer, uint32_t kv_head, ExactStore& into) const;
 
   Context& ctx_;
   const backend::Ops& device_;
   char* const arena_;
   const uint64_t arena_bytes_;
   cuda::ArenaPartition layout_;
-  std::vector<uint64_t> capacity_;                   // [layer] rows per head
-  std::vector<uint64_t> tokens_;                     // [layer] rows per head
+  std::vector<uint64_t> capacity_;                            // [layer] rows per head
   std::vector<std::vector<std::vector<int32_t>>> positions_;  // [layer][head] host mirror
-  // Copies one head's rows to the host.
-  void stage_head(uint32_t layer, uint32_t kv_head, ExactStore& into) const;
+  // A layer's planned selection (plan_keep), its buffers reused from one plan to the next.
+  struct Plan {
+    bool active = false;
+    std::vector<std::vector<uint32_t>> keep;  // [head]
+    std::vector<size_t> held;                 // [head] rows held when planned
+    uint64_t rows_after = 0;                  // the most rows a head keeps
+    IncomingRows incoming{};
+    bool has_incoming = false;
+  };
+  std::vector<Plan> plans_;  // [layer]
+  bool failed_ = false;      // a device copy failed inside commit_keep
   // Host staging of appends (reused) and of read() (reused), and exact_rows()'s staged heads
   // ([layer][head], present[] says which hold a copy).
   mutable std::vector<uint16_t> stage_k_, stage_v_;
