@@ -468,6 +468,7 @@ void Cache::append_compressing(uint32_t layer, size_t n_tokens, const void* k, c
       // The allocation the layers hold to is their share, slack included.
       for (uint32_t l = 0; l < n_layers; ++l) caps[l] += slack[l];
       last_caps_.swap(caps);  // no allocation once the cache changed
+      rows_->follow_allocation(last_caps_);
       return;
     }
   }
@@ -516,6 +517,7 @@ void Cache::compress_to(uint64_t target, bool slack) {
   fit_caps(caps, nullptr, target);
   for (uint32_t l = 0; l < n_layers; ++l) caps[l] += extra[l];
   last_caps_.swap(caps);  // no allocation once the cache changed
+  rows_->follow_allocation(last_caps_);
 }
 
 void Cache::compress() {

@@ -171,6 +171,10 @@ class Representation {
                              const IncomingRows* incoming);
   virtual void commit_keep() noexcept {}
   virtual void drop_keep() noexcept {}
+  // The allocation stage's new plan after a global re-plan (XKV, PyramidKV, a profile or the
+  // uniform cap): rows per KV head per layer, slack included. Device stores partition their
+  // arena by it (best effort: a plan that does not fit is left to the stores' growth).
+  virtual void follow_allocation(const std::vector<uint64_t>& /*caps*/) noexcept {}
   // Budget planning of row stores: the bytes of one layer-token (a row in every KV head) plus
   // `extra_per_row` per row, and how many layer-tokens `bytes` hold. Exact for ExactRows; an
   // estimate for KiviRows (residual windows, ragged blocks), whose plans the cache checks exactly.

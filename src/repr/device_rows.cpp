@@ -455,6 +455,25 @@ void DeviceRows::commit_keep() noexcept {
   release_host_staging();
 }
 
+void DeviceRows::follow_allocation(const std::vector<uint64_t>& caps) noexcept {
+  if (failed_ || caps.size() != geometry_.n_layers) return;
+  const uint64_t most = arena_bytes_ / layer_token_bytes(0);  // (no overflow below)
+  std::vector<uint64_t> capacity;
+  try {
+    capacity.resize(geometry_.n_layers);
+    for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+      if (caps[l] > most) return;  // unbounded or beyond the arena: growth decides
+      capacity[l] = std::max(layer_rows(l), caps[l]);
+      if (plans_[l].active) capacity[l] = std::max(capacity[l], plans_[l].rows_after);
+    }
+    if (capacity == capacity_ || layout_for(capacity).reserved > arena_bytes_) return;
+    relayout(capacity);
+  } catch (const Error& e) {
+    if (e.status() == KVSDK_E_BACKEND) failed_ = true;  // rows moved half-way are lost
+  } catch (...) {  // host memory for the copy plan: nothing moved, the layout stays
+  }
+}
+
 void DeviceRows::drop_keep() noexcept {
   for (Plan& p : plans_) p.active = false;
 }

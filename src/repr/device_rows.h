@@ -72,6 +72,9 @@ class DeviceRows final : public Representation {
   // refuses every later call with KVSDK_E_BACKEND.
   void commit_keep() noexcept override;
   void drop_keep() noexcept override;
+  // Each layer's capacity becomes its cap (at least what it holds) when the whole plan fits the
+  // arena: the arena is partitioned by the allocation, moving the live rows.
+  void follow_allocation(const std::vector<uint64_t>& caps) noexcept override;
   uint64_t layer_token_bytes(uint64_t extra_per_row) const override;
   uint64_t layer_token_capacity(uint64_t bytes, uint64_t extra_per_row) const override;
 

@@ -227,6 +227,31 @@ TEST_P(DeviceEviction, ConversationMatchesTheCpuReference) {
   EXPECT_LE(sa.bytes, budget);
 }
 
+// The arena is partitioned by the allocation: after a global plan (here a host-set allocation,
+// as a planner or an XKV re-plan gives), each layer's slices hold exactly its cap of rows, and
+// they stay so while the layers evict within their shares.
+TEST(DeviceAllocation, TheArenaFollowsThePerLayerAllocation) {
+  const kvsdk_geometry g = kvsdk_test::make_geometry(3, 8, 2, 64);
+  const uint64_t row = uint64_t(g.n_kv_heads) * (g.head_dim * 4 + 4);  // a layer-token's bytes
+  CUDA_CONTEXT_OR_SKIP(gpu, 256 * 1024);
+  const kvsdk_policy p = kvsdk_test::small_policy("xkv", 32);
+  CachePtr c = kvsdk_test::make_cache(gpu.get(), g, &p);
+  ASSERT_TRUE(c) << kvsdk_last_error();
+  for (uint32_t l = 0; l < g.n_layers; ++l) append(c.get(), g, l, 0, 40, 60 + l);
+  const std::vector<uint64_t> alloc{12, 30, 7};
+  ASSERT_EQ(kvsdk_cache_set_allocation(c.get(), alloc.data(), alloc.size()), KVSDK_OK)
+      << kvsdk_last_error();
+  const uint64_t planned = (12 + 30 + 7) * row;
+  EXPECT_EQ(stats(c.get()).device_reserved_bytes, planned);
+  for (int32_t t = 40; t < 100; ++t) {
+    for (uint32_t l = 0; l < g.n_layers; ++l) append(c.get(), g, l, t, 1, 900 + uint32_t(t) + l);
+  }
+  std::vector<uint64_t> now(g.n_layers);
+  ASSERT_EQ(kvsdk_cache_allocation(c.get(), now.data(), now.size()), KVSDK_OK);
+  for (uint32_t l = 0; l < g.n_layers; ++l) EXPECT_LE(now[l], alloc[l]) << "layer " << l;
+  EXPECT_EQ(stats(c.get()).device_reserved_bytes, planned);
+}
+
 INSTANTIATE_TEST_SUITE_P(Presets, DeviceEviction,
                          ::testing::Values("streaming_llm", "snapkv", "pyramidkv", "xkv"));
 
