@@ -221,9 +221,13 @@ KVSDK_API kvsdk_status (kvsdk_context_options_init)(kvsdk_context_options *optio
  *  positions, and attention runs on the GPU; stored rows, snapshots and budget charges are the
  *  same as on the CPU (a snapshot saved on either backend loads on the other), and attention
  *  outputs differ from the CPU's by rounding only. In this version a CUDA context holds one
- *  cache at a time, of policy 'full' (no KIVI overlay), with head_dim 64, 128 or 256;
- *  kvsdk_cache_create refuses the rest with KVSDK_E_UNSUPPORTED (docs/gpu.md lists what runs on
- *  CUDA). Besides the arena, attention uses device working memory of about 8 bytes per query
+ *  cache at a time, of policy full, streaming_llm, snapkv, pyramidkv or xkv (without a KIVI
+ *  overlay), with head_dim 64, 128 or 256; kvsdk_cache_create refuses the rest with
+ *  KVSDK_E_UNSUPPORTED (docs/gpu.md lists what runs on CUDA). The arena is laid out per layer
+ *  and re-laid (live rows moved on the device) when the allocation stage plans new per-layer
+ *  caps, so each layer's share follows XKV's, PyramidKV's or the host's allocation; the
+ *  eviction presets score on the host from keys copied out of the arena once per selection
+ *  pass (kvsdk_policy.evict_slack makes those rare). Besides the arena, attention uses device working memory of about 8 bytes per query
  *  element (n_queries x n_q_heads x head_dim) plus its split partials, grown to the largest call
  *  and kept with the cache, and a save stages the rows through host memory (freed when the save
  *  returns). Device calls select the context's device on the calling thread for their duration
@@ -301,7 +305,8 @@ KVSDK_API kvsdk_status (kvsdk_geometry_init)(kvsdk_geometry *geometry);
 
 /** Compression methods: one preset per method, each from its paper (titles and arXiv ids in
  *  docs/papers.md). Numbers are never renumbered. Every method is implemented on the CPU backend
- *  (on KVSDK_BACKEND_CUDA only 'full' in this version: see kvsdk_context_create). Not
+ *  (on KVSDK_BACKEND_CUDA: full, streaming_llm, snapkv, pyramidkv and xkv in this version; see
+ *  kvsdk_context_create). Not
  *  implemented: a KIVI overlay (quant_bits != 0, e.g. "full+kivi2") on full, spindlekv or smallkv,
  *  for which kvsdk_cache_create returns KVSDK_E_UNSUPPORTED. Methods that "never evict" fail an
  *  append that does not fit the budget with KVSDK_E_BUDGET. */
@@ -484,8 +489,9 @@ typedef struct kvsdk_cache kvsdk_cache;
  *  Errors: KVSDK_E_INVALID_ARG (NULL out/ctx/geometry, bad struct_size, invalid geometry or
  *          policy values, e.g. kivi with quant_bits 0, specache with quant_bits other than 1 or
  *          2, boundary_layer beyond the geometry), KVSDK_E_UNSUPPORTED (a KIVI overlay on full,
- *          spindlekv or smallkv; on a KVSDK_BACKEND_CUDA context: a policy other than 'full', a
- *          head_dim other than 64, 128 or 256, or a second cache while one exists),
+ *          spindlekv or smallkv; on a KVSDK_BACKEND_CUDA context: a policy that does not run
+ *          there (see kvsdk_context_create), a head_dim other than 64, 128 or 256, or a second
+ *          cache while one exists),
  *          KVSDK_E_BACKEND (the device failed), KVSDK_E_NO_MEMORY. */
 KVSDK_API kvsdk_status kvsdk_cache_create(kvsdk_cache **out, kvsdk_context *ctx,
                                           const kvsdk_geometry *geometry,
@@ -896,8 +902,9 @@ KVSDK_API kvsdk_status kvsdk_cache_layer_stats_get(const kvsdk_cache *cache, uin
  * frame with its content checksum, plus a 64-bit hash of the compressed bytes), a footer index, a
  * trailer with a hash of the whole snapshot, then optional journal frames appended by
  * kvsdk_cache_save_delta. Little-endian on every platform, so a snapshot moves between machines.
- * Across backends: a 'full' cache on KVSDK_BACKEND_CUDA saves the same bytes as a CPU cache of
- * the same rows and budget, and either loads on the other (CUDA contexts: 'full' snapshots only).
+ * Across backends: a cache on KVSDK_BACKEND_CUDA saves the same bytes as a CPU cache of the same
+ * rows, policy state and budget, and either loads on the other (onto CUDA: the policies that run
+ * there).
  * Across architectures: a snapshot saved on x86-64 and resumed on aarch64 (or the reverse) by the
  * same kvsdk version continues bit-identically, for every policy, journal deltas included, within
  * the exceptions above: kvsdk fuses no multiply-adds and computes exp, sin, cos, acos and pow
