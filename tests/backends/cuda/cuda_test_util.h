@@ -22,11 +22,20 @@ inline std::string cuda_unavailable_reason() {
   return {};
 }
 
+// Without a device a test skips, saying why; built against the host execution shim (which
+// always has its device) it fails instead, so that no kernel test can pass in CI without having
+// run its kernel.
+#ifdef KVSDK_CUDA_HOST_SHIM
+#define KVSDK_NO_CUDA_DEVICE(why) FAIL() << "no CUDA device under the host shim: " << (why)
+#else
+#define KVSDK_NO_CUDA_DEVICE(why) GTEST_SKIP() << "no CUDA device: " << (why)
+#endif
+
 // First statement of every test that touches the device.
 #define KVSDK_REQUIRE_CUDA_DEVICE()                                                 \
   do {                                                                              \
     const std::string why_ = ::kvsdk::cuda::test::cuda_unavailable_reason();        \
-    if (!why_.empty()) GTEST_SKIP() << "no CUDA device: " << why_;                  \
+    if (!why_.empty()) KVSDK_NO_CUDA_DEVICE(why_);                                  \
   } while (0)
 
 #define KVSDK_CUDA_OK(expr) ASSERT_EQ(cudaSuccess, (expr)) << #expr

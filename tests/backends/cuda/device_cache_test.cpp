@@ -10,12 +10,16 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "backend_ops.h"
 #include "cuda_ops.h"
+#include "cuda_test_util.h"
 #include "../../api/preset_util.h"
+#include "../../formats/snapshot_test_util.h"
 #include "kvsdk.h"
 #include "test_util.h"
 
@@ -51,7 +55,7 @@ kvsdk_status cuda_context(uint64_t budget, ContextPtr& out) {
   ContextPtr ctx;                                                                           \
   {                                                                                         \
     const kvsdk_status st_ = cuda_context((budget), ctx);                                   \
-    if (st_ == KVSDK_E_BACKEND) GTEST_SKIP() << "no CUDA device: " << kvsdk_last_error();   \
+    if (st_ == KVSDK_E_BACKEND) KVSDK_NO_CUDA_DEVICE(kvsdk_last_error());                   \
     ASSERT_EQ(st_, KVSDK_OK) << kvsdk_last_error();                                         \
   }
 
@@ -391,6 +395,161 @@ TEST(DeviceCacheContext, NeedsABudget) {
   ContextPtr ctx;
   EXPECT_EQ(cuda_context(0, ctx), KVSDK_E_INVALID_ARG);
   EXPECT_NE(std::string(kvsdk_last_error()).find("budget"), std::string::npos);
+}
+
+// Every call of the C API on an evicting cache of a CUDA context, side by side with the same
+// call on the CPU reference backend: the same status, the same results (rows, stats,
+// allocations, snapshot files, journal deltas), and the arena never beyond the budget.
+std::vector<unsigned char> file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<unsigned char>(std::istreambuf_iterator<char>(f), {});
+}
+
+TEST(DeviceCacheApi, EveryCallMatchesTheCpuReference) {
+  const kvsdk_geometry g = kvsdk_test::make_geometry(3, 8, 2, 64);
+  const uint64_t budget = 96 * 1024;
+  const uint64_t before = device_bytes_in_use();
+  CUDA_CONTEXT_OR_SKIP(gpu, budget);
+  const uint64_t arena = device_bytes_in_use() - before;
+  ContextPtr cpu = kvsdk_test::make_context(budget, KVSDK_BACKEND_CPU_REFERENCE);
+  const kvsdk_policy p = kvsdk_test::small_policy("snapkv", 32);
+  CachePtr a = kvsdk_test::make_cache(gpu.get(), g, &p), b = kvsdk_test::make_cache(cpu.get(), g, &p);
+  ASSERT_TRUE(a && b) << kvsdk_last_error();
+  kvsdk_cache* const caches[2] = {a.get(), b.get()};
+  // Runs `call` on both caches: the same status, and the arena within the budget.
+  const auto both = [&](const char* what, auto call) {
+    const kvsdk_status x = call(a.get()), y = call(b.get());
+    EXPECT_EQ(x, y) << what << ": " << kvsdk_last_error();
+    EXPECT_LE(stats(a.get()).device_reserved_bytes, budget) << what;
+    EXPECT_LE(device_bytes_in_use() - before, arena + (64u << 10)) << what << ": the arena and "
+                                                                       "attention scratch only";
+    return x;
+  };
+  const auto same_state = [&](const char* what) {
+    SCOPED_TRACE(what);
+    expect_same_rows(a.get(), b.get(), g);
+    const kvsdk_cache_stats sa = stats(a.get()), sb = stats(b.get());
+    EXPECT_EQ(sa.bytes, sb.bytes);
+    EXPECT_EQ(sa.tokens, sb.tokens);
+    EXPECT_EQ(sa.context_used_bytes, sb.context_used_bytes);
+    for (uint32_t l = 0; l < g.n_layers; ++l) {
+      kvsdk_layer_stats x, y;
+      kvsdk_layer_stats_init(&x);
+      kvsdk_layer_stats_init(&y);
+      ASSERT_EQ(kvsdk_cache_layer_stats_get(a.get(), l, &x), KVSDK_OK);
+      ASSERT_EQ(kvsdk_cache_layer_stats_get(b.get(), l, &y), KVSDK_OK);
+      EXPECT_EQ(0, std::memcmp(&x, &y, sizeof(x))) << "layer " << l;
+    }
+    std::vector<uint64_t> ax(g.n_layers), bx(g.n_layers);
+    ASSERT_EQ(kvsdk_cache_allocation(a.get(), ax.data(), g.n_layers), KVSDK_OK);
+    ASSERT_EQ(kvsdk_cache_allocation(b.get(), bx.data(), g.n_layers), KVSDK_OK);
+    EXPECT_EQ(ax, bx);
+    uint64_t ta = 0, tb = 0, ba = 0, bb = 0;
+    ASSERT_EQ(kvsdk_cache_token_capacity(a.get(), &ta, &ba), KVSDK_OK);
+    ASSERT_EQ(kvsdk_cache_token_capacity(b.get(), &tb, &bb), KVSDK_OK);
+    EXPECT_EQ(ta, tb);
+    EXPECT_EQ(ba, bb);
+  };
+  const size_t q_elems = size_t(g.n_q_heads) * g.head_dim;
+  int32_t pos = 0;
+  const auto turn = [&](size_t n, uint32_t seed) {
+    for (uint32_t l = 0; l < g.n_layers; ++l) {
+      for (kvsdk_cache* c : caches) append(c, g, l, pos, n, seed + l);
+      const auto q = kvsdk_test::random_floats(q_elems, seed + 50 + l);
+      const std::vector<int32_t> qpos{pos + int32_t(n) - 1};
+      both("observe", [&](kvsdk_cache* c) {
+        return kvsdk_cache_observe(c, l, 1, q.data(), qpos.data(), q.size() * sizeof(float));
+      });
+      const auto x = attend(a.get(), g, l, q, qpos), y = attend(b.get(), g, l, q, qpos);
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], y[i], 2e-4);
+    }
+    pos += int32_t(n);
+  };
+  turn(24, 10);
+  for (uint32_t i = 0; i < 6; ++i) turn(1 + i % 2, 100 + 10 * i);
+  same_state("appends");
+  kvsdk_geometry ga, gb;
+  kvsdk_geometry_init(&ga), kvsdk_geometry_init(&gb);
+  ASSERT_EQ(kvsdk_cache_geometry(a.get(), &ga), KVSDK_OK);
+  ASSERT_EQ(kvsdk_cache_geometry(b.get(), &gb), KVSDK_OK);
+  EXPECT_EQ(0, std::memcmp(&ga, &gb, sizeof(ga)));
+  kvsdk_policy pa, pb;
+  kvsdk_policy_init(&pa, 0), kvsdk_policy_init(&pb, 0);
+  ASSERT_EQ(kvsdk_cache_policy(a.get(), &pa), KVSDK_OK);
+  ASSERT_EQ(kvsdk_cache_policy(b.get(), &pb), KVSDK_OK);
+  EXPECT_EQ(0, std::memcmp(&pa, &pb, sizeof(pa)));
+
+  both("set_budget", [](kvsdk_cache* c) { return kvsdk_cache_set_budget(c, 40 * 1024); });
+  same_state("set_budget");
+  both("compress", [](kvsdk_cache* c) { return kvsdk_cache_compress(c); });
+  turn(2, 300);
+  same_state("compress");
+  const std::vector<uint64_t> alloc{9, 14, 6};
+  both("set_allocation", [&](kvsdk_cache* c) {
+    return kvsdk_cache_set_allocation(c, alloc.data(), alloc.size());
+  });
+  turn(1, 400);
+  same_state("set_allocation");
+  kvsdk_profile* profile = nullptr;
+  ASSERT_EQ(kvsdk_profile_create(&profile, g.n_layers), KVSDK_OK);
+  const std::vector<uint64_t> sample{3, 5, 2};
+  ASSERT_EQ(kvsdk_profile_record(profile, sample.data(), g.n_layers), KVSDK_OK);
+  both("set_allocation(none)", [](kvsdk_cache* c) { return kvsdk_cache_set_allocation(c, nullptr, 0); });
+  both("apply_profile", [&](kvsdk_cache* c) { return kvsdk_cache_apply_profile(c, profile); });
+  kvsdk_profile_destroy(profile);
+  turn(2, 500);
+  same_state("apply_profile");
+
+  // Files and journal deltas: byte for byte the same on both backends.
+  kvsdk_test::TempDir dir;
+  const std::string fa = dir.file("gpu.kvsnap"), fb = dir.file("cpu.kvsnap");
+  ASSERT_EQ(kvsdk_cache_save(a.get(), fa.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  ASSERT_EQ(kvsdk_cache_save(b.get(), fb.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  EXPECT_TRUE(file_bytes(fa) == file_bytes(fb));
+  turn(1, 600);
+  ASSERT_EQ(kvsdk_cache_save_delta(a.get(), fa.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  ASSERT_EQ(kvsdk_cache_save_delta(b.get(), fb.c_str(), nullptr), KVSDK_OK) << kvsdk_last_error();
+  EXPECT_TRUE(file_bytes(fa) == file_bytes(fb)) << "journal deltas";
+
+  both("prefetch", [&](kvsdk_cache* c) {
+    const auto q = kvsdk_test::random_floats(q_elems, 1);
+    return kvsdk_cache_prefetch(c, 0, 1, q.data(), nullptr, q.size() * sizeof(float));
+  });
+  both("fetch_stats", [](kvsdk_cache* c) {
+    double rate = 0;
+    uint64_t n = 0;
+    return kvsdk_cache_fetch_stats(c, &rate, &n);
+  });
+  both("set_backing_file", [&](kvsdk_cache* c) {
+    return kvsdk_cache_set_backing_file(c, dir.file("backing").c_str());
+  });
+  both("truncate", [&](kvsdk_cache* c) { return kvsdk_cache_truncate(c, pos - 1); });
+  same_state("truncate");
+  uint64_t ua = 0, ub = 0, budget_a = 0;
+  ASSERT_EQ(kvsdk_context_used_bytes(gpu.get(), &ua), KVSDK_OK);
+  ASSERT_EQ(kvsdk_context_used_bytes(cpu.get(), &ub), KVSDK_OK);
+  EXPECT_EQ(ua, ub);
+  ASSERT_EQ(kvsdk_context_budget_bytes(gpu.get(), &budget_a), KVSDK_OK);
+  EXPECT_EQ(budget_a, budget);
+
+  // A second cache on the CUDA context is refused, the CPU's is not: fork, prefixes.
+  both("freeze", [](kvsdk_cache* c) { return kvsdk_cache_freeze(c); });
+  kvsdk_cache* other = nullptr;
+  EXPECT_EQ(kvsdk_cache_create_on_prefix(&other, a.get(), &p), KVSDK_E_UNSUPPORTED);
+  EXPECT_EQ(kvsdk_cache_fork(&other, a.get()), KVSDK_E_UNSUPPORTED);
+  EXPECT_EQ(kvsdk_cache_set_proxy(a.get(), b.get()), kvsdk_cache_set_proxy(b.get(), a.get()));
+
+  // The CPU's file with its delta loads onto the CUDA context (once its cache is gone).
+  a.reset();
+  kvsdk_cache* loaded = nullptr;
+  ASSERT_EQ(kvsdk_cache_load(&loaded, gpu.get(), fb.c_str(), &g, nullptr), KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr on_gpu(loaded);
+  ASSERT_EQ(kvsdk_cache_load(&loaded, cpu.get(), fa.c_str(), &g, nullptr), KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr on_cpu(loaded);
+  expect_same_rows(on_gpu.get(), on_cpu.get(), g);
+  EXPECT_LE(stats(on_gpu.get()).device_reserved_bytes, budget);
 }
 
 #ifdef KVSDK_CUDA_HOST_SHIM
