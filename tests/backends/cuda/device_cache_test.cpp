@@ -257,7 +257,10 @@ TEST(DeviceAllocation, TheArenaFollowsThePerLayerAllocation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, DeviceEviction,
-                         ::testing::Values("streaming_llm", "snapkv", "pyramidkv", "xkv"));
+                         ::testing::Values("streaming_llm", "snapkv", "pyramidkv", "xkv"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
 
 // The arena is one allocation of exactly the budget, made with the context; appends allocate no
 // other device memory, and rows fill the budget to the last byte (the re-plan to exact sizes).
