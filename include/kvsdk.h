@@ -220,12 +220,16 @@ KVSDK_API kvsdk_status (kvsdk_context_options_init)(kvsdk_context_options *optio
  *  freed when the context's memory is. The rows of its cache live there, in f16 with their
  *  positions, and attention runs on the GPU; stored rows, snapshots and budget charges are the
  *  same as on the CPU (a snapshot saved on either backend loads on the other), and attention
- *  outputs differ from the CPU's by rounding only. In this version a CUDA context holds one
- *  cache at a time, of policy full, streaming_llm, snapkv, pyramidkv or xkv (without a KIVI
- *  overlay), with head_dim 64, 128 or 256; kvsdk_cache_create refuses the rest with
- *  KVSDK_E_UNSUPPORTED (docs/gpu.md lists what runs on CUDA). The arena is laid out per layer
- *  and re-laid (live rows moved on the device) when the allocation stage plans new per-layer
- *  caps, so each layer's share follows XKV's, PyramidKV's or the host's allocation; the
+ *  outputs differ from the CPU's by rounding only. In this version a CUDA context's caches are
+ *  of policy full, streaming_llm, snapkv, pyramidkv or xkv (without a KIVI overlay), with
+ *  head_dim 64, 128 or 256; kvsdk_cache_create refuses the rest with KVSDK_E_UNSUPPORTED
+ *  (docs/gpu.md lists what runs on CUDA). Each cache (forks and conversations on a shared
+ *  prefix included) holds a region of the arena; a region that must grow moves the others on
+ *  the device, which first give back capacity they hold beyond their rows when the arena is
+ *  full, and the device work of one context's caches takes turns (a lock). Within a region the
+ *  arena is laid out per layer and re-laid (live rows moved on the device) when the allocation
+ *  stage plans new per-layer caps, so each layer's share follows XKV's, PyramidKV's or the
+ *  host's allocation; the
  *  eviction presets score on the host from keys copied out of the arena once per selection
  *  pass (kvsdk_policy.evict_slack makes those rare). Besides the arena, attention uses device working memory of about 8 bytes per query
  *  element (n_queries x n_q_heads x head_dim) plus its split partials, grown to the largest call
@@ -490,8 +494,7 @@ typedef struct kvsdk_cache kvsdk_cache;
  *          policy values, e.g. kivi with quant_bits 0, specache with quant_bits other than 1 or
  *          2, boundary_layer beyond the geometry), KVSDK_E_UNSUPPORTED (a KIVI overlay on full,
  *          spindlekv or smallkv; on a KVSDK_BACKEND_CUDA context: a policy that does not run
- *          there (see kvsdk_context_create), a head_dim other than 64, 128 or 256, or a second
- *          cache while one exists),
+ *          there (see kvsdk_context_create), a head_dim other than 64, 128 or 256),
  *          KVSDK_E_BACKEND (the device failed), KVSDK_E_NO_MEMORY. */
 KVSDK_API kvsdk_status kvsdk_cache_create(kvsdk_cache **out, kvsdk_context *ctx,
                                           const kvsdk_geometry *geometry,
@@ -513,9 +516,8 @@ KVSDK_API void kvsdk_cache_destroy(kvsdk_cache *cache);
  *  transient memory for one copy of them outside the budget. On success release `*out` with
  *  kvsdk_cache_destroy.
  *  Errors: KVSDK_E_INVALID_ARG (NULL out/cache), KVSDK_E_BUDGET (the copy does not fit the
- *          context's budget), KVSDK_E_UNSUPPORTED (a KVSDK_BACKEND_CUDA context holds one cache
- *          at a time in this version), KVSDK_E_NO_MEMORY. On failure `*out` is untouched and
- *          nothing stays charged.
+ *          context's budget), KVSDK_E_NO_MEMORY. On failure `*out` is untouched and nothing
+ *          stays charged.
  *  Threading: reads `cache` (one thread at a time per cache, as every cache call). */
 KVSDK_API kvsdk_status kvsdk_cache_fork(kvsdk_cache **out, const kvsdk_cache *cache);
 

@@ -131,7 +131,7 @@ SaveTarget save_target_from_c(const kvsdk_save_options* options) {
 std::unique_ptr<Cache> convert_cache(const Cache& src, const SaveTarget& target) {
   const uint64_t budget = target.budget != 0 ? target.budget : src.budget();
   // A device cache converts on the host, in a context of the same budget: its rows are staged
-  // there for the save anyway, and the device arena holds one cache at a time.
+  // there for the save anyway, and the conversion needs no room in the device arena.
   std::shared_ptr<Context> ctx = src.context_ptr();
   if (ctx->arena()) ctx = std::make_shared<Context>(KVSDK_BACKEND_CPU, 0, ctx->budget(), 1);
   std::unique_ptr<Cache> dst;

@@ -35,8 +35,10 @@ void* Context::allocate_arena() const {
   if (budget > std::numeric_limits<size_t>::max()) {
     fail(KVSDK_E_NO_MEMORY, "budget_bytes ", budget, " exceeds the address space");
   }
-  const DeviceScope on_device(*this);
+  // (Not a DeviceScope: the regions it would lock are made after the arena.)
+  const int32_t previous = device_backend_ ? device_backend_->select_device(device_) : 0;
   void* arena = ops.alloc(size_t(budget));
+  if (device_backend_) device_backend_->select_device(previous);
   if (!arena) {
     fail(KVSDK_E_NO_MEMORY, "the ", ops.name, " device cannot allocate the budget's arena (",
          budget, " bytes)");
@@ -45,6 +47,7 @@ void* Context::allocate_arena() const {
 }
 
 Context::DeviceScope::DeviceScope(const Context& ctx) : device_(ctx.device_backend_) {
+  if (ctx.regions_) hold_ = std::unique_lock<std::recursive_mutex>(ctx.regions_->lock());
   if (device_) previous_ = device_->select_device(ctx.device_);
 }
 
@@ -54,18 +57,6 @@ Context::DeviceScope::~DeviceScope() {
     device_->select_device(previous_);
   } catch (...) {  // (the device failed; the call that follows reports it)
   }
-}
-
-bool Context::claim_arena() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (arena_claimed_) return false;
-  arena_claimed_ = true;
-  return true;
-}
-
-void Context::release_arena() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  arena_claimed_ = false;
 }
 
 uint64_t Context::used() const {

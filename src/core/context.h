@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "backend_ops.h"
+#include "core/arena_regions.h"
 #include "kvsdk.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -22,7 +23,10 @@ class Context {
   // cannot hold it).
   Context(kvsdk_backend backend, int32_t device, uint64_t budget_bytes, size_t n_threads = 1)
       : backend_(backend), device_(device), budget_(budget_bytes), ops_(require_ops(backend)),
-        pool_(n_threads), arena_(allocate_arena()) {
+        pool_(n_threads), arena_(allocate_arena()),
+        regions_(arena_ ? std::make_unique<ArenaRegions>(*ops_, static_cast<char*>(arena_),
+                                                         budget_bytes)
+                        : nullptr) {
     count_live(+1);
   }
   // The last context to go frees the zstd contexts snapshots keep between calls
@@ -52,13 +56,12 @@ class Context {
   uint64_t available() const;
 
   // Device backends: the one allocation of exactly the budget that the rows of the context's
-  // cache live in (backend memory; null on the CPU). One cache holds it at a time in this
-  // version: claim_arena() returns false while another one does.
+  // caches live in (backend memory; null on the CPU), and its regions, one per cache.
   void* arena() const { return arena_; }
-  bool claim_arena();
-  void release_arena();
+  ArenaRegions* regions() const { return regions_.get(); }
   // Device work of this context runs inside a DeviceScope: the context's device is current on
-  // the calling thread while it lives, and the thread's previous one afterwards. A no-op on the
+  // the calling thread while it lives, and the thread's previous one afterwards, and the arena's
+  // regions do not move (the caches of one context take turns on the device). A no-op on the
   // CPU. Throws KVSDK_E_BACKEND when the device cannot be selected.
   class DeviceScope {
    public:
@@ -68,6 +71,7 @@ class Context {
     DeviceScope& operator=(const DeviceScope&) = delete;
 
    private:
+    std::unique_lock<std::recursive_mutex> hold_;
     const backend::DeviceBackend* device_;
     int32_t previous_ = 0;
   };
@@ -89,7 +93,7 @@ class Context {
       backend_ == KVSDK_BACKEND_CUDA ? backend::cuda_backend() : nullptr;
   void* allocate_arena() const;  // (in the constructor, after the members above)
   void* const arena_;
-  bool arena_claimed_ = false;  // under mutex_
+  const std::unique_ptr<ArenaRegions> regions_;
 
   mutable std::mutex mutex_;
   uint64_t used_ = 0;

@@ -14,8 +14,7 @@ DeviceRows::DeviceRows(const Geometry& g, const kvsdk_policy& p, Context& ctx)
     : Representation(g, p),
       ctx_(ctx),
       device_(ctx.ops()),
-      arena_(static_cast<char*>(ctx.arena())),
-      arena_bytes_(ctx.budget()),
+      regions_(*ctx.regions()),
       capacity_(g.n_layers, 0),
       positions_(g.n_layers, std::vector<std::vector<int32_t>>(g.n_kv_heads)),
       plans_(g.n_layers),
@@ -29,15 +28,12 @@ DeviceRows::DeviceRows(const Geometry& g, const kvsdk_policy& p, Context& ctx)
     fail(KVSDK_E_UNSUPPORTED, "a ", device_.name, " cache needs head_dim 64, 128 or 256 (the ",
          "device attention kernel's), not ", g.head_dim);
   }
-  if (!arena_ || !ctx.claim_arena()) {
-    fail(KVSDK_E_UNSUPPORTED, "a ", device_.name, " context holds one cache at a time in this ",
-         "version (its device arena is in use); destroy the other cache first");
-  }
   layout_ = layout_for(capacity_);
+  regions_.join(this);
   scratch_.ops = &device_;
 }
 
-DeviceRows::~DeviceRows() { ctx_.release_arena(); }
+DeviceRows::~DeviceRows() { regions_.leave(this); }
 
 void DeviceRows::check_usable() const {
   if (failed_) {
@@ -90,16 +86,15 @@ uint64_t DeviceRows::layer_rows(uint32_t layer) const {
 }
 
 char* DeviceRows::slice(uint32_t layer, uint32_t head, Part part) const {
-  return arena_ + layout_.at(layer, size_t(head) * kParts + part).offset;
+  return base() + layout_.at(layer, size_t(head) * kParts + part).offset;
 }
 
 void DeviceRows::relayout(const std::vector<uint64_t>& capacity) {
   const Context::DeviceScope on_device(ctx_);
   const cuda::ArenaPartition next = layout_for(capacity);
-  if (next.reserved > arena_bytes_) {
-    fail(KVSDK_E_BUDGET, "the device arena (", arena_bytes_, " bytes) cannot hold ", next.reserved,
-         " bytes of rows");
-  }
+  // Room first: the region grows (other caches' regions may move or shrink to fit; throws
+  // KVSDK_E_BUDGET with nothing of this store changed when the arena cannot hold it).
+  regions_.grow(this, std::max(next.reserved, layout_.reserved));
   // plan_repartition moves slices in the order of their index, which must be the order of their
   // offsets: here keys/values of every layer come before the positions, so sort both layouts
   // (the same order in each).
@@ -118,8 +113,9 @@ void DeviceRows::relayout(const std::vector<uint64_t>& capacity) {
     to.slices.push_back(next.slices[i]);
     used_sorted.push_back(used[i]);
   }
+  char* const at = base();
   for (const cuda::ArenaCopy& c : cuda::plan_repartition(from, to, used_sorted)) {
-    device_.copy(arena_ + c.dst, arena_ + c.src, size_t(c.bytes));
+    device_.copy(at + c.dst, at + c.src, size_t(c.bytes));
   }
   layout_ = next;
   capacity_ = capacity;
@@ -129,12 +125,28 @@ void DeviceRows::reserve_rows(uint32_t layer, uint64_t rows) {
   if (rows <= capacity_[layer]) return;
   std::vector<uint64_t> capacity = capacity_;
   capacity[layer] = grown_capacity(size_t(capacity_[layer]), size_t(rows));
-  if (layout_for(capacity).reserved > arena_bytes_) {
+  if (layout_for(capacity).reserved > regions_.room_for(this)) {
     // Growth by half does not fit: every layer exactly what it holds, this one what it needs.
-    for (uint32_t l = 0; l < geometry_.n_layers; ++l) capacity[l] = layer_rows(l);
-    capacity[layer] = rows;
+    capacity = tight_capacity();
+    capacity[layer] = std::max(capacity[layer], rows);
   }
   relayout(capacity);
+}
+
+std::vector<uint64_t> DeviceRows::tight_capacity() const {
+  std::vector<uint64_t> capacity(geometry_.n_layers);
+  for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
+    capacity[l] = layer_rows(l);
+    if (plans_[l].active) capacity[l] = std::max(capacity[l], plans_[l].rows_after);
+  }
+  return capacity;
+}
+
+uint64_t DeviceRows::shrink_to_fit() {
+  if (failed_) return layout_.reserved;
+  const std::vector<uint64_t> capacity = tight_capacity();
+  if (capacity != capacity_) relayout(capacity);  // (within the region: it only shrinks)
+  return layout_.reserved;
 }
 
 // --- Bytes -----------------------------------------------------------------------------------
@@ -338,15 +350,11 @@ uint64_t DeviceRows::plan_keep(uint32_t layer, const std::vector<std::vector<uin
                                                                  uint32_t(held))));
     positions_[layer][h].reserve(keep[h].size());  // capacity only: commit cannot allocate
   }
-  // The arena after every planned layer commits (the others as they are) must fit: commit_keep
-  // re-plans to it without failing on room.
-  std::vector<uint64_t> after(geometry_.n_layers);
-  for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
-    after[l] = l == layer ? most : plans_[l].active ? plans_[l].rows_after : layer_rows(l);
-  }
-  if (most > capacity_[layer] && layout_for(after).reserved > arena_bytes_) {
-    fail(KVSDK_E_BUDGET, "the device arena (", arena_bytes_, " bytes) cannot hold the rows layer ",
-         layer, " keeps");
+  // Room for what the layer keeps, now (a re-plan moves rows but changes none), so that
+  // commit_keep never needs any; planned layers keep theirs when the arena is re-planned.
+  {
+    const Context::DeviceScope on_device(ctx_);
+    reserve_rows(layer, most);
   }
   reserve_for_growth(stage_k_, incoming_kept * dim);
   reserve_for_growth(stage_v_, incoming_kept * dim);
@@ -404,23 +412,11 @@ void DeviceRows::commit_keep() noexcept {
       if (plans_[l].active) commit_layer(l), any = true;
     }
     if (!any) return;
-    // Room for the kept incoming rows (checked by plan_keep), then the rows themselves.
-    std::vector<uint64_t> capacity = capacity_;
-    bool grow = false;
+    // (plan_keep made the room for the kept incoming rows.)
     for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
-      if (!plans_[l].active) continue;
-      for (const std::vector<uint32_t>& k : plans_[l].keep) {
-        if (k.size() > capacity[l]) capacity[l] = k.size(), grow = true;
+      if (plans_[l].active && plans_[l].rows_after > capacity_[l]) {
+        fail(KVSDK_E_INTERNAL, "layer ", l, " lost the room its eviction plan reserved");
       }
-    }
-    if (grow) {
-      if (layout_for(capacity).reserved > arena_bytes_) {
-        for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
-          capacity[l] = plans_[l].active ? std::max(layer_rows(l), plans_[l].rows_after)
-                                         : layer_rows(l);
-        }
-      }
-      relayout(capacity);
     }
     const size_t row_bytes = geometry_.head_dim * sizeof(uint16_t);
     for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
@@ -457,7 +453,7 @@ void DeviceRows::commit_keep() noexcept {
 
 void DeviceRows::follow_allocation(const std::vector<uint64_t>& caps) noexcept {
   if (failed_ || caps.size() != geometry_.n_layers) return;
-  const uint64_t most = arena_bytes_ / layer_token_bytes(0);  // (no overflow below)
+  const uint64_t most = regions_.bytes() / layer_token_bytes(0);  // (no overflow below)
   std::vector<uint64_t> capacity;
   try {
     capacity.resize(geometry_.n_layers);
@@ -466,7 +462,7 @@ void DeviceRows::follow_allocation(const std::vector<uint64_t>& caps) noexcept {
       capacity[l] = std::max(layer_rows(l), caps[l]);
       if (plans_[l].active) capacity[l] = std::max(capacity[l], plans_[l].rows_after);
     }
-    if (capacity == capacity_ || layout_for(capacity).reserved > arena_bytes_) return;
+    if (capacity == capacity_ || layout_for(capacity).reserved > regions_.room_for(this)) return;
     relayout(capacity);
   } catch (const Error& e) {
     if (e.status() == KVSDK_E_BACKEND) failed_ = true;  // rows moved half-way are lost

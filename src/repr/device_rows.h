@@ -4,8 +4,8 @@
 // the host (the same rounding as ExactRows, so both hold the same bits) and copied in; reads,
 // snapshots and the attention output are copied out.
 //
-// Arena layout (one allocation of exactly the context budget, core/context.h): each layer has a
-// capacity in rows per head; the k and v slices of every (layer, head) come first, then the
+// Arena layout (the cache's region of the context's arena, core/arena_regions.h): each layer has
+// a capacity in rows per head; the k and v slices of every (layer, head) come first, then the
 // positions of every (layer, head), packed without padding (head_dim 64/128/256 keep every k/v
 // slice a multiple of 16 bytes, so rows stay aligned for vector loads). A layer that outgrows its
 // capacity grows by half (as host stores do); when that does not fit, every layer is re-planned
@@ -33,12 +33,12 @@
 
 namespace kvsdk {
 
-class DeviceRows final : public Representation {
+class DeviceRows final : public Representation, private ArenaOwner {
  public:
-  // The store of every layer of a cache on `ctx` (a device backend), which it holds the arena
-  // of while it lives. Throws KVSDK_E_UNSUPPORTED (naming what does run) for a policy whose
-  // method has no device path yet (method traits' on_device) or a head_dim the device kernels do
-  // not have (64, 128, 256), and while another cache holds the context's arena.
+  // The store of every layer of a cache on `ctx` (a device backend), in a region of the
+  // context's arena (core/arena_regions.h) while it lives. Throws KVSDK_E_UNSUPPORTED (naming
+  // what does run) for a policy whose method has no device path yet (method traits' on_device)
+  // or a head_dim the device kernels do not have (64, 128, 256).
   DeviceRows(const Geometry& geometry, const kvsdk_policy& policy, Context& ctx);
   ~DeviceRows() override;
 
@@ -120,10 +120,14 @@ class DeviceRows final : public Representation {
   // Copies one head's rows to the host.
   void stage_head(uint32_t layer, uint32_t kv_head, ExactStore& into) const;
 
+  // ArenaOwner: tight capacities for every layer (planned evictions included).
+  uint64_t shrink_to_fit() override;
+  std::vector<uint64_t> tight_capacity() const;
+  char* base() const { return regions_.base(this); }
+
   Context& ctx_;
   const backend::Ops& device_;
-  char* const arena_;
-  const uint64_t arena_bytes_;
+  ArenaRegions& regions_;
   cuda::ArenaPartition layout_;
   std::vector<uint64_t> capacity_;                            // [layer] rows per head
   std::vector<std::vector<std::vector<int32_t>>> positions_;  // [layer][head] host mirror

@@ -380,9 +380,6 @@ TEST(DeviceCacheRefusals, UnsupportedCallsSayWhy) {
   CachePtr one = kvsdk_test::make_cache(gpu.get(), g);
   ASSERT_TRUE(one) << kvsdk_last_error();
   append(one.get(), g, 0, 0, 3, 1);
-  EXPECT_EQ(kvsdk_cache_create(&c, gpu.get(), &g, nullptr), KVSDK_E_UNSUPPORTED);
-  EXPECT_NE(std::string(kvsdk_last_error()).find("one cache at a time"), std::string::npos);
-  EXPECT_EQ(kvsdk_cache_fork(&c, one.get()), KVSDK_E_UNSUPPORTED);
   EXPECT_EQ(kvsdk_test::used(gpu.get()), stats_bytes(one.get()));
   // Out-of-order positions cannot be cut on the device: refused, rows kept.
   const std::vector<int32_t> back{1};
@@ -535,15 +532,37 @@ TEST(DeviceCacheApi, EveryCallMatchesTheCpuReference) {
   ASSERT_EQ(kvsdk_context_budget_bytes(gpu.get(), &budget_a), KVSDK_OK);
   EXPECT_EQ(budget_a, budget);
 
-  // A second cache on the CUDA context is refused, the CPU's is not: fork, prefixes.
+  // Forks and conversations on a shared prefix: more caches in the same arena.
+  kvsdk_cache* fa_raw = nullptr;
+  kvsdk_cache* fb_raw = nullptr;
+  ASSERT_EQ(kvsdk_cache_fork(&fa_raw, a.get()), KVSDK_OK) << kvsdk_last_error();
+  ASSERT_EQ(kvsdk_cache_fork(&fb_raw, b.get()), KVSDK_OK) << kvsdk_last_error();
+  CachePtr fork_a(fa_raw), fork_b(fb_raw);
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    append(fork_a.get(), g, l, pos, 2, 700 + l);
+    append(fork_b.get(), g, l, pos, 2, 700 + l);
+  }
+  expect_same_rows(fork_a.get(), fork_b.get(), g);
+  expect_same_rows(a.get(), b.get(), g);  // the originals did not change
   both("freeze", [](kvsdk_cache* c) { return kvsdk_cache_freeze(c); });
-  kvsdk_cache* other = nullptr;
-  EXPECT_EQ(kvsdk_cache_create_on_prefix(&other, a.get(), &p), KVSDK_E_UNSUPPORTED);
-  EXPECT_EQ(kvsdk_cache_fork(&other, a.get()), KVSDK_E_UNSUPPORTED);
+  kvsdk_cache* pa_raw = nullptr;
+  kvsdk_cache* pb_raw = nullptr;
+  ASSERT_EQ(kvsdk_cache_create_on_prefix(&pa_raw, a.get(), &p), KVSDK_OK) << kvsdk_last_error();
+  ASSERT_EQ(kvsdk_cache_create_on_prefix(&pb_raw, b.get(), &p), KVSDK_OK) << kvsdk_last_error();
+  CachePtr on_prefix_a(pa_raw), on_prefix_b(pb_raw);
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    append(on_prefix_a.get(), g, l, pos, 3, 800 + l);
+    append(on_prefix_b.get(), g, l, pos, 3, 800 + l);
+    const auto q = kvsdk_test::random_floats(q_elems, 810 + l);
+    const std::vector<int32_t> qpos{pos + 2};
+    const auto x = attend(on_prefix_a.get(), g, l, q, qpos);
+    const auto y = attend(on_prefix_b.get(), g, l, q, qpos);
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], y[i], 2e-4) << "on the prefix";
+  }
   EXPECT_EQ(kvsdk_cache_set_proxy(a.get(), b.get()), kvsdk_cache_set_proxy(b.get(), a.get()));
+  EXPECT_EQ(kvsdk_test::used(gpu.get()), kvsdk_test::used(cpu.get()));
 
-  // The CPU's file with its delta loads onto the CUDA context (once its cache is gone).
-  a.reset();
+  // The CPU's file with its delta loads onto the CUDA context, and the reverse.
   kvsdk_cache* loaded = nullptr;
   ASSERT_EQ(kvsdk_cache_load(&loaded, gpu.get(), fb.c_str(), &g, nullptr), KVSDK_OK)
       << kvsdk_last_error();
@@ -553,6 +572,57 @@ TEST(DeviceCacheApi, EveryCallMatchesTheCpuReference) {
   CachePtr on_cpu(loaded);
   expect_same_rows(on_gpu.get(), on_cpu.get(), g);
   EXPECT_LE(stats(on_gpu.get()).device_reserved_bytes, budget);
+}
+
+// Several conversations share one arena: growing one past its neighbour moves the others, and
+// when the arena is full the others give back their spare capacity, so the caches fill the
+// budget to the last byte together, with the same rows as on the CPU.
+TEST(DeviceCacheRegions, ConversationsShareTheArenaToTheLastByte) {
+  const kvsdk_geometry g = kvsdk_test::make_geometry(2, 4, 2, 64);
+  const uint64_t row = uint64_t(g.n_kv_heads) * (g.head_dim * 4 + 4);  // a layer-token's bytes
+  const uint64_t budget = 3 * 2 * 50 * row;  // three caches of two layers, 50 tokens each
+  const uint64_t before = device_bytes_in_use();
+  CUDA_CONTEXT_OR_SKIP(gpu, budget);
+  const uint64_t arena = device_bytes_in_use() - before;
+  ContextPtr cpu = kvsdk_test::make_context(budget, KVSDK_BACKEND_CPU_REFERENCE);
+  std::vector<CachePtr> on_gpu, on_cpu;
+  for (int i = 0; i < 3; ++i) {
+    on_gpu.push_back(kvsdk_test::make_cache(gpu.get(), g));
+    on_cpu.push_back(kvsdk_test::make_cache(cpu.get(), g));
+    ASSERT_TRUE(on_gpu.back() && on_cpu.back()) << kvsdk_last_error();
+  }
+  // Round-robin growth in uneven steps: every cache outgrows its region in turn.
+  const size_t steps[3] = {3, 1, 2};
+  std::vector<int32_t> next(3, 0);
+  for (int round = 0; round < 200; ++round) {
+    const int i = round % 3;
+    const size_t n = std::min<size_t>(steps[i], 50 - size_t(next[i]));
+    if (n == 0) continue;
+    for (uint32_t l = 0; l < g.n_layers; ++l) {
+      append(on_gpu[i].get(), g, l, next[i], n, 3000 + uint32_t(round) * 4 + l);
+      append(on_cpu[i].get(), g, l, next[i], n, 3000 + uint32_t(round) * 4 + l);
+    }
+    next[i] += int32_t(n);
+    ASSERT_LE(device_bytes_in_use() - before, arena) << "appends allocate no device memory";
+  }
+  EXPECT_EQ(kvsdk_test::used(gpu.get()), budget) << "filled to the last byte";
+  uint64_t reserved = 0;
+  for (int i = 0; i < 3; ++i) {
+    expect_same_rows(on_gpu[i].get(), on_cpu[i].get(), g);
+    reserved += stats(on_gpu[i].get()).device_reserved_bytes;
+  }
+  EXPECT_EQ(reserved, budget);
+  append(on_gpu[1].get(), g, 0, 50, 1, 1, KVSDK_E_BUDGET);
+  expect_same_rows(on_gpu[1].get(), on_cpu[1].get(), g);
+  // A destroyed conversation's region is reused by the others.
+  on_gpu[0].reset();
+  on_cpu[0].reset();
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    append(on_gpu[2].get(), g, l, 50, 40, 77 + l);
+    append(on_cpu[2].get(), g, l, 50, 40, 77 + l);
+  }
+  expect_same_rows(on_gpu[2].get(), on_cpu[2].get(), g);
+  expect_same_rows(on_gpu[1].get(), on_cpu[1].get(), g);
 }
 
 #ifdef KVSDK_CUDA_HOST_SHIM
