@@ -333,15 +333,10 @@ uint64_t DeviceRows::plan_keep(uint32_t layer, const std::vector<std::vector<uin
                                const IncomingRows* incoming) {
   check_usable();
   const uint32_t dim = geometry_.head_dim;
-  if (keep.size() != geometry_.n_kv_heads) {
-    fail(KVSDK_E_INTERNAL, "plan_keep: ", keep.size(), " heads for ", geometry_.n_kv_heads);
-  }
   Plan& next = plans_[layer];
-  next.active = false;  // (replaced: a throw below leaves nothing planned for the layer)
-  next.keep.resize(geometry_.n_kv_heads);
+  next.assign(keep, incoming, geometry_.n_kv_heads);
   uint64_t rows = 0, most = 0, incoming_kept = 0;
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-    next.keep[h].assign(keep[h].begin(), keep[h].end());  // capacity reused
     rows += keep[h].size();
     most = std::max<uint64_t>(most, keep[h].size());
     const size_t held = positions_[layer][h].size();
@@ -363,8 +358,6 @@ uint64_t DeviceRows::plan_keep(uint32_t layer, const std::vector<std::vector<uin
   next.held.resize(geometry_.n_kv_heads);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) next.held[h] = positions_[layer][h].size();
   next.rows_after = most;
-  next.has_incoming = incoming != nullptr;
-  next.incoming = incoming ? *incoming : IncomingRows{};
   next.active = true;
   return rows * ExactStore::bytes_per_token(dim);
 }

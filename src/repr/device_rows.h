@@ -29,6 +29,7 @@
 
 #include "core/context.h"
 #include "core/representation.h"
+#include "repr/keep_plan.h"
 #include "device_arena_plan.h"
 
 namespace kvsdk {
@@ -132,13 +133,9 @@ class DeviceRows final : public Representation, private ArenaOwner {
   std::vector<uint64_t> capacity_;                            // [layer] rows per head
   std::vector<std::vector<std::vector<int32_t>>> positions_;  // [layer][head] host mirror
   // A layer's planned selection (plan_keep), its buffers reused from one plan to the next.
-  struct Plan {
-    bool active = false;
-    std::vector<std::vector<uint32_t>> keep;  // [head]
-    std::vector<size_t> held;                 // [head] rows held when planned
-    uint64_t rows_after = 0;                  // the most rows a head keeps
-    IncomingRows incoming{};
-    bool has_incoming = false;
+  struct Plan : KeepPlan {
+    std::vector<size_t> held;  // [head] rows held when planned
+    uint64_t rows_after = 0;   // the most rows a head keeps
   };
   std::vector<Plan> plans_;  // [layer]
   bool failed_ = false;      // a device copy failed inside commit_keep

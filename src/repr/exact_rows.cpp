@@ -113,17 +113,8 @@ void ExactRows::load_keys(uint32_t layer, uint32_t kv_head, size_t first, size_t
 uint64_t ExactRows::plan_keep(uint32_t layer, const std::vector<std::vector<uint32_t>>& keep,
                               const IncomingRows* incoming) {
   const uint32_t dim = geometry_.head_dim;
-  if (keep.size() != geometry_.n_kv_heads) {
-    fail(KVSDK_E_INTERNAL, "plan_keep: ", keep.size(), " heads for ", geometry_.n_kv_heads);
-  }
-  Plan& next = plans_[layer];
-  next.active = false;  // (replaced: a throw below leaves nothing planned for the layer)
-  next.keep.resize(geometry_.n_kv_heads);
-  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-    next.keep[h].assign(keep[h].begin(), keep[h].end());  // capacity reused
-  }
-  next.has_incoming = incoming != nullptr;
-  next.incoming = incoming ? *incoming : IncomingRows{};
+  KeepPlan& next = plans_[layer];
+  next.assign(keep, incoming, geometry_.n_kv_heads);
   uint64_t rows = 0;
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     ExactStore& s = heads_[layer][h];
@@ -142,7 +133,7 @@ void ExactRows::commit_keep() noexcept {
   const uint32_t dim = geometry_.head_dim;
   const size_t row = geometry_.kv_elems_per_token();
   for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
-    Plan& plan = plans_[l];
+    KeepPlan& plan = plans_[l];
     if (!plan.active) continue;
     for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
       ExactStore& s = heads_[l][h];
@@ -176,7 +167,7 @@ void ExactRows::commit_keep() noexcept {
 }
 
 void ExactRows::drop_keep() noexcept {
-  for (Plan& p : plans_) p.active = false;
+  for (KeepPlan& p : plans_) p.active = false;
 }
 
 uint64_t ExactRows::layer_token_bytes(uint64_t extra_per_row) const {

@@ -9,6 +9,7 @@
 
 #include "attention.h"
 #include "core/representation.h"
+#include "repr/keep_plan.h"
 
 namespace kvsdk {
 
@@ -60,16 +61,8 @@ class ExactRows final : public Representation {
  private:
   void append_rows(uint32_t layer, size_t n, kvsdk_dtype dtype, const void* k, const void* v,
                    const int32_t* positions);
-  // A layer's planned selection; its buffers are reused from one plan to the next, so a
-  // selection pass of the decode path allocates nothing once they have grown.
-  struct Plan {
-    bool active = false;                      // planned and not yet committed or dropped
-    std::vector<std::vector<uint32_t>> keep;  // [kv_head]
-    IncomingRows incoming{};
-    bool has_incoming = false;
-  };
   std::vector<std::vector<ExactStore>> heads_;  // [layer][kv_head]
-  std::vector<Plan> plans_;                     // [layer]
+  std::vector<KeepPlan> plans_;                 // [layer]
 };
 
 }  // namespace kvsdk
