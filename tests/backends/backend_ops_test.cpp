@@ -794,9 +794,14 @@ TEST(BackendOps, AttendSmallKvWithinToleranceOfTheReference) {
 TEST(BackendOps, ContextKindsSelectTheirTables) {
   EXPECT_EQ(ops_for(KVSDK_BACKEND_CPU), &cpu_optimized());
   EXPECT_EQ(ops_for(KVSDK_BACKEND_CPU_REFERENCE), &cpu_reference());
-  EXPECT_EQ(ops_for(KVSDK_BACKEND_CUDA), nullptr);
+  // CUDA: the build's own table (a device one), or none in a build without CUDA.
+  const DeviceBackend* cuda = cuda_backend();
+  EXPECT_EQ(ops_for(KVSDK_BACKEND_CUDA), cuda ? cuda->ops : nullptr);
+  if (cuda) EXPECT_TRUE(cuda->ops->device_memory);
   EXPECT_STREQ(cpu_reference().name, "cpu-reference");
   EXPECT_STREQ(cpu_optimized().name, "cpu-optimized");
+  EXPECT_FALSE(cpu_reference().device_memory);
+  EXPECT_FALSE(cpu_optimized().device_memory);
 }
 
 }  // namespace

@@ -269,6 +269,7 @@ TEST(DeviceCacheBudget, RowsFillTheArenaAndNeverExceedIt) {
   const kvsdk_geometry g = kvsdk_test::make_geometry(3, 4, 2, 64);
   const uint64_t row = uint64_t(g.n_kv_heads) * (g.head_dim * 4 + 4);  // a layer-token's bytes
   const uint64_t budget = 40 * row * g.n_layers;
+  KVSDK_REQUIRE_CUDA_DEVICE();  // (before measuring the device's memory)
   const uint64_t before = device_bytes_in_use();
   CUDA_CONTEXT_OR_SKIP(gpu, budget);
   const uint64_t arena = device_bytes_in_use() - before;
@@ -408,6 +409,7 @@ std::vector<unsigned char> file_bytes(const std::string& path) {
 TEST(DeviceCacheApi, EveryCallMatchesTheCpuReference) {
   const kvsdk_geometry g = kvsdk_test::make_geometry(3, 8, 2, 64);
   const uint64_t budget = 96 * 1024;
+  KVSDK_REQUIRE_CUDA_DEVICE();  // (before measuring the device's memory)
   const uint64_t before = device_bytes_in_use();
   CUDA_CONTEXT_OR_SKIP(gpu, budget);
   const uint64_t arena = device_bytes_in_use() - before;
@@ -581,6 +583,7 @@ TEST(DeviceCacheRegions, ConversationsShareTheArenaToTheLastByte) {
   const kvsdk_geometry g = kvsdk_test::make_geometry(2, 4, 2, 64);
   const uint64_t row = uint64_t(g.n_kv_heads) * (g.head_dim * 4 + 4);  // a layer-token's bytes
   const uint64_t budget = 3 * 2 * 50 * row;  // three caches of two layers, 50 tokens each
+  KVSDK_REQUIRE_CUDA_DEVICE();  // (before measuring the device's memory)
   const uint64_t before = device_bytes_in_use();
   CUDA_CONTEXT_OR_SKIP(gpu, budget);
   const uint64_t arena = device_bytes_in_use() - before;
