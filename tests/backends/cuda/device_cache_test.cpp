@@ -9,7 +9,9 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <random>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -390,6 +392,78 @@ TEST(DeviceCacheRefusals, UnsupportedCallsSayWhy) {
             KVSDK_OK);
   EXPECT_EQ(kvsdk_cache_truncate(one.get(), 2), KVSDK_E_STATE);
   EXPECT_EQ(read_rows(one.get(), 0, 0, g.head_dim).pos, (std::vector<int32_t>{0, 1, 2, 1}));
+}
+
+// Hosts that speak f16 or bf16: rows go in and come out in the host's dtype, bit for bit as on
+// the CPU (f16 bits are kept, NaN payloads included; bf16 is rounded once), and attention
+// answers in the host's dtype within the same tolerance after rounding to it.
+TEST(DeviceCacheDtypes, HalfAndBfloatHostsMatchTheCpu) {
+  for (kvsdk_dtype dtype : {KVSDK_DTYPE_F16, KVSDK_DTYPE_BF16}) {
+    SCOPED_TRACE(dtype == KVSDK_DTYPE_F16 ? "f16" : "bf16");
+    const kvsdk_geometry g = kvsdk_test::make_geometry(2, 8, 2, 128, dtype);
+    CUDA_CONTEXT_OR_SKIP(gpu, 8u << 20);
+    ContextPtr cpu = kvsdk_test::make_context(8u << 20, KVSDK_BACKEND_CPU_REFERENCE);
+    CachePtr a = kvsdk_test::make_cache(gpu.get(), g), b = kvsdk_test::make_cache(cpu.get(), g);
+    ASSERT_TRUE(a && b) << kvsdk_last_error();
+    const size_t n = 40, elems = n * g.n_kv_heads * g.head_dim;
+    std::vector<uint16_t> k(elems), v(elems);
+    std::mt19937 rng(7);
+    for (size_t i = 0; i < elems; ++i) k[i] = uint16_t(rng() & 0x3fff), v[i] = uint16_t(rng() & 0x3fff);
+    // Layer 0 also holds a NaN with a payload (f16 hosts get it back as they gave it); layer 1,
+    // which the queries attend, only finite values.
+    std::vector<uint16_t> k0 = k;
+    k0[5] = 0x7e01;
+    const auto pos = kvsdk_test::iota_positions(n);
+    for (kvsdk_cache* c : {a.get(), b.get()}) {
+      for (uint32_t l = 0; l < g.n_layers; ++l) {
+        const uint16_t* kl = l == 0 ? k0.data() : k.data();
+        ASSERT_EQ(kvsdk_cache_append(c, l, n, kl, v.data(), pos.data(), elems * 2), KVSDK_OK)
+            << kvsdk_last_error();
+      }
+    }
+    for (uint32_t l = 0; l < g.n_layers; ++l) {
+      for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
+        std::vector<uint16_t> ka(n * g.head_dim), kb(ka.size()), va(ka.size()), vb(ka.size());
+        size_t na = 0, nb = 0;
+        ASSERT_EQ(kvsdk_cache_read(a.get(), l, h, ka.data(), va.data(), nullptr, n, &na), KVSDK_OK);
+        ASSERT_EQ(kvsdk_cache_read(b.get(), l, h, kb.data(), vb.data(), nullptr, n, &nb), KVSDK_OK);
+        ASSERT_EQ(na, nb);
+        EXPECT_EQ(ka, kb);
+        EXPECT_EQ(va, vb);
+      }
+      // Queries from the rows themselves (finite values), last token's position.
+      std::vector<uint16_t> q(size_t(g.n_q_heads) * g.head_dim);
+      for (size_t i = 0; i < q.size(); ++i) q[i] = uint16_t(rng() & 0x3bff);
+      const int32_t qpos = int32_t(n) - 1;
+      std::vector<uint16_t> oa(q.size()), ob(q.size());
+      ASSERT_EQ(kvsdk_cache_attend(a.get(), 1, 1, q.data(), &qpos, q.size() * 2, oa.data(),
+                                   oa.size() * 2),
+                KVSDK_OK)
+          << kvsdk_last_error();
+      ASSERT_EQ(kvsdk_cache_attend(b.get(), 1, 1, q.data(), &qpos, q.size() * 2, ob.data(),
+                                   ob.size() * 2),
+                KVSDK_OK);
+      for (size_t i = 0; i < oa.size(); ++i) {
+        // Within one step of the host format's rounding (2e-4 before it).
+        EXPECT_LE(std::abs(int(oa[i]) - int(ob[i])), 1) << "element " << i;
+      }
+    }
+  }
+}
+
+TEST(DeviceCacheContext, ADeviceOrdinalNotPresentIsAnInvalidArgument) {
+  CUDA_CONTEXT_OR_SKIP(ok, 1 << 20);  // (device 0 is present)
+  kvsdk_context_options o;
+  kvsdk_context_options_init(&o);
+  o.backend = KVSDK_BACKEND_CUDA;
+  o.budget_bytes = 1 << 20;
+  for (int32_t device : {-1, 4096}) {
+    o.device = device;
+    kvsdk_context* c = nullptr;
+    EXPECT_EQ(kvsdk_context_create(&c, &o), KVSDK_E_INVALID_ARG) << device;
+    EXPECT_EQ(c, nullptr);
+    EXPECT_NE(std::string(kvsdk_last_error()).find("options.device"), std::string::npos);
+  }
 }
 
 TEST(DeviceCacheContext, NeedsABudget) {
