@@ -1,6 +1,7 @@
 // The CUDA kernel table (cuda_ops.h). Every memory entry is one synchronous runtime call, so a
 // copy has completed when it returns (the decode path stages a few KiB each way); attention is
-// cuda_decode_attention's split-K kernel over one KV head's f16 rows, on the default stream.
+// cuda_decode_attention's split-K kernel over one KV head's f16 rows, enqueued on the default
+// stream, which the next copy waits for.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -90,7 +91,8 @@ void attend_f16(const backend::QueryRows& q, const backend::F16Rows& rows, backe
     decode_attention(q.q + row0 * q.dim, shape, nullptr, &view, plan, w.partials,
                      out + row0 * q.dim, nullptr, q.positions + row0);
   }
-  check_cuda(cudaDeviceSynchronize(), "decode attention");
+  // No synchronisation: the caller's next copy (to_host, a synchronous cudaMemcpy on the same
+  // default stream) waits for the kernels and reports a fault in them.
 }
 
 void require_device(int32_t device) {

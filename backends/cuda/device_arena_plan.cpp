@@ -10,27 +10,9 @@ namespace {
 
 uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
-// Appends the copies of one slice's move from src to dst (same length); when the two ranges
-// overlap, chunks of at most |dst - src| bytes in the direction that never reads overwritten
-// bytes.
 void push_move(std::vector<ArenaCopy>& ops, uint64_t dst, uint64_t src, uint64_t bytes) {
-  if (bytes == 0 || dst == src) return;
-  const uint64_t shift = dst > src ? dst - src : src - dst;
-  if (shift >= bytes) {
-    ops.push_back({dst, src, bytes});
-    return;
-  }
-  if (dst < src) {  // moving down: front to back
-    for (uint64_t done = 0; done < bytes; done += shift) {
-      ops.push_back({dst + done, src + done, std::min(shift, bytes - done)});
-    }
-  } else {  // moving up: back to front
-    for (uint64_t left = bytes; left > 0;) {
-      const uint64_t n = std::min(shift, left);
-      left -= n;
-      ops.push_back({dst + left, src + left, n});
-    }
-  }
+  move_in_chunks(dst, src, bytes,
+                 [&](uint64_t d, uint64_t s, uint64_t n) { ops.push_back({d, s, n}); });
 }
 
 }  // namespace

@@ -39,6 +39,29 @@ struct ArenaPartition {
 ArenaPartition partition_arena(const ArenaPlan& plan, uint64_t capacity,
                                uint64_t alignment = kArenaAlignment);
 
+// Moves `bytes` bytes from offset `src` to offset `dst` of one buffer without reading a byte the
+// move has already overwritten: one copy(dst, src, n) when the ranges do not overlap, else chunks
+// of at most |dst - src| bytes, front to back when moving down and back to front when moving up,
+// so no copy overlaps itself.
+template <class Copy>
+void move_in_chunks(uint64_t dst, uint64_t src, uint64_t bytes, Copy&& copy) {
+  if (bytes == 0 || dst == src) return;
+  const uint64_t shift = dst > src ? dst - src : src - dst;
+  if (shift >= bytes) {
+    copy(dst, src, bytes);
+  } else if (dst < src) {
+    for (uint64_t done = 0; done < bytes; done += shift) {
+      copy(dst + done, src + done, shift < bytes - done ? shift : bytes - done);
+    }
+  } else {
+    for (uint64_t left = bytes; left > 0;) {
+      const uint64_t n = shift < left ? shift : left;
+      left -= n;
+      copy(dst + left, src + left, n);
+    }
+  }
+}
+
 // One copy inside the arena; source and destination never overlap within one op.
 struct ArenaCopy {
   uint64_t dst = 0, src = 0, bytes = 0;

@@ -278,12 +278,15 @@ const ExactStore* DeviceRows::exact_rows(uint32_t layer, uint32_t kv_head) const
   if (!present_[layer][kv_head]) {
     stage_head(layer, kv_head, s);
     present_[layer][kv_head] = 1;
+    any_staged_.store(true);
   }
   return &s;
 }
 
 void DeviceRows::release_host_staging() const noexcept {
+  if (!any_staged_.load()) return;  // (every append calls this: nothing to do, nothing to lock)
   std::lock_guard<std::mutex> lock(staged_lock_);
+  any_staged_.store(false);
   for (size_t l = 0; l < staged_.size(); ++l) {
     for (size_t h = 0; h < staged_[l].size(); ++h) {
       if (!present_[l][h]) continue;
@@ -355,8 +358,6 @@ uint64_t DeviceRows::plan_keep(uint32_t layer, const std::vector<std::vector<uin
   reserve_for_growth(stage_v_, incoming_kept * dim);
   stage_k_.resize(std::max(stage_k_.size(), size_t(incoming_kept) * dim));
   stage_v_.resize(std::max(stage_v_.size(), size_t(incoming_kept) * dim));
-  next.held.resize(geometry_.n_kv_heads);
-  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) next.held[h] = positions_[layer][h].size();
   next.rows_after = most;
   next.active = true;
   return rows * ExactStore::bytes_per_token(dim);
@@ -364,27 +365,29 @@ uint64_t DeviceRows::plan_keep(uint32_t layer, const std::vector<std::vector<uin
 
 void DeviceRows::move_rows_down(uint32_t layer, uint32_t head, size_t to, size_t from,
                                 size_t rows) {
-  const size_t shift = from - to;
   const size_t row_bytes[kParts] = {geometry_.head_dim * sizeof(uint16_t),
                                     geometry_.head_dim * sizeof(uint16_t), sizeof(int32_t)};
   for (Part part : {kKeys, kValues, kPositions}) {
-    char* base = slice(layer, head, part);
-    for (size_t done = 0; done < rows; done += shift) {  // chunks never overlap themselves
-      const size_t n = std::min(shift, rows - done);
-      device_.copy(base + (to + done) * row_bytes[part], base + (from + done) * row_bytes[part],
-                   n * row_bytes[part]);
-    }
+    char* const base = slice(layer, head, part);
+    const uint64_t r = row_bytes[part];
+    cuda::move_in_chunks(to * r, from * r, rows * r, [&](uint64_t d, uint64_t s, uint64_t n) {
+      device_.copy(base + d, base + s, size_t(n));
+    });
   }
 }
 
 void DeviceRows::commit_layer(uint32_t layer) {
-  // The kept stored rows, compacted in order, run by run (indices ascend: row i comes from a row
-  // >= i), on the device and in the mirror.
-  Plan& plan = plans_[layer];
+  const Plan& plan = plans_[layer];
+  if (plan.rows_after > capacity_[layer]) {  // (plan_keep made the room: a bug otherwise)
+    fail(KVSDK_E_INTERNAL, "layer ", layer, " lost the room its eviction plan reserved");
+  }
+  const size_t row_bytes = geometry_.head_dim * sizeof(uint16_t);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     const std::vector<uint32_t>& keep = plan.keep[h];
     std::vector<int32_t>& pos = positions_[layer][h];
     const size_t held = pos.size();
+    // The kept stored rows, compacted in order run by run (indices ascend: row i comes from a
+    // row >= i), on the device and in the mirror.
     const size_t j = size_t(std::lower_bound(keep.begin(), keep.end(), uint32_t(held)) - keep.begin());
     for (size_t i = 0; i < j;) {
       size_t run = 1;
@@ -394,48 +397,29 @@ void DeviceRows::commit_layer(uint32_t layer) {
       i += run;
     }
     pos.resize(j);
+    // Then the kept incoming rows (indices past the held rows), staged and copied in at once.
+    const size_t n = keep.size() - j;
+    if (n == 0) continue;
+    const IncomingRows& in = plan.incoming;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t t = keep[j + i] - held;
+      stage_row(geometry_.dtype, in.k, in.v, t, h, i);
+      pos.push_back(in.positions[t]);  // (capacity reserved by plan_keep)
+    }
+    device_.to_backend(slice(layer, h, kKeys) + j * row_bytes, stage_k_.data(), n * row_bytes);
+    device_.to_backend(slice(layer, h, kValues) + j * row_bytes, stage_v_.data(), n * row_bytes);
+    device_.to_backend(slice(layer, h, kPositions) + j * sizeof(int32_t), pos.data() + j,
+                       n * sizeof(int32_t));
   }
 }
 
 void DeviceRows::commit_keep() noexcept {
   try {
     const Context::DeviceScope on_device(ctx_);
-    bool any = false;
     for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
-      if (plans_[l].active) commit_layer(l), any = true;
-    }
-    if (!any) return;
-    // (plan_keep made the room for the kept incoming rows.)
-    for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
-      if (plans_[l].active && plans_[l].rows_after > capacity_[l]) {
-        fail(KVSDK_E_INTERNAL, "layer ", l, " lost the room its eviction plan reserved");
-      }
-    }
-    const size_t row_bytes = geometry_.head_dim * sizeof(uint16_t);
-    for (uint32_t l = 0; l < geometry_.n_layers; ++l) {
-      Plan& plan = plans_[l];
-      if (!plan.active) continue;
-      plan.active = false;
-      if (!plan.has_incoming) continue;
-      const IncomingRows& in = plan.incoming;
-      for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-        std::vector<int32_t>& pos = positions_[l][h];
-        const std::vector<uint32_t>& keep = plan.keep[h];
-        const size_t stored = pos.size();  // the kept stored rows, compacted
-        const size_t n = keep.size() - stored;
-        if (n == 0) continue;
-        for (size_t i = 0; i < n; ++i) {  // kept incoming rows: indices past the held rows
-          const size_t t = keep[stored + i] - plan.held[h];
-          stage_row(geometry_.dtype, in.k, in.v, t, h, i);
-          pos.push_back(in.positions[t]);  // (capacity reserved by plan_keep)
-        }
-        device_.to_backend(slice(l, h, kKeys) + stored * row_bytes, stage_k_.data(),
-                           n * row_bytes);
-        device_.to_backend(slice(l, h, kValues) + stored * row_bytes, stage_v_.data(),
-                           n * row_bytes);
-        device_.to_backend(slice(l, h, kPositions) + stored * sizeof(int32_t),
-                           pos.data() + stored, n * sizeof(int32_t));
-      }
+      if (!plans_[l].active) continue;
+      commit_layer(l);
+      plans_[l].active = false;
     }
   } catch (...) {
     failed_ = true;

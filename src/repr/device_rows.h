@@ -24,6 +24,7 @@
 // round trip.
 #pragma once
 
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -116,6 +117,7 @@ class DeviceRows final : public Representation, private ArenaOwner {
                    const int32_t* positions);
   // Moves `rows` rows of every part of one head from row `from` down to row `to` (to < from).
   void move_rows_down(uint32_t layer, uint32_t head, size_t to, size_t from, size_t rows);
+  // Compacts one planned layer's kept rows and appends its kept incoming rows.
   void commit_layer(uint32_t layer);
   void check_usable() const;
   // Copies one head's rows to the host.
@@ -134,8 +136,7 @@ class DeviceRows final : public Representation, private ArenaOwner {
   std::vector<std::vector<std::vector<int32_t>>> positions_;  // [layer][head] host mirror
   // A layer's planned selection (plan_keep), its buffers reused from one plan to the next.
   struct Plan : KeepPlan {
-    std::vector<size_t> held;  // [head] rows held when planned
-    uint64_t rows_after = 0;   // the most rows a head keeps
+    uint64_t rows_after = 0;  // the most rows a head keeps
   };
   std::vector<Plan> plans_;  // [layer]
   bool failed_ = false;      // a device copy failed inside commit_keep
@@ -146,6 +147,7 @@ class DeviceRows final : public Representation, private ArenaOwner {
   mutable std::mutex staged_lock_;
   mutable std::vector<std::vector<ExactStore>> staged_;
   mutable std::vector<std::vector<char>> present_;
+  mutable std::atomic<bool> any_staged_{false};
   // Device scratch of attention: queries, their positions and the output, grown and reused.
   struct DeviceScratch {
     const backend::Ops* ops = nullptr;
