@@ -189,12 +189,26 @@ const Ops& cpu_optimized();
 // A backend on a device (CUDA): its table, and the check that a context on `device` can run it
 // (throws kvsdk::Error: KVSDK_E_BACKEND when no device is usable, with the driver's reason;
 // KVSDK_E_INVALID_ARG for an ordinal that is not present).
+//
+// A device context's own queue (CUDA: a compute stream, a copy stream and pinned staging
+// buffers), created with its arena. While a context's DeviceScope binds it to the calling thread,
+// the table's entries run on it: kernels on the compute stream, to_backend / to_host / copy on
+// the copy stream through the pinned buffers (after the kernels enqueued before them). Unbound,
+// they run synchronously on the device's default stream (the tests of the table itself).
+struct DeviceQueue;
 struct DeviceBackend {
   const Ops* ops;
   void (*require_device)(int32_t device);
   // Makes `device` the calling thread's current device and returns the one that was, so that a
   // call can put it back (the app's own choice of device on its threads is left as it was).
   int32_t (*select_device)(int32_t device);
+  // A queue on the current device (throws kvsdk::Error: KVSDK_E_NO_MEMORY when the pinned
+  // buffers cannot be allocated, KVSDK_E_BACKEND for the driver's other failures), its release
+  // (waits for its work; never throws), and the calling thread's binding: returns the queue
+  // bound before (nullptr: none), so that a scope can put it back.
+  DeviceQueue* (*queue_create)();
+  void (*queue_destroy)(DeviceQueue* queue) noexcept;
+  DeviceQueue* (*bind_queue)(DeviceQueue* queue) noexcept;
 };
 // The CUDA backend of this build (backends/backend_registry.cpp): the one installed by
 // install_cuda_backend, else the CUDA table when the build has CUDA, else nullptr.

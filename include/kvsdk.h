@@ -231,7 +231,10 @@ KVSDK_API kvsdk_status (kvsdk_context_options_init)(kvsdk_context_options *optio
  *  stage plans new per-layer caps, so each layer's share follows XKV's, PyramidKV's or the
  *  host's allocation; the
  *  eviction presets score on the host from keys copied out of the arena once per selection
- *  pass (kvsdk_policy.evict_slack makes those rare). Besides the arena, attention uses device working memory of about 8 bytes per query
+ *  pass (kvsdk_policy.evict_slack makes those rare). Each CUDA context also has its own compute
+ *  and copy streams (non-blocking: the app's work on the default stream is not ordered with
+ *  them) and 2 MiB of pinned host memory that every transfer of its caches goes through; both
+ *  are released with the context. Besides the arena, attention uses device working memory of about 8 bytes per query
  *  element (n_queries x n_q_heads x head_dim) plus its split partials, grown to the largest call
  *  and kept with the cache, and a save stages the rows through host memory (freed when the save
  *  returns). Device calls select the context's device on the calling thread for their duration

@@ -1,7 +1,7 @@
-// The CUDA kernel table (cuda_ops.h). Every memory entry is one synchronous runtime call, so a
-// copy has completed when it returns (the decode path stages a few KiB each way); attention is
-// cuda_decode_attention's split-K kernel over one KV head's f16 rows, enqueued on the default
-// stream, which the next copy waits for.
+// The CUDA kernel table (cuda_ops.h). Memory entries are complete when they return; inside a
+// context's DeviceScope they run on the context's queue (cuda_queue.h: copy stream, pinned
+// staging), and attention is cuda_decode_attention's split-K kernel over one KV head's f16 rows
+// on the queue's compute stream, which the next transfer waits for.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include "cuda_check.h"
 #include "cuda_decode_attention.h"
 #include "cuda_ops.h"
+#include "cuda_queue.h"
 #include "util/error.h"
 
 namespace kvsdk::cuda {
@@ -33,17 +34,9 @@ void* device_alloc(size_t bytes) {
 void device_free(void* p) {
   if (p) cudaFree(p);
 }
-void to_device(void* dst, const void* src, size_t bytes) {
-  if (bytes) check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to the device");
-}
-void to_host(void* dst, const void* src, size_t bytes) {
-  if (bytes) check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
-}
-void device_copy(void* dst, const void* src, size_t bytes) {
-  if (bytes) {
-    check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy on the device");
-  }
-}
+void to_device(void* dst, const void* src, size_t bytes) { copy_to_device(dst, src, bytes); }
+void to_host(void* dst, const void* src, size_t bytes) { copy_to_host(dst, src, bytes); }
+void device_copy(void* dst, const void* src, size_t bytes) { copy_on_device(dst, src, bytes); }
 backend::Workspace* workspace_create() {
   return reinterpret_cast<backend::Workspace*>(new (std::nothrow) CudaWorkspace());
 }
@@ -89,10 +82,10 @@ void attend_f16(const backend::QueryRows& q, const backend::F16Rows& rows, backe
     view.positions = rows.positions;
     const size_t row0 = first * group;
     decode_attention(q.q + row0 * q.dim, shape, nullptr, &view, plan, w.partials,
-                     out + row0 * q.dim, nullptr, q.positions + row0);
+                     out + row0 * q.dim, compute_stream(), q.positions + row0);
   }
-  // No synchronisation: the caller's next copy (to_host, a synchronous cudaMemcpy on the same
-  // default stream) waits for the kernels and reports a fault in them.
+  // No synchronisation: the caller's next transfer (to_host) waits for the kernels and reports a
+  // fault in them.
 }
 
 void require_device(int32_t device) {
@@ -159,7 +152,8 @@ backend::Ops make_ops() {
 
 const backend::DeviceBackend& device_backend() {
   static const backend::Ops ops = make_ops();
-  static const backend::DeviceBackend backend{&ops, require_device, select_device};
+  static const backend::DeviceBackend backend{&ops,         require_device, select_device,
+                                              queue_create, queue_destroy,  bind_queue};
   return backend;
 }
 

@@ -19,11 +19,36 @@ Context::~Context() {
   if (arena_) {
     try {
       const DeviceScope on_device(*this);
+      if (queue_) device_backend_->queue_destroy(queue_);  // (waits for its work first)
       ops_->free(arena_);
     } catch (...) {  // (a failed device cannot take its memory back either)
     }
   }
   count_live(-1);
+}
+
+backend::DeviceQueue* Context::create_queue() {
+  if (!arena_ || !device_backend_) return nullptr;
+  try {
+    const int32_t previous = device_backend_->select_device(device_);
+    backend::DeviceQueue* queue = nullptr;
+    try {
+      queue = device_backend_->queue_create();
+    } catch (...) {
+      device_backend_->select_device(previous);
+      throw;
+    }
+    device_backend_->select_device(previous);
+    return queue;
+  } catch (...) {  // the constructor fails: nothing else will free the arena
+    try {
+      const int32_t previous = device_backend_->select_device(device_);
+      ops_->free(arena_);
+      device_backend_->select_device(previous);
+    } catch (...) {
+    }
+    throw;
+  }
 }
 
 void* Context::allocate_arena() const {
@@ -48,11 +73,15 @@ void* Context::allocate_arena() const {
 
 Context::DeviceScope::DeviceScope(const Context& ctx) : device_(ctx.device_backend_) {
   if (ctx.regions_) hold_ = std::unique_lock<std::recursive_mutex>(ctx.regions_->lock());
-  if (device_) previous_ = device_->select_device(ctx.device_);
+  if (device_) {
+    previous_ = device_->select_device(ctx.device_);
+    previous_queue_ = device_->bind_queue(ctx.queue_);
+  }
 }
 
 Context::DeviceScope::~DeviceScope() {
   if (!device_) return;
+  device_->bind_queue(previous_queue_);
   try {
     device_->select_device(previous_);
   } catch (...) {  // (the device failed; the call that follows reports it)

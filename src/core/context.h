@@ -26,7 +26,8 @@ class Context {
         pool_(n_threads), arena_(allocate_arena()),
         regions_(arena_ ? std::make_unique<ArenaRegions>(*ops_, static_cast<char*>(arena_),
                                                          budget_bytes)
-                        : nullptr) {
+                        : nullptr),
+        queue_(create_queue()) {
     count_live(+1);
   }
   // The last context to go frees the zstd contexts snapshots keep between calls
@@ -60,9 +61,10 @@ class Context {
   void* arena() const { return arena_; }
   ArenaRegions* regions() const { return regions_.get(); }
   // Device work of this context runs inside a DeviceScope: the context's device is current on
-  // the calling thread while it lives, and the thread's previous one afterwards, and the arena's
-  // regions do not move (the caches of one context take turns on the device). A no-op on the
-  // CPU. Throws KVSDK_E_BACKEND when the device cannot be selected.
+  // the calling thread while it lives, and the thread's previous one afterwards; the context's
+  // queue (its streams and pinned staging, backend_ops.h's DeviceQueue) is bound to the thread
+  // likewise; and the arena's regions do not move (the caches of one context take turns on the
+  // device). A no-op on the CPU. Throws KVSDK_E_BACKEND when the device cannot be selected.
   class DeviceScope {
    public:
     explicit DeviceScope(const Context& ctx);
@@ -74,6 +76,7 @@ class Context {
     std::unique_lock<std::recursive_mutex> hold_;
     const backend::DeviceBackend* device_;
     int32_t previous_ = 0;
+    backend::DeviceQueue* previous_queue_ = nullptr;
   };
 
  private:
@@ -94,6 +97,8 @@ class Context {
   void* allocate_arena() const;  // (in the constructor, after the members above)
   void* const arena_;
   const std::unique_ptr<ArenaRegions> regions_;
+  backend::DeviceQueue* create_queue();  // (after the arena; frees it when this throws)
+  backend::DeviceQueue* const queue_;
 
   mutable std::mutex mutex_;
   uint64_t used_ = 0;

@@ -6,9 +6,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <map>
 #include <mutex>
-#include <unordered_map>
 
 struct CUstream_st {
   unsigned flags;
@@ -26,14 +27,46 @@ namespace {
 constexpr size_t kDeviceBytes = size_t(8) << 30;  // a Jetson Orin-sized device
 constexpr size_t kAlignment = 256;                // cudaMalloc's guarantee
 
+struct Block {
+  size_t bytes;    // as requested: the end of what a kernel or copy may touch
+  size_t rounded;  // the device's granules, for the accounting
+};
 struct Allocations {
   std::mutex mu;
-  std::unordered_map<void*, size_t> sizes;
+  std::map<const char*, Block> device;  // cudaMalloc
+  std::map<const char*, size_t> pinned;  // cudaHostAlloc
   size_t in_use = 0;
 };
 Allocations& allocations() {
   static Allocations a;
   return a;
+}
+
+std::atomic<unsigned long long> g_to_device_pinned{0}, g_to_device_pageable{0},
+    g_to_host_pinned{0}, g_to_host_pageable{0};
+
+// Whether [p, p + n) lies inside one block of `blocks` (a.mu held).
+template <class Map, class SizeOf>
+bool inside(const Map& blocks, const void* p, size_t n, SizeOf size_of) {
+  const char* c = static_cast<const char*>(p);
+  auto it = blocks.upper_bound(c);
+  if (it == blocks.begin()) return false;
+  --it;
+  return c + n <= it->first + size_of(it->second);
+}
+bool in_device(const Allocations& a, const void* p, size_t n) {
+  return inside(a.device, p, n, [](const Block& b) { return b.bytes; });
+}
+bool in_pinned(const Allocations& a, const void* p, size_t n) {
+  return inside(a.pinned, p, n, [](size_t b) { return b; });
+}
+// Any overlap with a device block: a host side that does this is a device pointer.
+bool touches_device(const Allocations& a, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  auto it = a.device.lower_bound(c + n);  // first block starting at or after the end
+  if (it == a.device.begin()) return false;
+  --it;
+  return it->first + it->second.bytes > c;
 }
 
 thread_local cudaError_t g_last_error = cudaSuccess;
@@ -42,6 +75,11 @@ thread_local int g_device = 0;
 }  // namespace
 
 void set_launch_error(cudaError_t err, const char*) { g_last_error = err; }
+
+TransferBytes transfer_bytes() {
+  return {g_to_device_pinned.load(), g_to_device_pageable.load(), g_to_host_pinned.load(),
+          g_to_host_pageable.load()};
+}
 
 size_t device_bytes_in_use() {
   Allocations& a = allocations();
@@ -118,7 +156,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   // the accounting counts the device's granules.
   void* p = nullptr;
   if (posix_memalign(&p, kvsdk::cuda_host::kAlignment, bytes) != 0) return cudaErrorMemoryAllocation;
-  a.sizes.emplace(p, rounded);
+  a.device.emplace(static_cast<const char*>(p), kvsdk::cuda_host::Block{bytes, rounded});
   a.in_use += rounded;
   *ptr = p;
   return cudaSuccess;
@@ -127,10 +165,10 @@ cudaError_t cudaFree(void* ptr) {
   if (!ptr) return cudaSuccess;
   auto& a = allocations();
   std::lock_guard<std::mutex> lock(a.mu);
-  const auto it = a.sizes.find(ptr);
-  if (it == a.sizes.end()) return cudaErrorInvalidValue;
-  a.in_use -= it->second;
-  a.sizes.erase(it);
+  const auto it = a.device.find(static_cast<const char*>(ptr));
+  if (it == a.device.end()) return cudaErrorInvalidValue;
+  a.in_use -= it->second.rounded;
+  a.device.erase(it);
   std::free(ptr);
   return cudaSuccess;
 }
@@ -143,10 +181,22 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
   if (!ptr) return cudaErrorInvalidValue;
   *ptr = bytes ? std::malloc(bytes) : nullptr;
-  return bytes && !*ptr ? cudaErrorMemoryAllocation : cudaSuccess;
+  if (bytes && !*ptr) return cudaErrorMemoryAllocation;
+  if (*ptr) {
+    auto& a = allocations();
+    std::lock_guard<std::mutex> lock(a.mu);
+    a.pinned.emplace(static_cast<const char*>(*ptr), bytes);
+  }
+  return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cudaHostAlloc(ptr, bytes, 0); }
 cudaError_t cudaFreeHost(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  auto& a = allocations();
+  std::lock_guard<std::mutex> lock(a.mu);
+  const auto it = a.pinned.find(static_cast<const char*>(ptr));
+  if (it == a.pinned.end()) return cudaErrorInvalidValue;
+  a.pinned.erase(it);
   std::free(ptr);
   return cudaSuccess;
 }
@@ -155,9 +205,29 @@ cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned flags) 
   *device = host;  // mapped pinned memory: the same bytes, reached by the "device"
   return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (bytes == 0) return cudaSuccess;
   if (!dst || !src) return cudaErrorInvalidValue;
+  {
+    using namespace kvsdk::cuda_host;
+    auto& a = allocations();
+    std::lock_guard<std::mutex> lock(a.mu);
+    switch (kind) {
+      case cudaMemcpyHostToDevice:
+        if (!in_device(a, dst, bytes) || touches_device(a, src, bytes)) return cudaErrorInvalidValue;
+        (in_pinned(a, src, bytes) ? g_to_device_pinned : g_to_device_pageable) += bytes;
+        break;
+      case cudaMemcpyDeviceToHost:
+        if (!in_device(a, src, bytes) || touches_device(a, dst, bytes)) return cudaErrorInvalidValue;
+        (in_pinned(a, dst, bytes) ? g_to_host_pinned : g_to_host_pageable) += bytes;
+        break;
+      case cudaMemcpyDeviceToDevice:
+        if (!in_device(a, src, bytes) || !in_device(a, dst, bytes)) return cudaErrorInvalidValue;
+        break;
+      default:
+        break;
+    }
+  }
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }

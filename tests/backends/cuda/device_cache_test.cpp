@@ -19,6 +19,7 @@
 
 #include "backend_ops.h"
 #include "cuda_ops.h"
+#include "cuda_queue.h"
 #include "cuda_test_util.h"
 #include "../../api/preset_util.h"
 #include "../../formats/snapshot_test_util.h"
@@ -363,6 +364,71 @@ TEST(DeviceCacheSnapshot, SavesAndLoadsAcrossBackends) {
   expect_same_rows(on_gpu.get(), b.get(), g);
   EXPECT_EQ(stats_bytes(on_gpu.get()), stats_bytes(b.get()));
 }
+
+#ifdef KVSDK_CUDA_HOST_SHIM
+// Every transfer of a device cache goes through its context's pinned staging buffers (the shim
+// counts copies by whether their host side was pinned), in pieces of the staging halves when it
+// is larger, with the same rows as the CPU; and the context's queue is bound to the calling
+// thread only for the duration of a call.
+TEST(DeviceCacheStaging, EveryTransferGoesThroughPinnedStaging) {
+  const kvsdk_geometry g = kvsdk_test::make_geometry(2, 8, 2, 128);
+  ContextPtr cpu = kvsdk_test::make_context(64u << 20, KVSDK_BACKEND_CPU_REFERENCE);
+  CUDA_CONTEXT_OR_SKIP(gpu, 64u << 20);
+  const kvsdk::cuda_host::TransferBytes before = kvsdk::cuda_host::transfer_bytes();
+  CachePtr a = kvsdk_test::make_cache(gpu.get(), g), b = kvsdk_test::make_cache(cpu.get(), g);
+  ASSERT_TRUE(a && b);
+  // 3000 rows a head: 750 KiB of keys (and of values) per head and layer, so one append moves
+  // 1.5 MiB of keys through the 1 MiB halves in two pieces.
+  const size_t n = 3000;
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    append(a.get(), g, l, 0, n, 60 + l);
+    append(b.get(), g, l, 0, n, 60 + l);
+  }
+  EXPECT_EQ(kvsdk::cuda::bound_queue(), nullptr) << "the binding ends with the call";
+  const auto q = kvsdk_test::random_floats(size_t(g.n_q_heads) * g.head_dim, 9);
+  const std::vector<int32_t> qpos{int32_t(n)};
+  const auto x = attend(a.get(), g, 1, q, qpos), y = attend(b.get(), g, 1, q, qpos);
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], y[i], 2e-4);
+  const auto saved = kvsdk_test::snapshot(a.get());
+  EXPECT_TRUE(saved == kvsdk_test::snapshot(b.get()));
+  a.reset();
+  kvsdk_cache* loaded = nullptr;
+  ASSERT_EQ(kvsdk_cache_load_from_buffer(&loaded, gpu.get(), saved.data(), saved.size(), &g,
+                                         nullptr),
+            KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr again(loaded);
+  expect_same_rows(again.get(), b.get(), g);
+  const kvsdk::cuda_host::TransferBytes after = kvsdk::cuda_host::transfer_bytes();
+  EXPECT_EQ(after.to_device_pageable, before.to_device_pageable);
+  EXPECT_EQ(after.to_host_pageable, before.to_host_pageable);
+  // Rows in twice (append, load) and out at least twice (save, read), keys and values.
+  const unsigned long long rows = 2ull * g.n_layers * g.n_kv_heads * n * g.head_dim * 2;
+  EXPECT_GE(after.to_device_pinned - before.to_device_pinned, 2 * rows);
+  EXPECT_GE(after.to_host_pinned - before.to_host_pinned, 2 * rows);
+}
+
+// The shim holds copies to the device's memory rules: a device side outside every cudaMalloc
+// block, or a host side inside one, is refused as a GPU would fault.
+TEST(DeviceCacheStaging, TheShimRefusesCopiesThatBreakTheMemoryRules) {
+  void* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 64), cudaSuccess);
+  std::vector<unsigned char> host(64, 1);
+  EXPECT_EQ(cudaMemcpy(d, host.data(), 64, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d, host.data(), 65, cudaMemcpyHostToDevice), cudaErrorInvalidValue)
+      << "past the end of the block";
+  EXPECT_EQ(cudaMemcpy(host.data(), d, 64, cudaMemcpyHostToDevice), cudaErrorInvalidValue)
+      << "host and device swapped";
+  EXPECT_EQ(cudaMemcpy(host.data(), d, 64, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d, d, 64, cudaMemcpyDeviceToHost), cudaErrorInvalidValue)
+      << "a host side inside a device block";
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+  void* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(&pinned, 32, cudaHostAllocDefault), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(static_cast<char*>(pinned) + 1), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+}
+#endif
 
 // What does not run on CUDA yet is refused with KVSDK_E_UNSUPPORTED and a message, and a refused
 // call leaves everything as it was.

@@ -127,6 +127,15 @@ namespace kvsdk::cuda_host {
 void set_launch_error(cudaError_t err, const char* why);
 // Bytes currently allocated by cudaMalloc (what cudaMemGetInfo subtracts).
 size_t device_bytes_in_use();
+// Bytes moved between host and device since the process started, by direction and by whether
+// the host side was pinned (cudaHostAlloc) or pageable: tests check that a device cache's
+// transfers go through its pinned staging. cudaMemcpy(Async) also checks the device's memory
+// rules for the kinds that name a side: a device side must lie inside one cudaMalloc block and
+// a host side must not (cudaErrorInvalidValue otherwise, as a GPU would fault).
+struct TransferBytes {
+  unsigned long long to_device_pinned, to_device_pageable, to_host_pinned, to_host_pageable;
+};
+TransferBytes transfer_bytes();
 }  // namespace kvsdk::cuda_host
 
 // ---- kernel-side built-ins -------------------------------------------------------------------------
