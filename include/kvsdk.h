@@ -56,7 +56,8 @@
  *     for every call, including those that take a const cache; distinct caches may be used
  *     concurrently, even when they share a context. Exception: a smallkv cache and its proxy
  *     (kvsdk_cache_set_proxy) read and update each other's state, so the pair is used by one
- *     thread at a time.
+ *     thread at a time, unless kvsdk_cache_set_proxy_wait lets the proxy run a step on its own
+ *     thread while the smallkv cache runs the same step (see there for the rules).
  *   - Free functions without a handle (version, status strings, *_init, *_init_sized,
  *     kvsdk_policy_parse and kvsdk_policy_parse_sized) are thread-safe.
  *
@@ -1434,6 +1435,28 @@ KVSDK_API kvsdk_status kvsdk_cache_fetch_stats(const kvsdk_cache *cache, double 
  *          KVSDK_E_GEOMETRY (a head mapping restored from a snapshot names proxy heads this
  *          proxy does not have). On error nothing changed. */
 KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache *cache, kvsdk_cache *proxy);
+
+/** Lets the host run the proxy of the smallkv cache `cache` on another thread, in parallel with
+ *  `cache` (SmallKV's Algorithm 1 runs the two models side by side), or turns that off
+ *  (`timeout_ms` 0, the default). With `timeout_ms` > 0, a call of `cache` that needs the proxy's
+ *  attention of a step waits for it, up to `timeout_ms` milliseconds per call: kvsdk_cache_attend
+ *  waits for the proxy's attend of the matched proxy layers at the same positions; an append or
+ *  compression that has to match heads waits for the proxy's attend of every layer through the
+ *  newest position involved. Results are bit-identical to running the proxy's step first on the
+ *  same thread. Rules, which the host keeps:
+ *   - one step at a time: the proxy's thread starts the step for positions P (append, then
+ *     attend, of each layer in order) no earlier than `cache`'s previous step returned, and
+ *     `cache`'s step for P ends only after the proxy's step for P has finished (join the
+ *     proxy's thread before calling `cache` for the next positions or anything else);
+ *   - both caches pass positions to append and attend (the wait matches them);
+ *   - only the proxy's thread uses the proxy during its step; kvsdk_cache_set_proxy, truncate,
+ *     fork, save and destroy of either cache only while no step runs.
+ *  The wait adds no work when the proxy ran first (it returns at once).
+ *  Errors: KVSDK_E_INVALID_ARG (NULL cache), KVSDK_E_UNSUPPORTED (`cache`'s policy is not
+ *          smallkv). The setting belongs to the cache, not to the link: it stays across
+ *          kvsdk_cache_set_proxy and is not saved. A call that timed out returns KVSDK_E_STATE
+ *          and changes nothing (as when the proxy did not run). */
+KVSDK_API kvsdk_status kvsdk_cache_set_proxy_wait(kvsdk_cache *cache, uint32_t timeout_ms);
 
 #endif /* KVSDK_EXPERIMENTAL */
 

@@ -153,7 +153,7 @@ int print_table(const demo::Setup& s, const std::vector<demo::Row>& rows) {
     identical += r.identical;
     std::string mark;
     if (r.proxy_bytes) {
-      notes.push_back(r.spec.policy + ": the proxy model " + s.proxy_name + " runs every token first on its own full cache of " +
+      notes.push_back(r.spec.policy + ": the proxy model " + s.proxy_name + " runs every token on its own thread, in parallel, with its own full cache of " +
                       std::to_string(r.proxy_bytes) + " bytes, outside the budget; its snapshot is saved beside the row's.");
       mark = " [" + std::to_string(notes.size()) + "]";
     }

@@ -75,9 +75,28 @@ void PolicyRunner::prefill(const std::vector<int>& prompt, float* logits) {
   }
   for (size_t t = 0; t < prompt.size(); t += kPrefillChunk) {
     const size_t n = std::min(kPrefillChunk, prompt.size() - t);
-    if (proxy_) proxy_->forward(prompt.data() + t, n);  // SmallKV: the proxy's step comes first
-    session_->forward(prompt.data() + t, n, t + n == prompt.size() ? logits : nullptr);
+    forward(prompt.data() + t, n, t + n == prompt.size() ? logits : nullptr);
   }
+}
+
+void PolicyRunner::forward(const int* tokens, size_t n, float* logits) {
+  if (!proxy_) {
+    session_->forward(tokens, n, logits);
+    return;
+  }
+  // SmallKV: the proxy's pass over the same tokens runs on its own thread, in parallel; the large
+  // cache's calls wait for the proxy layers they read.
+  proxy_->start(tokens, n);
+  try {
+    session_->forward(tokens, n, logits);
+  } catch (...) {
+    try {
+      proxy_->join();
+    } catch (...) {  // the large model's error is the one to report
+    }
+    throw;
+  }
+  proxy_->join();
 }
 
 void PolicyRunner::feed(int token, float* logits) {
@@ -85,8 +104,7 @@ void PolicyRunner::feed(int token, float* logits) {
     spec_ = specache_->step(token, spec_, logits);
     return;
   }
-  if (proxy_) proxy_->forward(&token, 1);
-  session_->forward(&token, 1, logits);
+  forward(&token, 1, logits);
 }
 
 ResumePoint PolicyRunner::save(const std::string& snapshot) const {

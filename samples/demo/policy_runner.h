@@ -60,6 +60,8 @@ class PolicyRunner {
   void attach_helpers(const llama::Model* proxy_model, const ResumePoint* resumed,
                       const std::string& snapshot);
   int position() const;
+  // One pass of the model over `tokens` (smallkv: the proxy's pass in parallel on its thread).
+  void forward(const int* tokens, size_t n, float* logits);
 
   const llama::Model& model_;
   std::unique_ptr<llama::Session> session_;  // owns the cache

@@ -40,6 +40,15 @@ ProxyRunner::ProxyRunner(const Model& proxy_model, kvsdk_cache* large, const std
 }
 
 ProxyRunner::~ProxyRunner() {
+  if (worker_.joinable()) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !running_; });  // (a pass nobody joined still finishes)
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
   kvsdk_cache_set_proxy(large_, nullptr);
   session_.reset();
   kvsdk_context_destroy(ctx_);
@@ -47,6 +56,56 @@ ProxyRunner::~ProxyRunner() {
 
 void ProxyRunner::link() {
   check(kvsdk_cache_set_proxy(large_, session_->cache()), "kvsdk_cache_set_proxy");
+}
+
+// Long enough for any pass of these models on a loaded machine; a proxy pass that fails makes the
+// large model's waiting call fail after it (and join() then reports the proxy's error).
+constexpr uint32_t kProxyWaitMs = 10000;
+
+void ProxyRunner::start(const int* tokens, size_t n) {
+  if (!worker_.joinable()) {
+    check(kvsdk_cache_set_proxy_wait(large_, kProxyWaitMs), "kvsdk_cache_set_proxy_wait");
+    worker_ = std::thread([this] { worker_loop(); });
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_) throw Error("ProxyRunner::start: the previous pass was not joined");
+    tokens_.assign(tokens, tokens + n);
+    error_ = nullptr;
+    pending_ = running_ = true;
+  }
+  cv_.notify_all();
+}
+
+void ProxyRunner::join() {
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!pending_) return;
+    cv_.wait(lock, [&] { return !running_; });
+    pending_ = false;
+    error = error_;
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void ProxyRunner::worker_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || running_; });
+    if (stop_) return;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      session_->forward(tokens_.data(), tokens_.size(), nullptr);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    error_ = error;
+    running_ = false;
+    cv_.notify_all();
+  }
 }
 
 void ProxyRunner::save(const std::string& path) const {

@@ -4,9 +4,14 @@
 // kvsdk-eval and kvsdk-demo.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "kvsdk.h"
 #include "model.h"
@@ -36,6 +41,15 @@ class ProxyRunner {
   // proxy generates nothing, so its last layer stops after the attention the large cache reads
   // (SmallKV's early layer stopping; run_layers).
   void forward(const int* tokens, size_t n) { session_->forward(tokens, n, nullptr); }
+
+  // The same forward pass on the runner's own thread, in parallel with the large model's pass
+  // over the same tokens (SmallKV's Algorithm 1): the large cache waits, inside its calls, for
+  // the proxy layers it reads (kvsdk_cache_set_proxy_wait, set here on the first start()).
+  // join() returns once the pass is done and rethrows its error; call it before the next
+  // start() and before anything else touches either cache. A large-model call that fails while
+  // the proxy's pass runs must still join().
+  void start(const int* tokens, size_t n);
+  void join();
   // Saves the proxy's cache to `path` (default options), to be resumed with the constructor above.
   void save(const std::string& path) const;
   uint64_t cache_bytes() const;  // bytes of the proxy's full cache
@@ -43,9 +57,21 @@ class ProxyRunner {
  private:
   void link();
 
+  void worker_loop();
+
   kvsdk_context* ctx_ = nullptr;
   std::unique_ptr<Session> session_;
   kvsdk_cache* large_;
+
+  // The worker (started by the first start()): one pass at a time, handed over under mu_.
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> tokens_;  // the pass's tokens
+  bool pending_ = false;     // a pass was started and has not been joined
+  bool running_ = false;     // the worker has not finished the pass yet
+  bool stop_ = false;
+  std::exception_ptr error_;  // the pass's failure, rethrown by join()
 };
 
 }  // namespace llama

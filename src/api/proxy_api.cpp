@@ -44,4 +44,18 @@ KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache* cache, kvsdk_cache* pr
   });
 }
 
+KVSDK_API kvsdk_status kvsdk_cache_set_proxy_wait(kvsdk_cache* cache, uint32_t timeout_ms) {
+  return guard("kvsdk_cache_set_proxy_wait", [&] {
+    KVSDK_REQUIRE(cache != nullptr && cache->impl, "cache is NULL");
+    Cache& c = *cache->impl;
+    if (!method_traits(c.policy()).needs_proxy) {
+      fail(KVSDK_E_UNSUPPORTED, "waiting for a proxy is SmallKV's; policy '",
+           policy_spec(c.policy()), "' does not use one");
+    }
+    auto* repr = dynamic_cast<SmallKvRepresentation*>(c.representation());
+    if (repr == nullptr) fail(KVSDK_E_INTERNAL, "a smallkv cache without its representation");
+    repr->set_proxy_wait(timeout_ms);
+  });
+}
+
 }  // extern "C"

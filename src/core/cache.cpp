@@ -122,7 +122,7 @@ void Cache::append_stored(uint32_t layer, size_t n_tokens, const void* k, const 
     const uint64_t target = target_bytes();
     const uint64_t want = charged_ + bound - std::min(target, charged_ + bound);
     PlannedEviction plan(s);
-    const uint64_t freed = s.plan_eviction(want, layer, n_tokens);
+    const uint64_t freed = s.plan_eviction(want, layer, n_tokens, positions);
     // The evicted bytes stay charged to the context and go to the append.
     bool reserved = freed >= bound || r.reserve(bound - freed);
     if (!reserved && traits_.evicts() && target >= bound) {

@@ -480,7 +480,8 @@ void Cache::compress_to(uint64_t target, bool slack) {
     if (repr_ && charged_ > target) {
       // An evicting representation (SmallKV) plans aside; the plan is committed only when it
       // meets the target, so a refusal keeps every row.
-      const uint64_t freed = repr_->plan_eviction(charged_ - target, Representation::kNoAppend, 0);
+      const uint64_t freed = repr_->plan_eviction(charged_ - target, Representation::kNoAppend, 0,
+                                                  nullptr);
       if (charged_ - std::min(charged_, freed) <= target) {
         BudgetReservation r = reservation();
         const uint64_t before = stored_bytes();

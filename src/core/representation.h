@@ -110,12 +110,13 @@ class Representation {
   // they cannot) and return how many bytes it frees, changing nothing: commit_eviction() applies
   // the plan (no-throw), drop_eviction() discards it (a new plan discards the previous one). It
   // may throw (KVSDK_E_STATE: SmallKV without its proxy; allocation), with nothing planned.
-  // `append_layer` / `append_tokens`: the append the eviction makes room for (kNoAppend: none);
-  // the plan reserves what that append needs, so that append() cannot fail after the commit.
+  // `append_layer` / `append_tokens` / `append_positions`: the append the eviction makes room for
+  // (kNoAppend, 0, null: none); the plan reserves what that append needs, so that append() cannot
+  // fail after the commit.
   // Non-evicting representations plan nothing and return 0 (the defaults).
   static constexpr uint32_t kNoAppend = UINT32_MAX;
   virtual uint64_t plan_eviction(uint64_t /*bytes*/, uint32_t /*append_layer*/,
-                                 size_t /*append_tokens*/) {
+                                 size_t /*append_tokens*/, const int32_t* /*append_positions*/) {
     return 0;
   }
   virtual void commit_eviction() noexcept {}
@@ -123,7 +124,7 @@ class Representation {
   // Plans and commits at once (tests, and callers with nothing to reserve); returns the bytes
   // freed.
   uint64_t evict(uint64_t bytes) {
-    const uint64_t freed = plan_eviction(bytes, kNoAppend, 0);
+    const uint64_t freed = plan_eviction(bytes, kNoAppend, 0, nullptr);
     commit_eviction();
     return freed;
   }

@@ -1,6 +1,7 @@
 #include "repr/smallkv_proxy.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 
 #include "core/cache.h"
@@ -20,6 +21,7 @@ struct SmallKvTapHandle {
     link->proxy_ = nullptr;
     link->latest_.clear();
     link->probs_.clear();
+    link->newest_.clear();
   }
 };
 
@@ -52,6 +54,9 @@ void SmallKvProxyLink::attach(const std::shared_ptr<SmallKvProxyLink>& self, Cac
   self->probs_.swap(probs);
   self->matched_through_ = -1;
   self->stats_dropped_ = false;
+  self->newest_.assign(g.n_layers, -1);
+  self->read_ops_ = nullptr;
+  self->read_heads_.clear();
   handle->link = self;
   proxy.set_attention_tap(std::move(tap));
 }
@@ -59,8 +64,10 @@ void SmallKvProxyLink::attach(const std::shared_ptr<SmallKvProxyLink>& self, Cac
 void SmallKvProxyLink::detach() noexcept {
   if (proxy_) proxy_->set_attention_tap({});  // the handle's destructor clears proxy_
   proxy_ = nullptr;
+  read_ops_ = nullptr;
   latest_.clear();
   probs_.clear();
+  newest_.clear();
 }
 
 uint32_t SmallKvProxyLink::proxy_heads() const {
@@ -68,11 +75,56 @@ uint32_t SmallKvProxyLink::proxy_heads() const {
 }
 
 void SmallKvProxyLink::drop_match_stats() noexcept {
+  std::vector<float> dropped;
+  std::lock_guard<std::mutex> lock(mu_);
   stats_dropped_ = true;
-  std::vector<float>().swap(match_stats_);
+  dropped.swap(match_stats_);
+}
+
+bool SmallKvProxyLink::keeps_match_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !stats_dropped_;
+}
+
+int64_t SmallKvProxyLink::matched_through() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return matched_through_;
+}
+
+void SmallKvProxyLink::set_wait_ms(uint32_t ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  wait_ms_ = ms;
+}
+
+uint32_t SmallKvProxyLink::wait_ms() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wait_ms_;
+}
+
+int64_t SmallKvProxyLink::newest_of_layer(uint32_t layer) const {
+  return layer < newest_.size() ? newest_[layer] : -1;
+}
+
+void SmallKvProxyLink::await_step(int64_t position) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (wait_ms_ == 0 || !proxy_) return;
+  const auto done = [&] {
+    for (size_t l = 0; l < newest_.size(); ++l) {
+      if (newest_of_layer(uint32_t(l)) < position) return false;
+    }
+    return true;
+  };
+  if (!cv_.wait_for(lock, std::chrono::milliseconds(wait_ms_), done)) {
+    size_t l = 0;
+    while (l < newest_.size() && newest_[l] >= position) ++l;
+    fail(KVSDK_E_STATE, "the proxy cache has not attended position ", position, " in its layer ",
+         l, " within ", wait_ms_, " ms (kvsdk_cache_set_proxy_wait): run the proxy model on the "
+         "same tokens, on its own thread, while the large model runs them");
+  }
 }
 
 int64_t SmallKvProxyLink::newest_query() const {
+  std::lock_guard<std::mutex> lock(mu_);
   int64_t newest = -1;
   for (const LatestQueries& lq : latest_) {
     for (int32_t p : lq.positions) newest = std::max<int64_t>(newest, p);
@@ -93,12 +145,18 @@ void SmallKvProxyLink::on_proxy_queries(uint32_t layer, uint32_t n_kv_heads,
   if (staged_.size() < n_kv_heads) staged_.resize(n_kv_heads);
   std::vector<LatestQueries>& latest = staged_;
   std::vector<Sum> sums;
-  int64_t through = matched_through_;
+  int64_t through;
+  bool dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    through = matched_through_;
+    dropped = stats_dropped_;
+  }
   for (uint32_t kv_head = 0; kv_head < n_kv_heads; ++kv_head) {
     const float* qh = q_rows + size_t(kv_head) * n_rows * dim;
     latest[kv_head].rows.assign(qh, qh + n_rows * dim);
     latest[kv_head].positions.assign(row_positions, row_positions + n_rows);
-    if (stats_dropped_) continue;
+    if (dropped) continue;
     // Eq. 1 over the first match_tokens rows, for the queries among those tokens.
     const ExactStore& s = proxy_->exact_rows(layer, kv_head);
     const size_t m = std::min<size_t>(s.size(), match_tokens_);
@@ -131,23 +189,99 @@ void SmallKvProxyLink::on_proxy_queries(uint32_t layer, uint32_t n_kv_heads,
                                          sums.back().acc.data());
     }
   }
-  // Nothing below can fail.
-  for (uint32_t kv_head = 0; kv_head < n_kv_heads; ++kv_head) {
-    LatestQueries& lq = latest_[size_t(layer) * g.n_kv_heads + kv_head];
-    lq.rows.swap(latest[kv_head].rows);
-    lq.positions.swap(latest[kv_head].positions);
+  int64_t newest = -1;
+  for (size_t r = 0; r < n_rows; ++r) newest = std::max<int64_t>(newest, row_positions[r]);
+  const bool computed = precompute_probs(layer, n_kv_heads, q_rows, row_positions, n_rows);
+  // Nothing below can fail. Published under the lock: the large cache may be waiting for it.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint32_t kv_head = 0; kv_head < n_kv_heads; ++kv_head) {
+      LatestQueries& lq = latest_[size_t(layer) * g.n_kv_heads + kv_head];
+      lq.rows.swap(latest[kv_head].rows);
+      lq.positions.swap(latest[kv_head].positions);
+    }
+    // New queries of this layer: its heads' probabilities of the previous step are stale, or
+    // computed above for this step.
+    for (uint32_t h = 0; h < g.n_q_heads; ++h) {
+      StepProbs& sp = probs_[size_t(layer) * g.n_q_heads + h];
+      sp.valid = false;
+      if (computed && staged_probs_[h].valid) std::swap(sp, staged_probs_[h]);
+    }
+    if (!stats_dropped_) {  // (the statistics may have been dropped while these were computed)
+      for (const Sum& sum : sums) {
+        float* dst = match_stats_.data() + sum.offset;
+        for (size_t t = 0; t < sum.acc.size(); ++t) dst[t] += sum.acc[t];
+      }
+      matched_through_ = through;
+    }
+    newest_[layer] = newest;
   }
-  // New queries of this layer: its heads' probabilities of the previous step are stale.
-  for (uint32_t h = 0; h < g.n_q_heads; ++h) probs_[size_t(layer) * g.n_q_heads + h].valid = false;
-  for (const Sum& sum : sums) {
-    float* dst = match_stats_.data() + sum.offset;
-    for (size_t t = 0; t < sum.acc.size(); ++t) dst[t] += sum.acc[t];
+  cv_.notify_all();
+}
+
+void SmallKvProxyLink::set_read_heads(const backend::Ops& ops,
+                                      const std::vector<uint8_t>& heads) {
+  std::lock_guard<std::mutex> lock(mu_);
+  read_ops_ = &ops;
+  read_heads_ = heads;
+}
+
+bool SmallKvProxyLink::has_read_heads() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return read_ops_ != nullptr;
+}
+
+bool SmallKvProxyLink::precompute_probs(uint32_t layer, uint32_t n_kv_heads, const float* q_rows,
+                                        const int32_t* row_positions, size_t n_rows) {
+  const Geometry& g = proxy_->geometry();
+  const uint32_t dim = g.head_dim, group = g.group_size();
+  const backend::Ops* ops;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (wait_ms_ == 0 || read_ops_ == nullptr || read_heads_.size() != proxy_heads()) {
+      return false;
+    }
+    ops = read_ops_;
+    if (proxy_read_heads_ != read_heads_) {
+      try {
+        proxy_read_heads_ = read_heads_;  // (once per link: its capacity stays)
+      } catch (...) {
+        return false;
+      }
+    }
   }
-  matched_through_ = through;
+  // A decode step: one query per proxy head (weights() keeps one position per head).
+  if (n_rows != group || n_kv_heads != g.n_kv_heads) return false;
+  try {
+    if (!proxy_ws_) proxy_ws_ = backend::WorkspaceHandle(*ops);
+    staged_probs_.resize(g.n_q_heads);
+    for (uint32_t h = 0; h < g.n_q_heads; ++h) {
+      StepProbs& sp = staged_probs_[h];
+      sp.valid = false;
+      if (!proxy_read_heads_[size_t(layer) * g.n_q_heads + h]) continue;
+      const uint32_t kv_head = h / group, j = h % group;
+      const ExactStore& st = proxy_->exact_rows(layer, kv_head);
+      const size_t n = st.size();
+      reserve_for_growth(sp.p, n);
+      sp.p.resize(n);
+      // The same call and inputs as weights()' own: the same bits.
+      const backend::QueryRows qr{q_rows + (size_t(kv_head) * n_rows + j) * dim,
+                                  row_positions + j, 1, dim, g.attn_scale};
+      ops->smallkv_softmax(qr, st.k.data(), st.positions.data(), n, proxy_ws_.get(),
+                           sp.p.data());
+      sp.valid = true;
+      sp.position = row_positions[j];
+      sp.n = n;
+    }
+  } catch (...) {
+    return false;  // (allocation) the large cache's attend computes them itself
+  }
+  return true;
 }
 
 void SmallKvProxyLink::match_scores(uint32_t head, const int32_t* positions, size_t n,
                                     float* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
   const Geometry& g = proxy_->geometry();
   const uint32_t layer = head / g.n_q_heads, kv_head = (head % g.n_q_heads) / g.group_size();
   const ExactStore& s = proxy_->exact_rows(layer, kv_head);
@@ -164,7 +298,7 @@ void SmallKvProxyLink::match_scores(uint32_t head, const int32_t* positions, siz
   }
 }
 
-const float* SmallKvProxyLink::latest_query(uint32_t head, int32_t position) const {
+int64_t SmallKvProxyLink::find_query(uint32_t head, int32_t position) const {
   const Geometry& g = proxy_->geometry();
   const uint32_t group = g.group_size(), layer = head / g.n_q_heads, h = head % g.n_q_heads;
   const uint32_t kv_head = h / group, j = h % group;
@@ -172,25 +306,45 @@ const float* SmallKvProxyLink::latest_query(uint32_t head, int32_t position) con
   // Rows of head h are j, j + group, ... (Cache::attend's packing). A decode step has one; a
   // prefill many, searched in position order.
   const size_t n_rows = lq.positions.size();
-  int64_t found = -1;
   if (n_rows <= 8 * size_t(group)) {
-    for (size_t r = j; r < n_rows && found < 0; r += group) {
-      if (lq.positions[r] == position) found = int64_t(r);
+    for (size_t r = j; r < n_rows; r += group) {
+      if (lq.positions[r] == position) return int64_t(r);
     }
-  } else {
-    query_at_.clear();
-    for (size_t r = j; r < n_rows; r += group) query_at_.emplace_back(lq.positions[r], uint32_t(r));
-    std::sort(query_at_.begin(), query_at_.end());
-    const auto it =
-        std::lower_bound(query_at_.begin(), query_at_.end(), std::make_pair(position, uint32_t(0)));
-    if (it != query_at_.end() && it->first == position) found = it->second;
+    return -1;
   }
-  if (found < 0) {
-    fail(KVSDK_E_STATE, "the proxy cache has not attended position ", position, " in its layer ",
-         layer, ": run the proxy model on the same tokens just before the large model (smallkv "
-         "uses the proxy's attention of the same step)");
+  query_at_.clear();
+  for (size_t r = j; r < n_rows; r += group) query_at_.emplace_back(lq.positions[r], uint32_t(r));
+  std::sort(query_at_.begin(), query_at_.end());
+  const auto it =
+      std::lower_bound(query_at_.begin(), query_at_.end(), std::make_pair(position, uint32_t(0)));
+  return it != query_at_.end() && it->first == position ? int64_t(it->second) : -1;
+}
+
+void SmallKvProxyLink::await_queries(uint32_t head, const int32_t* positions, size_t n) const {
+  const Geometry& g = proxy_->geometry();
+  const uint32_t layer = head / g.n_q_heads, h = head % g.n_q_heads;
+  const LatestQueries& lq = latest_[size_t(layer) * g.n_kv_heads + h / g.group_size()];
+  query_rows_.resize(n);
+  size_t missing = 0;  // the first position without a query
+  const auto found = [&] {
+    for (missing = 0; missing < n; ++missing) {
+      const int64_t r = find_query(head, positions[missing]);
+      if (r < 0) return false;
+      query_rows_[missing] = lq.rows.data() + size_t(r) * g.head_dim;
+    }
+    return true;
+  };
+  std::unique_lock<std::mutex> lock(mu_);
+  if (found()) return;
+  if (wait_ms_ > 0 && cv_.wait_for(lock, std::chrono::milliseconds(wait_ms_), found)) return;
+  if (wait_ms_ > 0) {
+    fail(KVSDK_E_STATE, "the proxy cache has not attended position ", positions[missing],
+         " in its layer ", layer, " within ", wait_ms_, " ms (kvsdk_cache_set_proxy_wait): run "
+         "the proxy model on the same tokens, on its own thread, while the large model runs them");
   }
-  return lq.rows.data() + size_t(found) * g.head_dim;
+  fail(KVSDK_E_STATE, "the proxy cache has not attended position ", positions[missing],
+       " in its layer ", layer, ": run the proxy model on the same tokens just before the large "
+       "model (smallkv uses the proxy's attention of the same step)");
 }
 
 void SmallKvProxyLink::weights(const backend::Ops& ops, backend::Workspace& ws, uint32_t head,
@@ -199,6 +353,9 @@ void SmallKvProxyLink::weights(const backend::Ops& ops, backend::Workspace& ws, 
   const Geometry& g = proxy_->geometry();
   const uint32_t group = g.group_size(), layer = head / g.n_q_heads;
   const uint32_t kv_head = (head % g.n_q_heads) / group;
+  // First the queries (waiting for the proxy's thread, if it runs on one): only once they are
+  // published has the proxy finished appending this step's rows to the layer read below.
+  await_queries(head, row_positions, n_rows);
   const ExactStore& s = proxy_->exact_rows(layer, kv_head);
   const size_t n = s.size();
   // Each wanted position's proxy row. A 'full' proxy that appended one token per position from
@@ -231,7 +388,7 @@ void SmallKvProxyLink::weights(const backend::Ops& ops, backend::Workspace& ws, 
   StepProbs& sp = probs_[head];
   for (size_t r = 0; r < n_rows; ++r) {
     if (!(sp.valid && sp.position == row_positions[r] && sp.n == n)) {
-      const float* q = latest_query(head, row_positions[r]);
+      const float* q = query_rows_[r];
       sp.valid = false;
       reserve_for_growth(sp.p, n);
       sp.p.resize(n);

@@ -15,11 +15,24 @@
 // the large model's query heads of every layer share the proxy's few heads, so each head's
 // softmax of a step is computed once, at the first large layer that needs it, and reused by the
 // others until the proxy's next queries for that layer replace it. Nothing of it is saved.
+//
+// Threads (kvsdk_cache_set_proxy_wait): the proxy may run on its own thread, concurrently with
+// the large cache's step over the same positions, as SmallKV's Algorithm 1 runs the two models in
+// parallel. The tap (proxy thread) publishes each layer's queries under mu_; the large cache's
+// calls wait on cv_ for what they read: weights() for the queries of one proxy layer at the
+// step's positions, await_step() for every layer (the matching statistics are sums over all
+// layers). Once a layer's queries of a step are published, the proxy's thread touches neither
+// that layer's rows nor its entries here until its next step, which the host starts only after
+// the large cache's step returned (the header's contract); so the large cache reads them
+// without the lock. The fields both threads write (statistics, matched_through_,
+// stats_dropped_, latest_, probs_ validity) change only under mu_.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -53,11 +66,27 @@ class SmallKvProxyLink {
   // to out [n] (0 for a position the proxy does not hold among its first match_tokens rows).
   void match_scores(uint32_t head, const int32_t* positions, size_t n, float* out) const;
   // The largest query position counted in the matching statistics (-1: none yet).
-  int64_t matched_through() const { return matched_through_; }
+  int64_t matched_through() const;
   // Frees the matching statistics (every large head is matched).
   void drop_match_stats() noexcept;
   // Whether the matching statistics are still kept (a large head is not matched yet).
-  bool keeps_match_stats() const { return !stats_dropped_; }
+  bool keeps_match_stats() const;
+
+  // How long the large cache's calls wait for the proxy's thread (kvsdk_cache_set_proxy_wait):
+  // 0 = never (the proxy ran first, on the same thread).
+  void set_wait_ms(uint32_t ms);
+  uint32_t wait_ms() const;
+  // Once every large head is matched: the proxy heads the large cache reads (`heads` [proxy
+  // heads], non-zero: read) and the large cache's backend. With a wait set, the proxy's thread
+  // then computes those heads' probabilities of a decode step itself, as it publishes their
+  // layer's queries, so that the large cache's attend finds them done (weights()). Called by
+  // the large cache's thread; the proxy's thread sees it at its next step.
+  void set_read_heads(const backend::Ops& ops, const std::vector<uint8_t>& heads);
+  bool has_read_heads() const;
+  // Returns once the proxy's latest pass over every layer has queries at `position` or later
+  // (the proxy's step through `position` is complete), waiting up to wait_ms(); without waiting
+  // (wait_ms() 0) returns at once, as the proxy then ran first. Throws KVSDK_E_STATE on timeout.
+  void await_step(int64_t position) const;
   // The newest position among the proxy's latest queries of every layer (-1: none; INT32_MAX
   // for a query without a position), for the large cache's kvsdk_cache_truncate: those queries
   // serve the large cache's next attend (Eq. 6), so they must not come from removed tokens.
@@ -85,8 +114,30 @@ class SmallKvProxyLink {
     size_t n = 0;
     std::vector<float> p;  // [n]
   };
-  // The proxy's query row of `head` at `position` in its latest pass (fails when it has none).
-  const float* latest_query(uint32_t head, int32_t position) const;
+  // The row of `head`'s query at `position` in the proxy's latest pass over its layer (-1: none).
+  int64_t find_query(uint32_t head, int32_t position) const;
+  // Waits (wait_ms()) until `head`'s layer has queries at every one of `positions` [n] and
+  // returns their rows' start in latest_ (into query_rows_); throws KVSDK_E_STATE without them.
+  void await_queries(uint32_t head, const int32_t* positions, size_t n) const;
+  // The newest position of each proxy layer's latest queries (-1: none), under mu_.
+  int64_t newest_of_layer(uint32_t layer) const;
+
+  // The proxy's thread: computes the read heads' probabilities of this layer's single-query step
+  // into staged_probs_ (false: none computed, e.g. a prefill chunk or no wait set).
+  bool precompute_probs(uint32_t layer, uint32_t n_kv_heads, const float* q_rows,
+                        const int32_t* row_positions, size_t n_rows);
+
+  // set_read_heads(): written by the large cache's thread under mu_, read by the proxy's.
+  const backend::Ops* read_ops_ = nullptr;
+  std::vector<uint8_t> read_heads_;
+  // The proxy thread's own workspace and staged probabilities (the proxy's thread only).
+  backend::WorkspaceHandle proxy_ws_;
+  std::vector<StepProbs> staged_probs_;  // [proxy head of one layer]
+  std::vector<uint8_t> proxy_read_heads_;  // read_heads_ as the proxy's thread last copied it
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  uint32_t wait_ms_ = 0;
+  std::vector<int64_t> newest_;  // [proxy layer] newest position of its latest queries (-1: none)
 
   uint32_t match_tokens_;
   Cache* proxy_ = nullptr;
@@ -96,6 +147,7 @@ class SmallKvProxyLink {
   mutable std::vector<uint32_t> by_pos_;
   mutable std::vector<int64_t> row_of_;
   mutable std::vector<std::pair<int32_t, uint32_t>> query_at_;  // (position, latest row)
+  mutable std::vector<const float*> query_rows_;  // await_queries()' result, per position
   std::vector<LatestQueries> latest_;  // [layer * n_kv_heads + kv_head] of the proxy
   // The rows of one proxy attend, staged before they replace latest_'s by swapping buffers: the
   // two sets of buffers trade places every step and keep their capacity, so a decode step

@@ -54,7 +54,7 @@ void SmallKvRepresentation::set_proxy(Cache* proxy) {
     }
   }
   SmallKvProxyLink::attach(link_, *proxy);
-  if (all_matched()) link_->drop_match_stats();
+  if (all_matched()) on_all_matched();
 }
 
 uint64_t SmallKvRepresentation::full_row_bytes() const {
@@ -119,7 +119,21 @@ void SmallKvRepresentation::drop_finished_stats() noexcept {
         std::all_of(l.heads.begin(), l.heads.end(), [](const Head& h) { return h.matched; });
     if (done) std::vector<float>().swap(l.match_stats);
   }
-  if (all_matched()) link_->drop_match_stats();
+  if (all_matched()) on_all_matched();
+}
+
+void SmallKvRepresentation::on_all_matched() const noexcept {
+  link_->drop_match_stats();
+  if (!link_->proxy() || link_->has_read_heads()) return;
+  try {
+    std::vector<uint8_t> heads(link_->proxy_heads(), 0);
+    for (const Layer& L : layers_) {
+      for (uint32_t m : L.mapping) heads[m] = 1;  // (< proxy_heads(): checked by set_proxy)
+    }
+    link_->set_read_heads(ops(), heads);
+  } catch (...) {
+    // (allocation) Nothing lost: the large cache's attend computes the probabilities itself.
+  }
 }
 
 void SmallKvRepresentation::append(uint32_t layer, size_t n, const float* k, const float* v,
@@ -264,7 +278,7 @@ void SmallKvRepresentation::apply(AttendUpdate& u) const noexcept {
     H.full_score.swap(u.full_score);
     H.marg_score.swap(u.marg_score);
   }
-  if (u.matched_now && all_matched()) link_->drop_match_stats();
+  if (u.matched_now && all_matched()) on_all_matched();
 }
 
 // Spent updates go back to spare_ (apply() left the replaced score buffers in them), so the next
@@ -318,6 +332,10 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
   const uint32_t* map = L.mapping.data() + size_t(kv_head) * group;
   int64_t scores_from = H.scores_from;
   if (!H.matched && u.stats_done && link_->proxy()) {
+    // Matching reads the proxy's statistics of every layer: its whole step must be done.
+    int64_t newest = -1;
+    for (size_t r = 0; r < n_rows; ++r) newest = std::max<int64_t>(newest, row_positions[r]);
+    link_->await_step(newest);
     const float* stats = u.has_stats ? u.stats.data()
                          : L.match_stats.empty()
                              ? nullptr
@@ -527,11 +545,22 @@ void SmallKvRepresentation::shrunk_to_cap(const Head& h, const float* full_score
 }
 
 uint64_t SmallKvRepresentation::plan_eviction(uint64_t bytes, uint32_t append_layer,
-                                              size_t append_tokens) {
+                                              size_t append_tokens,
+                                              const int32_t* append_positions) {
   drop_eviction();
   if (!link_->proxy()) {
     fail(KVSDK_E_STATE, "policy 'smallkv' selects the tokens to keep with its proxy's attention: "
          "attach the proxy cache with kvsdk_cache_set_proxy before the cache exceeds its budget");
+  }
+  if (!all_matched()) {
+    // Heads matched now read the proxy's statistics of every layer, through the newest token
+    // this cache holds or appends: a proxy on its own thread must have finished that step.
+    int64_t newest = -1;
+    for (const Layer& L : layers_) newest = std::max<int64_t>(newest, L.newest_held);
+    for (size_t t = 0; append_positions && t < append_tokens; ++t) {
+      newest = std::max<int64_t>(newest, append_positions[t]);
+    }
+    link_->await_step(newest);
   }
   try {
     return plan_shrink(bytes, append_layer, append_tokens);

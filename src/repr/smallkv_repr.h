@@ -53,6 +53,8 @@ class SmallKvRepresentation final : public Representation {
   // it (null). Throws KVSDK_E_GEOMETRY when a restored mapping names proxy heads `proxy` lacks.
   void set_proxy(Cache* proxy);
   bool has_proxy() const { return link_->proxy() != nullptr; }
+  // kvsdk_cache_set_proxy_wait: how long calls wait for a proxy running on another thread.
+  void set_proxy_wait(uint32_t ms) { link_->set_wait_ms(ms); }
   const Cache* proxy_cache() const { return link_->proxy(); }
 
   bool covers(uint32_t) const override { return true; }
@@ -73,7 +75,8 @@ class SmallKvRepresentation final : public Representation {
             int32_t* positions) const override;
   // Matches every head not matched yet (the budget cannot wait for match_tokens tokens), then
   // water-fills one byte cap per KV head; throws KVSDK_E_STATE without a proxy.
-  uint64_t plan_eviction(uint64_t bytes, uint32_t append_layer, size_t append_tokens) override;
+  uint64_t plan_eviction(uint64_t bytes, uint32_t append_layer, size_t append_tokens,
+                         const int32_t* append_positions) override;
   void commit_eviction() noexcept override;
   void drop_eviction() noexcept override;
   // Truncation: only rows that no importance update saw (see the .cpp): rows appended after the
@@ -179,6 +182,10 @@ class SmallKvRepresentation final : public Representation {
   void add_match_scores(const Match& m, float* full_score) const;
   void apply(AttendUpdate& u) const noexcept;
   bool all_matched() const;
+  // Every head is matched: the proxy's matching statistics go, and the proxy heads this cache
+  // reads are final, so a proxy on its own thread may compute their probabilities
+  // (SmallKvProxyLink::set_read_heads, once per link).
+  void on_all_matched() const noexcept;
   void drop_finished_stats() noexcept;
   // Bytes a head keeps under a cap of `cap` bytes (without changing it), and the head it becomes
   // (into `out`, reusing its capacity; not `h`): `full_score` its row scores (after matching),

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvsdk.h"
@@ -69,8 +70,10 @@ struct DecodeRun {
 };
 
 // `budget` 0: no budget (the cache grows); otherwise the cache's own budget in bytes.
-// `slack` < 0: the preset's default evict_slack.
-void run_decode(const char* spec, uint64_t budget, float slack, DecodeRun* run) {
+// `slack` < 0: the preset's default evict_slack. `parallel_proxy` (smallkv): the proxy's step runs
+// on a second thread while the large cache runs the same step (kvsdk_cache_set_proxy_wait).
+void run_decode(const char* spec, uint64_t budget, float slack, DecodeRun* run,
+                bool parallel_proxy = false) {
   const kvsdk_geometry g = make_geometry(4, 8, 2, 64);
   kvsdk_policy p;
   ASSERT_EQ(kvsdk_policy_parse(&p, spec), KVSDK_OK);
@@ -102,24 +105,68 @@ void run_decode(const char* spec, uint64_t budget, float slack, DecodeRun* run) 
   const bool prefetches = p.method == KVSDK_METHOD_SPECACHE;
   int32_t pos = 0;
   std::vector<int32_t> ps(512);  // (the test's own buffers are allocated before counting)
+  std::vector<int32_t> pps(512);  // the proxy's positions (its own buffer: it may run aside)
+  auto proxy_step = [&](size_t n) {
+    for (uint32_t l = 0; smallkv && l < pg.n_layers; ++l) {
+      for (size_t i = 0; i < n; ++i) pps[i] = pos + int32_t(i);
+      const float* pkt = pk.data() + size_t(pos % 384) * pkv;
+      EXPECT_EQ(kvsdk_cache_append(proxy.get(), l, n, pkt, pkt, pps.data(), n * pkv * 4),
+                KVSDK_OK)
+          << kvsdk_last_error();
+      const int32_t qp = pos + int32_t(n) - 1;
+      EXPECT_EQ(kvsdk_cache_attend(proxy.get(), l, 1, pq.data() + size_t(pos % 64) * pqe, &qp,
+                                   pqe * 4, pout.data(), pqe * 4),
+                KVSDK_OK)
+          << kvsdk_last_error();
+    }
+  };
+  // The proxy's thread, started before anything is counted; steps are handed over through two
+  // counters (no allocation, as a host's own worker would do).
+  std::atomic<int> proxy_go{0}, proxy_done{0};
+  std::atomic<bool> proxy_stop{false};
+  std::atomic<size_t> proxy_n{0};
+  std::thread proxy_thread;
+  if (parallel_proxy) {
+    ASSERT_EQ(kvsdk_cache_set_proxy_wait(c.get(), 20000), KVSDK_OK) << kvsdk_last_error();
+    proxy_thread = std::thread([&] {
+      while (!proxy_stop.load()) {
+        if (proxy_go.load() == proxy_done.load()) {
+          std::this_thread::yield();
+          continue;
+        }
+        proxy_step(proxy_n.load());
+        proxy_done.fetch_add(1);
+      }
+    });
+  }
+  struct Joiner {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~Joiner() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } joiner{proxy_stop, proxy_thread};
   auto step = [&](size_t n) {
     // Keys differ from step to step (a decode token is new), so codebooks and selections see
     // fresh rows; queries cycle through 64 rows.
     const float* kt = k.data() + size_t(pos % 384) * kv;
     const float* vt = v.data() + size_t(pos % 384) * kv;
     const float* qt = q.data() + size_t(pos % 64) * qe;
-    for (uint32_t l = 0; smallkv && l < pg.n_layers; ++l) {
-      for (size_t i = 0; i < n; ++i) ps[i] = pos + int32_t(i);
-      const float* pkt = pk.data() + size_t(pos % 384) * pkv;
-      ASSERT_EQ(kvsdk_cache_append(proxy.get(), l, n, pkt, pkt, ps.data(), n * pkv * 4),
-                KVSDK_OK)
-          << kvsdk_last_error();
-      const int32_t qp = pos + int32_t(n) - 1;
-      ASSERT_EQ(kvsdk_cache_attend(proxy.get(), l, 1, pq.data() + size_t(pos % 64) * pqe, &qp,
-                                   pqe * 4, pout.data(), pqe * 4),
-                KVSDK_OK)
-          << kvsdk_last_error();
+    if (parallel_proxy) {
+      proxy_n = n;
+      proxy_go.fetch_add(1);
+    } else {
+      proxy_step(n);
     }
+    struct JoinProxy {  // the step ends once the proxy's step has (also when an ASSERT returns)
+      bool on;
+      std::atomic<int>& go;
+      std::atomic<int>& done;
+      ~JoinProxy() {
+        while (on && done.load() != go.load()) std::this_thread::yield();
+      }
+    } join_proxy{parallel_proxy, proxy_go, proxy_done};
     for (uint32_t l = 0; l < g.n_layers; ++l) {
       for (size_t i = 0; i < n; ++i) ps[i] = pos + int32_t(i);
       ASSERT_EQ(kvsdk_cache_append(c.get(), l, n, kt, vt, ps.data(), n * kv * 4), KVSDK_OK)
@@ -132,7 +179,8 @@ void run_decode(const char* spec, uint64_t budget, float slack, DecodeRun* run) 
       ASSERT_EQ(kvsdk_cache_attend(c.get(), l, 1, qt, &qp, qe * 4, out.data(), qe * 4), KVSDK_OK)
           << kvsdk_last_error();
     }
-    pos += int32_t(n);
+    while (parallel_proxy && proxy_done.load() != proxy_go.load()) std::this_thread::yield();
+    pos += int32_t(n);  // (the proxy's step reads it)
   };
   step(96);                              // prefill
   // Warm-up: scratch reaches its size, KIVI flushes once; under a budget, long enough for the
@@ -178,6 +226,29 @@ TEST_P(DecodeAllocation, ADecodeStepAllocatesNothing) {
   EXPECT_LE(r.steps_allocating, growth_steps)
       << GetParam() << ": " << r.total << " allocations in " << r.steps_allocating
       << " of 16 decode steps";
+}
+
+// SmallKV with its proxy on another thread (kvsdk_cache_set_proxy_wait): the large cache's waits
+// and the proxy's thread computing the read heads' probabilities allocate nothing either, growing
+// (amortized, as above) and full and evicting.
+TEST(DecodeAllocationParallelProxy, SmallKvGrowingAllocatesOnlyToGrow) {
+  DecodeRun r;
+  ASSERT_NO_FATAL_FAILURE(run_decode("smallkv", 0, -1.0f, &r, /*parallel_proxy=*/true));
+  std::printf("[ counts   ] smallkv, proxy in parallel, growing: %llu allocations in %d of 16 "
+              "decode steps\n", static_cast<unsigned long long>(r.total), r.steps_allocating);
+  EXPECT_LE(r.steps_allocating, 2);
+}
+
+TEST(DecodeAllocationParallelProxy, SmallKvFullAndEvictingAllocatesNothing) {
+  const uint64_t budget = 4 * 40 * 520 + 8192;
+  for (float slack : {0.0f, -1.0f}) {
+    DecodeRun r;
+    ASSERT_NO_FATAL_FAILURE(run_decode("smallkv", budget, slack, &r, /*parallel_proxy=*/true));
+    EXPECT_LT(r.after.tokens, r.before.tokens + 2 * 64u);
+    EXPECT_LE(r.after.bytes, budget);
+    EXPECT_EQ(r.total, 0u) << "slack " << slack << ": " << r.total << " allocations in "
+                           << r.steps_allocating << " of 16 steps";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, DecodeAllocation,

@@ -489,12 +489,12 @@ TEST_P(StoreConformance, EvictionPlansChangeNothingUntilCommitted) {
   // plan_eviction: stores that cannot evict plan nothing.
   const std::vector<LayerState> before = state(r, *r.store);
   const uint64_t total = r.total_bytes(*r.store);
-  const uint64_t freed = r.store->plan_eviction(total / 2, Representation::kNoAppend, 0);
+  const uint64_t freed = r.store->plan_eviction(total / 2, Representation::kNoAppend, 0, nullptr);
   EXPECT_TRUE(state(r, *r.store) == before) << "plan_eviction changed the store";
   r.store->drop_eviction();
   r.store->commit_eviction();  // dropped: a no-op
   EXPECT_TRUE(state(r, *r.store) == before) << "a dropped eviction changed the store";
-  EXPECT_EQ(r.store->plan_eviction(total / 2, Representation::kNoAppend, 0), freed);
+  EXPECT_EQ(r.store->plan_eviction(total / 2, Representation::kNoAppend, 0, nullptr), freed);
   r.store->commit_eviction();
   EXPECT_EQ(r.total_bytes(*r.store), total - freed) << "commit_eviction freed another amount";
   if (freed > 0) EXPECT_GE(freed, total / 2) << "an eviction that frees less than it could";
@@ -774,7 +774,7 @@ TEST_P(StoreConformance, BudgetRefusalLeavesCacheUnchanged) {
   const uint64_t need = r.store->append_bound(target, next.n);
   ASSERT_GT(need, 0u);
   const bool evicts = (method_traits(r.p).evicts() && r.store->selects_rows()) ||
-                      r.store->plan_eviction(1, Representation::kNoAppend, 0) > 0;
+                      r.store->plan_eviction(1, Representation::kNoAppend, 0, nullptr) > 0;
   r.store->drop_eviction();
 
   const uint64_t held = r.total_bytes(*r.store);

@@ -162,6 +162,7 @@ _FUNCTIONS = {
     "kvsdk_cache_layer_stats_get": (status, [handle, c_uint32, POINTER(kvsdk_layer_stats)]),
     # SmallKV
     "kvsdk_cache_set_proxy": (status, [handle, handle]),
+    "kvsdk_cache_set_proxy_wait": (status, [handle, c_uint32]),
     # Snapshots
     "kvsdk_save_options_init_sized": (status, [POINTER(kvsdk_save_options), c_size_t]),
     "kvsdk_load_info_init_sized": (status, [POINTER(kvsdk_load_info), c_size_t]),

@@ -222,3 +222,14 @@ class Cache(OwnedHandle, CompressionMixin, SnapshotMixin, SpeCacheMixin):
         while linked, so the proxy outlives its use; closing either cache detaches the link."""
         check(lib.kvsdk_cache_set_proxy(self.handle, proxy.handle if proxy is not None else None))
         self._proxy = proxy
+
+    def set_proxy_wait(self, timeout_ms):
+        """SmallKV: lets the proxy run each step on another thread, in parallel with this cache
+        (kvsdk_cache_set_proxy_wait): this cache's calls wait up to `timeout_ms` milliseconds for
+        the proxy's attention of the same positions (0: never, the proxy runs first). Outputs are
+        the same as with the proxy's step first. One step at a time: join the proxy's thread
+        before this cache's next step; pass positions to both caches."""
+        timeout_ms = int(timeout_ms)
+        if not 0 <= timeout_ms < 2**32:
+            raise ValueError(f"timeout_ms {timeout_ms} does not fit a uint32")
+        check(lib.kvsdk_cache_set_proxy_wait(self.handle, timeout_ms))

@@ -320,6 +320,44 @@ class SmallKvProxyTest(unittest.TestCase):
         large.set_proxy(None)
         other.set_proxy(proxy)
 
+    def test_set_proxy_wait_runs_the_proxy_on_another_thread(self):
+        g = geometry()
+        ctx = kvsdk.Context()
+        pg = kvsdk.Geometry(n_layers=1, n_q_heads=2, n_kv_heads=1, head_dim=8,
+                            dtype=kvsdk.Dtype.F32)
+        large = kvsdk.Cache(ctx, g, kvsdk.Policy.parse("smallkv"))
+        proxy = kvsdk.Cache(ctx, pg, kvsdk.Policy.parse("full"))
+        large.set_proxy(proxy)
+        large.set_proxy_wait(10000)
+        q = [(i % 5) / 4.0 for i in range(2 * g.q_elems_per_query)]
+
+        def proxy_step():
+            proxy.append(0, [0.25] * 16, [0.5] * 16, [0, 1])
+            proxy.attend(0, [0.5] * 32, [0, 1])
+
+        worker = threading.Thread(target=proxy_step)
+        worker.start()
+        large.append(0, kv(range(2), g, 1.0), kv(range(2), g, -0.5), [0, 1])
+        out = large.attend(0, q, [0, 1])
+        worker.join()
+        self.assertEqual(len(out), 2 * g.q_elems_per_query)
+        self.assertEqual(list(large.read(0, 0).positions), [0, 1])
+        # A proxy that does not come: STATE after the timeout, nothing changed.
+        large.set_proxy_wait(20)
+        large.append(0, kv([2], g, 1.0), kv([2], g, -0.5), [2])
+        before = large.stats().bytes
+        with self.assertRaises(kvsdk.KvsdkError) as caught:
+            large.attend(0, q[:g.q_elems_per_query], [2])
+        self.assertEqual(caught.exception.status, Status.STATE)
+        self.assertEqual(large.stats().bytes, before)
+        for bad in (-1, 2**32):
+            with self.assertRaises(ValueError):
+                large.set_proxy_wait(bad)
+        with self.assertRaises(kvsdk.KvsdkError) as caught:
+            proxy.set_proxy_wait(5)  # a 'full' cache has no proxy
+        self.assertEqual(caught.exception.status, Status.UNSUPPORTED)
+        large.set_proxy_wait(0)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -316,6 +316,7 @@ extern "C" {
 
     // SmallKV: the proxy cache of a smaller model
     pub fn kvsdk_cache_set_proxy(cache: *mut kvsdk_cache, proxy: *mut kvsdk_cache) -> kvsdk_status;
+    pub fn kvsdk_cache_set_proxy_wait(cache: *mut kvsdk_cache, timeout_ms: u32) -> kvsdk_status;
 }
 
 // ----- Snapshots: suspend and resume (declared in snapshot.rs) -----------------------------

@@ -31,6 +31,23 @@ impl<'a> ProxyLink<'a> {
     pub fn proxy(&mut self) -> &mut Cache {
         self.proxy
     }
+
+    /// Both caches at once, e.g. to run the proxy's step on another thread
+    /// (`std::thread::scope`) while the large cache runs the same step, after
+    /// [`ProxyLink::set_wait`].
+    pub fn both(&mut self) -> (&mut Cache, &mut Cache) {
+        (self.large, self.proxy)
+    }
+
+    /// Lets the proxy run each step on its own thread, in parallel with the large cache
+    /// (kvsdk_cache_set_proxy_wait): the large cache's calls wait up to `timeout_ms` for the
+    /// proxy's attention of the same positions; 0 turns it off. Results are the same as with the
+    /// proxy's step first. The header's rules apply: one step at a time (join the proxy's thread
+    /// before the next step), positions passed to both caches.
+    pub fn set_wait(&mut self, timeout_ms: u32) -> Result<()> {
+        // SAFETY: live cache.
+        check(unsafe { sys::kvsdk_cache_set_proxy_wait(self.large.as_ptr(), timeout_ms) })
+    }
 }
 
 impl Drop for ProxyLink<'_> {

@@ -216,4 +216,13 @@ public final class Cache {
         try check(kvsdk_cache_set_proxy(handle, proxy?.handle))
         self.proxy = proxy
     }
+
+    /// SmallKV: lets the proxy run each step on another thread, in parallel with this cache
+    /// (kvsdk_cache_set_proxy_wait): this cache's calls wait up to `timeoutMs` milliseconds for
+    /// the proxy's attention of the same positions (0: never; the proxy runs first). Outputs are
+    /// the same as with the proxy's step first. One step at a time: wait for the proxy's thread
+    /// before this cache's next step, and pass positions to both caches.
+    public func setProxyWait(timeoutMs: UInt32) throws {
+        try check(kvsdk_cache_set_proxy_wait(handle, timeoutMs))
+    }
 }

@@ -93,6 +93,48 @@ final class CacheTests: XCTestCase {
         XCTAssertEqual(status { _ = try Policy(parsing: "no-such-method") }, .invalidArg)
     }
 
+    func testSmallKVProxyRunsOnAnotherThread() throws {
+        let context = try Context()
+        let large = try Cache(context: context, geometry: geometry,
+                              policy: Policy(parsing: "smallkv"))
+        let proxy = try Cache(context: context,
+                              geometry: Geometry(nLayers: 1, nQHeads: 2, nKVHeads: 1, headDim: 8,
+                                                 dtype: .f32),
+                              policy: Policy(parsing: "full"))
+        try large.setProxy(proxy)
+        try large.setProxyWait(timeoutMs: 10_000)
+        let done = DispatchSemaphore(value: 0)
+        var proxyError: Error?
+        let worker = Thread {
+            do {
+                try proxy.append(layer: 0, keys: [Float](repeating: 0.25, count: 16),
+                                 values: [Float](repeating: 0.5, count: 16), positions: [0, 1])
+                _ = try proxy.attend(layer: 0, queries: [Float](repeating: 0.5, count: 32),
+                                     queryPositions: [0, 1])
+            } catch { proxyError = error }
+            done.signal()
+        }
+        worker.start()
+        try large.append(layer: 0, keys: kv(0..<2, scale: 1), values: kv(0..<2, scale: -0.5),
+                         positions: [0, 1])
+        let q = (0..<64).map { Float($0 % 5) / 4 }
+        let out = try large.attend(layer: 0, queries: q, queryPositions: [0, 1])
+        done.wait()
+        XCTAssertNil(proxyError)
+        XCTAssertEqual(out.count, q.count)
+        // A proxy that does not come: .state after the timeout, nothing changed.
+        try large.setProxyWait(timeoutMs: 20)
+        try large.append(layer: 0, keys: kv(2..<3, scale: 1), values: kv(2..<3, scale: -0.5),
+                         positions: [2])
+        let before = try large.stats()
+        XCTAssertThrowsError(try large.attend(layer: 0, queries: Array(q[0..<32]),
+                                              queryPositions: [2])) { e in
+            XCTAssertEqual((e as? KVSDKError)?.status, .state)
+        }
+        XCTAssertEqual(try large.stats(), before)
+        try large.setProxyWait(timeoutMs: 0)
+    }
+
     func testTruncateRewindsExactlyOrRefuses() throws {
         let context = try Context()
         let a = try Cache(context: context, geometry: geometry)
