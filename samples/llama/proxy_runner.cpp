@@ -2,6 +2,8 @@
 
 #include "error.h"
 
+#include <chrono>
+
 namespace llama {
 
 std::string default_proxy_model(const std::string& model) {
@@ -41,9 +43,12 @@ ProxyRunner::ProxyRunner(const Model& proxy_model, kvsdk_cache* large, const std
 
 ProxyRunner::~ProxyRunner() {
   if (worker_.joinable()) {
+    try {
+      join();  // (a pass nobody joined still finishes before the caches go)
+    } catch (...) {
+    }
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return !running_; });  // (a pass nobody joined still finishes)
+      std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
@@ -62,48 +67,70 @@ void ProxyRunner::link() {
 // large model's waiting call fail after it (and join() then reports the proxy's error).
 constexpr uint32_t kProxyWaitMs = 10000;
 
+namespace {
+
+// Spins for up to `spin` until `done()`, then blocks on `cv` under `mu` until it is.
+template <class Done>
+void spin_then_block(std::mutex& mu, std::condition_variable& cv, std::chrono::microseconds spin,
+                     Done done) {
+  const auto end = std::chrono::steady_clock::now() + spin;
+  while (!done() && std::chrono::steady_clock::now() < end) {
+  }
+  if (done()) return;
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, done);
+}
+
+// The worker waits this long for the next pass before it sleeps: the large model's rest of a
+// decode step on the demo's models (the proxy's pass ends first). The large model's thread
+// waits for the proxy's end of a pass at most this long before it sleeps.
+constexpr std::chrono::microseconds kWorkerSpin{2000}, kJoinSpin{500};
+
+}  // namespace
+
 void ProxyRunner::start(const int* tokens, size_t n) {
   if (!worker_.joinable()) {
     check(kvsdk_cache_set_proxy_wait(large_, kProxyWaitMs), "kvsdk_cache_set_proxy_wait");
     worker_ = std::thread([this] { worker_loop(); });
   }
+  if (finished_.load(std::memory_order_acquire) != started_.load(std::memory_order_relaxed)) {
+    throw Error("ProxyRunner::start: the previous pass was not joined");
+  }
+  tokens_.assign(tokens, tokens + n);
+  error_ = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (pending_) throw Error("ProxyRunner::start: the previous pass was not joined");
-    tokens_.assign(tokens, tokens + n);
-    error_ = nullptr;
-    pending_ = running_ = true;
+    std::lock_guard<std::mutex> lock(mu_);  // (a worker about to block sees it)
+    started_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_all();
 }
 
 void ProxyRunner::join() {
-  std::exception_ptr error;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!pending_) return;
-    cv_.wait(lock, [&] { return !running_; });
-    pending_ = false;
-    error = error_;
+  const uint64_t started = started_.load(std::memory_order_relaxed);
+  spin_then_block(mu_, cv_, kJoinSpin,
+                  [&] { return finished_.load(std::memory_order_acquire) == started; });
+  if (error_) {
+    std::exception_ptr error = error_;
+    error_ = nullptr;
+    std::rethrow_exception(error);
   }
-  if (error) std::rethrow_exception(error);
 }
 
 void ProxyRunner::worker_loop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  for (;;) {
-    cv_.wait(lock, [&] { return stop_ || running_; });
-    if (stop_) return;
-    lock.unlock();
-    std::exception_ptr error;
+  for (uint64_t done = 0;; ++done) {
+    spin_then_block(mu_, cv_, kWorkerSpin, [&] {
+      return started_.load(std::memory_order_acquire) != done || stop_.load();
+    });
+    if (started_.load(std::memory_order_acquire) == done) return;  // stop_ (nothing pending)
     try {
       session_->forward(tokens_.data(), tokens_.size(), nullptr);
     } catch (...) {
-      error = std::current_exception();
+      error_ = std::current_exception();
     }
-    lock.lock();
-    error_ = error;
-    running_ = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finished_.store(done + 1, std::memory_order_release);
+    }
     cv_.notify_all();
   }
 }

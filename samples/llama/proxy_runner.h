@@ -4,6 +4,7 @@
 // kvsdk-eval and kvsdk-demo.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -63,15 +64,17 @@ class ProxyRunner {
   std::unique_ptr<Session> session_;
   kvsdk_cache* large_;
 
-  // The worker (started by the first start()): one pass at a time, handed over under mu_.
+  // The worker (started by the first start()): one pass at a time. Passes are counted (started_,
+  // finished_); each side spins briefly on the other's counter before blocking on cv_, since a
+  // wake-up through the kernel costs about as much as a proxy layer (kvsdk's util/spin_wait.h
+  // does the same inside the large cache's waits).
   std::thread worker_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<int> tokens_;  // the pass's tokens
-  bool pending_ = false;     // a pass was started and has not been joined
-  bool running_ = false;     // the worker has not finished the pass yet
-  bool stop_ = false;
-  std::exception_ptr error_;  // the pass's failure, rethrown by join()
+  std::atomic<uint64_t> started_{0}, finished_{0};
+  std::vector<int> tokens_;   // the pass's tokens (written before started_ moves)
+  std::atomic<bool> stop_{false};  // set under mu_
+  std::exception_ptr error_;  // the pass's failure (written before finished_ moves)
 };
 
 }  // namespace llama

@@ -9,6 +9,7 @@
 #include "util/dtype.h"
 #include "util/error.h"
 #include "util/growth.h"
+#include "util/spin_wait.h"
 
 namespace kvsdk {
 
@@ -101,6 +102,10 @@ uint32_t SmallKvProxyLink::wait_ms() const {
   return wait_ms_;
 }
 
+std::chrono::steady_clock::time_point SmallKvProxyLink::deadline() const {
+  return std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms_);
+}
+
 int64_t SmallKvProxyLink::newest_of_layer(uint32_t layer) const {
   return layer < newest_.size() ? newest_[layer] : -1;
 }
@@ -114,7 +119,7 @@ void SmallKvProxyLink::await_step(int64_t position) const {
     }
     return true;
   };
-  if (!cv_.wait_for(lock, std::chrono::milliseconds(wait_ms_), done)) {
+  if (!spin_then_wait(lock, cv_, generation_, kSpin, deadline(), done)) {
     size_t l = 0;
     while (l < newest_.size() && newest_[l] >= position) ++l;
     fail(KVSDK_E_STATE, "the proxy cache has not attended position ", position, " in its layer ",
@@ -215,6 +220,7 @@ void SmallKvProxyLink::on_proxy_queries(uint32_t layer, uint32_t n_kv_heads,
       matched_through_ = through;
     }
     newest_[layer] = newest;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_all();
 }
@@ -336,7 +342,7 @@ void SmallKvProxyLink::await_queries(uint32_t head, const int32_t* positions, si
   };
   std::unique_lock<std::mutex> lock(mu_);
   if (found()) return;
-  if (wait_ms_ > 0 && cv_.wait_for(lock, std::chrono::milliseconds(wait_ms_), found)) return;
+  if (wait_ms_ > 0 && spin_then_wait(lock, cv_, generation_, kSpin, deadline(), found)) return;
   if (wait_ms_ > 0) {
     fail(KVSDK_E_STATE, "the proxy cache has not attended position ", positions[missing],
          " in its layer ", layer, " within ", wait_ms_, " ms (kvsdk_cache_set_proxy_wait): run "

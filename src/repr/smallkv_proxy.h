@@ -28,6 +28,8 @@
 // stats_dropped_, latest_, probs_ validity) change only under mu_.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -136,6 +138,11 @@ class SmallKvProxyLink {
   std::vector<uint8_t> proxy_read_heads_;  // read_heads_ as the proxy's thread last copied it
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
+  std::atomic<uint64_t> generation_{0};  // bumped under mu_ with every publication
+  // How long a waiting call spins before it blocks (util/spin_wait.h): a decode step's proxy
+  // layer takes tens of microseconds on the models kvsdk is measured with.
+  static constexpr std::chrono::microseconds kSpin{300};
+  std::chrono::steady_clock::time_point deadline() const;  // now + wait_ms_ (mu_ held)
   uint32_t wait_ms_ = 0;
   std::vector<int64_t> newest_;  // [proxy layer] newest position of its latest queries (-1: none)
 
