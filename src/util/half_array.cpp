@@ -33,7 +33,9 @@ __attribute__((target("avx,f16c"))) void f16_to_f32_array_f16c(const uint16_t* s
     }
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
   }
-  f16_to_f32_array_scalar(src + i, dst + i, n - i);
+  // Only a ragged tail calls out: perf put 6-8% of a SpeCache decode on entering the scalar
+  // function with nothing to convert (n a multiple of 8), right after the 256-bit loop.
+  if (i < n) f16_to_f32_array_scalar(src + i, dst + i, n - i);
 }
 
 bool cpu_has_f16c() {
