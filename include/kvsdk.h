@@ -1374,10 +1374,12 @@ KVSDK_API kvsdk_status kvsdk_cache_prefetch(kvsdk_cache *cache, uint32_t layer, 
                                             const void *q, const int32_t *q_positions,
                                             size_t q_bytes);
 
-/** SpeCache's fetch hit rate: the share of the real queries' attention (over the low-bit keys)
- *  that fell on the prefetched rows, measured on the first kvsdk_cache_attend of each layer and
- *  KV head after a prefetch, per query, and averaged over every such measurement since the cache
- *  was created or loaded (not saved in snapshots; it never affects results). `*hit_rate` is in
+/** SpeCache's fetch hit rate: the share of the real query's attention (over the low-bit keys)
+ *  that fell on the prefetched rows, measured on the first query of the first kvsdk_cache_attend
+ *  of each layer and KV head after a prefetch (a decode step that attends the output and the
+ *  speculative token in one call lists the output token first), and averaged over every such
+ *  measurement since the cache was created or loaded (not saved in snapshots; it never affects
+ *  results). `*hit_rate` is in
  *  [0, 1], or -1 before the first measurement; `*samples` (NULL ok) receives the number of
  *  measurements.
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/hit_rate), KVSDK_E_UNSUPPORTED (policy other than

@@ -75,15 +75,14 @@ void SpeCacheDecoder::pass(const int* tokens, size_t n, bool append_first, float
                  check(kvsdk_cache_append(cache_, layer, 1, k, v, p, KV * sizeof(float)),
                        "kvsdk_cache_append");
                }
-               // Each row attends on its own: the output token first, with the rows fetched for
-               // it (this is where the cache measures the fetch hit rate), then the speculative
-               // token. The speculative token does not see its own K/V (never appended); it only
-               // needs to be a good guess.
-               for (size_t t = 0; t < rows; ++t) {
-                 check(kvsdk_cache_attend(cache_, layer, 1, q + t * D, p + t, D * sizeof(float),
-                                          att + t * D, D * sizeof(float)),
-                       "kvsdk_cache_attend");
-               }
+               // Both rows attend in one call, over the rows fetched for this step, so the cache
+               // reads its low-bit copy once for both (SpeCache §3.3 decodes them together): the
+               // output token first (the cache measures the fetch hit rate on it), then the
+               // speculative token, whose scores the prefetch below reuses. The speculative token
+               // does not see its own K/V (never appended); it only needs to be a good guess.
+               check(kvsdk_cache_attend(cache_, layer, rows, q, p, rows * D * sizeof(float), att,
+                                        rows * D * sizeof(float)),
+                     "kvsdk_cache_attend");
                check(kvsdk_cache_prefetch(cache_, layer, 1, q + spec * D, p + spec,
                                           D * sizeof(float)),
                      "kvsdk_cache_prefetch");

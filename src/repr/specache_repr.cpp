@@ -92,11 +92,14 @@ void SpeCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const floa
   const bool measure = pending_[layer][kv_head] != 0;
   AttendScores& kept = attend_scores_[kv_head];
   kept.valid = false;
-  // One query (n_rows == group, one position) may be the speculative token that prefetch() is
-  // called with next: its scores are kept. Scoring costs one dot product per row and token in a pass that
-  // dequantizes anyway; other calls skip it unless they measure the hit rate.
-  const bool keep = n_rows == group && std::all_of(row_positions, row_positions + n_rows,
-                                                   [&](int32_t p) { return p == row_positions[0]; });
+  // The last query (its group's rows share one position) may be the speculative token that
+  // prefetch() is called with next: its scores are kept. Scoring costs one dot product per row
+  // and token in a pass that dequantizes anyway. A decode step attends the output token and the
+  // speculative token in one call (SpeCache §3.3: both are decoded together), so the low-bit
+  // copy is dequantized once for both.
+  const size_t last = n_rows >= group ? n_rows - group : 0;  // the last query's first row
+  const bool keep = n_rows >= group && std::all_of(row_positions + last, row_positions + n_rows,
+                                                   [&](int32_t p) { return p == row_positions[last]; });
   if (!measure && !keep) {
     ops().attend_specache(rows, h.lowbit(), h.fetched(), ws, out);
     return;
@@ -104,22 +107,21 @@ void SpeCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const floa
   std::vector<float>& scores = at_least(kept.scores, n_rows * n);
   ops().attend_specache_scored(rows, h.lowbit(), h.fetched(), ws, out, scores.data());
   if (measure) {
-    // The real queries' attention (over the low-bit keys) on the rows the speculative token
-    // fetched, per query, averaged into the running hit rate (SpeCache (docs/papers.md) §4
-    // reports this share).
+    // The real query's attention (over the low-bit keys) on the rows the speculative token
+    // fetched, averaged into the running hit rate (SpeCache (docs/papers.md) §4 reports this
+    // share): the first query of the first attend after a prefetch (the output token; a call
+    // that also attends the speculative token has it last).
     std::vector<double>& hits = hits_;
     hits.clear();
-    for (size_t r = 0; r + group <= n_rows; r += group) {
-      float* s = scores.data() + r * n;
-      if (keep) {  // kept for prefetch(), so the selection works on a copy
-        float* copy = at_least(hit_scores_, group * n).data();
-        std::copy_n(s, group * n, copy);
-        s = copy;
-      }
-      // The selection's averaged probabilities over every token (k = 0: no top-k).
-      ops().specache_select_scored(s, group, n, 0, ws, select_tokens_, &select_probs_);
-      hits.push_back(cpu::specache_hit_rate(select_probs_, h.fetched().tokens));
+    float* s = scores.data();
+    if (keep && last == 0) {  // kept for prefetch(), so the selection works on a copy
+      float* copy = at_least(hit_scores_, group * n).data();
+      std::copy_n(s, group * n, copy);
+      s = copy;
     }
+    // The selection's averaged probabilities over every token (k = 0: no top-k).
+    ops().specache_select_scored(s, group, n, 0, ws, select_tokens_, &select_probs_);
+    hits.push_back(cpu::specache_hit_rate(select_probs_, h.fetched().tokens));
     if (staging_) {
       staged_hits_.insert(staged_hits_.end(), hits.begin(), hits.end());
       staged_heads_.emplace_back(layer, kv_head);
@@ -134,9 +136,10 @@ void SpeCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const floa
   if (keep) {
     kept.layer = layer;
     kept.tokens = n;
-    kept.position = row_positions[0];
+    kept.position = row_positions[last];
+    kept.first_row = last;
     kept.ops = &ops();
-    std::copy_n(q_rows, group * dim, at_least(kept.q, group * dim).data());
+    std::copy_n(q_rows + last * dim, group * dim, at_least(kept.q, group * dim).data());
     kept.valid = true;
   }
 }
@@ -204,8 +207,8 @@ void SpeCacheRepresentation::prefetch(uint32_t layer, uint32_t kv_head, const fl
       kept.ops == &ops() && std::equal(q_rows, q_rows + group * dim, kept.q.begin())) {
     // This query's attention pass already scored the low-bit keys (used up here).
     kept.valid = false;
-    ops().specache_select_scored(kept.scores.data(), group, n, fetch_tokens_, workspace(),
-                                 select_tokens_, nullptr);
+    ops().specache_select_scored(kept.scores.data() + kept.first_row * n, group, n,
+                                 fetch_tokens_, workspace(), select_tokens_, nullptr);
   } else {
     ops().specache_select({q_rows, &pos, n_rows, dim, geometry_.attn_scale},
                           heads_[layer][kv_head].lowbit(), fetch_tokens_, workspace(),

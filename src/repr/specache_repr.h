@@ -94,9 +94,10 @@ class SpeCacheRepresentation final : public Representation {
     uint32_t layer = 0;
     size_t tokens = 0;
     int32_t position = 0;
+    size_t first_row = 0;  // the kept query's first row in `scores`
     const backend::Ops* ops = nullptr;
     std::vector<float> q;       // [group][head_dim]
-    std::vector<float> scores;  // [group][tokens]
+    std::vector<float> scores;  // [rows of the attend][tokens]
   };
   mutable std::vector<AttendScores> attend_scores_;  // [kv_head]
 };

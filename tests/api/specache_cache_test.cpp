@@ -141,6 +141,57 @@ TEST(SpeCacheCache, EveryTokenFetchedIsExactAttentionOverTheBackingRows) {
   }
 }
 
+// A decode step as the reference runtime runs it (SpeCache §3.3): the output token and the
+// speculative token attend in one call, then the speculative token prefetches. The same outputs,
+// prefetched rows and hit rate as the two attends one after the other: the hit rate is the
+// output token's (the first query), and the prefetch reuses the speculative token's scores.
+TEST(SpeCacheCache, OneAttendOfOutputAndSpeculativeTokensIsTwoAttends) {
+  const kvsdk_geometry g = make_geometry(kLayers, kQ, kKv, kDim);
+  const kvsdk_policy p = specache_policy("specache", 24);
+  auto ctx = make_context();
+  auto one = make_cache(ctx.get(), g, &p), two = make_cache(ctx.get(), g, &p);
+  ASSERT_TRUE(one && two) << kvsdk_last_error();
+  int32_t next = 0;
+  for (int step = 0; step < 6; ++step) {
+    const size_t n = step == 0 ? 90 : 1;
+    append(one.get(), n, 10 + step, next);
+    append(two.get(), n, 10 + step, next);
+    next += int32_t(n);
+    const std::vector<float> q = random_floats(2 * kQRow, 40 + step);  // output, speculative
+    const int32_t qpos[2] = {next - 1, next};
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      std::vector<float> both(2 * kQRow), sep(2 * kQRow);
+      ASSERT_EQ(kvsdk_cache_attend(one.get(), l, 2, q.data(), qpos, q.size() * 4, both.data(),
+                                   both.size() * 4),
+                KVSDK_OK)
+          << kvsdk_last_error();
+      for (size_t i = 0; i < 2; ++i) {
+        ASSERT_EQ(kvsdk_cache_attend(two.get(), l, 1, q.data() + i * kQRow, qpos + i, kQRow * 4,
+                                     sep.data() + i * kQRow, kQRow * 4),
+                  KVSDK_OK)
+            << kvsdk_last_error();
+      }
+      EXPECT_EQ(both, sep) << "step " << step << " layer " << l;
+      ASSERT_EQ(kvsdk_cache_prefetch(one.get(), l, 1, q.data() + kQRow, qpos + 1, kQRow * 4),
+                KVSDK_OK);
+      ASSERT_EQ(kvsdk_cache_prefetch(two.get(), l, 1, q.data() + kQRow, qpos + 1, kQRow * 4),
+                KVSDK_OK);
+      for (uint32_t h = 0; h < kKv; ++h) {
+        EXPECT_EQ(read(one.get(), l, h).k, read(two.get(), l, h).k) << "fetched rows differ";
+      }
+    }
+  }
+  double hit_one = 0, hit_two = 0;
+  uint64_t samples_one = 0, samples_two = 0;
+  ASSERT_EQ(kvsdk_cache_fetch_stats(one.get(), &hit_one, &samples_one), KVSDK_OK);
+  ASSERT_EQ(kvsdk_cache_fetch_stats(two.get(), &hit_two, &samples_two), KVSDK_OK);
+  EXPECT_EQ(samples_one, samples_two);
+  EXPECT_EQ(samples_one, uint64_t(5 * kLayers * kKv));  // every step after the first prefetch
+  EXPECT_EQ(hit_one, hit_two);
+  EXPECT_GT(hit_one, 0.0);
+  EXPECT_LT(hit_one, 1.0);
+}
+
 TEST(SpeCacheCache, AttendMatchesReadRowsAndStatsReportTheBackingApart) {
   auto ctx = make_context();
   const kvsdk_geometry g = make_geometry(kLayers, kQ, kKv, kDim);
