@@ -325,7 +325,9 @@ class SmallKvProxyTest(unittest.TestCase):
         ctx = kvsdk.Context()
         pg = kvsdk.Geometry(n_layers=1, n_q_heads=2, n_kv_heads=1, head_dim=8,
                             dtype=kvsdk.Dtype.F32)
-        large = kvsdk.Cache(ctx, g, kvsdk.Policy.parse("smallkv"))
+        policy = kvsdk.Policy.parse("smallkv")
+        policy.match_tokens = 2  # heads matched on the first step: later attends read the proxy
+        large = kvsdk.Cache(ctx, g, policy)
         proxy = kvsdk.Cache(ctx, pg, kvsdk.Policy.parse("full"))
         large.set_proxy(proxy)
         large.set_proxy_wait(10000)

@@ -212,12 +212,17 @@ fn smallkv_proxy_link_borrows_both_caches() {
         link.large().append(0, &k, &k, &positions).unwrap();
         assert_eq!(link.large().read::<f32>(0, 0).unwrap().positions, vec![0, 1]);
     }
-    // The proxy's step on another thread, in parallel with the large cache's.
+    // The proxy's step on another thread, in parallel with the large cache's (heads matched on
+    // the first step, so that later attends read the proxy).
+    let mut policy = Policy::parse("smallkv").unwrap();
+    policy.match_tokens = 2;
+    let mut parallel = Cache::new(&ctx, &g, &policy).unwrap();
+    let mut proxy2 = Cache::new(&ctx, &proxy_geometry, &Policy::parse("full").unwrap()).unwrap();
     {
-        let mut link = kvsdk::ProxyLink::new(&mut large, &mut proxy).unwrap();
+        let mut link = kvsdk::ProxyLink::new(&mut parallel, &mut proxy2).unwrap();
         link.set_wait(10_000).unwrap();
         let (large, proxy) = link.both();
-        let positions = [2, 3];
+        let positions = [0, 1];
         std::thread::scope(|s| {
             s.spawn(|| {
                 let pk = vec![0.25f32; 2 * 8];
@@ -225,19 +230,19 @@ fn smallkv_proxy_link_borrows_both_caches() {
                 let pq = vec![0.5f32; 2 * 2 * 8];
                 proxy.attend(0, &pq, Some(&positions)).unwrap();
             });
-            let k = kv(2..4, &g, 1.0);
+            let k = kv(0..2, &g, 1.0);
             large.append(0, &k, &k, &positions).unwrap();
             let q: Vec<f32> = (0..2 * g.n_q_heads * g.head_dim).map(|i| (i % 3) as f32).collect();
             large.attend(0, &q, Some(&positions)).unwrap();
         });
-        assert_eq!(large.read::<f32>(0, 0).unwrap().positions, vec![0, 1, 2, 3]);
+        assert_eq!(large.read::<f32>(0, 0).unwrap().positions, vec![0, 1]);
         // A proxy that does not come: the wait times out with Status::State.
         link.set_wait(20).unwrap();
         let (large, _) = link.both();
-        let k = kv(4..5, &g, 1.0);
-        large.append(0, &k, &k, &[4]).unwrap();
+        let k = kv(2..3, &g, 1.0);
+        large.append(0, &k, &k, &[2]).unwrap();
         let q = vec![0.5f32; (g.n_q_heads * g.head_dim) as usize];
-        let err = large.attend(0, &q, Some(&[4])).unwrap_err();
+        let err = large.attend(0, &q, Some(&[2])).unwrap_err();
         assert_eq!(err.status, Status::State);
         link.set_wait(0).unwrap();
     }

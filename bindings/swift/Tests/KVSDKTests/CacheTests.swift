@@ -95,8 +95,9 @@ final class CacheTests: XCTestCase {
 
     func testSmallKVProxyRunsOnAnotherThread() throws {
         let context = try Context()
-        let large = try Cache(context: context, geometry: geometry,
-                              policy: Policy(parsing: "smallkv"))
+        var policy = try Policy(parsing: "smallkv")
+        policy.matchTokens = 2  // heads matched on the first step: later attends read the proxy
+        let large = try Cache(context: context, geometry: geometry, policy: policy)
         let proxy = try Cache(context: context,
                               geometry: Geometry(nLayers: 1, nQHeads: 2, nKVHeads: 1, headDim: 8,
                                                  dtype: .f32),
