@@ -5,7 +5,10 @@
 // operations, and the build passes -ffp-contract=off (no FMA). Elsewhere it expands to nothing.
 #pragma once
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
+// Not under ThreadSanitizer: the loader runs ifunc resolvers before the TSan runtime is up, and
+// an instrumented resolver crashes there (the baseline clone computes the same bits).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__) && \
+    !defined(__SANITIZE_THREAD__)
 #define KVSDK_TARGET_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define KVSDK_TARGET_CLONES

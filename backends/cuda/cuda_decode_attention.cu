@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <type_traits>
 
 #include "cuda_check.h"
@@ -35,10 +36,14 @@ __device__ __forceinline__ void load_f16(const uint16_t* row, int lane, float (&
     out[0] = __low2float(h);
     out[1] = __high2float(h);
   } else {
-    // 4 halves = 8 bytes, 8 halves = 16 bytes.
+    // 4 halves = 8 bytes, 8 halves = 16 bytes: one vector load, then the register reinterpreted
+    // as halves by memcpy (register moves on the device). Reading the uint2/uint4 through a
+    // __half2 pointer breaks strict aliasing: GCC at -O2 read garbage there in the host shim's
+    // optimized build (dims 128 and 256 gave zeros), and LLVM-based device compilers may too.
     using Vec = typename std::conditional<EPL == 4, uint2, uint4>::type;
     const Vec raw = *reinterpret_cast<const Vec*>(p);
-    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+    __half2 h[EPL / 2];
+    memcpy(h, &raw, sizeof raw);
 #pragma unroll
     for (int j = 0; j < EPL / 2; ++j) {
       out[2 * j] = __low2float(h[j]);

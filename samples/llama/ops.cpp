@@ -89,7 +89,7 @@ __attribute__((always_inline)) inline void rows(float* out, size_t out_dim, cons
 
 // Compiled for AVX-512 (32 vector registers: the 4 x 4 tile stays in registers), AVX2 and the
 // baseline; the loader picks the best this CPU runs. Every clone gives the same bits.
-#if defined(__x86_64__) && !defined(__clang__) && defined(__ELF__)
+#if defined(__x86_64__) && !defined(__clang__) && defined(__ELF__) && !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 void matmul(float* out, const float* x, const float* w, size_t n_tokens, size_t in,

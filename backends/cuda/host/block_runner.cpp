@@ -6,7 +6,11 @@
 // a barrier; the scheduler (the caller's stack) resumes runnable threads in thread order and
 // releases a barrier once every live thread of its scope has arrived. Under AddressSanitizer
 // every switch is announced (__sanitizer_start/finish_switch_fiber), so ASan follows the stacks
-// and its reports inside kernels stay precise.
+// and its reports inside kernels stay precise. Under ThreadSanitizer each thread slot is a TSan
+// fiber (created once, reused like its stack) and every switch is announced with
+// synchronization (__tsan_switch_to_fiber): the threads of a block run one at a time on one OS
+// thread, so TSan sees them ordered, never racing each other (the shim cannot show those races
+// anyway: docs/gpu.md), and it keeps following the host threads around the launches.
 #include "block_runner.h"
 
 #include <sys/mman.h>
@@ -28,6 +32,16 @@
 #endif
 #ifdef KVSDK_HOST_ASAN
 #include <sanitizer/common_interface_defs.h>
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define KVSDK_HOST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define KVSDK_HOST_TSAN 1
+#endif
+#endif
+#ifdef KVSDK_HOST_TSAN
+#include <sanitizer/tsan_interface.h>
 #endif
 
 namespace kvsdk::cuda_host {
@@ -92,10 +106,16 @@ struct Block {
   const void* scheduler_stack = nullptr;
   size_t scheduler_stack_bytes = 0;
 #endif
+#ifdef KVSDK_HOST_TSAN
+  void* tsan_scheduler = nullptr;  // the launching thread's TSan context
+#endif
 };
 
 thread_local Block* g_block = nullptr;
 thread_local std::vector<Stack> g_stacks;  // reused across blocks and launches
+#ifdef KVSDK_HOST_TSAN
+thread_local std::vector<void*> g_tsan_fibers;  // one per stack, reused the same way
+#endif
 const Dim3 kNoDim{0, 0, 0};
 
 #ifdef KVSDK_HOST_ASAN
@@ -115,6 +135,9 @@ void to_scheduler(Thread& t, bool finished) {
                                  b.scheduler_stack_bytes);
 #else
   (void)finished;
+#endif
+#ifdef KVSDK_HOST_TSAN
+  __tsan_switch_to_fiber(b.tsan_scheduler, 0);
 #endif
   // Resumed by the scheduler's next jump, which hands over its own (new) context.
   b.scheduler = ctx::jump_fcontext(b.scheduler, nullptr).fctx;
@@ -140,6 +163,9 @@ void resume(Block& b, Thread& t) {
 #ifdef KVSDK_HOST_ASAN
   void* fake = nullptr;
   enter_fiber(t, &fake);
+#endif
+#ifdef KVSDK_HOST_TSAN
+  __tsan_switch_to_fiber(g_tsan_fibers[t.linear], 0);
 #endif
   t.ctx = ctx::jump_fcontext(t.ctx, nullptr).fctx;  // back here when the thread yields or ends
 #ifdef KVSDK_HOST_ASAN
@@ -269,7 +295,13 @@ bool run_grid(Dim3 grid, Dim3 block, void (*body)(void*), void* arg, const char*
     }
     g_stacks.push_back(std::move(s));
   }
+#ifdef KVSDK_HOST_TSAN
+  while (g_tsan_fibers.size() < threads) g_tsan_fibers.push_back(__tsan_create_fiber(0));
+#endif
   Block b;
+#ifdef KVSDK_HOST_TSAN
+  b.tsan_scheduler = __tsan_get_current_fiber();
+#endif
   b.body = body;
   b.arg = arg;
   b.block_dim = block;
