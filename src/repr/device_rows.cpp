@@ -202,6 +202,9 @@ void DeviceRows::append_rows(uint32_t layer, size_t n, kvsdk_dtype dtype, const 
                              const void* v, const int32_t* positions) {
   check_usable();
   if (n == 0) return;
+  // Staged host copies (exact_rows) go before the store changes, and before the device lock:
+  // exact_rows() holds staged_lock_ while it takes the device lock (one lock order; TSan).
+  release_host_staging();
   const Context::DeviceScope on_device(ctx_);
   const uint32_t dim = geometry_.head_dim;
   // Everything that can fail before the store changes: host staging and mirrors, then the
@@ -225,7 +228,6 @@ void DeviceRows::append_rows(uint32_t layer, size_t n, kvsdk_dtype dtype, const 
   // (A device failure above leaves the rows beyond the mirrors' counts unused: the store is
   // unchanged.)
   for (std::vector<int32_t>& p : positions_[layer]) p.insert(p.end(), positions, positions + n);
-  release_host_staging();
 }
 
 // --- Attention and reads ----------------------------------------------------------------------
@@ -458,6 +460,7 @@ void DeviceRows::restore_exact(uint32_t layer, std::vector<ExactStore> heads) {
     fail(KVSDK_E_INTERNAL, "restore: layer ", layer, " with ", heads.size(), " heads");
   }
   KVSDK_REQUIRE(layer_rows(layer) == 0, "restore into a layer that holds rows");
+  release_host_staging();  // (before the device lock, as in append_rows)
   const Context::DeviceScope on_device(ctx_);
   const size_t dim = geometry_.head_dim;
   size_t most = 0;
@@ -475,7 +478,6 @@ void DeviceRows::restore_exact(uint32_t layer, std::vector<ExactStore> heads) {
                        n * sizeof(int32_t));
   }
   positions_[layer] = std::move(mirror);
-  release_host_staging();
 }
 
 void DeviceRows::restore(uint32_t layer, const std::vector<TierRecord>& records) {
