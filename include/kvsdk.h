@@ -1441,11 +1441,14 @@ KVSDK_API kvsdk_status kvsdk_cache_set_proxy(kvsdk_cache *cache, kvsdk_cache *pr
 /** Lets the host run the proxy of the smallkv cache `cache` on another thread, in parallel with
  *  `cache` (SmallKV's Algorithm 1 runs the two models side by side), or turns that off
  *  (`timeout_ms` 0, the default). With `timeout_ms` > 0, a call of `cache` that needs the proxy's
- *  attention of a step waits for it, up to `timeout_ms` milliseconds per call: kvsdk_cache_attend
- *  waits for the proxy's attend of the matched proxy layers at the same positions; an append or
- *  compression that has to match heads waits for the proxy's attend of every layer through the
- *  newest position involved. Results are bit-identical to running the proxy's step first on the
- *  same thread. Rules, which the host keeps:
+ *  attention of a step waits for it, each wait at most `timeout_ms` milliseconds:
+ *  kvsdk_cache_attend waits for the proxy's attend of the matched proxy layers at the same
+ *  positions; an append or compression that has to match heads waits for the proxy's attend of
+ *  every layer through the newest position involved. A wait spins for up to 0.3 ms before it
+ *  sleeps (waking a sleeping thread costs about as much as a small proxy layer). Results are
+ *  bit-identical to running the proxy's step first on the same thread. Once every head is
+ *  matched, the proxy's thread also computes, in its attend, the proxy attention that `cache`
+ *  reads at a decode step (work moved off `cache`'s thread). Rules, which the host keeps:
  *   - one step at a time: the proxy's thread starts the step for positions P (append, then
  *     attend, of each layer in order) no earlier than `cache`'s previous step returned, and
  *     `cache`'s step for P ends only after the proxy's step for P has finished (join the
