@@ -97,27 +97,15 @@ void SmallKvProxyLink::set_wait_ms(uint32_t ms) {
   wait_ms_ = ms;
 }
 
-uint32_t SmallKvProxyLink::wait_ms() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return wait_ms_;
-}
-
 std::chrono::steady_clock::time_point SmallKvProxyLink::deadline() const {
   return std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms_);
-}
-
-int64_t SmallKvProxyLink::newest_of_layer(uint32_t layer) const {
-  return layer < newest_.size() ? newest_[layer] : -1;
 }
 
 void SmallKvProxyLink::await_step(int64_t position) const {
   std::unique_lock<std::mutex> lock(mu_);
   if (wait_ms_ == 0 || !proxy_) return;
   const auto done = [&] {
-    for (size_t l = 0; l < newest_.size(); ++l) {
-      if (newest_of_layer(uint32_t(l)) < position) return false;
-    }
-    return true;
+    return std::all_of(newest_.begin(), newest_.end(), [&](int64_t p) { return p >= position; });
   };
   if (!spin_then_wait(lock, cv_, generation_, kSpin, deadline(), done)) {
     size_t l = 0;

@@ -77,7 +77,6 @@ class SmallKvProxyLink {
   // How long the large cache's calls wait for the proxy's thread (kvsdk_cache_set_proxy_wait):
   // 0 = never (the proxy ran first, on the same thread).
   void set_wait_ms(uint32_t ms);
-  uint32_t wait_ms() const;
   // Once every large head is matched: the proxy heads the large cache reads (`heads` [proxy
   // heads], non-zero: read) and the large cache's backend. With a wait set, the proxy's thread
   // then computes those heads' probabilities of a decode step itself, as it publishes their
@@ -86,8 +85,8 @@ class SmallKvProxyLink {
   void set_read_heads(const backend::Ops& ops, const std::vector<uint8_t>& heads);
   bool has_read_heads() const;
   // Returns once the proxy's latest pass over every layer has queries at `position` or later
-  // (the proxy's step through `position` is complete), waiting up to wait_ms(); without waiting
-  // (wait_ms() 0) returns at once, as the proxy then ran first. Throws KVSDK_E_STATE on timeout.
+  // (the proxy's step through `position` is complete), waiting up to the wait set; without waiting
+  // (wait 0) returns at once, as the proxy then ran first. Throws KVSDK_E_STATE on timeout.
   void await_step(int64_t position) const;
   // The newest position among the proxy's latest queries of every layer (-1: none; INT32_MAX
   // for a query without a position), for the large cache's kvsdk_cache_truncate: those queries
@@ -118,11 +117,9 @@ class SmallKvProxyLink {
   };
   // The row of `head`'s query at `position` in the proxy's latest pass over its layer (-1: none).
   int64_t find_query(uint32_t head, int32_t position) const;
-  // Waits (wait_ms()) until `head`'s layer has queries at every one of `positions` [n] and
+  // Waits (up to the wait set) until `head`'s layer has queries at every one of `positions` [n] and
   // returns their rows' start in latest_ (into query_rows_); throws KVSDK_E_STATE without them.
   void await_queries(uint32_t head, const int32_t* positions, size_t n) const;
-  // The newest position of each proxy layer's latest queries (-1: none), under mu_.
-  int64_t newest_of_layer(uint32_t layer) const;
 
   // The proxy's thread: computes the read heads' probabilities of this layer's single-query step
   // into staged_probs_ (false: none computed, e.g. a prefill chunk or no wait set).
