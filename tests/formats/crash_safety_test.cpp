@@ -3,6 +3,7 @@
 // full save leaves no temporary file behind for longer than the next save to the same path, and
 // that cleanup never touches the temporary file of a save still in progress.
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <thread>
@@ -141,8 +143,26 @@ void kill_during_saves(bool journal) {
   }
 }
 
-// True once process `pid` has a file in `dir` open that holds bytes: a save's temporary file being
-// written (named or, with O_TMPFILE, unnamed). The savers below open nothing else there.
+// True when descriptor `fd` of process `pid` is open for writing. A save's cleanup opens other
+// saves' temporary files read-only to test their locks; those are not the save's own file (taking
+// one for it let a kill land between the removal of an orphan and the creation of the save's
+// file, leaving no temporary file at all).
+bool open_for_writing(const std::string& fdinfo) {
+  FILE* f = std::fopen(fdinfo.c_str(), "r");
+  if (!f) return false;
+  char line[256];
+  unsigned long flags = 0;
+  bool found = false;
+  while (!found && std::fgets(line, sizeof line, f)) {
+    found = std::sscanf(line, "flags: %lo", &flags) == 1;
+  }
+  std::fclose(f);
+  return found && (flags & O_ACCMODE) != O_RDONLY;
+}
+
+// True once process `pid` has a file in `dir` open for writing that holds bytes: a save's
+// temporary file being written (named or, with O_TMPFILE, unnamed). The savers below write
+// nothing else there.
 bool writing_temp_file(pid_t pid, const std::string& dir) {
   char real[PATH_MAX];
   const std::string prefix = std::string(realpath(dir.c_str(), real) ? real : dir.c_str()) + "/";
@@ -159,7 +179,8 @@ bool writing_temp_file(pid_t pid, const std::string& dir) {
     const std::string t(target, size_t(n));
     struct stat st;
     if (t.compare(0, prefix.size(), prefix) == 0 &&
-        stat(link.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+        stat(link.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+        open_for_writing("/proc/" + std::to_string(pid) + "/fdinfo/" + e->d_name)) {
       found = true;
     }
   }
