@@ -76,6 +76,24 @@ struct SmallKvMarginal {
 };
 // --- end SmallKV ---------------------------------------------------------------------------------
 
+// --- A KIVI tier as raw buffers ----------------------------------------------------------------
+// The buffers of a KiviHeadStore (backends/cpu/kivi_store.h's layout) in the backend's memory,
+// without the host object: what a device store holds in its arena. `tokens` quantized tokens
+// (full key blocks of `group` tokens: no ragged blocks), then the exact residual rows (F16Rows).
+struct KiviTier {
+  const uint8_t* k_codes = nullptr;   // [tokens][packed row bytes]
+  const uint8_t* v_codes = nullptr;   // [tokens][packed row bytes]
+  const uint16_t* k_scale = nullptr;  // [tokens / group][dim] f16
+  const uint16_t* k_zero = nullptr;
+  const uint16_t* v_scale = nullptr;  // [tokens][ceil(dim / group)] f16
+  const uint16_t* v_zero = nullptr;
+  const int32_t* positions = nullptr;  // [tokens]
+  size_t tokens = 0;
+  uint32_t bits = 2;
+  uint32_t group = 32;
+  uint32_t residual = 128;  // R of the store (KiviConfig): bounds the residual rows it may hold
+};
+
 struct Ops {
   const char* name;
 
@@ -180,6 +198,13 @@ struct Ops {
   void (*attend_smallkv)(const QueryRows& q, const F16Rows& full, const SmallKvMarginal& marginal,
                          Workspace& ws, float* out);
   // --- end SmallKV -------------------------------------------------------------------------------
+
+  // --- KIVI over raw buffers (device stores: src/repr/device_kivi.h) ----------------------------
+  // attend_kivi of the KiviHeadStore that holds `tier`'s quantized tokens followed by the exact
+  // `residual` rows, in one softmax. The CPU tables rebuild that store on the host (a copy: for
+  // tests and tools, not the decode path); a device table reads the buffers where they are.
+  void (*attend_kivi_tier)(const QueryRows& q, const KiviTier& tier, const F16Rows& residual,
+                           Workspace& ws, float* out);
 };
 
 // The scalar reference backend (the oracle) and the optimized CPU backend.

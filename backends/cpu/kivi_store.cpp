@@ -272,22 +272,29 @@ void KiviHeadStore::reserve(size_t n_more) {
   }
 }
 
-KiviBytes KiviHeadStore::projected_bytes(size_t n_more) const {
-  const size_t G = cfg_.group;
-  size_t res = residual_tokens() + n_more, nq = n_quant_, nb = blocks();
-  if (res >= size_t(cfg_.residual) + G) {  // the flush loop of append(), in closed form
-    const size_t flushes = (res - size_t(cfg_.residual)) / G;
-    res -= flushes * G;
-    nq += flushes * G;
-    nb += flushes;
-  }
+size_t KiviHeadStore::flushed_tokens(const KiviConfig& config, size_t n_residual, size_t n_more) {
+  const size_t G = config.group, res = n_residual + n_more;
+  if (res < size_t(config.residual) + G) return 0;
+  return (res - size_t(config.residual)) / G * G;
+}
+
+KiviBytes KiviHeadStore::bytes_for(size_t dim, const KiviConfig& config, size_t n_quant,
+                                   size_t n_blocks, size_t n_residual, bool ragged) {
+  const uint64_t row = kivi_packed_bytes(dim, config.bits);
+  const uint64_t groups = kivi_value_groups(dim, config.group);
   KiviBytes b;
-  b.codes = 2 * uint64_t(nq) * row_bytes_;
-  b.scales_zeros = 2 * (2 * uint64_t(nb) * dim_ + 2 * uint64_t(nq) * v_groups_) +
-                   (ragged() ? sizeof(uint32_t) * uint64_t(nb) : 0);
-  b.residual = 2 * 2 * uint64_t(res) * dim_;
-  b.positions = sizeof(int32_t) * uint64_t(size() + n_more);
+  b.codes = 2 * uint64_t(n_quant) * row;
+  b.scales_zeros = 2 * (2 * uint64_t(n_blocks) * dim + 2 * uint64_t(n_quant) * groups) +
+                   (ragged ? sizeof(uint32_t) * uint64_t(n_blocks) : 0);
+  b.residual = 2 * 2 * uint64_t(n_residual) * dim;
+  b.positions = sizeof(int32_t) * uint64_t(n_quant + n_residual);
   return b;
+}
+
+KiviBytes KiviHeadStore::projected_bytes(size_t n_more) const {
+  const size_t flushed = flushed_tokens(cfg_, residual_tokens(), n_more);
+  return bytes_for(dim_, cfg_, n_quant_ + flushed, blocks() + flushed / cfg_.group,
+                   residual_tokens() + n_more - flushed, ragged());
 }
 
 KiviHeadBuffers KiviHeadStore::buffers() const {

@@ -106,6 +106,15 @@ class KiviHeadStore {
   // What bytes() will be after appending `n_more` tokens (flushes included), without appending:
   // lets a caller reserve budget before it changes anything.
   KiviBytes projected_bytes(size_t n_more) const;
+  // bytes() of a store of head_dim `dim` holding `n_quant` quantized tokens in `n_blocks` key
+  // blocks and `n_residual` exact rows (`ragged`: it records block counts). Stores that keep the
+  // same buffers elsewhere (a device's arena: src/repr/device_kivi.h) count with it.
+  static KiviBytes bytes_for(size_t dim, const KiviConfig& config, size_t n_quant, size_t n_blocks,
+                             size_t n_residual, bool ragged);
+  // How many tokens an append of `n_more` tokens to a store holding `n_residual` residual rows
+  // quantizes (its flushes, in closed form: append()'s loop flushes G at a time while the
+  // residual holds R + G or more).
+  static size_t flushed_tokens(const KiviConfig& config, size_t n_residual, size_t n_more);
 
   // Snapshot support: the buffers, and a store rebuilt from them. restore() checks every size
   // against head_dim and the config (throws kvsdk::Error KVSDK_E_CORRUPT on any mismatch, or

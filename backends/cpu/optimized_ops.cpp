@@ -12,6 +12,7 @@
 #include "cpu_workspace.h"
 #include "fast_attention.h"
 #include "fast_chunk_attention.h"
+#include "kivi_tier.h"
 #include "minicache_kivi.h"
 #include "minicache_merge.h"
 #include "smallkv.h"
@@ -219,6 +220,11 @@ void attend_smallkv(const QueryRows& q, const F16Rows& full, const SmallKvMargin
 }
 // --- end SmallKV --------------------------------------------------------------------------------
 
+void attend_kivi_tier(const QueryRows& q, const KiviTier& tier, const F16Rows& residual,
+                      Workspace& ws, float* out) {
+  attend_kivi(q, cpu::kivi_store_from_tier(tier, residual, q.dim), ws, out);
+}
+
 Ops make_optimized() {
   Ops ops = cpu_reference();
   ops.name = "cpu-optimized";
@@ -235,6 +241,7 @@ Ops make_optimized() {
   ops.specache_select_scored = specache_select_scored;
   ops.smallkv_softmax = smallkv_softmax;  // SmallKV
   ops.attend_smallkv = attend_smallkv;
+  ops.attend_kivi_tier = attend_kivi_tier;
   return ops;
 }
 

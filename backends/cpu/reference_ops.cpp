@@ -13,6 +13,7 @@
 #include "cpu_workspace.h"
 #include "kivi_attention.h"
 #include "kivi_quant.h"
+#include "kivi_tier.h"
 #include "minicache_kivi.h"
 #include "minicache_merge.h"
 #include "policy/importance.h"
@@ -188,6 +189,11 @@ void attend_smallkv(const QueryRows& q, const F16Rows& full, const SmallKvMargin
 }
 // --- end SmallKV --------------------------------------------------------------------------------
 
+void attend_kivi_tier(const QueryRows& q, const KiviTier& tier, const F16Rows& residual,
+                      Workspace& ws, float* out) {
+  attend_kivi(q, cpu::kivi_store_from_tier(tier, residual, q.dim), ws, out);
+}
+
 }  // namespace
 
 const Ops& cpu_reference() {
@@ -204,6 +210,7 @@ const Ops& cpu_reference() {
       specache_select,
       attend_specache_scored, specache_select_scored,
       smallkv_softmax, attend_smallkv,  // SmallKV
+      attend_kivi_tier,
   };
   return ops;
 }

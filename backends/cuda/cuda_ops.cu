@@ -1,7 +1,8 @@
 // The CUDA kernel table (cuda_ops.h). Memory entries are complete when they return; inside a
 // context's DeviceScope they run on the context's queue (cuda_queue.h: copy stream, pinned
 // staging), and attention is cuda_decode_attention's split-K kernel over one KV head's f16 rows
-// on the queue's compute stream, which the next transfer waits for.
+// (and, for KIVI stores, its quantized blocks) on the queue's compute stream, which the next
+// transfer waits for.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -47,11 +48,12 @@ void workspace_destroy(backend::Workspace* ws) {
   delete w;
 }
 
-// One KV head's f16 rows against query rows of one conversation: each run of q.group rows (one
+// One KV head's tiers against query rows of one conversation: each run of q.group rows (one
 // token's query heads) is a "sequence" of the decode kernel reading the same rows, masked by
-// position. Long prefill chunks go in pieces within the kernel's grid limit.
-void attend_f16(const backend::QueryRows& q, const backend::F16Rows& rows, backend::Workspace& ws,
-                float* out) {
+// position. Long prefill chunks go in pieces within the kernel's grid limit. `kivi` null: the
+// exact rows alone.
+void attend_tiers(const backend::QueryRows& q, const KiviTierView* kivi, const ExactTierView& exact,
+                  backend::Workspace& ws, float* out) {
   const size_t group =
       q.group >= 1 && q.group <= kDecodeMaxGroup && q.n_rows % q.group == 0 ? q.group : 1;
   KVSDK_REQUIRE(q.dim == 64 || q.dim == 128 || q.dim == 256, "cuda: attention over head_dim ",
@@ -67,7 +69,7 @@ void attend_f16(const backend::QueryRows& q, const backend::F16Rows& rows, backe
     shape.dim = q.dim;
     shape.scale = q.scale;
     shape.shared_rows = true;
-    const DecodePlan plan = plan_decode(shape, 0, rows.n_tokens);
+    const DecodePlan plan = plan_decode(shape, kivi ? kivi->tokens : 0, exact.tokens);
     if (plan.workspace_bytes > w.bytes) {
       void* grown = nullptr;
       check_cuda(cudaMalloc(&grown, plan.workspace_bytes), "cudaMalloc (attention workspace)");
@@ -75,17 +77,44 @@ void attend_f16(const backend::QueryRows& q, const backend::F16Rows& rows, backe
       w.partials = grown;
       w.bytes = plan.workspace_bytes;
     }
-    ExactTierView view;
-    view.k = rows.k;
-    view.v = rows.v;
-    view.tokens = view.capacity = rows.n_tokens;
-    view.positions = rows.positions;
     const size_t row0 = first * group;
-    decode_attention(q.q + row0 * q.dim, shape, nullptr, &view, plan, w.partials,
+    decode_attention(q.q + row0 * q.dim, shape, kivi, &exact, plan, w.partials,
                      out + row0 * q.dim, compute_stream(), q.positions + row0);
   }
   // No synchronisation: the caller's next transfer (to_host) waits for the kernels and reports a
   // fault in them.
+}
+
+ExactTierView exact_view(const backend::F16Rows& rows) {
+  ExactTierView view;
+  view.k = rows.k;
+  view.v = rows.v;
+  view.tokens = view.capacity = rows.n_tokens;
+  view.positions = rows.positions;
+  return view;
+}
+
+void attend_f16(const backend::QueryRows& q, const backend::F16Rows& rows, backend::Workspace& ws,
+                float* out) {
+  attend_tiers(q, nullptr, exact_view(rows), ws, out);
+}
+
+// A device KIVI store's head (src/repr/device_kivi.h): its quantized blocks and exact residual
+// rows in one softmax, the split-K kernel dequantizing the codes as it loads them.
+void attend_kivi_tier(const backend::QueryRows& q, const backend::KiviTier& tier,
+                      const backend::F16Rows& residual, backend::Workspace& ws, float* out) {
+  KiviTierView view;
+  view.k_codes = tier.k_codes;
+  view.v_codes = tier.v_codes;
+  view.k_scale = tier.k_scale;
+  view.k_zero = tier.k_zero;
+  view.v_scale = tier.v_scale;
+  view.v_zero = tier.v_zero;
+  view.bits = tier.bits;
+  view.group = tier.group;
+  view.tokens = view.capacity = tier.tokens;
+  view.positions = tier.positions;
+  attend_tiers(q, &view, exact_view(residual), ws, out);
 }
 
 void require_device(int32_t device) {
@@ -136,6 +165,7 @@ backend::Ops make_ops() {
   ops.workspace_create = workspace_create;
   ops.workspace_destroy = workspace_destroy;
   ops.attend_f16 = attend_f16;
+  ops.attend_kivi_tier = attend_kivi_tier;
   refuse(ops.f32_to_f16), refuse(ops.f16_to_f32);
   refuse(ops.kivi_quantize_keys), refuse(ops.kivi_dequantize_keys);
   refuse(ops.kivi_quantize_values), refuse(ops.kivi_dequantize_values);

@@ -31,7 +31,9 @@ Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk
   }
   if (ctx_->ops().device_memory) {
     // Device backends (CUDA): every layer in the context's device arena, for the policies that
-    // have a device path (the store refuses the others).
+    // have a device path (the row store refuses the others); a method's device store holds the
+    // layers it compresses.
+    if (traits_.make_device_store) repr_ = traits_.make_device_store(geometry_, policy_, *ctx_);
     rows_ = std::make_unique<DeviceRows>(geometry_, policy_, *ctx_);
   } else {
     repr_ = make_representation(geometry_, policy_);
@@ -342,7 +344,8 @@ kvsdk_cache_stats Cache::stats() const {
   s.context_used_bytes = ctx_->used();
   if (ctx_->arena()) {
     s.device_arena_bytes = ctx_->budget();
-    s.device_reserved_bytes = rows_->device_reserved_bytes();
+    s.device_reserved_bytes =
+        rows_->device_reserved_bytes() + (repr_ ? repr_->device_reserved_bytes() : 0);
   }
   return s;
 }

@@ -11,6 +11,7 @@
 namespace kvsdk {
 
 struct Geometry;
+class Context;
 class Representation;
 
 // How the selection stage picks the rows an evicting layer keeps (src/policy/selection.h).
@@ -52,6 +53,10 @@ struct MethodTraits {
   std::unique_ptr<Representation> (*make_store)(const Geometry&, const kvsdk_policy&);
   // Whether its caches run on device backends (CUDA; src/repr/device_rows.h) in this version.
   bool on_device = false;
+  // The device store of the layers it compresses (src/repr/device_kivi.h; null: the device's
+  // row store holds every layer, as make_store null does on the host).
+  std::unique_ptr<Representation> (*make_device_store)(const Geometry&, const kvsdk_policy&,
+                                                       Context&) = nullptr;
 
   bool evicts() const { return selection != Selection::kNone; }
   bool uses_window() const { return selection == Selection::kObservationWindow; }

@@ -117,52 +117,69 @@ void KiviRepresentation::read(uint32_t layer, uint32_t kv_head, float* k, float*
 std::string KiviRepresentation::truncate_refusal(uint32_t layer, int32_t position) const {
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     const cpu::KiviHeadStore& s = heads_[layer][h];
-    if (s.can_remove_from(position)) continue;
-    const size_t since = s.residual_tokens() - std::min<size_t>(s.residual_tokens(),
-                                                                  s.config().residual);
-    return "layer " + std::to_string(layer) + " quantized a KIVI block while it held tokens " +
-           "from position " + std::to_string(position) + " on; only the " +
-           std::to_string(since) + " tokens appended since its last flush can go";
+    if (!s.can_remove_from(position)) {
+      return kivi_flush_refusal(layer, position, s.residual_tokens(), config_);
+    }
   }
   return {};
+}
+
+std::string kivi_flush_refusal(uint32_t layer, int32_t position, size_t residual_tokens,
+                               const cpu::KiviConfig& config) {
+  const size_t since = residual_tokens - std::min<size_t>(residual_tokens, config.residual);
+  return "layer " + std::to_string(layer) + " quantized a KIVI block while it held tokens " +
+         "from position " + std::to_string(position) + " on; only the " + std::to_string(since) +
+         " tokens appended since its last flush can go";
 }
 
 void KiviRepresentation::truncate(uint32_t layer, int32_t position) noexcept {
   for (cpu::KiviHeadStore& s : heads_[layer]) s.remove_from(position);
 }
 
-std::vector<TierRecord> KiviRepresentation::save(uint32_t layer) const {
-  std::vector<TierRecord> out(geometry_.n_kv_heads);
-  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+std::vector<TierRecord> kivi_layer_to_records(uint32_t layer,
+                                              const std::vector<cpu::KiviHeadStore>& heads) {
+  std::vector<TierRecord> out(heads.size());
+  for (uint32_t h = 0; h < heads.size(); ++h) {
     out[h].layer = layer;
     out[h].kv_head = h;
     out[h].kind = "kivi.head";
-    kivi_store_to_record(heads_[layer][h], "", out[h]);
+    kivi_store_to_record(heads[h], "", out[h]);
   }
   return out;
 }
 
-void KiviRepresentation::restore(uint32_t layer, const std::vector<TierRecord>& records) {
-  if (records.size() != geometry_.n_kv_heads) {
+std::vector<cpu::KiviHeadStore> kivi_layer_from_records(const Geometry& g,
+                                                        const cpu::KiviConfig& config,
+                                                        uint32_t layer,
+                                                        const std::vector<TierRecord>& records) {
+  if (records.size() != g.n_kv_heads) {
     fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " has ", records.size(),
-         " KIVI head records, expected ", geometry_.n_kv_heads);
+         " KIVI head records, expected ", g.n_kv_heads);
   }
   std::vector<cpu::KiviHeadStore> heads;
-  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+  for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
     const TierRecord& r = records[h];
     if (r.kind != "kivi.head" || r.kv_head != h || r.layer != layer) {
       fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " record ", h, " is '", r.kind,
            "' for layer ", r.layer, " KV head ", r.kv_head, ", expected 'kivi.head' for KV head ",
            h);
     }
-    heads.push_back(kivi_store_from_record(geometry_.head_dim, config_, "", r));
+    heads.push_back(kivi_store_from_record(g.head_dim, config, "", r));
     if (h > 0 && heads[h].size() != heads[0].size()) {
       // Appends and evictions keep the same number of rows in every head of a layer.
       fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " KV head ", h, " holds ", heads[h].size(),
            " rows but head 0 holds ", heads[0].size());
     }
   }
-  heads_[layer] = std::move(heads);
+  return heads;
+}
+
+std::vector<TierRecord> KiviRepresentation::save(uint32_t layer) const {
+  return kivi_layer_to_records(layer, heads_[layer]);
+}
+
+void KiviRepresentation::restore(uint32_t layer, const std::vector<TierRecord>& records) {
+  heads_[layer] = kivi_layer_from_records(geometry_, config_, layer, records);
 }
 
 const int32_t* KiviRepresentation::row_positions(uint32_t layer, uint32_t kv_head) const {
@@ -231,23 +248,31 @@ void KiviRepresentation::drop_keep() noexcept {
   for (char& a : planned_active_) a = 0;
 }
 
-uint64_t KiviRepresentation::layer_token_bytes(uint64_t extra_per_row) const {
-  const double per_row = cpu::KiviHeadStore::bytes_per_quantized_token(geometry_.head_dim,
-                                                                       config_);
-  return uint64_t(geometry_.n_kv_heads) * (uint64_t(std::ceil(per_row)) + extra_per_row);
+uint64_t kivi_layer_token_bytes(const Geometry& g, const cpu::KiviConfig& config,
+                                uint64_t extra_per_row) {
+  const double per_row = cpu::KiviHeadStore::bytes_per_quantized_token(g.head_dim, config);
+  return uint64_t(g.n_kv_heads) * (uint64_t(std::ceil(per_row)) + extra_per_row);
 }
 
-uint64_t KiviRepresentation::layer_token_capacity(uint64_t bytes, uint64_t extra_per_row) const {
+uint64_t kivi_layer_token_capacity(const Geometry& g, const cpu::KiviConfig& config,
+                                   uint64_t bytes, uint64_t extra_per_row) {
   // Per layer, the newest rows of every head sit in the exact residual window (R to R + G - 1 of
   // them); charge the largest window at the exact cost so that the estimate rarely overshoots.
-  const Geometry& g = geometry_;
   const uint64_t exact =
       uint64_t(g.n_kv_heads) * (ExactStore::bytes_per_token(g.head_dim) + extra_per_row);
-  const uint64_t quant = layer_token_bytes(extra_per_row);
-  const uint64_t window = uint64_t(config_.residual) + uint64_t(config_.group) - 1;
+  const uint64_t quant = kivi_layer_token_bytes(g, config, extra_per_row);
+  const uint64_t window = uint64_t(config.residual) + uint64_t(config.group) - 1;
   const uint64_t window_bytes = uint64_t(g.n_layers) * window * exact;
   if (bytes <= window_bytes) return bytes / exact;
   return uint64_t(g.n_layers) * window + (bytes - window_bytes) / quant;
+}
+
+uint64_t KiviRepresentation::layer_token_bytes(uint64_t extra_per_row) const {
+  return kivi_layer_token_bytes(geometry_, config_, extra_per_row);
+}
+
+uint64_t KiviRepresentation::layer_token_capacity(uint64_t bytes, uint64_t extra_per_row) const {
+  return kivi_layer_token_capacity(geometry_, config_, bytes, extra_per_row);
 }
 
 }  // namespace kvsdk

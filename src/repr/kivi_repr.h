@@ -9,6 +9,7 @@
 // drops rows without re-quantizing, so a kept row never changes.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "attention.h"
@@ -23,6 +24,25 @@ void kivi_store_to_record(const cpu::KiviHeadStore& store, const std::string& pr
 cpu::KiviHeadStore kivi_store_from_record(size_t head_dim, const cpu::KiviConfig& config,
                                           const std::string& prefix, const TierRecord& record);
 cpu::KiviConfig kivi_config(const kvsdk_policy& policy);
+// One layer's KIVI heads as snapshot records ("kivi.head", one per KV head), and back: every
+// record checked (KVSDK_E_CORRUPT for a wrong kind, head or layer, buffers that do not fit the
+// geometry, heads of different lengths).
+std::vector<TierRecord> kivi_layer_to_records(uint32_t layer,
+                                              const std::vector<cpu::KiviHeadStore>& heads);
+std::vector<cpu::KiviHeadStore> kivi_layer_from_records(const Geometry& geometry,
+                                                        const cpu::KiviConfig& config,
+                                                        uint32_t layer,
+                                                        const std::vector<TierRecord>& records);
+// Why a KIVI layer holding `residual_tokens` residual rows cannot truncate at `position`: it
+// quantized a block while it held tokens from there on (KiviHeadStore::can_remove_from).
+std::string kivi_flush_refusal(uint32_t layer, int32_t position, size_t residual_tokens,
+                               const cpu::KiviConfig& config);
+// Representation::layer_token_bytes / layer_token_capacity of a KIVI store of `geometry` (every
+// layer and KV head; estimates: see KiviRepresentation), shared by the host and device stores.
+uint64_t kivi_layer_token_bytes(const Geometry& geometry, const cpu::KiviConfig& config,
+                                uint64_t extra_per_row);
+uint64_t kivi_layer_token_capacity(const Geometry& geometry, const cpu::KiviConfig& config,
+                                   uint64_t bytes, uint64_t extra_per_row);
 
 class KiviRepresentation final : public Representation {
  public:

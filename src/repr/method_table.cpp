@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "core/method_traits.h"
+#include "repr/device_kivi.h"
 #include "repr/exact_rows.h"
 #include "repr/kivi_repr.h"
 #include "repr/minicache_repr.h"
@@ -20,13 +21,18 @@ template <class Store>
 std::unique_ptr<Representation> make(const Geometry& g, const kvsdk_policy& p) {
   return std::make_unique<Store>(g, p);
 }
+template <class Store>
+std::unique_ptr<Representation> make_device(const Geometry& g, const kvsdk_policy& p,
+                                            Context& ctx) {
+  return std::make_unique<Store>(g, p, ctx);
+}
 
 using S = Selection;
 using A = Allocation;
 using Q = QuantUse;
 
 // method, name, selection, allocation, quant_bits, default bits, proxy, prefetch, store of the
-// compressed layers, runs on device backends (CUDA)
+// compressed layers, runs on device backends (CUDA), store of the compressed layers there
 constexpr MethodTraits kTable[] = {
     {KVSDK_METHOD_FULL, "full",
      S::kNone, A::kUniform, Q::kNone, 0, false, false, nullptr, true},
@@ -41,7 +47,8 @@ constexpr MethodTraits kTable[] = {
     {KVSDK_METHOD_XKV, "xkv",
      S::kObservationWindow, A::kXkv, Q::kOverlay, 0, false, false, nullptr, true},
     {KVSDK_METHOD_KIVI, "kivi",
-     S::kNone, A::kUniform, Q::kRequired, 2, false, false, make<KiviRepresentation>},
+     S::kNone, A::kUniform, Q::kRequired, 2, false, false, make<KiviRepresentation>, true,
+     make_device<DeviceKivi>},
     // SpindleKV: codebooks in the shallow layers, observation-window eviction in the deep ones.
     {KVSDK_METHOD_SPINDLEKV, "spindlekv",
      S::kObservationWindow, A::kPyramidUncovered, Q::kNone, 0, false, false, make<SpindleKvRepresentation>},

@@ -1,0 +1,29 @@
+#include "kivi_tier.h"
+
+#include "kivi_quant.h"
+
+namespace kvsdk::cpu {
+
+KiviHeadStore kivi_store_from_tier(const backend::KiviTier& tier, const backend::F16Rows& residual,
+                                   size_t dim) {
+  const KiviConfig config{tier.bits, tier.group, tier.residual};
+  const size_t nq = tier.tokens, nr = residual.n_tokens;
+  const size_t row = kivi_packed_bytes(dim, tier.bits);
+  const size_t blocks = tier.group ? nq / tier.group : 0;
+  const size_t vg = tier.group ? kivi_value_groups(dim, tier.group) : 0;
+  KiviHeadBuffers b;
+  b.quantized_tokens = nq;
+  b.positions.assign(tier.positions, tier.positions + nq);
+  b.positions.insert(b.positions.end(), residual.positions, residual.positions + nr);
+  b.key_codes.assign(tier.k_codes, tier.k_codes + nq * row);
+  b.value_codes.assign(tier.v_codes, tier.v_codes + nq * row);
+  b.key_scales.assign(tier.k_scale, tier.k_scale + blocks * dim);
+  b.key_zeros.assign(tier.k_zero, tier.k_zero + blocks * dim);
+  b.value_scales.assign(tier.v_scale, tier.v_scale + nq * vg);
+  b.value_zeros.assign(tier.v_zero, tier.v_zero + nq * vg);
+  b.residual_keys.assign(residual.k, residual.k + nr * dim);
+  b.residual_values.assign(residual.v, residual.v + nr * dim);
+  return KiviHeadStore::restore(dim, config, std::move(b));
+}
+
+}  // namespace kvsdk::cpu
