@@ -178,10 +178,12 @@ void BM_Decode(benchmark::State& state, bool kivi) {
   }
 }
 
-// One decode step of a 'full' cache through the C API, on `backend` (wall clock: every call is
-// synchronous). The cache holds `tokens` tokens of one layer before the timed steps.
-std::map<size_t, double> g_cpu_step_s;  // tokens -> seconds per step on the CPU backend
-void BM_CacheDecodeStep(benchmark::State& state, kvsdk_backend backend) {
+// One decode step of a cache of policy `spec` ("full", "kivi") through the C API, on `backend`
+// (wall clock: every call is synchronous). The cache holds `tokens` tokens of one layer before
+// the timed steps.
+std::map<std::pair<std::string, size_t>, double> g_cpu_step_s;   // (spec, tokens) -> s per step
+std::map<size_t, double> g_full_cuda_step_s;                      // tokens -> s per step, 'full'
+void BM_CacheDecodeStep(benchmark::State& state, kvsdk_backend backend, const char* spec) {
   const size_t tokens = size_t(state.range(0));
   const size_t row = kKvHeads * kDim, steps = 64;
   kvsdk_context_options o;
@@ -194,8 +196,13 @@ void BM_CacheDecodeStep(benchmark::State& state, kvsdk_backend backend) {
   kvsdk_geometry g;
   kvsdk_geometry_init(&g);
   g.n_layers = 1, g.n_q_heads = kQHeads, g.n_kv_heads = kKvHeads, g.head_dim = kDim;
+  kvsdk_policy policy;
+  if (kvsdk_policy_parse(&policy, spec) != KVSDK_OK) {
+    kvsdk_context_destroy(ctx);
+    return state.SkipWithError(kvsdk_last_error());
+  }
   kvsdk_cache* cache = nullptr;
-  if (kvsdk_cache_create(&cache, ctx, &g, nullptr) != KVSDK_OK) {
+  if (kvsdk_cache_create(&cache, ctx, &g, &policy) != KVSDK_OK) {
     kvsdk_context_destroy(ctx);
     return state.SkipWithError(kvsdk_last_error());
   }
@@ -221,11 +228,19 @@ void BM_CacheDecodeStep(benchmark::State& state, kvsdk_backend backend) {
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
     state.SetIterationTime(s);
+    const std::pair<std::string, size_t> key{spec, tokens};
     if (backend == KVSDK_BACKEND_CPU) {
-      g_cpu_step_s[tokens] = s;
+      g_cpu_step_s[key] = s;
     } else {
-      if (g_dense_s.count({tokens, 1})) state.counters["x_kernel_only"] = s / g_dense_s[{tokens, 1}];
-      if (g_cpu_step_s.count(tokens)) state.counters["speedup_vs_cpu"] = g_cpu_step_s[tokens] / s;
+      const bool full = std::string(spec) == "full";
+      if (full) g_full_cuda_step_s[tokens] = s;
+      if (full && g_dense_s.count({tokens, 1})) {
+        state.counters["x_kernel_only"] = s / g_dense_s[{tokens, 1}];
+      }
+      if (g_cpu_step_s.count(key)) state.counters["speedup_vs_cpu"] = g_cpu_step_s[key] / s;
+      if (!full && g_full_cuda_step_s.count(tokens)) {
+        state.counters["x_full_cuda"] = s / g_full_cuda_step_s[tokens];
+      }
     }
   }
   kvsdk_cache_destroy(cache);
@@ -267,13 +282,17 @@ int main(int argc, char** argv) {
     }
   }
   for (int64_t tokens : {4096, 32768}) {
-    // The CPU first: the CUDA run reports its speed-up over it.
-    benchmark::RegisterBenchmark("CacheDecodeStepCpu/tokens",
-                                 [](benchmark::State& s) { BM_CacheDecodeStep(s, KVSDK_BACKEND_CPU); })
-        ->Arg(tokens)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(3);
-    benchmark::RegisterBenchmark("CacheDecodeStepCuda/tokens",
-                                 [](benchmark::State& s) { BM_CacheDecodeStep(s, KVSDK_BACKEND_CUDA); })
-        ->Arg(tokens)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(3);
+    // The CPU first: the CUDA run reports its speed-up over it; 'full' before 'kivi' (KIVI-2),
+    // which reports its time against full's on the device.
+    for (const char* spec : {"full", "kivi"}) {
+      const std::string name = std::string("CacheDecodeStep/") + spec;
+      benchmark::RegisterBenchmark((name + "/cpu/tokens").c_str(), [spec](benchmark::State& s) {
+        BM_CacheDecodeStep(s, KVSDK_BACKEND_CPU, spec);
+      })->Arg(tokens)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(3);
+      benchmark::RegisterBenchmark((name + "/cuda/tokens").c_str(), [spec](benchmark::State& s) {
+        BM_CacheDecodeStep(s, KVSDK_BACKEND_CUDA, spec);
+      })->Arg(tokens)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(3);
+    }
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
