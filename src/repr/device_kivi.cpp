@@ -30,6 +30,7 @@ DeviceKivi::DeviceKivi(const Geometry& g, const kvsdk_policy& p, Context& ctx)
       ctx_(ctx),
       device_(ctx.ops()),
       regions_(*ctx.regions()),
+      queries_(ctx.ops()),
       config_(kivi_config(p)),
       capacity_(g.n_layers),
       positions_(g.n_layers),
@@ -44,7 +45,6 @@ DeviceKivi::DeviceKivi(const Geometry& g, const kvsdk_policy& p, Context& ctx)
   groups_ = cpu::kivi_value_groups(g.head_dim, config_.group);
   layout_ = layout_for(capacity_);
   regions_.join(this);
-  scratch_.ops = &device_;
 }
 
 DeviceKivi::~DeviceKivi() { regions_.leave(this); }
@@ -308,23 +308,7 @@ void DeviceKivi::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                         const int32_t* row_positions, size_t n_rows, float* out) const {
   check_usable();
   const Context::DeviceScope on_device(ctx_);
-  const size_t dim = geometry_.head_dim;
-  const size_t q_bytes = n_rows * dim * sizeof(float), pos_bytes = n_rows * sizeof(int32_t);
-  const size_t need = 2 * q_bytes + pos_bytes;  // queries, outputs, positions (16-byte aligned)
-  if (need > scratch_.bytes) {
-    void* more = device_.alloc(need);
-    if (!more) fail(KVSDK_E_NO_MEMORY, device_.name, ": no device memory for attention scratch");
-    if (scratch_.buffer) device_.free(scratch_.buffer);
-    scratch_.buffer = more;
-    scratch_.bytes = need;
-  }
-  char* at = static_cast<char*>(scratch_.buffer);
-  float* dq = reinterpret_cast<float*>(at);
-  float* dout = reinterpret_cast<float*>(at + q_bytes);
-  int32_t* dpos = reinterpret_cast<int32_t*>(at + 2 * q_bytes);
-  device_.to_backend(dq, q_rows, q_bytes);
-  device_.to_backend(dpos, row_positions, pos_bytes);
-  backend::QueryRows q = query_rows(dq, dpos, n_rows);
+  backend::QueryRows q = queries_.to_device(query_rows(q_rows, row_positions, n_rows));
   q.group = geometry_.group_size();
   const auto u8 = [&](Part p) {
     return reinterpret_cast<const uint8_t*>(slice(layer, kv_head, p));
@@ -349,8 +333,8 @@ void DeviceKivi::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
   tier.residual = config_.residual;
   const backend::F16Rows rows{u16(kResidualKeys), u16(kResidualValues), i32(kResidualPositions),
                               residual(layer)};
-  device_.attend_kivi_tier(q, tier, rows, workspace(), dout);
-  device_.to_host(out, dout, q_bytes);
+  device_.attend_kivi_tier(q, tier, rows, workspace(), queries_.device_out());
+  queries_.to_host(out);
 }
 
 cpu::KiviHeadStore DeviceKivi::stage_head(uint32_t layer, uint32_t kv_head) const {

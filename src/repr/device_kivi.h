@@ -37,6 +37,7 @@
 #include "core/context.h"
 #include "core/representation.h"
 #include "device_arena_plan.h"
+#include "repr/device_queries.h"
 #include "kivi_store.h"
 
 namespace kvsdk {
@@ -112,6 +113,7 @@ class DeviceKivi final : public Representation, private ArenaOwner {
   Context& ctx_;
   const backend::Ops& device_;
   ArenaRegions& regions_;
+  mutable DeviceQueries queries_;  // attention's queries and output on the device
   cpu::KiviConfig config_;
   size_t row_bytes_;    // packed code bytes per token
   size_t groups_;       // value groups per token
@@ -127,16 +129,6 @@ class DeviceKivi final : public Representation, private ArenaOwner {
   std::vector<float> block_k_, block_v_;
   std::vector<uint8_t> codes_k_, codes_v_;
   std::vector<uint16_t> k_scale_, k_zero_, v_scale_, v_zero_;
-  // Device scratch of attention: queries, their positions and the output, grown and reused.
-  struct DeviceScratch {
-    const backend::Ops* ops = nullptr;
-    void* buffer = nullptr;
-    size_t bytes = 0;
-    ~DeviceScratch() {
-      if (buffer) ops->free(buffer);
-    }
-  };
-  mutable DeviceScratch scratch_;
 };
 
 }  // namespace kvsdk

@@ -15,6 +15,7 @@ DeviceRows::DeviceRows(const Geometry& g, const kvsdk_policy& p, Context& ctx)
       ctx_(ctx),
       device_(ctx.ops()),
       regions_(*ctx.regions()),
+      queries_(ctx.ops()),
       capacity_(g.n_layers, 0),
       positions_(g.n_layers, std::vector<std::vector<int32_t>>(g.n_kv_heads)),
       plans_(g.n_layers),
@@ -30,7 +31,6 @@ DeviceRows::DeviceRows(const Geometry& g, const kvsdk_policy& p, Context& ctx)
   }
   layout_ = layout_for(capacity_);
   regions_.join(this);
-  scratch_.ops = &device_;
 }
 
 DeviceRows::~DeviceRows() { regions_.leave(this); }
@@ -236,30 +236,14 @@ void DeviceRows::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                         const int32_t* row_positions, size_t n_rows, float* out) const {
   check_usable();
   const Context::DeviceScope on_device(ctx_);
-  const size_t dim = geometry_.head_dim;
-  const size_t q_bytes = n_rows * dim * sizeof(float), pos_bytes = n_rows * sizeof(int32_t);
-  const size_t need = 2 * q_bytes + pos_bytes;  // queries, outputs, positions (16-byte aligned)
-  if (need > scratch_.bytes) {
-    void* grown = device_.alloc(need);
-    if (!grown) fail(KVSDK_E_NO_MEMORY, device_.name, ": no device memory for attention scratch");
-    if (scratch_.buffer) device_.free(scratch_.buffer);
-    scratch_.buffer = grown;
-    scratch_.bytes = need;
-  }
-  char* base = static_cast<char*>(scratch_.buffer);
-  float* dq = reinterpret_cast<float*>(base);
-  float* dout = reinterpret_cast<float*>(base + q_bytes);
-  int32_t* dpos = reinterpret_cast<int32_t*>(base + 2 * q_bytes);
-  device_.to_backend(dq, q_rows, q_bytes);
-  device_.to_backend(dpos, row_positions, pos_bytes);
-  backend::QueryRows q = query_rows(dq, dpos, n_rows);
+  backend::QueryRows q = queries_.to_device(query_rows(q_rows, row_positions, n_rows));
   q.group = geometry_.group_size();
   const backend::F16Rows rows{reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kKeys)),
                               reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kValues)),
                               reinterpret_cast<const int32_t*>(slice(layer, kv_head, kPositions)),
                               positions_[layer][kv_head].size()};
-  device_.attend_f16(q, rows, workspace(), dout);
-  device_.to_host(out, dout, q_bytes);
+  device_.attend_f16(q, rows, workspace(), queries_.device_out());
+  queries_.to_host(out);
 }
 
 void DeviceRows::stage_head(uint32_t layer, uint32_t kv_head, ExactStore& into) const {

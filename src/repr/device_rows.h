@@ -30,6 +30,7 @@
 
 #include "core/context.h"
 #include "core/representation.h"
+#include "repr/device_queries.h"
 #include "repr/keep_plan.h"
 #include "device_arena_plan.h"
 
@@ -131,6 +132,7 @@ class DeviceRows final : public Representation, private ArenaOwner {
   Context& ctx_;
   const backend::Ops& device_;
   ArenaRegions& regions_;
+  mutable DeviceQueries queries_;  // attention's queries and output on the device
   cuda::ArenaPartition layout_;
   std::vector<uint64_t> capacity_;                            // [layer] rows per head
   std::vector<std::vector<std::vector<int32_t>>> positions_;  // [layer][head] host mirror
@@ -148,16 +150,6 @@ class DeviceRows final : public Representation, private ArenaOwner {
   mutable std::vector<std::vector<ExactStore>> staged_;
   mutable std::vector<std::vector<char>> present_;
   mutable std::atomic<bool> any_staged_{false};
-  // Device scratch of attention: queries, their positions and the output, grown and reused.
-  struct DeviceScratch {
-    const backend::Ops* ops = nullptr;
-    void* buffer = nullptr;
-    size_t bytes = 0;
-    ~DeviceScratch() {
-      if (buffer) ops->free(buffer);
-    }
-  };
-  mutable DeviceScratch scratch_;
 };
 
 }  // namespace kvsdk

@@ -21,6 +21,7 @@
 #include "cuda_ops.h"
 #include "cuda_queue.h"
 #include "cuda_test_util.h"
+#include "device_cache_util.h"
 #include "../../api/preset_util.h"
 #include "../../formats/snapshot_test_util.h"
 #include "kvsdk.h"
@@ -30,99 +31,8 @@ namespace {
 
 using kvsdk_test::CachePtr;
 using kvsdk_test::ContextPtr;
+using namespace kvsdk_device_test;
 
-#ifdef KVSDK_CUDA_HOST_SHIM
-// The shim's CUDA backend stands in for the build's missing one in this test binary.
-class ShimBackend : public ::testing::Environment {
- public:
-  void SetUp() override { kvsdk::backend::install_cuda_backend(&kvsdk::cuda::device_backend()); }
-  void TearDown() override { kvsdk::backend::install_cuda_backend(nullptr); }
-};
-const auto* const g_shim = ::testing::AddGlobalTestEnvironment(new ShimBackend);
-#endif
-
-kvsdk_status cuda_context(uint64_t budget, ContextPtr& out) {
-  kvsdk_context_options o;
-  kvsdk_context_options_init(&o);
-  o.backend = KVSDK_BACKEND_CUDA;
-  o.budget_bytes = budget;
-  kvsdk_context* c = nullptr;
-  const kvsdk_status st = kvsdk_context_create(&c, &o);
-  out.reset(c);
-  return st;
-}
-
-// First statement of the tests that need a device: skips (with the reason) when the context
-// cannot be created for lack of one, which must then be KVSDK_E_BACKEND.
-#define CUDA_CONTEXT_OR_SKIP(ctx, budget)                                                   \
-  ContextPtr ctx;                                                                           \
-  {                                                                                         \
-    const kvsdk_status st_ = cuda_context((budget), ctx);                                   \
-    if (st_ == KVSDK_E_BACKEND) KVSDK_NO_CUDA_DEVICE(kvsdk_last_error());                   \
-    ASSERT_EQ(st_, KVSDK_OK) << kvsdk_last_error();                                         \
-  }
-
-uint64_t device_bytes_in_use() {
-  size_t free_bytes = 0, total = 0;
-  EXPECT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
-  return uint64_t(total - free_bytes);
-}
-
-struct Rows {
-  std::vector<float> k, v;
-  std::vector<int32_t> pos;
-};
-
-Rows read_rows(kvsdk_cache* c, uint32_t layer, uint32_t head, uint32_t dim) {
-  size_t n = 0;
-  EXPECT_EQ(kvsdk_cache_read(c, layer, head, nullptr, nullptr, nullptr, 0, &n), KVSDK_OK);
-  Rows r{std::vector<float>(n * dim), std::vector<float>(n * dim), std::vector<int32_t>(n)};
-  EXPECT_EQ(kvsdk_cache_read(c, layer, head, r.k.data(), r.v.data(), r.pos.data(), n, &n),
-            KVSDK_OK)
-      << kvsdk_last_error();
-  return r;
-}
-
-void expect_same_rows(kvsdk_cache* a, kvsdk_cache* b, const kvsdk_geometry& g) {
-  for (uint32_t l = 0; l < g.n_layers; ++l) {
-    for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
-      const Rows x = read_rows(a, l, h, g.head_dim), y = read_rows(b, l, h, g.head_dim);
-      ASSERT_EQ(x.pos, y.pos) << "layer " << l << " head " << h;
-      ASSERT_EQ(0, std::memcmp(x.k.data(), y.k.data(), x.k.size() * sizeof(float)));
-      ASSERT_EQ(0, std::memcmp(x.v.data(), y.v.data(), x.v.size() * sizeof(float)));
-    }
-  }
-}
-
-std::vector<float> attend(kvsdk_cache* c, const kvsdk_geometry& g, uint32_t layer,
-                          const std::vector<float>& q, const std::vector<int32_t>& pos) {
-  const size_t n = pos.size();
-  std::vector<float> out(q.size());
-  EXPECT_EQ(kvsdk_cache_attend(c, layer, n, q.data(), pos.data(), q.size() * sizeof(float),
-                               out.data(), out.size() * sizeof(float)),
-            KVSDK_OK)
-      << kvsdk_last_error();
-  (void)g;
-  return out;
-}
-
-void append(kvsdk_cache* c, const kvsdk_geometry& g, uint32_t layer, int32_t first, size_t n,
-            uint32_t seed, kvsdk_status want = KVSDK_OK) {
-  const size_t elems = n * g.n_kv_heads * g.head_dim;
-  const auto k = kvsdk_test::random_floats(elems, seed), v = kvsdk_test::random_floats(elems, seed + 1);
-  const auto pos = kvsdk_test::iota_positions(n, first);
-  EXPECT_EQ(kvsdk_cache_append(c, layer, n, k.data(), v.data(), pos.data(),
-                               elems * sizeof(float)),
-            want)
-      << kvsdk_last_error();
-}
-
-kvsdk_cache_stats stats(kvsdk_cache* c) {
-  kvsdk_cache_stats s;
-  kvsdk_cache_stats_init(&s);
-  EXPECT_EQ(kvsdk_cache_stats_get(c, &s), KVSDK_OK);
-  return s;
-}
 uint64_t stats_bytes(kvsdk_cache* c) { return stats(c).bytes; }
 
 struct Shape {
@@ -542,10 +452,6 @@ TEST(DeviceCacheContext, NeedsABudget) {
 // Every call of the C API on an evicting cache of a CUDA context, side by side with the same
 // call on the CPU reference backend: the same status, the same results (rows, stats,
 // allocations, snapshot files, journal deltas), and the arena never beyond the budget.
-std::vector<unsigned char> file_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::vector<unsigned char>(std::istreambuf_iterator<char>(f), {});
-}
 
 TEST(DeviceCacheApi, EveryCallMatchesTheCpuReference) {
   const kvsdk_geometry g = kvsdk_test::make_geometry(3, 8, 2, 64);

@@ -1,0 +1,37 @@
+#include "repr/device_queries.h"
+
+#include "util/error.h"
+
+namespace kvsdk {
+
+DeviceQueries::~DeviceQueries() {
+  if (buffer_) device_.free(buffer_);
+}
+
+backend::QueryRows DeviceQueries::to_device(const backend::QueryRows& host) {
+  const size_t q_bytes = host.n_rows * host.dim * sizeof(float);
+  const size_t pos_bytes = host.n_rows * sizeof(int32_t);
+  const size_t need = 2 * q_bytes + pos_bytes;  // queries, outputs, positions (16-byte aligned)
+  if (need > bytes_) {
+    void* more = device_.alloc(need);
+    if (!more) fail(KVSDK_E_NO_MEMORY, device_.name, ": no device memory for attention scratch");
+    if (buffer_) device_.free(buffer_);
+    buffer_ = more;
+    bytes_ = need;
+  }
+  char* at = static_cast<char*>(buffer_);
+  float* q = reinterpret_cast<float*>(at);
+  int32_t* pos = reinterpret_cast<int32_t*>(at + 2 * q_bytes);
+  out_ = reinterpret_cast<float*>(at + q_bytes);
+  out_bytes_ = q_bytes;
+  device_.to_backend(q, host.q, q_bytes);
+  device_.to_backend(pos, host.positions, pos_bytes);
+  backend::QueryRows rows = host;
+  rows.q = q;
+  rows.positions = pos;
+  return rows;
+}
+
+void DeviceQueries::to_host(float* out) const { device_.to_host(out, out_, out_bytes_); }
+
+}  // namespace kvsdk
