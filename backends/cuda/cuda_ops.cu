@@ -9,7 +9,9 @@
 #include <new>
 
 #include "cuda_check.h"
+#include "cuda_convert.h"
 #include "cuda_decode_attention.h"
+#include "cuda_kivi_quant.h"
 #include "cuda_ops.h"
 #include "cuda_queue.h"
 #include "util/error.h"
@@ -117,6 +119,21 @@ void attend_kivi_tier(const backend::QueryRows& q, const backend::KiviTier& tier
   attend_tiers(q, &view, exact_view(residual), ws, out);
 }
 
+// Conversion and KIVI quantization over device buffers, on the compute stream: a device KIVI
+// store quantizes the residual rows it flushes where they are (src/repr/device_kivi.h). The
+// kernels give the CPU's bits (cuda_kivi_quant.h); one key block per call, as the CPU entry.
+void f16_to_f32_entry(const uint16_t* src, size_t n, float* dst) {
+  f16_to_f32(src, n, dst, compute_stream());
+}
+void kivi_quantize_keys_entry(const float* k, size_t n_tokens, size_t dim, uint32_t bits,
+                              uint8_t* codes, uint16_t* scale, uint16_t* zero) {
+  kivi_quantize_keys(k, 1, n_tokens, dim, bits, codes, scale, zero, compute_stream());
+}
+void kivi_quantize_values_entry(const float* v, size_t n_tokens, size_t dim, size_t group,
+                                uint32_t bits, uint8_t* codes, uint16_t* scale, uint16_t* zero) {
+  kivi_quantize_values(v, n_tokens, dim, group, bits, codes, scale, zero, compute_stream());
+}
+
 void require_device(int32_t device) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
@@ -166,9 +183,11 @@ backend::Ops make_ops() {
   ops.workspace_destroy = workspace_destroy;
   ops.attend_f16 = attend_f16;
   ops.attend_kivi_tier = attend_kivi_tier;
-  refuse(ops.f32_to_f16), refuse(ops.f16_to_f32);
-  refuse(ops.kivi_quantize_keys), refuse(ops.kivi_dequantize_keys);
-  refuse(ops.kivi_quantize_values), refuse(ops.kivi_dequantize_values);
+  ops.f16_to_f32 = f16_to_f32_entry;
+  ops.kivi_quantize_keys = kivi_quantize_keys_entry;
+  ops.kivi_quantize_values = kivi_quantize_values_entry;
+  refuse(ops.f32_to_f16);
+  refuse(ops.kivi_dequantize_keys), refuse(ops.kivi_dequantize_values);
   refuse(ops.attend_kivi), refuse(ops.attend_spindle), refuse(ops.attend_minicache);
   refuse(ops.attend_minicache_kivi), refuse(ops.attend_specache);
   refuse(ops.column_sums), refuse(ops.pool), refuse(ops.select_keep), refuse(ops.gather_rows);

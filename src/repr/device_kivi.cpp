@@ -31,6 +31,7 @@ DeviceKivi::DeviceKivi(const Geometry& g, const kvsdk_policy& p, Context& ctx)
       device_(ctx.ops()),
       regions_(*ctx.regions()),
       queries_(ctx.ops()),
+      flush_(ctx.ops()),
       config_(kivi_config(p)),
       capacity_(g.n_layers),
       positions_(g.n_layers),
@@ -196,19 +197,27 @@ void DeviceKivi::append(uint32_t layer, size_t n, const float* k, const float* v
   // KiviHeadStore::append's flushes in closed form: the first f of the residual rows followed by
   // the appended rows are quantized, G at a time; the rest is the new residual.
   const size_t f = cpu::KiviHeadStore::flushed_tokens(config_, r, n);
-  const size_t from_residual = std::min(r, f), new_r = r + n - f;
+  const size_t new_r = r + n - f;
+  // Where the flushed rows are quantized: on the device when they all sit in its residual window
+  // already (every decode step's flush), else on the host, which has the appended ones (a
+  // prefill chunk) and copies the residual rows out first. Both give the CPU store's bits.
+  const bool flush_on_device = f > 0 && f <= r;
+  const size_t staged_old = flush_on_device ? 0 : std::min(r, f);  // residual rows copied out
   std::vector<int32_t>& pos = positions_[layer];
-  // Everything that can fail before the store changes: host staging and mirrors, then the
-  // arena's room (a re-plan only moves rows).
+  // Everything that can fail before the store changes: host staging and mirrors, device working
+  // memory, then the arena's room (a re-plan only moves rows).
   reserve_for_growth(pos, pos.size() + n);
-  uint16_t* sk = grown(stage_k_, (from_residual + n) * dim);
-  uint16_t* sv = grown(stage_v_, (from_residual + n) * dim);
+  uint16_t* sk = grown(stage_k_, (staged_old + n) * dim);
+  uint16_t* sv = grown(stage_v_, (staged_old + n) * dim);
   // The positions of the residual rows and the appended ones, in order (the same for every head).
   std::vector<int32_t>& all = stage_positions_;
   reserve_for_growth(all, r + n);
   all.assign(pos.begin() + ptrdiff_t(q), pos.end());
   all.insert(all.end(), positions, positions + n);
-  if (f > 0) {
+  float* flush_rows = nullptr;  // device: one block's keys, then its values, as f32
+  if (flush_on_device) {
+    flush_rows = static_cast<float*>(flush_.at_least(2 * G * dim * sizeof(float)));
+  } else if (f > 0) {
     grown(block_k_, G * dim);
     grown(block_v_, G * dim);
     grown(codes_k_, f * row_bytes_);
@@ -219,57 +228,76 @@ void DeviceKivi::append(uint32_t layer, size_t n, const float* k, const float* v
     grown(v_zero_, f * groups_);
   }
   reserve(layer, q + f, new_r);
-  const size_t stride = geometry_.kv_elems_per_token();
+  const size_t stride = geometry_.kv_elems_per_token(), u16 = sizeof(uint16_t);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-    // 1. The rows in token order as f16: the residual rows this append flushes, then the
-    //    appended rows rounded as KiviHeadStore::append rounds them.
-    if (from_residual > 0) {
-      device_.to_host(sk, slice(layer, h, kResidualKeys), from_residual * row);
-      device_.to_host(sv, slice(layer, h, kResidualValues), from_residual * row);
+    // 1. The rows in token order as f16 on the host: the residual rows a host flush takes, then
+    //    the appended rows rounded as KiviHeadStore::append rounds them.
+    if (staged_old > 0) {
+      device_.to_host(sk, slice(layer, h, kResidualKeys), staged_old * row);
+      device_.to_host(sv, slice(layer, h, kResidualValues), staged_old * row);
     }
     for (size_t t = 0; t < n; ++t) {
       const float* kr = k + t * stride + size_t(h) * dim;
       const float* vr = v + t * stride + size_t(h) * dim;
-      uint16_t* ko = sk + (from_residual + t) * dim;
-      uint16_t* vo = sv + (from_residual + t) * dim;
+      uint16_t* ko = sk + (staged_old + t) * dim;
+      uint16_t* vo = sv + (staged_old + t) * dim;
       for (size_t i = 0; i < dim; ++i) {
         ko[i] = f32_to_f16(kr[i]);
         vo[i] = f32_to_f16(vr[i]);
       }
     }
-    // 2. The flushed blocks quantized with the host store's functions (KiviHeadStore's flush).
-    for (size_t b = 0; b < f / G; ++b) {
-      f16_to_f32_array(sk + b * G * dim, block_k_.data(), G * dim);  // exact
-      f16_to_f32_array(sv + b * G * dim, block_v_.data(), G * dim);
-      cpu::kivi_quantize_keys(block_k_.data(), G, dim, config_.bits,
-                              codes_k_.data() + b * G * row_bytes_, k_scale_.data() + b * dim,
-                              k_zero_.data() + b * dim);
-      cpu::kivi_quantize_values(block_v_.data(), G, dim, G, config_.bits,
-                                codes_v_.data() + b * G * row_bytes_,
-                                v_scale_.data() + b * G * groups_,
-                                v_zero_.data() + b * G * groups_);
+    // 2. The flushed blocks quantized (KiviHeadStore's flush, the CPU's functions or the device
+    //    kernels that give their bits) into the arena past what the head holds: nothing it
+    //    holds has changed yet.
+    char* const kc = slice(layer, h, kKeyCodes) + q * row_bytes_;
+    char* const vc = slice(layer, h, kValueCodes) + q * row_bytes_;
+    char* const ks = slice(layer, h, kKeyScales) + q / G * dim * u16;
+    char* const kz = slice(layer, h, kKeyZeros) + q / G * dim * u16;
+    char* const vs = slice(layer, h, kValueScales) + q * groups_ * u16;
+    char* const vz = slice(layer, h, kValueZeros) + q * groups_ * u16;
+    const auto as_u8 = [](char* p) { return reinterpret_cast<uint8_t*>(p); };
+    const auto as_u16 = [](char* p) { return reinterpret_cast<uint16_t*>(p); };
+    if (flush_on_device) {
+      const auto* rk = reinterpret_cast<const uint16_t*>(slice(layer, h, kResidualKeys));
+      const auto* rv = reinterpret_cast<const uint16_t*>(slice(layer, h, kResidualValues));
+      for (size_t b = 0; b < f / G; ++b) {
+        device_.f16_to_f32(rk + b * G * dim, G * dim, flush_rows);  // exact
+        device_.f16_to_f32(rv + b * G * dim, G * dim, flush_rows + G * dim);
+        device_.kivi_quantize_keys(flush_rows, G, dim, config_.bits,
+                                   as_u8(kc + b * G * row_bytes_), as_u16(ks + b * dim * u16),
+                                   as_u16(kz + b * dim * u16));
+        device_.kivi_quantize_values(flush_rows + G * dim, G, dim, G, config_.bits,
+                                     as_u8(vc + b * G * row_bytes_),
+                                     as_u16(vs + b * G * groups_ * u16),
+                                     as_u16(vz + b * G * groups_ * u16));
+      }
+    } else if (f > 0) {
+      for (size_t b = 0; b < f / G; ++b) {
+        f16_to_f32_array(sk + b * G * dim, block_k_.data(), G * dim);  // exact
+        f16_to_f32_array(sv + b * G * dim, block_v_.data(), G * dim);
+        cpu::kivi_quantize_keys(block_k_.data(), G, dim, config_.bits,
+                                codes_k_.data() + b * G * row_bytes_, k_scale_.data() + b * dim,
+                                k_zero_.data() + b * dim);
+        cpu::kivi_quantize_values(block_v_.data(), G, dim, G, config_.bits,
+                                  codes_v_.data() + b * G * row_bytes_,
+                                  v_scale_.data() + b * G * groups_,
+                                  v_zero_.data() + b * G * groups_);
+      }
+      device_.to_backend(kc, codes_k_.data(), f * row_bytes_);
+      device_.to_backend(vc, codes_v_.data(), f * row_bytes_);
+      device_.to_backend(ks, k_scale_.data(), f / G * dim * u16);
+      device_.to_backend(kz, k_zero_.data(), f / G * dim * u16);
+      device_.to_backend(vs, v_scale_.data(), f * groups_ * u16);
+      device_.to_backend(vz, v_zero_.data(), f * groups_ * u16);
     }
-    // 3. Into the arena past what the head holds: nothing it holds has changed yet.
     if (f > 0) {
-      const size_t u16 = sizeof(uint16_t);
-      device_.to_backend(slice(layer, h, kKeyCodes) + q * row_bytes_, codes_k_.data(),
-                         f * row_bytes_);
-      device_.to_backend(slice(layer, h, kValueCodes) + q * row_bytes_, codes_v_.data(),
-                         f * row_bytes_);
-      device_.to_backend(slice(layer, h, kKeyScales) + q / G * dim * u16, k_scale_.data(),
-                         f / G * dim * u16);
-      device_.to_backend(slice(layer, h, kKeyZeros) + q / G * dim * u16, k_zero_.data(),
-                         f / G * dim * u16);
-      device_.to_backend(slice(layer, h, kValueScales) + q * groups_ * u16, v_scale_.data(),
-                         f * groups_ * u16);
-      device_.to_backend(slice(layer, h, kValueZeros) + q * groups_ * u16, v_zero_.data(),
-                         f * groups_ * u16);
       device_.to_backend(slice(layer, h, kQuantPositions) + q * sizeof(int32_t), all.data(),
                          f * sizeof(int32_t));
     }
-    // 4. The residual window. Without a flush the rows go after the held ones; with one, the
-    //    rows it keeps move down on the device (a device failure there loses the head's
-    //    residual: the store then refuses every call).
+    // 3. The residual window. Without a flush the rows go after the held ones; with one, the
+    //    rows it keeps move down on the device (after the kernels that read them: transfers
+    //    wait for the compute stream) and a device failure there loses the head's residual: the
+    //    store then refuses every call.
     try {
       char* rk = slice(layer, h, kResidualKeys);
       char* rv = slice(layer, h, kResidualValues);
@@ -286,15 +314,15 @@ void DeviceKivi::append(uint32_t layer, size_t n, const float* k, const float* v
             device_.copy(part + d, part + s, size_t(b));
           });
         }
-        device_.to_backend(rk + (r - f) * row, sk + from_residual * dim, n * row);
-        device_.to_backend(rv + (r - f) * row, sv + from_residual * dim, n * row);
+        device_.to_backend(rk + (r - f) * row, sk + staged_old * dim, n * row);
+        device_.to_backend(rv + (r - f) * row, sv + staged_old * dim, n * row);
       } else if (new_r > 0) {  // only appended rows stay: [f - r, n)
-        device_.to_backend(rk, sk + f * dim, new_r * row);
-        device_.to_backend(rv, sv + f * dim, new_r * row);
+        device_.to_backend(rk, sk + (staged_old + f - r) * dim, new_r * row);
+        device_.to_backend(rv, sv + (staged_old + f - r) * dim, new_r * row);
       }
       if (new_r > 0) device_.to_backend(rp, all.data() + f, new_r * sizeof(int32_t));
     } catch (...) {
-      if (f > 0) failed_ = true;
+      if (f > 0) failed_ = true;  // (without a flush only rows past the held ones were written)
       throw;
     }
   }

@@ -6,12 +6,13 @@
 //
 // What runs where, and why the bits are the CPU store's:
 //  - Appends are rounded to f16 on the host (as KiviHeadStore::append does) and copied in. A
-//    flush (the residual reaching R + G rows) quantizes its G oldest rows with the CPU's own
-//    kivi_quantize_keys / kivi_quantize_values on the host: the rows an append brings are there
-//    already, and the residual rows it flushes are copied out first (G rows per head every G
-//    tokens on the decode path). Then the codes and scales go in, and the residual moves down on
-//    the device. So a device cache holds exactly the CPU cache's bytes, and snapshots of either
-//    load into the other.
+//    flush (the residual reaching R + G rows) quantizes its G oldest rows: on the device when
+//    they all sit in the residual window there (every flush of the decode path: the table's
+//    f16_to_f32 and kivi_quantize_* kernels, which give the CPU's bits), else on the host with
+//    the CPU's own kivi_quantize_keys / kivi_quantize_values (a prefill chunk's flushes take
+//    appended rows, which are on the host; the residual rows among them are copied out first).
+//    Then the rows that stay move down on the device. So a device cache holds exactly the CPU
+//    cache's bytes, and snapshots of either load into the other.
 //  - Reads and snapshots copy a head out into a host KiviHeadStore (cpu::kivi_store_from_tier)
 //    and use its code: read_rows, the "kivi.head" records.
 //
@@ -25,8 +26,10 @@
 // that does not fit, every layer is re-planned to what it holds, which always fits when the
 // budget admits the bytes. Re-planning moves the live bytes in place (cuda::plan_repartition).
 //
-// Not on the device yet: eviction on top of KIVI (the "+kivi" overlays: ragged key blocks),
-// quantization kernels at flush (the CUDA ones exist and are bit-identical; see docs/gpu.md).
+// Device memory outside the arena (like attention's): the f32 rows of one block a device flush
+// quantizes (2 x G x head_dim floats), and attention's queries and output.
+//
+// Not on the device yet: eviction on top of KIVI (the "+kivi" overlays: ragged key blocks).
 #pragma once
 
 #include <cstddef>
@@ -114,6 +117,7 @@ class DeviceKivi final : public Representation, private ArenaOwner {
   const backend::Ops& device_;
   ArenaRegions& regions_;
   mutable DeviceQueries queries_;  // attention's queries and output on the device
+  DeviceScratch flush_;            // the f32 rows of a block a device flush quantizes
   cpu::KiviConfig config_;
   size_t row_bytes_;    // packed code bytes per token
   size_t groups_;       // value groups per token

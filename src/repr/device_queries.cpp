@@ -4,22 +4,26 @@
 
 namespace kvsdk {
 
-DeviceQueries::~DeviceQueries() {
+DeviceScratch::~DeviceScratch() {
   if (buffer_) device_.free(buffer_);
+}
+
+void* DeviceScratch::at_least(size_t bytes) {
+  if (bytes > bytes_) {
+    void* more = device_.alloc(bytes);
+    if (!more) fail(KVSDK_E_NO_MEMORY, device_.name, ": no device memory for working buffers");
+    if (buffer_) device_.free(buffer_);
+    buffer_ = more;
+    bytes_ = bytes;
+  }
+  return buffer_;
 }
 
 backend::QueryRows DeviceQueries::to_device(const backend::QueryRows& host) {
   const size_t q_bytes = host.n_rows * host.dim * sizeof(float);
   const size_t pos_bytes = host.n_rows * sizeof(int32_t);
-  const size_t need = 2 * q_bytes + pos_bytes;  // queries, outputs, positions (16-byte aligned)
-  if (need > bytes_) {
-    void* more = device_.alloc(need);
-    if (!more) fail(KVSDK_E_NO_MEMORY, device_.name, ": no device memory for attention scratch");
-    if (buffer_) device_.free(buffer_);
-    buffer_ = more;
-    bytes_ = need;
-  }
-  char* at = static_cast<char*>(buffer_);
+  // Queries, outputs, positions (16-byte aligned).
+  char* at = static_cast<char*>(scratch_.at_least(2 * q_bytes + pos_bytes));
   float* q = reinterpret_cast<float*>(at);
   int32_t* pos = reinterpret_cast<int32_t*>(at + 2 * q_bytes);
   out_ = reinterpret_cast<float*>(at + q_bytes);

@@ -1,7 +1,6 @@
-// The device working memory of a device store's attention (src/repr/device_rows.h,
-// device_kivi.h): the query rows of one call, their positions and its output, in one buffer of
-// the backend's memory outside the arena, grown to the largest call and then reused, so a decode
-// step allocates nothing once it has grown.
+// Device working memory of the device stores (src/repr/device_rows.h, device_kivi.h), outside
+// the arena like the decode kernel's partials: grown to the largest call and then reused, so a
+// decode step allocates nothing once it has grown.
 #pragma once
 
 #include <cstddef>
@@ -10,12 +9,28 @@
 
 namespace kvsdk {
 
+// One buffer of the backend's memory that only grows.
+class DeviceScratch {
+ public:
+  explicit DeviceScratch(const backend::Ops& device) : device_(device) {}
+  ~DeviceScratch();
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+
+  // At least `bytes` bytes (the contents are not kept when it grows). Throws
+  // KVSDK_E_NO_MEMORY (the buffer unchanged) when the device has no memory for them.
+  void* at_least(size_t bytes);
+
+ private:
+  const backend::Ops& device_;
+  void* buffer_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The query rows of one attention call, their positions and its output.
 class DeviceQueries {
  public:
-  explicit DeviceQueries(const backend::Ops& device) : device_(device) {}
-  ~DeviceQueries();
-  DeviceQueries(const DeviceQueries&) = delete;
-  DeviceQueries& operator=(const DeviceQueries&) = delete;
+  explicit DeviceQueries(const backend::Ops& device) : device_(device), scratch_(device) {}
 
   // Copies `host`'s rows and positions (host pointers) to the device and returns the same
   // QueryRows pointing there. Throws KVSDK_E_NO_MEMORY when the buffer cannot grow (nothing
@@ -28,8 +43,7 @@ class DeviceQueries {
 
  private:
   const backend::Ops& device_;
-  void* buffer_ = nullptr;
-  size_t bytes_ = 0;
+  DeviceScratch scratch_;
   float* out_ = nullptr;
   size_t out_bytes_ = 0;
 };
