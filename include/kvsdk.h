@@ -548,6 +548,8 @@ KVSDK_API kvsdk_status kvsdk_cache_fork(kvsdk_cache **out, const kvsdk_cache *ca
  *    - After kvsdk_cache_load or kvsdk_cache_fork, policies whose history a snapshot does not
  *      carry (everything but full, kivi and specache) can remove only tokens appended since
  *      (spindlekv's and minicache's own layers: or every token).
+ *  On KVSDK_BACKEND_CUDA a cache removes only its newest rows: when a row at a position below
+ *  `position` was appended after one at or above it, the call fails with KVSDK_E_STATE.
  *  A smallkv cache's proxy is a separate cache: truncate it at the same position too.
  *  kvsdk_cache_save_delta records a truncation like any other change (the next delta rewrites
  *  the heads that lost rows).
