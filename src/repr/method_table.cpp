@@ -39,7 +39,7 @@ constexpr MethodTraits kTable[] = {
     {KVSDK_METHOD_STREAMING_LLM, "streaming_llm",
      S::kSinksAndRecent, A::kUniform, Q::kOverlay, 0, false, false, nullptr, true},
     {KVSDK_METHOD_H2O, "h2o",
-     S::kHeavyHitters, A::kUniform, Q::kOverlay, 0, false, false, nullptr},
+     S::kHeavyHitters, A::kUniform, Q::kOverlay, 0, false, false, nullptr, true},
     {KVSDK_METHOD_SNAPKV, "snapkv",
      S::kObservationWindow, A::kUniform, Q::kOverlay, 0, false, false, nullptr, true},
     {KVSDK_METHOD_PYRAMIDKV, "pyramidkv",

@@ -142,6 +142,8 @@ TEST_P(DeviceEviction, ConversationMatchesTheCpuReference) {
   EXPECT_LT(sa.tokens, uint64_t(pos) * g.n_layers * g.n_kv_heads) << "it evicted";
   EXPECT_LE(sa.device_reserved_bytes, budget);
   EXPECT_LE(sa.bytes, budget);
+  // The policy's own state (h2o's accumulated scores, the observation windows) saves alike.
+  EXPECT_TRUE(kvsdk_test::snapshot(a.get()) == kvsdk_test::snapshot(b.get()));
 }
 
 // The arena is partitioned by the allocation: after a global plan (here a host-set allocation,
@@ -170,7 +172,7 @@ TEST(DeviceAllocation, TheArenaFollowsThePerLayerAllocation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, DeviceEviction,
-                         ::testing::Values("streaming_llm", "snapkv", "pyramidkv", "xkv"),
+                         ::testing::Values("streaming_llm", "h2o", "snapkv", "pyramidkv", "xkv"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            return std::string(info.param);
                          });
@@ -342,11 +344,11 @@ TEST(DeviceCacheStaging, TheShimRefusesCopiesThatBreakTheMemoryRules) {
 
 // What does not run on CUDA yet is refused with KVSDK_E_UNSUPPORTED and a message, and a refused
 // call leaves everything as it was. (Policy kivi runs on CUDA: device_kivi_test.cpp; the '+kiviN'
-// overlays on eviction presets, h2o and the other methods do not.)
+// overlays on eviction presets and the other methods do not.)
 TEST(DeviceCacheRefusals, UnsupportedCallsSayWhy) {
   const kvsdk_geometry g = kvsdk_test::make_geometry(2, 4, 2, 64);
   CUDA_CONTEXT_OR_SKIP(gpu, 4u << 20);
-  for (const char* spec : {"h2o", "snapkv+kivi2", "specache"}) {
+  for (const char* spec : {"minicache", "snapkv+kivi2", "specache"}) {
     kvsdk_policy p;
     ASSERT_EQ(kvsdk_policy_parse(&p, spec), KVSDK_OK);
     kvsdk_cache* c = nullptr;
