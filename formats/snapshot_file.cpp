@@ -14,6 +14,7 @@
 #include <random>
 
 #include "container.h"
+#include "file_sink.h"
 #include "frame_writer.h"
 #include "kvsdk_generated.h"
 #include "util/error.h"
@@ -28,19 +29,6 @@ namespace {
   fail(KVSDK_E_IO, what, " '", path, "': ", std::strerror(errno));
 }
 
-void write_all(int fd, const void* data, size_t size, const std::string& path) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      io_fail("cannot write", path);
-    }
-    p += n;
-    size -= size_t(n);
-  }
-}
-
 bool read_all(int fd, uint64_t offset, void* out, size_t size) {
   unsigned char* p = static_cast<unsigned char*>(out);
   while (size > 0) {
@@ -53,19 +41,6 @@ bool read_all(int fd, uint64_t offset, void* out, size_t size) {
   }
   return true;
 }
-
-class FdSink final : public Sink {
- public:
-  FdSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
-  void write(const void* data, size_t size) override {
-    write_all(fd_, data, size, path_);
-    written_ += size;
-  }
-
- private:
-  int fd_;
-  std::string path_;
-};
 
 std::string directory_of(const std::string& path) {
   const size_t slash = path.find_last_of('/');
@@ -171,8 +146,9 @@ bool write_through_unnamed_file(const std::string& path, const std::string& dir,
   if (f.fd < 0) return false;  // not supported by the kernel or this file system
   ::flock(f.fd, LOCK_EX);      // nobody else can reach the file yet: never blocks
   const std::string tmp_desc = path + kTempInfix + "(unnamed)";
-  FdSink sink(f.fd, tmp_desc);
+  DirectFileSink sink(f.fd, tmp_desc);
   write(sink);
+  sink.finish();
   if (::fsync(f.fd) != 0) io_fail("cannot sync", tmp_desc);
   const std::string proc = "/proc/self/fd/" + std::to_string(f.fd);
   std::string tmp;
@@ -217,8 +193,9 @@ void write_through_named_file(const std::string& path, const std::function<void(
     if (attempt == 100) fail(KVSDK_E_IO, "cannot keep a temporary file next to '", path, "'");
   }
   try {
-    FdSink sink(f.fd, tmp);
+    DirectFileSink sink(f.fd, tmp);
     write(sink);
+    sink.finish();
     if (::fsync(f.fd) != 0) io_fail("cannot sync", tmp);
     if (::rename(tmp.c_str(), path.c_str()) != 0) io_fail("cannot rename the snapshot to", path);
   } catch (...) {

@@ -160,9 +160,10 @@ bool open_for_writing(const std::string& fdinfo) {
   return found && (flags & O_ACCMODE) != O_RDONLY;
 }
 
-// True once process `pid` has a file in `dir` open for writing that holds bytes: a save's
-// temporary file being written (named or, with O_TMPFILE, unnamed). The savers below write
-// nothing else there.
+// True once process `pid` has a regular file in `dir` open for writing: a save's temporary file
+// (named or, with O_TMPFILE, unnamed), from its creation to its rename. The savers below write
+// nothing else there. (Not "holds bytes": a save stages its first MiBs before they reach the file,
+// formats/file_sink.h, so a small or slow save's file stays empty for most of its life.)
 bool writing_temp_file(pid_t pid, const std::string& dir) {
   char real[PATH_MAX];
   const std::string prefix = std::string(realpath(dir.c_str(), real) ? real : dir.c_str()) + "/";
@@ -179,7 +180,7 @@ bool writing_temp_file(pid_t pid, const std::string& dir) {
     const std::string t(target, size_t(n));
     struct stat st;
     if (t.compare(0, prefix.size(), prefix) == 0 &&
-        stat(link.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+        stat(link.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
         open_for_writing("/proc/" + std::to_string(pid) + "/fdinfo/" + e->d_name)) {
       found = true;
     }
