@@ -30,7 +30,8 @@ void FdSink::write(const void* data, size_t size) {
   written_ += size;
 }
 
-DirectFileSink::DirectFileSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) {
+DirectFileSink::DirectFileSink(int fd, std::string path, bool writer_thread)
+    : fd_(fd), path_(std::move(path)), threaded_(writer_thread) {
 #ifdef O_DIRECT
   const int flags = ::fcntl(fd_, F_GETFL);
   if (flags < 0 || ::fcntl(fd_, F_SETFL, flags | O_DIRECT) != 0) return;  // e.g. tmpfs: EINVAL
@@ -117,6 +118,11 @@ void DirectFileSink::writer_loop() {
 }
 
 void DirectFileSink::hand_off() {
+  if (!threaded_) {
+    write_stage(stage_[filling_], kStageBytes);
+    staged_ = 0;
+    return;
+  }
   if (!writer_.joinable()) writer_ = std::thread([this] { writer_loop(); });
   std::unique_lock<std::mutex> lock(mutex_);
   if (error_) std::rethrow_exception(error_);

@@ -38,15 +38,17 @@ class FdSink final : public Sink {
 // blocks only when all are full (24 MiB: about one window of compressed frames of a save on two
 // threads, see frame_writer.h, so the disk writes of a window overlap the next one's compression). finish() writes the rest through the page
 // cache (O_DIRECT needs block-aligned sizes). Where O_DIRECT is refused (tmpfs, other systems)
-// or the buffers cannot be allocated, every write goes straight to write(2) as FdSink's. The
-// file's bytes are the same either way. Not thread-safe (one caller thread).
+// or the buffers cannot be allocated, every write goes straight to write(2) as FdSink's. Without
+// `writer_thread` (a context of one thread: the app asked for no other) a full stage is written
+// on the calling thread. The file's bytes are the same either way. Not thread-safe (one caller
+// thread).
 class DirectFileSink final : public Sink {
  public:
   static constexpr size_t kStageBytes = size_t(4) << 20;
   static constexpr int kStages = 6;
   static constexpr size_t kAlign = 4096;  // covers every Linux logical block size
 
-  DirectFileSink(int fd, std::string path);
+  DirectFileSink(int fd, std::string path, bool writer_thread);
   ~DirectFileSink() override;
   DirectFileSink(const DirectFileSink&) = delete;
   DirectFileSink& operator=(const DirectFileSink&) = delete;
@@ -73,6 +75,7 @@ class DirectFileSink final : public Sink {
   size_t staged_ = 0;    // its bytes
   bool staging_ = false;  // stages exist (false: plain writes)
   bool direct_ = false;   // O_DIRECT is on: the writer thread's while it runs
+  bool threaded_;         // full stages go to a writer thread
   std::thread writer_;
   std::mutex mutex_;
   std::condition_variable changed_;

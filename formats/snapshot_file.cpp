@@ -136,7 +136,7 @@ std::atomic<bool> g_unnamed_temp_files{true};
 // having removed whatever it made, where the system cannot link such a file; throws on errors
 // that the named path would meet as well.
 bool write_through_unnamed_file(const std::string& path, const std::string& dir,
-                                const std::function<void(Sink&)>& write) {
+                                const std::function<void(Sink&)>& write, bool writer_thread) {
 #ifdef O_TMPFILE
   if (!g_unnamed_temp_files.load(std::memory_order_relaxed)) return false;
   // Linking needs /proc/self/fd (AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH).
@@ -146,7 +146,7 @@ bool write_through_unnamed_file(const std::string& path, const std::string& dir,
   if (f.fd < 0) return false;  // not supported by the kernel or this file system
   ::flock(f.fd, LOCK_EX);      // nobody else can reach the file yet: never blocks
   const std::string tmp_desc = path + kTempInfix + "(unnamed)";
-  DirectFileSink sink(f.fd, tmp_desc);
+  DirectFileSink sink(f.fd, tmp_desc, writer_thread);
   write(sink);
   sink.finish();
   if (::fsync(f.fd) != 0) io_fail("cannot sync", tmp_desc);
@@ -166,13 +166,14 @@ bool write_through_unnamed_file(const std::string& path, const std::string& dir,
   }
   return true;  // closing `f` releases the lock
 #else
-  (void)path, (void)dir, (void)write;
+  (void)path, (void)dir, (void)write, (void)writer_thread;
   return false;
 #endif
 }
 
 // The portable path: a named temporary file (mkstemp), locked while it exists under that name.
-void write_through_named_file(const std::string& path, const std::function<void(Sink&)>& write) {
+void write_through_named_file(const std::string& path, const std::function<void(Sink&)>& write,
+                              bool writer_thread) {
   Fd f;
   std::string tmp;
   for (int attempt = 0;; ++attempt) {
@@ -193,7 +194,7 @@ void write_through_named_file(const std::string& path, const std::function<void(
     if (attempt == 100) fail(KVSDK_E_IO, "cannot keep a temporary file next to '", path, "'");
   }
   try {
-    DirectFileSink sink(f.fd, tmp);
+    DirectFileSink sink(f.fd, tmp, writer_thread);
     write(sink);
     sink.finish();
     if (::fsync(f.fd) != 0) io_fail("cannot sync", tmp);
@@ -211,11 +212,14 @@ void set_unnamed_temp_files(bool allowed) {
   g_unnamed_temp_files.store(allowed, std::memory_order_relaxed);
 }
 
-void save_file_atomically(const std::string& path, const std::function<void(Sink&)>& write) {
+void save_file_atomically(const std::string& path, const std::function<void(Sink&)>& write,
+                          bool writer_thread) {
   KVSDK_REQUIRE(!path.empty(), "path is empty");
   const std::string dir = directory_of(path);
   remove_orphaned_temp_files(path);
-  if (!write_through_unnamed_file(path, dir, write)) write_through_named_file(path, write);
+  if (!write_through_unnamed_file(path, dir, write, writer_thread)) {
+    write_through_named_file(path, write, writer_thread);
+  }
   // The rename is durable only once the directory entry is on disk.
   Fd d;
   d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

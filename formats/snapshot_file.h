@@ -27,7 +27,10 @@ namespace kvsdk::format {
 // each save first removes the `path`.tmp-XXXXXX files of this user that nobody holds a lock on
 // (orphans of killed writers); a save in progress in another process keeps its file. `write`
 // runs once, or a second time (into a named file) if an unnamed file cannot be linked.
-void save_file_atomically(const std::string& path, const std::function<void(Sink&)>& write);
+// The bytes go through a DirectFileSink (file_sink.h); `writer_thread`: its disk writes run on a
+// thread of its own (saves on a context with a pool of 2+ threads), else on the calling thread.
+void save_file_atomically(const std::string& path, const std::function<void(Sink&)>& write,
+                          bool writer_thread = false);
 
 // Tests: false makes save_file_atomically use the named temporary file, as on systems without
 // O_TMPFILE. Process-wide; true by default.

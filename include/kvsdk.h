@@ -1054,8 +1054,9 @@ KVSDK_API kvsdk_status (kvsdk_save_options_init)(kvsdk_save_options *options);
  *  wrote without that lock; do not run them against the same `path` concurrently.)
  *  Writing: where the file system takes O_DIRECT (Linux), the file's bytes bypass the page cache
  *  (it is synced at once, so caching them buys nothing): they are staged in 24 MiB of aligned
- *  host memory, outside the budget, and written by a thread of the call's own while the pool
- *  compresses the next frames; elsewhere they are plain writes. The file is the same either way.
+ *  host memory, outside the budget, and on a context of 2 or more threads written by a thread
+ *  the call starts and joins while the pool compresses the next frames (with n_threads = 1, on
+ *  the calling thread); elsewhere they are plain writes. The file is the same either way.
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/path, bad options), KVSDK_E_IO (cannot create,
  *          write, sync or rename; the previous file at `path` is intact and no temporary file is
  *          left behind), KVSDK_E_NO_MEMORY.

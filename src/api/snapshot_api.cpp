@@ -170,10 +170,13 @@ void save_full(kvsdk_cache& c, const char* path, const SaveParams& params) {
   }
   const uint16_t major = format_major_for(*c.impl, any_tier);
   auto base = make_base(std::move(fp), id, 0, 0, 1, major, format_minor_for(major));
-  save_file_atomically(path, [&](Sink& sink) {
-    base->base_end = base->journal_end =
-        write_snapshot(*c.impl, params, id, sink, &c.impl->context().pool());
-  });
+  save_file_atomically(
+      path,
+      [&](Sink& sink) {
+        base->base_end = base->journal_end =
+            write_snapshot(*c.impl, params, id, sink, &c.impl->context().pool());
+      },
+      c.impl->context().pool().size() > 1);
   c.journal = std::move(base);
 }
 
@@ -258,9 +261,9 @@ KVSDK_API kvsdk_status kvsdk_cache_save(kvsdk_cache* cache, const char* path,
       return;
     }
     save_converted(c, target, [&](const Cache& t, uint64_t id) {
-      save_file_atomically(path, [&](Sink& sink) {
-        write_snapshot(t, params, id, sink, &t.context().pool());
-      });
+      save_file_atomically(
+          path, [&](Sink& sink) { write_snapshot(t, params, id, sink, &t.context().pool()); },
+          t.context().pool().size() > 1);
     });
   });
 }

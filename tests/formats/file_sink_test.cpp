@@ -1,6 +1,7 @@
 // DirectFileSink (formats/file_sink.h): the file's bytes are exactly what was written, in order,
-// whether the writes bypass the page cache (staged, on the writer thread) or not (file systems
-// that refuse O_DIRECT); a failed write surfaces as KVSDK_E_IO from write() or finish().
+// whether the writes bypass the page cache (staged, on a writer thread or the calling one) or not
+// (file systems that refuse O_DIRECT); a failed write surfaces as KVSDK_E_IO from write() or
+// finish().
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -37,7 +38,7 @@ bool takes_direct_io(const std::string& dir) {
 }
 
 // Writes `total` bytes in pieces of varied sizes (1 byte up to several stages), checks the file.
-void write_and_check(const std::string& dir, size_t total, bool expect_direct) {
+void write_and_check(const std::string& dir, size_t total, bool expect_direct, bool threaded) {
   std::mt19937 rng{uint32_t(total)};
   std::vector<unsigned char> data(total);
   for (auto& b : data) b = uint8_t(rng());
@@ -45,7 +46,7 @@ void write_and_check(const std::string& dir, size_t total, bool expect_direct) {
   const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0600);
   ASSERT_GE(fd, 0);
   {
-    DirectFileSink sink(fd, path);
+    DirectFileSink sink(fd, path, threaded);
     EXPECT_EQ(sink.direct(), expect_direct);
     size_t at = 0;
     const size_t pieces[] = {1, 7, 4096, 3 * DirectFileSink::kStageBytes + 5, 100000, 4095,
@@ -76,7 +77,8 @@ TEST(DirectFileSink, TheFileHoldsEveryByteInOrder) {
                        DirectFileSink::kStageBytes, DirectFileSink::kStageBytes + 1,
                        // more than the whole ring: write() waits for the writer thread
                        size_t(DirectFileSink::kStages + 3) * DirectFileSink::kStageBytes + 12345}) {
-    write_and_check(dir.path(), total, direct);
+    write_and_check(dir.path(), total, direct, /*threaded=*/true);
+    write_and_check(dir.path(), total, direct, /*threaded=*/false);
   }
 }
 
@@ -94,7 +96,7 @@ TEST(DirectFileSink, DescriptorsWithoutDirectIoGetPlainWrites) {
   std::mt19937 rng{5};
   for (auto& b : data) b = uint8_t(rng());
   {
-    DirectFileSink sink(fds[0], "socket");
+    DirectFileSink sink(fds[0], "socket", /*writer_thread=*/true);
     EXPECT_FALSE(sink.direct());
     sink.write(data.data(), 10);
     sink.write(data.data() + 10, data.size() - 10);
@@ -112,17 +114,19 @@ TEST(DirectFileSink, AFailedWriteIsAnIoError) {
   const int fd = ::open("/dev/full", O_WRONLY | O_CLOEXEC);
   if (fd < 0) GTEST_SKIP() << "no /dev/full here";
   std::vector<unsigned char> chunk(DirectFileSink::kStageBytes / 2 + 1, 7);
-  kvsdk_status status = KVSDK_OK;
-  try {
-    DirectFileSink sink(fd, "/dev/full");
-    for (int i = 0; i < 4 * DirectFileSink::kStages; ++i) sink.write(chunk.data(), chunk.size());
-    sink.finish();
-  } catch (const kvsdk::Error& e) {
-    status = e.status();
-    EXPECT_NE(std::string(e.what()).find("/dev/full"), std::string::npos) << e.what();
+  for (bool threaded : {true, false}) {
+    kvsdk_status status = KVSDK_OK;
+    try {
+      DirectFileSink sink(fd, "/dev/full", threaded);
+      for (int i = 0; i < 4 * DirectFileSink::kStages; ++i) sink.write(chunk.data(), chunk.size());
+      sink.finish();
+    } catch (const kvsdk::Error& e) {
+      status = e.status();
+      EXPECT_NE(std::string(e.what()).find("/dev/full"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(status, KVSDK_E_IO) << (threaded ? "writer thread" : "calling thread");
   }
   ::close(fd);
-  EXPECT_EQ(status, KVSDK_E_IO);
 }
 
 }  // namespace
