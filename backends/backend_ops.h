@@ -78,12 +78,14 @@ struct SmallKvMarginal {
 
 // --- A KIVI tier as raw buffers ----------------------------------------------------------------
 // The buffers of a KiviHeadStore (backends/cpu/kivi_store.h's layout) in the backend's memory,
-// without the host object: what a device store holds in its arena. `tokens` quantized tokens
-// (full key blocks of `group` tokens: no ragged blocks), then the exact residual rows (F16Rows).
+// without the host object: what a device store holds in its arena. `tokens` quantized tokens in
+// key blocks of `group` tokens, or, with block_starts, in `blocks` ragged key blocks (an eviction's
+// retain: block b starts at quantized token block_starts[b], ascending from 0); then the exact
+// residual rows (F16Rows).
 struct KiviTier {
   const uint8_t* k_codes = nullptr;   // [tokens][packed row bytes]
   const uint8_t* v_codes = nullptr;   // [tokens][packed row bytes]
-  const uint16_t* k_scale = nullptr;  // [tokens / group][dim] f16
+  const uint16_t* k_scale = nullptr;  // [tokens / group or blocks][dim] f16
   const uint16_t* k_zero = nullptr;
   const uint16_t* v_scale = nullptr;  // [tokens][ceil(dim / group)] f16
   const uint16_t* v_zero = nullptr;
@@ -92,6 +94,8 @@ struct KiviTier {
   uint32_t bits = 2;
   uint32_t group = 32;
   uint32_t residual = 128;  // R of the store (KiviConfig): bounds the residual rows it may hold
+  const uint32_t* block_starts = nullptr;  // [blocks]; null: tokens / group full blocks
+  size_t blocks = 0;
 };
 
 struct Ops {

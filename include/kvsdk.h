@@ -222,8 +222,8 @@ KVSDK_API kvsdk_status (kvsdk_context_options_init)(kvsdk_context_options *optio
  *  positions, and attention runs on the GPU; stored rows, snapshots and budget charges are the
  *  same as on the CPU (a snapshot saved on either backend loads on the other), and attention
  *  outputs differ from the CPU's by rounding only. In this version a CUDA context's caches are
- *  of policy full, streaming_llm, h2o, snapkv, pyramidkv or xkv (without a KIVI overlay) or kivi,
- *  with head_dim 64, 128 or 256; kvsdk_cache_create refuses the rest with KVSDK_E_UNSUPPORTED
+ *  of policy full, streaming_llm, h2o, snapkv, pyramidkv or xkv (with or without a KIVI overlay)
+ *  or kivi, with head_dim 64, 128 or 256; kvsdk_cache_create refuses the rest with KVSDK_E_UNSUPPORTED
  *  (docs/gpu.md lists what runs on CUDA). Each cache (forks and conversations on a shared
  *  prefix included) holds a region of the arena; a region that must grow moves the others on
  *  the device, which first give back capacity they hold beyond their rows when the arena is
@@ -313,7 +313,8 @@ KVSDK_API kvsdk_status (kvsdk_geometry_init)(kvsdk_geometry *geometry);
 
 /** Compression methods: one preset per method, each from its paper (titles and arXiv ids in
  *  docs/papers.md). Numbers are never renumbered. Every method is implemented on the CPU backend
- *  (on KVSDK_BACKEND_CUDA: full, streaming_llm, h2o, snapkv, pyramidkv, xkv and kivi in this version;
+ *  (on KVSDK_BACKEND_CUDA: full, streaming_llm, h2o, snapkv, pyramidkv, xkv, their KIVI overlays and
+ *  kivi in this version;
  *  see kvsdk_context_create). Not
  *  implemented: a KIVI overlay (quant_bits != 0, e.g. "full+kivi2") on full, spindlekv or smallkv,
  *  for which kvsdk_cache_create returns KVSDK_E_UNSUPPORTED. Methods that "never evict" fail an

@@ -9,10 +9,17 @@ KiviHeadStore kivi_store_from_tier(const backend::KiviTier& tier, const backend:
   const KiviConfig config{tier.bits, tier.group, tier.residual};
   const size_t nq = tier.tokens, nr = residual.n_tokens;
   const size_t row = kivi_packed_bytes(dim, tier.bits);
-  const size_t blocks = tier.group ? nq / tier.group : 0;
+  const size_t blocks = tier.block_starts ? tier.blocks : tier.group ? nq / tier.group : 0;
   const size_t vg = tier.group ? kivi_value_groups(dim, tier.group) : 0;
   KiviHeadBuffers b;
   b.quantized_tokens = nq;
+  if (tier.block_starts) {  // ragged: each block's token count, from the starts
+    b.block_tokens.resize(blocks);
+    for (size_t i = 0; i < blocks; ++i) {
+      const size_t end = i + 1 < blocks ? tier.block_starts[i + 1] : nq;
+      b.block_tokens[i] = uint32_t(end - tier.block_starts[i]);
+    }
+  }
   b.positions.assign(tier.positions, tier.positions + nq);
   b.positions.insert(b.positions.end(), residual.positions, residual.positions + nr);
   b.key_codes.assign(tier.k_codes, tier.k_codes + nq * row);

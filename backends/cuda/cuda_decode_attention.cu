@@ -77,6 +77,20 @@ struct ExactLoader {
 struct KiviLoader {
   KiviTierView t;
   size_t dim;
+  // The key block (row of k_scale/k_zero) of a head's quantized token: token / G, or with ragged
+  // blocks the last block starting at or before it (a binary search; every lane of the warp
+  // reads the same entries).
+  __device__ size_t key_block(size_t head, size_t tok) const {
+    if (!t.block_starts) return head * (t.capacity / t.group) + tok / t.group;
+    const uint32_t* s = t.block_starts + head * t.block_stride;
+    size_t lo = 0, hi = t.blocks;  // s[lo] <= tok < s[hi] (s[blocks] = infinity)
+    while (hi - lo > 1) {
+      const size_t mid = (lo + hi) / 2;
+      if (s[mid] <= tok) lo = mid;
+      else hi = mid;
+    }
+    return head * t.block_stride + lo;
+  }
   __device__ int32_t position(size_t head, size_t tok) const {
     return row_position(t.positions, head * t.capacity + tok);
   }
@@ -84,7 +98,7 @@ struct KiviLoader {
   __device__ void key(size_t head, size_t tok, int lane, float (&out)[EPL]) const {
     const size_t row_bytes = (dim * t.bits + 7) / 8;
     const uint8_t* row = t.k_codes + (head * t.capacity + tok) * row_bytes;
-    const size_t block = head * (t.capacity / t.group) + tok / t.group;
+    const size_t block = key_block(head, tok);
     const uint16_t* s = t.k_scale + block * dim;
     const uint16_t* z = t.k_zero + block * dim;
 #pragma unroll
@@ -296,9 +310,17 @@ void decode_attention(const float* q, const DecodeShape& shape, const KiviTierVi
   if (kivi) {
     KVSDK_REQUIRE(kivi->bits == 1 || kivi->bits == 2 || kivi->bits == 4 || kivi->bits == 8,
                   "decode attention: KIVI bits ", kivi->bits, " is not 1, 2, 4 or 8");
-    KVSDK_REQUIRE(kivi->group > 0 && kivi->tokens % kivi->group == 0 &&
-                      kivi->capacity % kivi->group == 0 && kivi->capacity >= kivi->tokens,
-                  "decode attention: KIVI tokens/capacity must be multiples of G = ", kivi->group);
+    if (kivi->block_starts) {
+      KVSDK_REQUIRE(kivi->group > 0 && kivi->capacity >= kivi->tokens &&
+                        kivi->block_stride >= kivi->blocks && (kivi->blocks > 0 || !kivi->tokens),
+                    "decode attention: ragged KIVI tier with ", kivi->blocks, " blocks (stride ",
+                    kivi->block_stride, ") for ", kivi->tokens, " tokens");
+    } else {
+      KVSDK_REQUIRE(kivi->group > 0 && kivi->tokens % kivi->group == 0 &&
+                        kivi->capacity % kivi->group == 0 && kivi->capacity >= kivi->tokens,
+                    "decode attention: KIVI tokens/capacity must be multiples of G = ",
+                    kivi->group);
+    }
   }
   if (exact) {
     KVSDK_REQUIRE(exact->capacity >= exact->tokens, "decode attention: exact capacity ",

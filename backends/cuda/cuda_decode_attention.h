@@ -49,6 +49,10 @@ struct ExactTierView {
 
 // Per head (b, h) = index i: k_codes/v_codes [i][capacity][packed_bytes(dim)],
 // k_scale/k_zero [i][capacity / group][dim], v_scale/v_zero [i][capacity][ceil(dim / group)].
+// Ragged key blocks (KIVI under eviction, backends/cpu/kivi_store.h's retain): with block_starts,
+// head i's key blocks start at quantized tokens block_starts[i * block_stride + b] (ascending from
+// 0, `blocks` per head), its scales are k_scale/k_zero [i][block_stride][dim], and tokens and
+// capacity need not be multiples of G.
 struct KiviTierView {
   const uint8_t* k_codes = nullptr;
   const uint8_t* v_codes = nullptr;
@@ -61,6 +65,9 @@ struct KiviTierView {
   size_t tokens = 0;    // quantized tokens per head (a multiple of G)
   size_t capacity = 0;  // token stride between heads (a multiple of G, >= tokens)
   const int32_t* positions = nullptr;  // [head][capacity], or null: no causal mask for this tier
+  const uint32_t* block_starts = nullptr;  // null: every key block holds G tokens
+  size_t blocks = 0;                       // key blocks per head (with block_starts)
+  size_t block_stride = 0;                 // >= blocks
 };
 
 // How the tokens are split, and the f32 workspace the partials need.

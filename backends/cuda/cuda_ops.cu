@@ -116,6 +116,8 @@ void attend_kivi_tier(const backend::QueryRows& q, const backend::KiviTier& tier
   view.group = tier.group;
   view.tokens = view.capacity = tier.tokens;
   view.positions = tier.positions;
+  view.block_starts = tier.block_starts;
+  view.blocks = view.block_stride = tier.blocks;
   attend_tiers(q, &view, exact_view(residual), ws, out);
 }
 

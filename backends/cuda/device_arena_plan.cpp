@@ -1,6 +1,7 @@
 #include "device_arena_plan.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "util/error.h"
 
@@ -58,13 +59,21 @@ std::vector<ArenaCopy> plan_repartition(const ArenaPartition& from, const ArenaP
            "; evict before shrinking");
     }
   }
+  // In the order of the slices' offsets, not their indices: a layout may place slices in any
+  // order (by alignment, say), as long as both partitions place them in the same one.
+  std::vector<size_t> order(used.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return from.slices[a].offset < from.slices[b].offset;
+  });
   std::vector<ArenaCopy> ops;
-  for (size_t i = 0; i < used.size(); ++i) {  // downward moves, ascending
+  for (size_t i : order) {  // downward moves, ascending
     if (to.slices[i].offset < from.slices[i].offset) {
       push_move(ops, to.slices[i].offset, from.slices[i].offset, used[i]);
     }
   }
-  for (size_t i = used.size(); i-- > 0;) {  // upward moves, descending
+  for (size_t k = order.size(); k-- > 0;) {  // upward moves, descending
+    const size_t i = order[k];
     if (to.slices[i].offset > from.slices[i].offset) {
       push_move(ops, to.slices[i].offset, from.slices[i].offset, used[i]);
     }

@@ -69,8 +69,9 @@ struct ArenaCopy {
 
 // The copies that move each slice's live bytes (used[i] bytes at the start of slice i of `from`)
 // to the start of the same slice in `to`, executed in order on one buffer without losing data
-// (compaction to lower offsets first in ascending order, then moves to higher offsets in
-// descending order; a slice that overlaps itself moves in chunks no longer than its shift).
+// (compaction to lower offsets first in ascending order of offset, then moves to higher offsets
+// in descending order; a slice that overlaps itself moves in chunks no longer than its shift).
+// Slices may lie in any order of their indices, as long as `from` and `to` order them alike.
 // Throws KVSDK_E_INVALID_ARG when the partitions differ in shape, and KVSDK_E_BUDGET when a slice
 // holds more live bytes than its new size (shrinking a plan must first evict).
 std::vector<ArenaCopy> plan_repartition(const ArenaPartition& from, const ArenaPartition& to,

@@ -34,7 +34,7 @@ Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk
     // have a device path (the row store refuses the others); a method's device store holds the
     // layers it compresses.
     if (traits_.make_device_store) repr_ = traits_.make_device_store(geometry_, policy_, *ctx_);
-    rows_ = std::make_unique<DeviceRows>(geometry_, policy_, *ctx_);
+    rows_ = make_device_row_store(geometry_, policy_, *ctx_);
   } else {
     repr_ = make_representation(geometry_, policy_);
     rows_ = make_row_store(geometry_, policy_);

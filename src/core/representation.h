@@ -43,6 +43,8 @@
 
 namespace kvsdk {
 
+class Context;
+
 class Representation {
  public:
   Representation(const Geometry& geometry, const kvsdk_policy& policy)
@@ -270,9 +272,14 @@ class Representation {
 // kvsdk::Error for invalid parameters.
 std::unique_ptr<Representation> make_representation(const Geometry& geometry,
                                                     const kvsdk_policy& policy);
-// The row store of the layers no representation covers: ExactRows, or KiviRows under a KIVI
-// overlay (kivi_overlay(policy)). Defined in src/repr/row_stores.cpp.
+// The row store of the layers no representation covers: ExactRows, or KiviRepresentation under a
+// KIVI overlay (kivi_overlay(policy)). Defined in src/repr/method_table.cpp.
 std::unique_ptr<Representation> make_row_store(const Geometry& geometry,
                                                const kvsdk_policy& policy);
+// The same on a device backend's context (CUDA): DeviceRows, or DeviceKivi under a KIVI overlay
+// of a method that runs on the device. Throws KVSDK_E_UNSUPPORTED for policies without a device
+// path.
+std::unique_ptr<Representation> make_device_row_store(const Geometry& geometry,
+                                                      const kvsdk_policy& policy, Context& ctx);
 
 }  // namespace kvsdk

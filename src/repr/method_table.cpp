@@ -5,6 +5,7 @@
 
 #include "core/method_traits.h"
 #include "repr/device_kivi.h"
+#include "repr/device_rows.h"
 #include "repr/exact_rows.h"
 #include "repr/kivi_repr.h"
 #include "repr/minicache_repr.h"
@@ -89,6 +90,14 @@ std::unique_ptr<Representation> make_row_store(const Geometry& geometry,
                                                const kvsdk_policy& policy) {
   if (kivi_overlay(policy)) return std::make_unique<KiviRepresentation>(geometry, policy);
   return std::make_unique<ExactRows>(geometry, policy);
+}
+
+std::unique_ptr<Representation> make_device_row_store(const Geometry& geometry,
+                                                      const kvsdk_policy& policy, Context& ctx) {
+  if (kivi_overlay(policy) && method_traits(policy).on_device) {
+    return std::make_unique<DeviceKivi>(geometry, policy, ctx);
+  }
+  return std::make_unique<DeviceRows>(geometry, policy, ctx);  // (it refuses what has no path)
 }
 
 }  // namespace kvsdk

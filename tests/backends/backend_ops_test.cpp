@@ -264,40 +264,55 @@ TEST(BackendOps, AttendF16WithinToleranceOfTheReference) {
 // attend_kivi_tier (a KIVI store's buffers without the store object: what a device store hands
 // its backend) is attend_kivi of the store whose buffers they are: bit for bit on the reference,
 // within attend_kivi's tolerance elsewhere.
+// Also over ragged key blocks (a retain()ed store, the tier giving each block's start).
 TEST(BackendOps, AttendKiviTierIsAttendKiviOfTheSameBuffers) {
   for_each_backend([](const Candidate& c) {
     for (size_t dim : {size_t(64), size_t(128)}) {
       for (uint32_t bits : kBits) {
-        const uint32_t seed = uint32_t(7 * dim + bits);
-        const size_t n = 170;
-        cpu::KiviHeadStore s(dim, cpu::KiviConfig{bits, 32, 64});
-        const std::vector<float> k = gaussian(n * dim, seed), v = gaussian(n * dim, seed + 1);
-        const std::vector<int32_t> pos = iota_positions(n);
-        s.append(k.data(), v.data(), pos.data(), n);
-        ASSERT_GT(s.quantized_tokens(), 0u);
-        const size_t nq = s.quantized_tokens();
-        KiviTier tier;
-        tier.k_codes = s.key_codes().data(), tier.v_codes = s.value_codes().data();
-        tier.k_scale = s.key_scales().data(), tier.k_zero = s.key_zeros().data();
-        tier.v_scale = s.value_scales().data(), tier.v_zero = s.value_zeros().data();
-        tier.positions = s.positions().data(), tier.tokens = nq;
-        tier.bits = bits, tier.group = 32, tier.residual = 64;
-        const F16Rows residual{s.residual_keys().data(), s.residual_values().data(),
-                               s.positions().data() + nq, s.residual_tokens()};
-        const Queries qs = make_queries(4, dim, n, seed + 2);
-        const std::string what = "attend_kivi_tier dim " + std::to_string(dim) + " bits " +
-                                 std::to_string(bits);
-        // The reference's entry against the reference's attend_kivi of the store itself.
-        std::vector<float> tier_out(qs.q.size()), store_out(qs.q.size());
-        WorkspaceHandle ws(cpu_reference());
-        cpu_reference().attend_kivi_tier(qs.rows(dim), tier, residual, ws.get(), tier_out.data());
-        cpu_reference().attend_kivi(qs.rows(dim), s, ws.get(), store_out.data());
-        expect_bits(tier_out, store_out, what + " (reference: attend_kivi's bits)");
-        check_attend(c, qs.q.size(), max_abs(v), false, what,
-                     [&](const Ops& o, Workspace& w, float* out) {
-                       o.attend_kivi_tier(qs.rows(dim), tier, residual, w, out);
-                     },
-                     kAttendKiviAbs);
+        for (bool ragged : {false, true}) {
+          const uint32_t seed = uint32_t(7 * dim + bits);
+          const size_t n = 170;
+          cpu::KiviHeadStore s(dim, cpu::KiviConfig{bits, 32, 64});
+          const std::vector<float> k = gaussian(n * dim, seed), v = gaussian(n * dim, seed + 1);
+          const std::vector<int32_t> pos = iota_positions(n);
+          s.append(k.data(), v.data(), pos.data(), n);
+          ASSERT_GT(s.quantized_tokens(), 0u);
+          std::vector<uint32_t> starts;  // each key block's first quantized token
+          if (ragged) {
+            std::vector<uint32_t> keep;
+            for (uint32_t t = 0; t < n; ++t) {
+              if (t % 4 != 2) keep.push_back(t);
+            }
+            s.retain(keep);
+            uint32_t start = 0;
+            for (uint32_t b : s.block_token_counts()) starts.push_back(start), start += b;
+          }
+          const size_t nq = s.quantized_tokens();
+          KiviTier tier;
+          tier.k_codes = s.key_codes().data(), tier.v_codes = s.value_codes().data();
+          tier.k_scale = s.key_scales().data(), tier.k_zero = s.key_zeros().data();
+          tier.v_scale = s.value_scales().data(), tier.v_zero = s.value_zeros().data();
+          tier.positions = s.positions().data(), tier.tokens = nq;
+          tier.bits = bits, tier.group = 32, tier.residual = 64;
+          if (ragged) tier.block_starts = starts.data(), tier.blocks = starts.size();
+          const F16Rows residual{s.residual_keys().data(), s.residual_values().data(),
+                                 s.positions().data() + nq, s.residual_tokens()};
+          const Queries qs = make_queries(4, dim, n, seed + 2);
+          const std::string what = "attend_kivi_tier dim " + std::to_string(dim) + " bits " +
+                                   std::to_string(bits) + (ragged ? " ragged" : "");
+          // The reference's entry against the reference's attend_kivi of the store itself.
+          std::vector<float> tier_out(qs.q.size()), store_out(qs.q.size());
+          WorkspaceHandle ws(cpu_reference());
+          cpu_reference().attend_kivi_tier(qs.rows(dim), tier, residual, ws.get(),
+                                           tier_out.data());
+          cpu_reference().attend_kivi(qs.rows(dim), s, ws.get(), store_out.data());
+          expect_bits(tier_out, store_out, what + " (reference: attend_kivi's bits)");
+          check_attend(c, qs.q.size(), max_abs(v), false, what,
+                       [&](const Ops& o, Workspace& w, float* out) {
+                         o.attend_kivi_tier(qs.rows(dim), tier, residual, w, out);
+                       },
+                       kAttendKiviAbs);
+        }
       }
     }
   });

@@ -145,56 +145,78 @@ TEST_P(CudaDecodeAttention, KiviTierWithResidualMatchesCpu) {
 // The CUDA table's attend_kivi_tier (what a device KIVI cache calls: one KV head, query rows in
 // runs of the GQA group, each masked by its position) against the CPU reference backend's own
 // attend_kivi over the KiviHeadStore whose buffers it reads.
+// Also with ragged key blocks (an eviction's retain() over the store: the '+kiviN' overlays), where
+// the tier carries each block's start and the kernel searches them.
 TEST_P(CudaDecodeAttention, TableKiviTierMatchesTheReferenceBackend) {
   KVSDK_REQUIRE_CUDA_DEVICE();
   const Case c = GetParam();
-  cpu::KiviConfig cfg;
-  cfg.bits = c.bits, cfg.group = 32, cfg.residual = 32;
-  cpu::KiviHeadStore store(c.dim, cfg);
-  const size_t tokens = 250;
-  const auto kf = test::random_floats(tokens * c.dim, 40);
-  const auto vf = test::random_floats(tokens * c.dim, 41);
-  std::vector<int32_t> pos(tokens);
-  for (size_t t = 0; t < tokens; ++t) pos[t] = int32_t(2 * t);
-  store.append(kf.data(), vf.data(), pos.data(), tokens);
-  const size_t nq = store.quantized_tokens(), nr = store.residual_tokens();
-  ASSERT_GT(nq, 0u);
-  ASSERT_GT(nr, 0u);
-  DeviceBuffer<uint8_t> dkc(store.key_codes()), dvc(store.value_codes());
-  DeviceBuffer<uint16_t> dks(store.key_scales()), dkz(store.key_zeros());
-  DeviceBuffer<uint16_t> dvs(store.value_scales()), dvz(store.value_zeros());
-  DeviceBuffer<uint16_t> drk(store.residual_keys()), drv(store.residual_values());
-  DeviceBuffer<int32_t> dqp(std::vector<int32_t>(pos.begin(), pos.begin() + ptrdiff_t(nq)));
-  DeviceBuffer<int32_t> drp(std::vector<int32_t>(pos.begin() + ptrdiff_t(nq), pos.end()));
-  backend::KiviTier tier;
-  tier.k_codes = dkc.get(), tier.v_codes = dvc.get();
-  tier.k_scale = dks.get(), tier.k_zero = dkz.get();
-  tier.v_scale = dvs.get(), tier.v_zero = dvz.get();
-  tier.positions = dqp.get(), tier.tokens = nq;
-  tier.bits = c.bits, tier.group = cfg.group, tier.residual = cfg.residual;
-  const backend::F16Rows residual{drk.get(), drv.get(), drp.get(), nr};
-  // Three tokens' query heads: one sees a prefix of the quantized blocks, one part of the
-  // residual, one everything.
-  const size_t rows = 3 * c.group;
-  std::vector<int32_t> qpos(rows);
-  for (size_t r = 0; r < rows; ++r) {
-    qpos[r] = r < c.group ? 101 : r < 2 * c.group ? int32_t(2 * (nq + nr / 2)) : INT32_MAX;
+  for (bool ragged : {false, true}) {
+    SCOPED_TRACE(ragged ? "ragged blocks" : "full blocks");
+    cpu::KiviConfig cfg;
+    cfg.bits = c.bits, cfg.group = 32, cfg.residual = 32;
+    cpu::KiviHeadStore store(c.dim, cfg);
+    const size_t tokens = 250;
+    const auto kf = test::random_floats(tokens * c.dim, 40);
+    const auto vf = test::random_floats(tokens * c.dim, 41);
+    std::vector<int32_t> pos(tokens);
+    for (size_t t = 0; t < tokens; ++t) pos[t] = int32_t(2 * t);
+    store.append(kf.data(), vf.data(), pos.data(), tokens);
+    if (ragged) {  // every third token and all of the second block go
+      std::vector<uint32_t> keep;
+      for (uint32_t t = 0; t < tokens; ++t) {
+        if (t % 3 != 1 && (t < 32 || t >= 64)) keep.push_back(t);
+      }
+      store.retain(keep);
+      ASSERT_TRUE(store.ragged());
+    }
+    const size_t nq = store.quantized_tokens(), nr = store.residual_tokens();
+    ASSERT_GT(nq, 0u);
+    ASSERT_GT(nr, 0u);
+    const std::vector<int32_t>& held = store.positions();
+    std::vector<uint32_t> starts;  // each key block's first quantized token
+    uint32_t start = 0;
+    for (uint32_t n : store.block_token_counts()) {
+      starts.push_back(start);
+      start += n;
+    }
+    DeviceBuffer<uint8_t> dkc(store.key_codes()), dvc(store.value_codes());
+    DeviceBuffer<uint16_t> dks(store.key_scales()), dkz(store.key_zeros());
+    DeviceBuffer<uint16_t> dvs(store.value_scales()), dvz(store.value_zeros());
+    DeviceBuffer<uint16_t> drk(store.residual_keys()), drv(store.residual_values());
+    DeviceBuffer<int32_t> dqp(std::vector<int32_t>(held.begin(), held.begin() + ptrdiff_t(nq)));
+    DeviceBuffer<int32_t> drp(std::vector<int32_t>(held.begin() + ptrdiff_t(nq), held.end()));
+    DeviceBuffer<uint32_t> dstarts(ragged ? starts : std::vector<uint32_t>{0});
+    backend::KiviTier tier;
+    tier.k_codes = dkc.get(), tier.v_codes = dvc.get();
+    tier.k_scale = dks.get(), tier.k_zero = dkz.get();
+    tier.v_scale = dvs.get(), tier.v_zero = dvz.get();
+    tier.positions = dqp.get(), tier.tokens = nq;
+    tier.bits = c.bits, tier.group = cfg.group, tier.residual = cfg.residual;
+    if (ragged) tier.block_starts = dstarts.get(), tier.blocks = starts.size();
+    const backend::F16Rows residual{drk.get(), drv.get(), drp.get(), nr};
+    // Three tokens' query heads: one sees a prefix of the quantized blocks, one part of the
+    // residual, one everything.
+    const size_t rows = 3 * c.group;
+    std::vector<int32_t> qpos(rows);
+    for (size_t r = 0; r < rows; ++r) {
+      qpos[r] = r < c.group ? 101 : r < 2 * c.group ? held[nq + nr / 2] : INT32_MAX;
+    }
+    const auto q = test::random_floats(rows * c.dim, 42);
+    backend::QueryRows want_q{q.data(), qpos.data(), rows, c.dim, 1.0f / std::sqrt(float(c.dim))};
+    want_q.group = c.group;
+    std::vector<float> want(rows * c.dim);
+    backend::WorkspaceHandle ref_ws(backend::cpu_reference());
+    backend::cpu_reference().attend_kivi(want_q, store, ref_ws.get(), want.data());
+    const backend::Ops& ops = *device_backend().ops;
+    DeviceBuffer<float> dq(q), dout(want.size());
+    DeviceBuffer<int32_t> dpos(qpos);
+    backend::QueryRows got_q = want_q;
+    got_q.q = dq.get(), got_q.positions = dpos.get();
+    backend::WorkspaceHandle ws(ops);
+    ops.attend_kivi_tier(got_q, tier, residual, ws.get(), dout.get());
+    const std::vector<float> got = dout.download();
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-4) << "element " << i;
   }
-  const auto q = test::random_floats(rows * c.dim, 42);
-  backend::QueryRows want_q{q.data(), qpos.data(), rows, c.dim, 1.0f / std::sqrt(float(c.dim))};
-  want_q.group = c.group;
-  std::vector<float> want(rows * c.dim);
-  backend::WorkspaceHandle ref_ws(backend::cpu_reference());
-  backend::cpu_reference().attend_kivi(want_q, store, ref_ws.get(), want.data());
-  const backend::Ops& ops = *device_backend().ops;
-  DeviceBuffer<float> dq(q), dout(want.size());
-  DeviceBuffer<int32_t> dpos(qpos);
-  backend::QueryRows got_q = want_q;
-  got_q.q = dq.get(), got_q.positions = dpos.get();
-  backend::WorkspaceHandle ws(ops);
-  ops.attend_kivi_tier(got_q, tier, residual, ws.get(), dout.get());
-  const std::vector<float> got = dout.download();
-  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-4) << "element " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaDecodeAttention,

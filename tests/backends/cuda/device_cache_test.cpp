@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -101,14 +102,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DeviceCache,
 // steps: the selection stage scores on the host from keys copied out of the arena and the kept
 // rows are compacted on the device, so the rows must be the CPU's bit for bit (the same
 // selection), attention within tolerance, and the arena never more than the budget.
-class DeviceEviction : public ::testing::TestWithParam<const char*> {};
-
-TEST_P(DeviceEviction, ConversationMatchesTheCpuReference) {
+// `group`: KIVI's G under a '+kiviN' overlay (small, so that evictions leave ragged key blocks).
+void evicting_conversation(const char* spec, int32_t group) {
   const kvsdk_geometry g = kvsdk_test::make_geometry(3, 8, 2, 64);
-  const uint64_t budget = 48 * 1024;  // ~48 tokens of 3 layers: evictions every few steps
+  const uint64_t budget = 48 * 1024;  // ~48 exact tokens of 3 layers: evictions every few steps
   CUDA_CONTEXT_OR_SKIP(gpu, budget);
   ContextPtr cpu = kvsdk_test::make_context(budget, KVSDK_BACKEND_CPU_REFERENCE);
-  const kvsdk_policy p = kvsdk_test::small_policy(GetParam(), 32);
+  const kvsdk_policy p = kvsdk_test::small_policy(spec, group);
   CachePtr a = kvsdk_test::make_cache(gpu.get(), g, &p), b = kvsdk_test::make_cache(cpu.get(), g, &p);
   ASSERT_TRUE(a && b) << kvsdk_last_error();
   const size_t q_elems = size_t(g.n_q_heads) * g.head_dim;
@@ -123,6 +123,8 @@ TEST_P(DeviceEviction, ConversationMatchesTheCpuReference) {
     *out = attend(c, g, layer, q, qpos);
   };
   int32_t pos = 0;
+  kvsdk_test::TempDir dir;
+  const std::string fa = dir.file("gpu.kvsnap"), fb = dir.file("cpu.kvsnap");
   for (int round = 0; round < 40; ++round) {
     const size_t n = round == 0 ? 20 : 1 + size_t(round % 3);  // a prefill, then short steps
     for (uint32_t l = 0; l < g.n_layers; ++l) {
@@ -135,6 +137,16 @@ TEST_P(DeviceEviction, ConversationMatchesTheCpuReference) {
       }
     }
     pos += int32_t(n);
+    // Files along the way, then journal deltas over the evictions between them.
+    if (round == 20 || round == 30 || round == 39) {
+      for (auto [c, f] : {std::pair{a.get(), fa}, std::pair{b.get(), fb}}) {
+        ASSERT_EQ(round == 20 ? kvsdk_cache_save(c, f.c_str(), nullptr)
+                              : kvsdk_cache_save_delta(c, f.c_str(), nullptr),
+                  KVSDK_OK)
+            << kvsdk_last_error();
+      }
+      EXPECT_TRUE(file_bytes(fa) == file_bytes(fb)) << "the files after round " << round;
+    }
   }
   expect_same_rows(a.get(), b.get(), g);
   const kvsdk_cache_stats sa = stats(a.get()), sb = stats(b.get());
@@ -142,8 +154,38 @@ TEST_P(DeviceEviction, ConversationMatchesTheCpuReference) {
   EXPECT_LT(sa.tokens, uint64_t(pos) * g.n_layers * g.n_kv_heads) << "it evicted";
   EXPECT_LE(sa.device_reserved_bytes, budget);
   EXPECT_LE(sa.bytes, budget);
-  // The policy's own state (h2o's accumulated scores, the observation windows) saves alike.
-  EXPECT_TRUE(kvsdk_test::snapshot(a.get()) == kvsdk_test::snapshot(b.get()));
+  if (p.quant_bits != 0) {
+    EXPECT_GT(sa.bytes_by_tier[KVSDK_TIER_QUANTIZED], 0u) << "it quantized";
+  }
+  // The policy's own state (h2o's accumulated scores, the observation windows) and the stores
+  // (ragged KIVI blocks included) save alike, and each snapshot loads on the other backend.
+  const auto from_gpu = kvsdk_test::snapshot(a.get()), from_cpu = kvsdk_test::snapshot(b.get());
+  EXPECT_TRUE(from_gpu == from_cpu);
+  a.reset();  // (the budget holds one cache)
+  kvsdk_cache* loaded = nullptr;
+  ASSERT_EQ(kvsdk_cache_load_from_buffer(&loaded, gpu.get(), from_cpu.data(), from_cpu.size(), &g,
+                                         nullptr),
+            KVSDK_OK)
+      << kvsdk_last_error();
+  CachePtr on_gpu(loaded);
+  expect_same_rows(on_gpu.get(), b.get(), g);
+  // The loaded cache continues like the CPU one: appends, attention, evictions.
+  for (int round = 0; round < 6; ++round) {
+    for (uint32_t l = 0; l < g.n_layers; ++l) {
+      std::vector<float> x, y;
+      step(on_gpu.get(), l, pos, 1, 5000 + uint32_t(round) * 10 + l, &x);
+      step(b.get(), l, pos, 1, 5000 + uint32_t(round) * 10 + l, &y);
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], y[i], 2e-4) << "after the load";
+    }
+    pos += 1;
+  }
+  expect_same_rows(on_gpu.get(), b.get(), g);
+}
+
+class DeviceEviction : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DeviceEviction, ConversationMatchesTheCpuReference) {
+  evicting_conversation(GetParam(), 32);
 }
 
 // The arena is partitioned by the allocation: after a global plan (here a host-set allocation,
@@ -175,6 +217,23 @@ INSTANTIATE_TEST_SUITE_P(Presets, DeviceEviction,
                          ::testing::Values("streaming_llm", "h2o", "snapkv", "pyramidkv", "xkv"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            return std::string(info.param);
+                         });
+
+// The '+kiviN' overlays: eviction over KIVI stores (ragged key blocks, heads holding different
+// tokens), with G = 8 so that blocks are quantized and then cut by evictions within the run.
+class DeviceKiviEviction : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DeviceKiviEviction, ConversationMatchesTheCpuReference) {
+  evicting_conversation(GetParam(), 8);
+}
+
+INSTANTIATE_TEST_SUITE_P(Overlays, DeviceKiviEviction,
+                         ::testing::Values("streaming_llm+kivi2", "h2o+kivi4", "snapkv+kivi2",
+                                           "pyramidkv+kivi8", "xkv+kivi1"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string name(info.param);
+                           std::replace(name.begin(), name.end(), '+', '_');
+                           return name;
                          });
 
 // The arena is one allocation of exactly the budget, made with the context; appends allocate no
@@ -343,12 +402,12 @@ TEST(DeviceCacheStaging, TheShimRefusesCopiesThatBreakTheMemoryRules) {
 #endif
 
 // What does not run on CUDA yet is refused with KVSDK_E_UNSUPPORTED and a message, and a refused
-// call leaves everything as it was. (Policy kivi runs on CUDA: device_kivi_test.cpp; the '+kiviN'
-// overlays on eviction presets and the other methods do not.)
+// call leaves everything as it was. (Policy kivi runs on CUDA: device_kivi_test.cpp; the eviction
+// presets and their '+kiviN' overlays above; the other methods do not.)
 TEST(DeviceCacheRefusals, UnsupportedCallsSayWhy) {
   const kvsdk_geometry g = kvsdk_test::make_geometry(2, 4, 2, 64);
   CUDA_CONTEXT_OR_SKIP(gpu, 4u << 20);
-  for (const char* spec : {"minicache", "snapkv+kivi2", "specache"}) {
+  for (const char* spec : {"minicache", "minicache+kivi4", "specache"}) {
     kvsdk_policy p;
     ASSERT_EQ(kvsdk_policy_parse(&p, spec), KVSDK_OK);
     kvsdk_cache* c = nullptr;
