@@ -577,7 +577,7 @@ void DeviceKivi::upload_head(uint32_t layer, uint32_t kv_head, const cpu::KiviHe
                        (p.size() - q) * sizeof(int32_t));
   }
   const std::vector<uint32_t>& counts = s.block_token_counts();
-  if (!counts.empty()) {  // the blocks' starts, from their counts (staged in plan_pos_'s place)
+  if (!counts.empty()) {  // the blocks' starts, from their counts
     stage_starts_.resize(counts.size());  // (capacity: plan_keep / restore reserved it)
     uint32_t start = 0;
     for (size_t b = 0; b < counts.size(); ++b) {
@@ -663,7 +663,6 @@ void DeviceKivi::load_keys(uint32_t layer, uint32_t kv_head, size_t first, size_
 uint64_t DeviceKivi::plan_keep(uint32_t layer, const std::vector<std::vector<uint32_t>>& keep,
                                const IncomingRows* in) {
   check_usable();
-  const size_t dim = geometry_.head_dim, row = geometry_.kv_elems_per_token();
   if (keep.size() != geometry_.n_kv_heads) {
     fail(KVSDK_E_INTERNAL, "plan_keep: ", keep.size(), " heads for ", geometry_.n_kv_heads);
   }
@@ -675,28 +674,9 @@ uint64_t DeviceKivi::plan_keep(uint32_t layer, const std::vector<std::vector<uin
   std::vector<Capacity> need(geometry_.n_kv_heads);
   size_t most_blocks = 0;
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-    // KiviRepresentation::plan_keep on the head's host copy: the stored tokens kept (retain),
-    // then the kept incoming rows in one append, so the flushes are those of one append.
+    // KiviRepresentation's plan on the head's host copy.
     cpu::KiviHeadStore out = stage_head(layer, h);
-    const std::vector<uint32_t>& k = keep[h];
-    const size_t held = out.size();
-    const size_t split = size_t(std::lower_bound(k.begin(), k.end(), uint32_t(held)) - k.begin());
-    out.retain(k.data(), split);
-    const size_t n_new = k.size() - split;
-    if (n_new > 0) {
-      if (!in) fail(KVSDK_E_INTERNAL, "plan_keep: incoming rows kept without an append");
-      float* kf = at_least(plan_k_, n_new * dim).data();
-      float* vf = at_least(plan_v_, n_new * dim).data();
-      int32_t* pos = at_least(plan_pos_, n_new).data();
-      for (size_t j = 0; j < n_new; ++j) {
-        const size_t t = k[split + j] - held;
-        load_f32(geometry_.dtype, in->k, t * row + size_t(h) * dim, dim, kf + j * dim);
-        load_f32(geometry_.dtype, in->v, t * row + size_t(h) * dim, dim, vf + j * dim);
-        pos[j] = in->positions[t];
-      }
-      out.reserve(n_new);
-      out.append(kf, vf, pos, n_new);
-    }
+    kivi_keep_head(out, keep[h], in, geometry_, h, keep_scratch_);
     bytes += out.bytes().total();
     need[h] = shape_of(out);
     most_blocks = std::max<size_t>(most_blocks, need[h].starts);

@@ -51,6 +51,7 @@
 #include "core/representation.h"
 #include "device_arena_plan.h"
 #include "repr/device_queries.h"
+#include "repr/kivi_repr.h"
 #include "kivi_store.h"
 
 namespace kvsdk {
@@ -188,8 +189,7 @@ class DeviceKivi final : public Representation, private ArenaOwner {
   std::vector<std::vector<cpu::KiviHeadStore>> planned_;
   std::vector<Capacity> planned_need_;  // [layer * heads + head], zero where nothing is planned
   std::vector<char> planned_active_;    // [layer]
-  std::vector<float> plan_k_, plan_v_;  // one head's kept incoming rows
-  std::vector<int32_t> plan_pos_;
+  KiviKeepScratch keep_scratch_;  // one head's kept incoming rows
   // load_keys' copy of one head, valid while version_ has not moved.
   uint64_t version_ = 0;
   mutable std::unique_ptr<cpu::KiviHeadStore> keys_copy_;

@@ -194,7 +194,7 @@ void KiviRepresentation::load_keys(uint32_t layer, uint32_t kv_head, size_t firs
 uint64_t KiviRepresentation::plan_keep(uint32_t layer,
                                        const std::vector<std::vector<uint32_t>>& keep,
                                        const IncomingRows* in) {
-  const size_t dim = geometry_.head_dim, row = geometry_.kv_elems_per_token();
+  const size_t dim = geometry_.head_dim;
   if (keep.size() != geometry_.n_kv_heads) {
     fail(KVSDK_E_INTERNAL, "plan_keep: ", keep.size(), " heads for ", geometry_.n_kv_heads);
   }
@@ -207,33 +207,37 @@ uint64_t KiviRepresentation::plan_keep(uint32_t layer,
   uint64_t bytes = 0;
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     const cpu::KiviHeadStore& store = heads_[layer][h];
-    const std::vector<uint32_t>& k = keep[h];
-    const size_t held = store.size();
-    const size_t split =
-        size_t(std::lower_bound(k.begin(), k.end(), uint32_t(held)) - k.begin());
     cpu::KiviHeadStore& out = built[h];
     out.reserve_as(store);  // (then the copy reuses it: nothing allocates in a steady state)
     out = store;
-    out.retain(k.data(), split);
-    const size_t n_new = k.size() - split;
-    if (n_new > 0) {
-      if (!in) fail(KVSDK_E_INTERNAL, "plan_keep: incoming rows kept without an append");
-      float* kf = at_least(plan_k_, n_new * dim).data();
-      float* vf = at_least(plan_v_, n_new * dim).data();
-      int32_t* pos = at_least(plan_pos_, n_new).data();
-      for (size_t j = 0; j < n_new; ++j) {
-        const size_t t = k[split + j] - held;
-        load_f32(geometry_.dtype, in->k, t * row + size_t(h) * dim, dim, kf + j * dim);
-        load_f32(geometry_.dtype, in->v, t * row + size_t(h) * dim, dim, vf + j * dim);
-        pos[j] = in->positions[t];
-      }
-      out.reserve(n_new);
-      out.append(kf, vf, pos, n_new);
-    }
+    kivi_keep_head(out, keep[h], in, geometry_, h, keep_scratch_);
     bytes += out.bytes().total();
   }
   planned_active_[layer] = 1;
   return bytes;
+}
+
+void kivi_keep_head(cpu::KiviHeadStore& out, const std::vector<uint32_t>& keep,
+                    const Representation::IncomingRows* in, const Geometry& g, uint32_t h,
+                    KiviKeepScratch& scratch) {
+  const size_t dim = g.head_dim, row = g.kv_elems_per_token(), held = out.size();
+  const size_t split =
+      size_t(std::lower_bound(keep.begin(), keep.end(), uint32_t(held)) - keep.begin());
+  out.retain(keep.data(), split);
+  const size_t n_new = keep.size() - split;
+  if (n_new == 0) return;
+  if (!in) fail(KVSDK_E_INTERNAL, "plan_keep: incoming rows kept without an append");
+  float* kf = at_least(scratch.k, n_new * dim).data();
+  float* vf = at_least(scratch.v, n_new * dim).data();
+  int32_t* pos = at_least(scratch.positions, n_new).data();
+  for (size_t j = 0; j < n_new; ++j) {
+    const size_t t = keep[split + j] - held;
+    load_f32(g.dtype, in->k, t * row + size_t(h) * dim, dim, kf + j * dim);
+    load_f32(g.dtype, in->v, t * row + size_t(h) * dim, dim, vf + j * dim);
+    pos[j] = in->positions[t];
+  }
+  out.reserve(n_new);
+  out.append(kf, vf, pos, n_new);
 }
 
 void KiviRepresentation::commit_keep() noexcept {

@@ -37,6 +37,19 @@ std::vector<cpu::KiviHeadStore> kivi_layer_from_records(const Geometry& geometry
 // quantized a block while it held tokens from there on (KiviHeadStore::can_remove_from).
 std::string kivi_flush_refusal(uint32_t layer, int32_t position, size_t residual_tokens,
                                const cpu::KiviConfig& config);
+// Working memory of kivi_keep_head (reused: a steady state allocates nothing).
+struct KiviKeepScratch {
+  std::vector<float> k, v;
+  std::vector<int32_t> positions;
+};
+// One head's part of an eviction plan (Representation::plan_keep) on `store`, a copy of the held
+// head: the stored tokens of `keep` retained (KiviHeadStore::retain: nothing re-quantized), then
+// the kept rows of `incoming` (KV head `kv_head` of its rows, candidate indices past the held
+// ones) in one append, so the flushes are those of one append. Shared by the host and device
+// KIVI stores. Throws KVSDK_E_INTERNAL for incoming rows kept without `incoming`.
+void kivi_keep_head(cpu::KiviHeadStore& store, const std::vector<uint32_t>& keep,
+                    const Representation::IncomingRows* incoming, const Geometry& geometry,
+                    uint32_t kv_head, KiviKeepScratch& scratch);
 // Representation::layer_token_bytes / layer_token_capacity of a KIVI store of `geometry` (every
 // layer and KV head; estimates: see KiviRepresentation), shared by the host and device stores.
 uint64_t kivi_layer_token_bytes(const Geometry& geometry, const cpu::KiviConfig& config,
@@ -91,8 +104,7 @@ class KiviRepresentation final : public Representation {
   // for a second copy of each evicting layer's stores).
   std::vector<std::vector<cpu::KiviHeadStore>> planned_;
   std::vector<char> planned_active_;  // [layer]
-  std::vector<float> plan_k_, plan_v_;  // plan_keep(): one head's kept incoming rows
-  std::vector<int32_t> plan_pos_;
+  KiviKeepScratch keep_scratch_;  // plan_keep(): one head's kept incoming rows
 };
 
 }  // namespace kvsdk
