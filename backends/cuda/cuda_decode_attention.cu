@@ -73,19 +73,28 @@ struct ExactLoader {
   }
 };
 
-// Fused KIVI dequantization: codes are unpacked and scaled in registers.
+// Fused KIVI dequantization: codes are unpacked and scaled in registers. Index arithmetic is 32-bit
+// with the per-tier quotients computed once on the host (make_kivi_loader): the first GPU run
+// measured this loader at 0.41x the f16 one when it divided 64-bit integers per token and channel.
 struct KiviLoader {
   KiviTierView t;
-  size_t dim;
+  uint32_t dim;
+  uint32_t row_bytes;        // (dim * bits + 7) / 8
+  uint32_t n_groups;         // value groups per row: ceil(dim / G)
+  uint32_t head_blocks;      // key blocks per head without block_starts: capacity / G
+  int32_t group_shift;       // log2(G) when G is a power of two, else -1
+  __device__ uint32_t div_group(uint32_t x) const {
+    return group_shift >= 0 ? x >> group_shift : x / t.group;
+  }
   // The key block (row of k_scale/k_zero) of a head's quantized token: token / G, or with ragged
   // blocks the last block starting at or before it (a binary search; every lane of the warp
   // reads the same entries).
   __device__ size_t key_block(size_t head, size_t tok) const {
-    if (!t.block_starts) return head * (t.capacity / t.group) + tok / t.group;
+    if (!t.block_starts) return head * head_blocks + div_group(uint32_t(tok));
     const uint32_t* s = t.block_starts + head * t.block_stride;
-    size_t lo = 0, hi = t.blocks;  // s[lo] <= tok < s[hi] (s[blocks] = infinity)
+    uint32_t lo = 0, hi = uint32_t(t.blocks);  // s[lo] <= tok < s[hi] (s[blocks] = infinity)
     while (hi - lo > 1) {
-      const size_t mid = (lo + hi) / 2;
+      const uint32_t mid = (lo + hi) / 2;
       if (s[mid] <= tok) lo = mid;
       else hi = mid;
     }
@@ -96,7 +105,6 @@ struct KiviLoader {
   }
   template <int EPL>
   __device__ void key(size_t head, size_t tok, int lane, float (&out)[EPL]) const {
-    const size_t row_bytes = (dim * t.bits + 7) / 8;
     const uint8_t* row = t.k_codes + (head * t.capacity + tok) * row_bytes;
     const size_t block = key_block(head, tok);
     const uint16_t* s = t.k_scale + block * dim;
@@ -110,19 +118,33 @@ struct KiviLoader {
   }
   template <int EPL>
   __device__ void value(size_t head, size_t tok, int lane, float (&out)[EPL]) const {
-    const size_t row_bytes = (dim * t.bits + 7) / 8;
-    const size_t n_groups = (dim + t.group - 1) / t.group;
     const size_t r = head * t.capacity + tok;
     const uint8_t* row = t.v_codes + r * row_bytes;
+    const uint16_t* s = t.v_scale + r * n_groups;
+    const uint16_t* z = t.v_zero + r * n_groups;
 #pragma unroll
     for (int j = 0; j < EPL; ++j) {
       const uint32_t c = uint32_t(lane * EPL + j);
-      const size_t g = r * n_groups + c / t.group;
-      out[j] = kivi_dequant(kivi_unpack_code(row, c, t.bits), f16_bits_to_f32(t.v_scale[g]),
-                            f16_bits_to_f32(t.v_zero[g]));
+      const uint32_t g = div_group(c);
+      out[j] = kivi_dequant(kivi_unpack_code(row, c, t.bits), f16_bits_to_f32(s[g]),
+                            f16_bits_to_f32(z[g]));
     }
   }
 };
+
+KiviLoader make_kivi_loader(const KiviTierView& t, size_t dim) {
+  KiviLoader l;
+  l.t = t;
+  l.dim = uint32_t(dim);
+  l.row_bytes = uint32_t((dim * t.bits + 7) / 8);
+  l.n_groups = uint32_t((dim + t.group - 1) / t.group);
+  l.head_blocks = uint32_t(t.capacity / t.group);
+  l.group_shift = -1;
+  for (int32_t b = 0; b < 32; ++b) {
+    if (t.group == (1u << b)) l.group_shift = b;
+  }
+  return l;
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -310,6 +332,8 @@ void decode_attention(const float* q, const DecodeShape& shape, const KiviTierVi
   if (kivi) {
     KVSDK_REQUIRE(kivi->bits == 1 || kivi->bits == 2 || kivi->bits == 4 || kivi->bits == 8,
                   "decode attention: KIVI bits ", kivi->bits, " is not 1, 2, 4 or 8");
+    KVSDK_REQUIRE(kivi->capacity <= UINT32_MAX, "decode attention: a KIVI tier of ",
+                  kivi->capacity, " tokens per head (the kernel indexes tokens with 32 bits)");
     if (kivi->block_starts) {
       KVSDK_REQUIRE(kivi->group > 0 && kivi->capacity >= kivi->tokens &&
                         kivi->block_stride >= kivi->blocks && (kivi->blocks > 0 || !kivi->tokens),
@@ -339,7 +363,7 @@ void decode_attention(const float* q, const DecodeShape& shape, const KiviTierVi
     return;
   }
   if (kivi && plan.kivi_splits) {
-    launch_splits(q, q_positions, shape, KiviLoader{*kivi, shape.dim}, kivi_tokens,
+    launch_splits(q, q_positions, shape, make_kivi_loader(*kivi, shape.dim), kivi_tokens,
                   plan.kivi_splits,
                   plan.kivi_split_tokens, 0, part, stream);
   }

@@ -13,7 +13,13 @@ namespace kvsdk::cuda::detail {
 __device__ __forceinline__ uint16_t f32_to_f16_bits(float x) {
   return __half_as_ushort(__float2half_rn(x));
 }
+// Widens as the CPU reference's f16_to_f32 does, NaN payloads included: the hardware conversion
+// (cvt.f32.f16) returns the canonical NaN for every NaN input, which the first GPU run showed.
 __device__ __forceinline__ float f16_bits_to_f32(uint16_t h) {
+  if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0u) {
+    return __uint_as_float((uint32_t(h & 0x8000u) << 16) | 0x7f800000u |
+                           (uint32_t(h & 0x3ffu) << 13));
+  }
   return __half2float(__ushort_as_half(h));
 }
 

@@ -201,12 +201,46 @@ void DeviceKivi::reserve(uint32_t layer, const std::vector<Capacity>& need) {
           n.residual, std::min<uint64_t>(window, grown_capacity(size_t(c.residual), n.residual)));
     }
   }
-  if (layout_for(next).reserved > regions_.room_for(this)) {
-    // Growth by half does not fit: every head exactly what it holds, these what they need.
-    next = tight_capacity();
+  const uint64_t room = regions_.room_for(this);
+  if (layout_for(next).reserved > room) {
+    // Growth by half does not fit: every head what it holds (these what they need) plus an
+    // equal share of the room left, in key blocks of G tokens and residual rows up to the
+    // window, the most that fits (relayout refuses when not even the needs fit). Exactly the
+    // needs would re-lay the arena at every append or block flush, moving every slice behind
+    // by a row or a block in overlapping chunks (as DeviceRows::reserve_rows).
+    std::vector<Capacity> base = tight_capacity();
     for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-      next[index(layer, h)] = next[index(layer, h)].max(need[h]);
+      base[index(layer, h)] = base[index(layer, h)].max(need[h]);
     }
+    // Extra residual rows first (up to the window, which bounds the rows between flushes),
+    // then, with full windows, extra key blocks.
+    const auto with_extra = [&](uint64_t rows, uint64_t blocks) {
+      std::vector<Capacity> c = base;
+      for (Capacity& x : c) {
+        x.quantized += blocks * config_.group;
+        x.blocks += blocks;
+        if (x.starts) x.starts += blocks;
+        x.residual = std::max(x.residual, std::min(window, x.residual + rows));
+      }
+      return c;
+    };
+    const auto fits = [&](uint64_t rows, uint64_t blocks) {
+      return layout_for(with_extra(rows, blocks)).reserved <= room;
+    };
+    // The largest x in [0, limit] with fits(x) (0 when none), fits being monotone.
+    const auto largest = [](uint64_t limit, const auto& ok) {
+      uint64_t lo = 0, hi = limit;
+      while (lo < hi) {
+        const uint64_t mid = lo + (hi - lo + 1) / 2;
+        if (ok(mid)) lo = mid;
+        else hi = mid - 1;
+      }
+      return lo;
+    };
+    const uint64_t rows = largest(window, [&](uint64_t r) { return fits(r, 0); });
+    const uint64_t blocks =
+        rows < window ? 0 : largest(uint64_t(1) << 24, [&](uint64_t b) { return fits(rows, b); });
+    next = with_extra(rows, blocks);
   }
   relayout(next);
 }

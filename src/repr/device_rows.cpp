@@ -126,10 +126,30 @@ void DeviceRows::reserve_rows(uint32_t layer, uint64_t rows) {
   if (rows <= capacity_[layer]) return;
   std::vector<uint64_t> capacity = capacity_;
   capacity[layer] = grown_capacity(size_t(capacity_[layer]), size_t(rows));
-  if (layout_for(capacity).reserved > regions_.room_for(this)) {
-    // Growth by half does not fit: every layer exactly what it holds, this one what it needs.
-    capacity = tight_capacity();
-    capacity[layer] = std::max(capacity[layer], rows);
+  const uint64_t room = regions_.room_for(this);
+  if (layout_for(capacity).reserved > room) {
+    // Growth by half does not fit: every layer what it holds (this one what it needs) plus an
+    // equal share of the room left, the most that fits (relayout refuses when not even the
+    // needs fit). Exactly the needs would re-lay the arena on every later append, each moving
+    // every slice behind the growing layer's by a row, in overlapping chunks of that row: the
+    // first GPU run saw one-token appends to a 32k-token cache take over a second.
+    const std::vector<uint64_t> base = [&] {
+      std::vector<uint64_t> c = tight_capacity();
+      c[layer] = std::max(c[layer], rows);
+      return c;
+    }();
+    const auto with_extra = [&](uint64_t extra) {
+      std::vector<uint64_t> c = base;
+      for (uint64_t& x : c) x += extra;
+      return c;
+    };
+    uint64_t lo = 0, hi = capacity[layer] - rows;  // no more than growth by half would give
+    while (lo < hi) {
+      const uint64_t mid = lo + (hi - lo + 1) / 2;
+      if (layout_for(with_extra(mid)).reserved <= room) lo = mid;
+      else hi = mid - 1;
+    }
+    capacity = with_extra(lo);
   }
   relayout(capacity);
 }

@@ -248,7 +248,7 @@ TEST(DeviceCacheBudget, RowsFillTheArenaAndNeverExceedIt) {
   CUDA_CONTEXT_OR_SKIP(gpu, budget);
   const uint64_t arena = device_bytes_in_use() - before;
   EXPECT_GE(arena, budget);
-  EXPECT_LT(arena, budget + 4096) << "one allocation of the budget (the driver's granularity)";
+  EXPECT_LE(arena, allocation_bound(budget)) << "one allocation of the budget";
   CachePtr c = kvsdk_test::make_cache(gpu.get(), g);
   ASSERT_TRUE(c) << kvsdk_last_error();
   // Uneven growth: layer 2 first grows by half, then the others need the room it reserved.
@@ -273,6 +273,38 @@ TEST(DeviceCacheBudget, RowsFillTheArenaAndNeverExceedIt) {
   for (int32_t t = 0; t < 40; ++t) {
     append(r.get(), g, 0, t, 1, 500 + uint32_t(t));
     append(r.get(), g, 1, t, 1, 700 + uint32_t(t));
+  }
+  expect_same_rows(c.get(), r.get(), g);
+}
+
+// One-token appends once growth by half no longer fits: the arena is re-laid a few times (each
+// layer given a share of the room left), not on every append. Laid out to exactly the needed
+// rows, every append re-laid it, moving every slice behind the growing layer's by a row in
+// overlapping row-sized chunks (a GPU run's 32k-token decode-step benchmark never finished).
+TEST(DeviceCacheBudget, OneTokenAppendsNearTheBudgetRarelyReLayTheArena) {
+  const kvsdk_geometry g = kvsdk_test::make_geometry(3, 4, 2, 64);
+  const uint64_t row = uint64_t(g.n_kv_heads) * (g.head_dim * 4 + 4);
+  const uint64_t budget = 200 * row * g.n_layers;
+  CUDA_CONTEXT_OR_SKIP(gpu, budget);
+  CachePtr c = kvsdk_test::make_cache(gpu.get(), g);
+  ASSERT_TRUE(c) << kvsdk_last_error();
+  for (uint32_t l = 0; l < g.n_layers; ++l) append(c.get(), g, l, 0, 120, 3 + l);
+  int relayouts = 0;
+  uint64_t reserved = stats(c.get()).device_reserved_bytes;
+  for (int32_t t = 120; t < 200; ++t) {
+    for (uint32_t l = 0; l < g.n_layers; ++l) append(c.get(), g, l, t, 1, 100 + uint32_t(t));
+    const uint64_t now = stats(c.get()).device_reserved_bytes;
+    relayouts += now != reserved;
+    reserved = now;
+  }
+  EXPECT_LE(relayouts, 12) << "of 240 one-token appends";
+  EXPECT_EQ(kvsdk_test::used(gpu.get()), budget);
+  append(c.get(), g, 0, 200, 1, 9, KVSDK_E_BUDGET);
+  ContextPtr cpu = kvsdk_test::make_context(budget, KVSDK_BACKEND_CPU_REFERENCE);
+  CachePtr r = kvsdk_test::make_cache(cpu.get(), g);
+  for (uint32_t l = 0; l < g.n_layers; ++l) append(r.get(), g, l, 0, 120, 3 + l);
+  for (int32_t t = 120; t < 200; ++t) {
+    for (uint32_t l = 0; l < g.n_layers; ++l) append(r.get(), g, l, t, 1, 100 + uint32_t(t));
   }
   expect_same_rows(c.get(), r.get(), g);
 }

@@ -64,6 +64,18 @@ inline uint64_t device_bytes_in_use() {
   return uint64_t(total - free_bytes);
 }
 
+// The most the device's free memory may drop for one allocation of `bytes`: the shim accounts
+// 256-byte granules (a 4 KiB margin), a GPU's driver maps 2 MiB pages (the first GPU run saw a
+// 66 KB arena take 2 MiB).
+inline uint64_t allocation_bound(uint64_t bytes) {
+#ifdef KVSDK_CUDA_HOST_SHIM
+  return bytes + 4096;
+#else
+  const uint64_t page = 2ull << 20;
+  return (bytes + page - 1) / page * page;
+#endif
+}
+
 struct Rows {
   std::vector<float> k, v;
   std::vector<int32_t> pos;
