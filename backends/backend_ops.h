@@ -98,6 +98,13 @@ struct KiviTier {
   size_t blocks = 0;
 };
 
+// One host -> backend copy of a batch (Ops::to_backend_many).
+struct HostCopy {
+  void* dst;            // backend memory
+  const void* src;      // host memory
+  size_t bytes;
+};
+
 struct Ops {
   const char* name;
 
@@ -209,6 +216,12 @@ struct Ops {
   // tests and tools, not the decode path); a device table reads the buffers where they are.
   void (*attend_kivi_tier)(const QueryRows& q, const KiviTier& tier, const F16Rows& residual,
                            Workspace& ws, float* out);
+
+  // --- memory, batched ---------------------------------------------------------------------------
+  // Several host -> backend copies as one transfer (a device backend stages them together and
+  // waits once; a decode step's append writes three rows per KV head). Complete when it returns;
+  // destinations must not overlap. Null (the CPU tables): to_backend one copy at a time.
+  void (*to_backend_many)(const HostCopy* copies, size_t n) = nullptr;
 };
 
 // The scalar reference backend (the oracle) and the optimized CPU backend.

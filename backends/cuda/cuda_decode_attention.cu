@@ -17,7 +17,6 @@ namespace {
 using namespace detail;
 
 constexpr int kWarps = 4;  // warps per block; each walks every kWarps-th token of the split
-constexpr int kMaxG = int(kDecodeMaxGroup);
 
 // Partials of one (sequence, query head): [splits] maxima, [splits] sums, [splits][dim] values.
 struct Partials {
@@ -57,14 +56,20 @@ __device__ __forceinline__ int32_t row_position(const int32_t* positions, size_t
   return positions ? positions[index] : INT32_MIN;
 }
 
+// f16 -> f32 for arithmetic on stored scales and zero points (a NaN's payload cannot matter
+// there; detail::f16_bits_to_f32 keeps it, at a branch per conversion).
+__device__ __forceinline__ float f16_arith(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
 struct ExactLoader {
   ExactTierView t;
   size_t dim;
+  template <int EPL>
+  struct Cursor {};  // nothing carried from token to token
   __device__ int32_t position(size_t head, size_t tok) const {
     return row_position(t.positions, head * t.capacity + tok);
   }
   template <int EPL>
-  __device__ void key(size_t head, size_t tok, int lane, float (&out)[EPL]) const {
+  __device__ void key(size_t head, size_t tok, int lane, Cursor<EPL>&, float (&out)[EPL]) const {
     load_f16<EPL>(t.k + (head * t.capacity + tok) * dim, lane, out);
   }
   template <int EPL>
@@ -75,7 +80,11 @@ struct ExactLoader {
 
 // Fused KIVI dequantization: codes are unpacked and scaled in registers. Index arithmetic is 32-bit
 // with the per-tier quotients computed once on the host (make_kivi_loader): the first GPU run
-// measured this loader at 0.41x the f16 one when it divided 64-bit integers per token and channel.
+// measured this loader at 0.41x the f16 one when it divided 64-bit integers per token and channel
+// and loaded every code, scale and zero point on its own (about 24 loads per token and lane).
+// Now a lane loads its EPL codes of a row as one word (1-8 bytes), a key block's scales and zero
+// points once per block (the cursor: a warp walks its tokens in order), and a value row's one
+// scale and zero point when its EPL channels share a group.
 struct KiviLoader {
   KiviTierView t;
   uint32_t dim;
@@ -83,51 +92,93 @@ struct KiviLoader {
   uint32_t n_groups;         // value groups per row: ceil(dim / G)
   uint32_t head_blocks;      // key blocks per head without block_starts: capacity / G
   int32_t group_shift;       // log2(G) when G is a power of two, else -1
+  template <int EPL>
+  struct Cursor {
+    uint32_t first = 1, end = 0;  // quantized tokens [first, end) of the cached block (none)
+    float s[EPL], z[EPL];         // its scales and zero points of this lane's channels
+  };
   __device__ uint32_t div_group(uint32_t x) const {
     return group_shift >= 0 ? x >> group_shift : x / t.group;
-  }
-  // The key block (row of k_scale/k_zero) of a head's quantized token: token / G, or with ragged
-  // blocks the last block starting at or before it (a binary search; every lane of the warp
-  // reads the same entries).
-  __device__ size_t key_block(size_t head, size_t tok) const {
-    if (!t.block_starts) return head * head_blocks + div_group(uint32_t(tok));
-    const uint32_t* s = t.block_starts + head * t.block_stride;
-    uint32_t lo = 0, hi = uint32_t(t.blocks);  // s[lo] <= tok < s[hi] (s[blocks] = infinity)
-    while (hi - lo > 1) {
-      const uint32_t mid = (lo + hi) / 2;
-      if (s[mid] <= tok) lo = mid;
-      else hi = mid;
-    }
-    return head * t.block_stride + lo;
   }
   __device__ int32_t position(size_t head, size_t tok) const {
     return row_position(t.positions, head * t.capacity + tok);
   }
+  // This lane's EPL codes of a packed row: EPL * bits consecutive bits starting at a multiple of
+  // EPL * bits, so within one byte below 8 bits and whole bytes from 8 on.
   template <int EPL>
-  __device__ void key(size_t head, size_t tok, int lane, float (&out)[EPL]) const {
-    const uint8_t* row = t.k_codes + (head * t.capacity + tok) * row_bytes;
-    const size_t block = key_block(head, tok);
-    const uint16_t* s = t.k_scale + block * dim;
-    const uint16_t* z = t.k_zero + block * dim;
+  __device__ void codes(const uint8_t* row, int lane, uint32_t (&out)[EPL]) const {
+    const uint32_t bits = t.bits, first_bit = uint32_t(lane) * EPL * bits;
+    const uint8_t* p = row + (first_bit >> 3);
+    const uint32_t n_bytes = (EPL * bits + 7) / 8;
+    uint64_t word = 0;
+#pragma unroll
+    for (uint32_t i = 0; i < uint32_t(EPL); ++i) {  // n_bytes <= EPL (bits <= 8)
+      if (i < n_bytes) word |= uint64_t(p[i]) << (8 * i);
+    }
+    word >>= (first_bit & 7u);
+    const uint32_t mask = (1u << bits) - 1u;
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) out[j] = uint32_t(word >> (uint32_t(j) * bits)) & mask;
+  }
+  // The key block of a head's quantized token: [b * G, (b + 1) * G), or with ragged blocks the
+  // last block starting at or before it (a binary search; every lane of the warp reads the same
+  // entries). Reloads the cursor's scales and zero points when the token left its block.
+  template <int EPL>
+  __device__ void seek_block(size_t head, uint32_t tok, int lane, Cursor<EPL>& c) const {
+    if (tok >= c.first && tok < c.end) return;
+    size_t block;
+    if (!t.block_starts) {
+      const uint32_t b = div_group(tok);
+      block = head * head_blocks + b;
+      c.first = b * t.group;
+      c.end = c.first + t.group;
+    } else {
+      const uint32_t* s = t.block_starts + head * t.block_stride;
+      uint32_t lo = 0, hi = uint32_t(t.blocks);  // s[lo] <= tok < s[hi] (s[blocks] = infinity)
+      while (hi - lo > 1) {
+        const uint32_t mid = (lo + hi) / 2;
+        if (s[mid] <= tok) lo = mid;
+        else hi = mid;
+      }
+      block = head * t.block_stride + lo;
+      c.first = s[lo];
+      c.end = lo + 1 < t.blocks ? s[lo + 1] : UINT32_MAX;
+    }
+    const uint16_t* sc = t.k_scale + block * dim + uint32_t(lane) * EPL;
+    const uint16_t* zp = t.k_zero + block * dim + uint32_t(lane) * EPL;
 #pragma unroll
     for (int j = 0; j < EPL; ++j) {
-      const uint32_t c = uint32_t(lane * EPL + j);
-      out[j] = kivi_dequant(kivi_unpack_code(row, c, t.bits), f16_bits_to_f32(s[c]),
-                            f16_bits_to_f32(z[c]));
+      c.s[j] = f16_arith(sc[j]);
+      c.z[j] = f16_arith(zp[j]);
     }
+  }
+  template <int EPL>
+  __device__ void key(size_t head, size_t tok, int lane, Cursor<EPL>& c, float (&out)[EPL]) const {
+    seek_block(head, uint32_t(tok), lane, c);
+    uint32_t code[EPL];
+    codes<EPL>(t.k_codes + (head * t.capacity + tok) * row_bytes, lane, code);
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) out[j] = kivi_dequant(code[j], c.s[j], c.z[j]);
   }
   template <int EPL>
   __device__ void value(size_t head, size_t tok, int lane, float (&out)[EPL]) const {
     const size_t r = head * t.capacity + tok;
-    const uint8_t* row = t.v_codes + r * row_bytes;
+    uint32_t code[EPL];
+    codes<EPL>(t.v_codes + r * row_bytes, lane, code);
     const uint16_t* s = t.v_scale + r * n_groups;
     const uint16_t* z = t.v_zero + r * n_groups;
+    const uint32_t c0 = uint32_t(lane) * EPL;
+    if (t.group % EPL == 0) {  // the lane's channels lie in one group (G = 32: always)
+      const uint32_t g = div_group(c0);
+      const float sg = f16_arith(s[g]), zg = f16_arith(z[g]);
 #pragma unroll
-    for (int j = 0; j < EPL; ++j) {
-      const uint32_t c = uint32_t(lane * EPL + j);
-      const uint32_t g = div_group(c);
-      out[j] = kivi_dequant(kivi_unpack_code(row, c, t.bits), f16_bits_to_f32(s[g]),
-                            f16_bits_to_f32(z[g]));
+      for (int j = 0; j < EPL; ++j) out[j] = kivi_dequant(code[j], sg, zg);
+    } else {
+#pragma unroll
+      for (int j = 0; j < EPL; ++j) {
+        const uint32_t g = div_group(c0 + uint32_t(j));
+        out[j] = kivi_dequant(code[j], f16_arith(s[g]), f16_arith(z[g]));
+      }
     }
   }
 };
@@ -153,25 +204,29 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // Grid (split, kv head, sequence); kWarps warps. Writes this split's partial for every query head
-// of the group at column `split_base + blockIdx.x` of the partials.
-template <int EPL, class Loader>
+// of the group at column `split_base + blockIdx.x` of the partials. Each warp takes two tokens
+// per step (kWarps apart), loading both before it scores either: two rows in flight per warp.
+// MaxG (4 or 8) bounds the query heads per KV head the registers hold: with 8 for every group the
+// dim-128 kernels needed 128 (f16) / 154 (KIVI) registers a thread, which leaves room for three
+// or four blocks an SM; Llama-like models have groups of 4.
+template <int EPL, int MaxG, class Loader>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_split_kernel(const float* q, const int32_t* q_pos, Loader loader, size_t kv_heads,
                         int group, bool shared_rows, size_t tokens, size_t split_tokens,
                         size_t split_base, float scale, Partials part) {
   constexpr int kDim = EPL * 32;
-  __shared__ float s_m[kWarps][kMaxG], s_l[kWarps][kMaxG];
-  __shared__ float s_acc[kWarps][kMaxG][kDim];
+  __shared__ float s_m[kWarps][MaxG], s_l[kWarps][MaxG];
+  __shared__ float s_acc[kWarps][MaxG][kDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const size_t kvh = blockIdx.y, seq = blockIdx.z;
   const size_t head = shared_rows ? kvh : seq * kv_heads + kvh;  // whose rows
   const size_t first = size_t(blockIdx.x) * split_tokens;
   const size_t last = min(tokens, first + split_tokens);
 
-  float qr[kMaxG][EPL], m[kMaxG], l[kMaxG], acc[kMaxG][EPL];
-  int32_t qp[kMaxG];
+  float qr[MaxG][EPL], m[MaxG], l[MaxG], acc[MaxG][EPL];
+  int32_t qp[MaxG];
 #pragma unroll
-  for (int g = 0; g < kMaxG; ++g) {
+  for (int g = 0; g < MaxG; ++g) {
     qp[g] = q_pos && g < group ? q_pos[(seq * kv_heads + kvh) * group + g] : INT32_MAX;
     m[g] = -INFINITY;
     l[g] = 0.0f;
@@ -181,31 +236,48 @@ __global__ void __launch_bounds__(kWarps * 32)
       qr[g][j] = g < group ? q[((seq * kv_heads + kvh) * group + g) * kDim + lane * EPL + j] : 0.f;
     }
   }
-  for (size_t tok = first + warp; tok < last; tok += kWarps) {
-    float k[EPL], v[EPL];
-    loader.template key<EPL>(head, tok, lane, k);
-    loader.template value<EPL>(head, tok, lane, v);
-    const int32_t tok_pos = loader.position(head, tok);
+  typename Loader::template Cursor<EPL> cursor;
+  for (size_t tok = first + warp; tok < last; tok += 2 * kWarps) {
+    const size_t tok1 = tok + kWarps;
+    const bool two = tok1 < last;  // the same for every lane of the warp
+    float k0[EPL], v0[EPL], k1[EPL], v1[EPL];
+    loader.template key<EPL>(head, tok, lane, cursor, k0);
+    loader.template value<EPL>(head, tok, lane, v0);
+    if (two) {
+      loader.template key<EPL>(head, tok1, lane, cursor, k1);
+      loader.template value<EPL>(head, tok1, lane, v1);
+    } else {
 #pragma unroll
-    for (int g = 0; g < kMaxG; ++g) {
+      for (int j = 0; j < EPL; ++j) k1[j] = v1[j] = 0.0f;
+    }
+    const int32_t pos0 = loader.position(head, tok);
+    const int32_t pos1 = two ? loader.position(head, tok1) : INT32_MAX;
+#pragma unroll
+    for (int g = 0; g < MaxG; ++g) {
       if (g >= group) break;
-      if (tok_pos > qp[g]) continue;  // the same for every lane of the warp: no divergence
-      float d = 0.0f;
+      const bool see0 = pos0 <= qp[g], see1 = two && pos1 <= qp[g];  // uniform over the warp
+      if (!see0 && !see1) continue;
+      float d0 = 0.0f, d1 = 0.0f;
 #pragma unroll
-      for (int j = 0; j < EPL; ++j) d += qr[g][j] * k[j];
-      const float s = warp_sum(d) * scale;
-      const float m_new = fmaxf(m[g], s);
-      const float c = expf(m[g] - m_new);  // 0 on the first token (m = -inf)
-      const float p = expf(s - m_new);
-      l[g] = l[g] * c + p;
+      for (int j = 0; j < EPL; ++j) {
+        d0 += qr[g][j] * k0[j];
+        d1 += qr[g][j] * k1[j];
+      }
+      const float s0 = see0 ? warp_sum(d0) * scale : -INFINITY;
+      const float s1 = see1 ? warp_sum(d1) * scale : -INFINITY;
+      const float m_new = fmaxf(m[g], fmaxf(s0, s1));  // finite: one of them is seen
+      const float c = expf(m[g] - m_new);               // 0 on the first tokens (m = -inf)
+      const float p0 = see0 ? expf(s0 - m_new) : 0.0f;
+      const float p1 = see1 ? expf(s1 - m_new) : 0.0f;
+      l[g] = l[g] * c + p0 + p1;
 #pragma unroll
-      for (int j = 0; j < EPL; ++j) acc[g][j] = acc[g][j] * c + p * v[j];
+      for (int j = 0; j < EPL; ++j) acc[g][j] = acc[g][j] * c + p0 * v0[j] + p1 * v1[j];
       m[g] = m_new;
     }
   }
   // Merge the warps' states through shared memory.
 #pragma unroll
-  for (int g = 0; g < kMaxG; ++g) {
+  for (int g = 0; g < MaxG; ++g) {
     if (g >= group) break;
     if (lane == 0) {
       s_m[warp][g] = m[g];
@@ -261,21 +333,42 @@ __global__ void decode_reduce_kernel(Partials part, size_t dim, float* out) {
 }
 
 template <class Loader>
+using SplitKernel = void (*)(const float*, const int32_t*, Loader, size_t, int, bool, size_t,
+                             size_t, size_t, float, Partials);
+
+// The instance for a head dim and group size (MaxG 4 up to groups of 4, else 8).
+template <class Loader>
+SplitKernel<Loader> split_kernel(size_t dim, size_t group) {
+  const bool small = group <= 4;
+  return dim == 64    ? (small ? decode_split_kernel<2, 4, Loader>
+                               : decode_split_kernel<2, 8, Loader>)
+         : dim == 128 ? (small ? decode_split_kernel<4, 4, Loader>
+                               : decode_split_kernel<4, 8, Loader>)
+                      : (small ? decode_split_kernel<8, 4, Loader>
+                               : decode_split_kernel<8, 8, Loader>);
+}
+
+template <class Loader>
 void launch_splits(const float* q, const int32_t* q_pos, const DecodeShape& sh,
                    const Loader& loader, size_t tokens, size_t splits, size_t split_tokens,
                    size_t split_base, const Partials& part, cudaStream_t stream) {
   if (splits == 0) return;
   const dim3 grid(unsigned(splits), unsigned(sh.kv_heads), unsigned(sh.batch));
-  const int group = int(sh.group);
-  // One pointer per head dim (a template instance with two arguments is not one macro argument).
-  void (*kernel)(const float*, const int32_t*, Loader, size_t, int, bool, size_t, size_t, size_t,
-                 float, Partials) =
-      sh.dim == 64    ? decode_split_kernel<2, Loader>
-      : sh.dim == 128 ? decode_split_kernel<4, Loader>
-                      : decode_split_kernel<8, Loader>;
-  KVSDK_LAUNCH(kernel, grid, kWarps * 32, 0, stream, q, q_pos, loader, sh.kv_heads, group,
-               sh.shared_rows, tokens, split_tokens, split_base, sh.scale, part);
+  // (A named pointer: a template instance with several arguments is not one macro argument.)
+  const SplitKernel<Loader> kernel = split_kernel<Loader>(sh.dim, sh.group);
+  KVSDK_LAUNCH(kernel, grid, kWarps * 32, 0, stream, q, q_pos, loader, sh.kv_heads,
+               int(sh.group), sh.shared_rows, tokens, split_tokens, split_base, sh.scale, part);
   check_launch("decode_split_kernel");
+}
+
+// Blocks of the split kernel one SM holds at once (registers and shared memory decide), at least 1.
+template <class Loader>
+int resident_blocks(const DecodeShape& shape) {
+  int blocks = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                 &blocks, split_kernel<Loader>(shape.dim, shape.group), kWarps * 32, 0),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  return std::max(blocks, 1);
 }
 
 void check_shape(const DecodeShape& s) {
@@ -301,8 +394,14 @@ DecodePlan plan_decode(const DecodeShape& shape, size_t kivi_tokens, size_t exac
     check_cuda(cudaGetDevice(&device), "cudaGetDevice");
     check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
                "cudaDeviceGetAttribute");
+    // One wave of as many blocks as the SMs hold (the tier with more tokens decides which
+    // kernel): the first GPU run's two blocks an SM kept ~4 KB of rows in flight per SM and read
+    // 11-19% of the H200's bandwidth.
+    const int per_sm = kivi_tokens >= exact_tokens ? resident_blocks<KiviLoader>(shape)
+                                                   : resident_blocks<ExactLoader>(shape);
     const size_t heads = shape.batch * shape.kv_heads;
-    const size_t want_splits = std::max<size_t>(1, div_up(2 * size_t(sms), heads));
+    const size_t want_splits =
+        std::max<size_t>(1, div_up(size_t(per_sm) * size_t(sms), heads));
     split_tokens = std::max<size_t>(64, div_up(std::max<size_t>(tokens, 1), want_splits));
   }
   DecodePlan p;

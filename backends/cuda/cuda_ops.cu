@@ -179,6 +179,7 @@ backend::Ops make_ops() {
   ops.alloc = device_alloc;
   ops.free = device_free;
   ops.to_backend = to_device;
+  ops.to_backend_many = copy_many_to_device;
   ops.to_host = to_host;
   ops.copy = device_copy;
   ops.workspace_create = workspace_create;

@@ -118,6 +118,39 @@ void copy_to_device(void* dst, const void* src, size_t bytes) {
   check_cuda(cudaStreamSynchronize(q->copy), "cudaStreamSynchronize (copy stream)");
 }
 
+void copy_many_to_device(const backend::HostCopy* copies, size_t n) {
+  DeviceQueue* q = t_bound;
+  if (!q) {
+    for (size_t i = 0; i < n; ++i) copy_to_device(copies[i].dst, copies[i].src, copies[i].bytes);
+    return;
+  }
+  after_kernels(*q);
+  int h = 0;
+  size_t used = 0;  // bytes of half h holding copies enqueued since it was last free
+  check_cuda(cudaEventSynchronize(q->half_free[h]), "cudaEventSynchronize (staging)");
+  for (size_t i = 0; i < n; ++i) {
+    const auto* from = static_cast<const unsigned char*>(copies[i].src);
+    auto* to = static_cast<unsigned char*>(copies[i].dst);
+    for (size_t done = 0; done < copies[i].bytes;) {
+      if (used == kStagingHalfBytes) {  // this half is full: the other one, once it is free
+        check_cuda(cudaEventRecord(q->half_free[h], q->copy), "cudaEventRecord (staging)");
+        h ^= 1;
+        used = 0;
+        check_cuda(cudaEventSynchronize(q->half_free[h]), "cudaEventSynchronize (staging)");
+      }
+      const size_t m = std::min(kStagingHalfBytes - used, copies[i].bytes - done);
+      unsigned char* stage = half(*q, h) + used;
+      std::memcpy(stage, from + done, m);
+      check_cuda(cudaMemcpyAsync(to + done, stage, m, cudaMemcpyHostToDevice, q->copy),
+                 "cudaMemcpyAsync to the device");
+      used += m;
+      done += m;
+    }
+  }
+  check_cuda(cudaEventRecord(q->half_free[h], q->copy), "cudaEventRecord (staging)");
+  check_cuda(cudaStreamSynchronize(q->copy), "cudaStreamSynchronize (copy stream)");
+}
+
 void copy_to_host(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
   DeviceQueue* q = t_bound;

@@ -37,6 +37,9 @@ cudaStream_t compute_stream();
 // kvsdk::Error KVSDK_E_BACKEND with the driver's words.
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
+// The copies one after another through the staging halves (small ones share a half), one
+// synchronisation at the end.
+void copy_many_to_device(const backend::HostCopy* copies, size_t n);
 void copy_on_device(void* dst, const void* src, size_t bytes);
 
 }  // namespace kvsdk::cuda

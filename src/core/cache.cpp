@@ -262,7 +262,7 @@ void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_
       s.head_tokens(layer, 0) * n_rows >= kParallelAttendWork) {
     ctx_->pool().run(n_kv, head);
   } else {
-    for (uint32_t g = 0; g < n_kv; ++g) head(g);
+    s.attend_heads(layer, n_kv, q_rows.data(), row_pos.data(), n_rows, out_rows.data());
   }
   if (prefix_) merge_prefix(layer, q_rows.data(), row_pos.data(), n_rows, out_rows.data());
   for (uint32_t g = 0; g < n_kv; ++g) {

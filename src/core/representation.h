@@ -90,6 +90,12 @@ class Representation {
   // causal masking (INT32_MAX sees everything). Writes out [n_rows][head_dim].
   virtual void attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                       const int32_t* row_positions, size_t n_rows, float* out) const = 0;
+  // Attention of the first n_kv KV heads of a covered layer in one call: q_rows [n_kv][n_rows]
+  // [head_dim] (each head's rows as attend() takes them), the same row_positions for every head,
+  // out [n_kv][n_rows][head_dim]. The default attends head by head; device stores override it to
+  // move the queries and outputs once and enqueue every head's kernels back to back.
+  virtual void attend_heads(uint32_t layer, uint32_t n_kv, const float* q_rows,
+                            const int32_t* row_positions, size_t n_rows, float* out) const;
   // Attend transaction (see the failure contract above). Outside one, attend() applies its state
   // updates at once. Representations whose attend() changes nothing keep these no-ops.
   virtual void begin_attend() const noexcept {}

@@ -224,10 +224,10 @@ void DeviceKivi::reserve(uint32_t layer, const std::vector<Capacity>& need) {
       }
       return c;
     };
-    const auto fits = [&](uint64_t rows, uint64_t blocks) {
+    const auto fits_with = [&](uint64_t rows, uint64_t blocks) {
       return layout_for(with_extra(rows, blocks)).reserved <= room;
     };
-    // The largest x in [0, limit] with fits(x) (0 when none), fits being monotone.
+    // The largest x in [0, limit] with ok(x) (0 when none), ok being monotone.
     const auto largest = [](uint64_t limit, const auto& ok) {
       uint64_t lo = 0, hi = limit;
       while (lo < hi) {
@@ -237,9 +237,10 @@ void DeviceKivi::reserve(uint32_t layer, const std::vector<Capacity>& need) {
       }
       return lo;
     };
-    const uint64_t rows = largest(window, [&](uint64_t r) { return fits(r, 0); });
-    const uint64_t blocks =
-        rows < window ? 0 : largest(uint64_t(1) << 24, [&](uint64_t b) { return fits(rows, b); });
+    const uint64_t rows = largest(window, [&](uint64_t r) { return fits_with(r, 0); });
+    const uint64_t blocks = rows < window ? 0 : largest(uint64_t(1) << 24, [&](uint64_t b) {
+      return fits_with(rows, b);
+    });
     next = with_extra(rows, blocks);
   }
   relayout(next);
@@ -514,39 +515,57 @@ void DeviceKivi::append_head(uint32_t layer, uint32_t h, size_t n, const float* 
 
 void DeviceKivi::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                         const int32_t* row_positions, size_t n_rows, float* out) const {
+  attend_range(layer, kv_head, 1, q_rows, row_positions, n_rows, out);
+}
+
+void DeviceKivi::attend_heads(uint32_t layer, uint32_t n_kv, const float* q_rows,
+                              const int32_t* row_positions, size_t n_rows, float* out) const {
+  attend_range(layer, 0, n_kv, q_rows, row_positions, n_rows, out);
+}
+
+void DeviceKivi::attend_range(uint32_t layer, uint32_t first_head, uint32_t n_heads,
+                              const float* q_rows, const int32_t* row_positions, size_t n_rows,
+                              float* out) const {
   check_usable();
   const Context::DeviceScope on_device(ctx_);
-  backend::QueryRows q = queries_.to_device(query_rows(q_rows, row_positions, n_rows));
-  q.group = geometry_.group_size();
-  const auto u8 = [&](Part p) {
-    return reinterpret_cast<const uint8_t*>(slice(layer, kv_head, p));
-  };
-  const auto u16 = [&](Part p) {
-    return reinterpret_cast<const uint16_t*>(slice(layer, kv_head, p));
-  };
-  const auto i32 = [&](Part p) {
-    return reinterpret_cast<const int32_t*>(slice(layer, kv_head, p));
-  };
-  const Head& head = heads_[layer][kv_head];
-  backend::KiviTier tier;
-  tier.k_codes = u8(kKeyCodes);
-  tier.v_codes = u8(kValueCodes);
-  tier.k_scale = u16(kKeyScales);
-  tier.k_zero = u16(kKeyZeros);
-  tier.v_scale = u16(kValueScales);
-  tier.v_zero = u16(kValueZeros);
-  tier.positions = i32(kQuantPositions);
-  tier.tokens = head.quantized;
-  tier.bits = config_.bits;
-  tier.group = config_.group;
-  tier.residual = config_.residual;
-  if (head.ragged()) {
-    tier.block_starts = reinterpret_cast<const uint32_t*>(slice(layer, kv_head, kBlockStarts));
-    tier.blocks = head.block_tokens.size();
+  const backend::QueryRows q =
+      queries_.to_device(query_rows(q_rows, row_positions, n_rows), n_heads);
+  const size_t elems = n_rows * geometry_.head_dim;
+  for (uint32_t i = 0; i < n_heads; ++i) {
+    const uint32_t kv_head = first_head + i;
+    backend::QueryRows qh = q;
+    qh.q = q.q + i * elems;
+    qh.group = geometry_.group_size();
+    const auto u8 = [&](Part p) {
+      return reinterpret_cast<const uint8_t*>(slice(layer, kv_head, p));
+    };
+    const auto u16 = [&](Part p) {
+      return reinterpret_cast<const uint16_t*>(slice(layer, kv_head, p));
+    };
+    const auto i32 = [&](Part p) {
+      return reinterpret_cast<const int32_t*>(slice(layer, kv_head, p));
+    };
+    const Head& head = heads_[layer][kv_head];
+    backend::KiviTier tier;
+    tier.k_codes = u8(kKeyCodes);
+    tier.v_codes = u8(kValueCodes);
+    tier.k_scale = u16(kKeyScales);
+    tier.k_zero = u16(kKeyZeros);
+    tier.v_scale = u16(kValueScales);
+    tier.v_zero = u16(kValueZeros);
+    tier.positions = i32(kQuantPositions);
+    tier.tokens = head.quantized;
+    tier.bits = config_.bits;
+    tier.group = config_.group;
+    tier.residual = config_.residual;
+    if (head.ragged()) {
+      tier.block_starts = reinterpret_cast<const uint32_t*>(slice(layer, kv_head, kBlockStarts));
+      tier.blocks = head.block_tokens.size();
+    }
+    const backend::F16Rows rows{u16(kResidualKeys), u16(kResidualValues), i32(kResidualPositions),
+                                head.residual()};
+    device_.attend_kivi_tier(qh, tier, rows, workspace(), queries_.device_out() + i * elems);
   }
-  const backend::F16Rows rows{u16(kResidualKeys), u16(kResidualValues), i32(kResidualPositions),
-                              head.residual()};
-  device_.attend_kivi_tier(q, tier, rows, workspace(), queries_.device_out());
   queries_.to_host(out);
 }
 

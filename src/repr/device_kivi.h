@@ -71,6 +71,9 @@ class DeviceKivi final : public Representation, private ArenaOwner {
               const int32_t* positions) override;
   void attend(uint32_t layer, uint32_t kv_head, const float* q_rows, const int32_t* row_positions,
               size_t n_rows, float* out) const override;
+  // One upload of every head's queries, the heads' kernels enqueued back to back, one download.
+  void attend_heads(uint32_t layer, uint32_t n_kv, const float* q_rows,
+                    const int32_t* row_positions, size_t n_rows, float* out) const override;
   size_t head_tokens(uint32_t layer, uint32_t kv_head) const override {
     return heads_[layer][kv_head].positions.size();
   }
@@ -102,6 +105,9 @@ class DeviceKivi final : public Representation, private ArenaOwner {
   void drop_keep() noexcept override;
 
  private:
+  // attend() of heads [first_head, first_head + n_heads): q_rows and out [n_heads][n_rows][dim].
+  void attend_range(uint32_t layer, uint32_t first_head, uint32_t n_heads, const float* q_rows,
+                    const int32_t* row_positions, size_t n_rows, float* out) const;
   enum Part : size_t {
     kKeyCodes, kValueCodes, kKeyScales, kKeyZeros, kValueScales, kValueZeros, kQuantPositions,
     kBlockStarts, kResidualKeys, kResidualValues, kResidualPositions, kParts

@@ -20,7 +20,11 @@ void* DeviceScratch::at_least(size_t bytes) {
 }
 
 backend::QueryRows DeviceQueries::to_device(const backend::QueryRows& host) {
-  const size_t q_bytes = host.n_rows * host.dim * sizeof(float);
+  return to_device(host, 1);
+}
+
+backend::QueryRows DeviceQueries::to_device(const backend::QueryRows& host, size_t heads) {
+  const size_t q_bytes = heads * host.n_rows * host.dim * sizeof(float);
   const size_t pos_bytes = host.n_rows * sizeof(int32_t);
   // Queries, outputs, positions (16-byte aligned).
   char* at = static_cast<char*>(scratch_.at_least(2 * q_bytes + pos_bytes));

@@ -36,6 +36,10 @@ class DeviceQueries {
   // QueryRows pointing there. Throws KVSDK_E_NO_MEMORY when the buffer cannot grow (nothing
   // changed), KVSDK_E_BACKEND when the copy fails.
   backend::QueryRows to_device(const backend::QueryRows& host);
+  // The same for `heads` heads' rows at once: host.q holds [heads][n_rows][dim], positions
+  // [n_rows] (shared); returns head 0's QueryRows (head g's rows and output are g * n_rows *
+  // dim floats further), and to_host() copies every head's output.
+  backend::QueryRows to_device(const backend::QueryRows& host, size_t heads);
   // Where the attention of the rows of the last to_device() writes its output [n_rows][dim],
   // and the copy of that output to `out` on the host.
   float* device_out() const { return out_; }

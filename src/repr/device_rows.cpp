@@ -230,21 +230,32 @@ void DeviceRows::append_rows(uint32_t layer, size_t n, kvsdk_dtype dtype, const 
   const uint32_t dim = geometry_.head_dim;
   // Everything that can fail before the store changes: host staging and mirrors, then the
   // arena's room (a re-plan only moves rows).
-  reserve_for_growth(stage_k_, n * dim);
-  reserve_for_growth(stage_v_, n * dim);
-  stage_k_.resize(std::max(stage_k_.size(), n * dim));
-  stage_v_.resize(std::max(stage_v_.size(), n * dim));
+  // Every head's rows are staged first and go to the device as one batch (to_backend_many): a
+  // decode step's append is one transfer, not three per KV head.
+  const uint32_t n_kv = geometry_.n_kv_heads;
+  reserve_for_growth(stage_k_, n_kv * n * dim);
+  reserve_for_growth(stage_v_, n_kv * n * dim);
+  stage_k_.resize(std::max(stage_k_.size(), n_kv * n * dim));
+  stage_v_.resize(std::max(stage_v_.size(), n_kv * n * dim));
+  reserve_for_growth(copies_, 3 * size_t(n_kv));
   for (std::vector<int32_t>& p : positions_[layer]) reserve_for_growth(p, p.size() + n);
   reserve_rows(layer, layer_rows(layer) + n);
   const size_t row_bytes = dim * sizeof(uint16_t);
-  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+  copies_.clear();
+  for (uint32_t h = 0; h < n_kv; ++h) {
     const size_t old = positions_[layer][h].size();
-    for (size_t t = 0; t < n; ++t) stage_row(dtype, k, v, t, h, t);
-    device_.to_backend(slice(layer, h, kKeys) + old * row_bytes, stage_k_.data(), n * row_bytes);
-    device_.to_backend(slice(layer, h, kValues) + old * row_bytes, stage_v_.data(),
-                       n * row_bytes);
-    device_.to_backend(slice(layer, h, kPositions) + old * sizeof(int32_t), positions,
-                       n * sizeof(int32_t));
+    for (size_t t = 0; t < n; ++t) stage_row(dtype, k, v, t, h, h * n + t);
+    copies_.push_back({slice(layer, h, kKeys) + old * row_bytes, stage_k_.data() + h * n * dim,
+                       n * row_bytes});
+    copies_.push_back({slice(layer, h, kValues) + old * row_bytes, stage_v_.data() + h * n * dim,
+                       n * row_bytes});
+    copies_.push_back({slice(layer, h, kPositions) + old * sizeof(int32_t), positions,
+                       n * sizeof(int32_t)});
+  }
+  if (device_.to_backend_many) {
+    device_.to_backend_many(copies_.data(), copies_.size());
+  } else {
+    for (const backend::HostCopy& c : copies_) device_.to_backend(c.dst, c.src, c.bytes);
   }
   // (A device failure above leaves the rows beyond the mirrors' counts unused: the store is
   // unchanged.)
@@ -255,15 +266,33 @@ void DeviceRows::append_rows(uint32_t layer, size_t n, kvsdk_dtype dtype, const 
 
 void DeviceRows::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                         const int32_t* row_positions, size_t n_rows, float* out) const {
+  attend_range(layer, kv_head, 1, q_rows, row_positions, n_rows, out);
+}
+
+void DeviceRows::attend_heads(uint32_t layer, uint32_t n_kv, const float* q_rows,
+                              const int32_t* row_positions, size_t n_rows, float* out) const {
+  attend_range(layer, 0, n_kv, q_rows, row_positions, n_rows, out);
+}
+
+void DeviceRows::attend_range(uint32_t layer, uint32_t first_head, uint32_t n_heads,
+                              const float* q_rows, const int32_t* row_positions, size_t n_rows,
+                              float* out) const {
   check_usable();
   const Context::DeviceScope on_device(ctx_);
-  backend::QueryRows q = queries_.to_device(query_rows(q_rows, row_positions, n_rows));
-  q.group = geometry_.group_size();
-  const backend::F16Rows rows{reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kKeys)),
-                              reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kValues)),
-                              reinterpret_cast<const int32_t*>(slice(layer, kv_head, kPositions)),
-                              positions_[layer][kv_head].size()};
-  device_.attend_f16(q, rows, workspace(), queries_.device_out());
+  const backend::QueryRows q =
+      queries_.to_device(query_rows(q_rows, row_positions, n_rows), n_heads);
+  const size_t elems = n_rows * geometry_.head_dim;
+  for (uint32_t i = 0; i < n_heads; ++i) {
+    const uint32_t h = first_head + i;
+    backend::QueryRows qh = q;
+    qh.q = q.q + i * elems;
+    qh.group = geometry_.group_size();
+    const backend::F16Rows rows{reinterpret_cast<const uint16_t*>(slice(layer, h, kKeys)),
+                                reinterpret_cast<const uint16_t*>(slice(layer, h, kValues)),
+                                reinterpret_cast<const int32_t*>(slice(layer, h, kPositions)),
+                                positions_[layer][h].size()};
+    device_.attend_f16(qh, rows, workspace(), queries_.device_out() + i * elems);
+  }
   queries_.to_host(out);
 }
 

@@ -54,6 +54,9 @@ class DeviceRows final : public Representation, private ArenaOwner {
                    const int32_t* positions) override;
   void attend(uint32_t layer, uint32_t kv_head, const float* q_rows, const int32_t* row_positions,
               size_t n_rows, float* out) const override;
+  // One upload of every head's queries, the heads' kernels enqueued back to back, one download.
+  void attend_heads(uint32_t layer, uint32_t n_kv, const float* q_rows,
+                    const int32_t* row_positions, size_t n_rows, float* out) const override;
   size_t head_tokens(uint32_t layer, uint32_t kv_head) const override {
     return positions_[layer][kv_head].size();
   }
@@ -100,6 +103,9 @@ class DeviceRows final : public Representation, private ArenaOwner {
   uint64_t device_reserved_bytes() const override { return layout_.reserved; }
 
  private:
+  // attend() of heads [first_head, first_head + n_heads): q_rows and out [n_heads][n_rows][dim].
+  void attend_range(uint32_t layer, uint32_t first_head, uint32_t n_heads, const float* q_rows,
+                    const int32_t* row_positions, size_t n_rows, float* out) const;
   enum Part : size_t { kKeys = 0, kValues = 1, kPositions = 2, kParts = 3 };
   cuda::ArenaPartition layout_for(const std::vector<uint64_t>& capacity) const;
   std::vector<uint64_t> used_bytes() const;
@@ -145,6 +151,7 @@ class DeviceRows final : public Representation, private ArenaOwner {
   // Host staging of appends (reused) and of read() (reused), and exact_rows()'s staged heads
   // ([layer][head], present[] says which hold a copy).
   mutable std::vector<uint16_t> stage_k_, stage_v_;
+  std::vector<backend::HostCopy> copies_;  // an append's transfers (to_backend_many)
   mutable ExactStore read_stage_;
   mutable std::mutex staged_lock_;
   mutable std::vector<std::vector<ExactStore>> staged_;

@@ -125,6 +125,15 @@ void Representation::append_host(uint32_t layer, size_t n_tokens, const void* k,
   append(layer, n_tokens, host_k_.data(), host_v_.data(), positions);
 }
 
+void Representation::attend_heads(uint32_t layer, uint32_t n_kv, const float* q_rows,
+                                  const int32_t* row_positions, size_t n_rows,
+                                  float* out) const {
+  const size_t elems = n_rows * geometry().head_dim;
+  for (uint32_t g = 0; g < n_kv; ++g) {
+    attend(layer, g, q_rows + g * elems, row_positions, n_rows, out + g * elems);
+  }
+}
+
 void Representation::read_host(uint32_t layer, uint32_t kv_head, void* k, void* v,
                                int32_t* positions) const {
   const size_t n = head_tokens(layer, kv_head) * geometry_.head_dim;

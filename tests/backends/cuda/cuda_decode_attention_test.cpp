@@ -150,10 +150,15 @@ TEST_P(CudaDecodeAttention, KiviTierWithResidualMatchesCpu) {
 TEST_P(CudaDecodeAttention, TableKiviTierMatchesTheReferenceBackend) {
   KVSDK_REQUIRE_CUDA_DEVICE();
   const Case c = GetParam();
+  // G = 24: no power of two; G = 1: every channel its own value group (lanes of 2-8 channels span
+  // several), key blocks of one token (never ragged).
+  for (uint32_t G : {32u, 24u, 1u})
   for (bool ragged : {false, true}) {
-    SCOPED_TRACE(ragged ? "ragged blocks" : "full blocks");
+    if (G == 1 && ragged) continue;
+    SCOPED_TRACE(std::string(ragged ? "ragged blocks" : "full blocks") + ", G " +
+                 std::to_string(G));
     cpu::KiviConfig cfg;
-    cfg.bits = c.bits, cfg.group = 32, cfg.residual = 32;
+    cfg.bits = c.bits, cfg.group = G, cfg.residual = 32;
     cpu::KiviHeadStore store(c.dim, cfg);
     const size_t tokens = 250;
     const auto kf = test::random_floats(tokens * c.dim, 40);

@@ -368,6 +368,36 @@ TEST(DeviceCacheSnapshot, SavesAndLoadsAcrossBackends) {
   EXPECT_EQ(stats_bytes(on_gpu.get()), stats_bytes(b.get()));
 }
 
+// A batch of host -> device copies (Ops::to_backend_many: a DeviceRows append) lands byte for
+// byte: empty, tiny and odd pieces sharing a staging half, and pieces larger than a half.
+TEST(DeviceQueueCopies, ABatchLandsLikeTheCopiesOneByOne) {
+  KVSDK_REQUIRE_CUDA_DEVICE();
+  const size_t half = kvsdk::cuda::kStagingHalfBytes;
+  const std::vector<size_t> sizes{0, 3, half - 1, 5, 2 * half + half / 2, 17, half, 1};
+  size_t total = 0;
+  for (size_t n : sizes) total += n;
+  std::vector<uint8_t> host(total);
+  std::mt19937 rng(7);
+  for (uint8_t& b : host) b = uint8_t(rng());
+  kvsdk::cuda::test::DeviceBuffer<uint8_t> dst(total);
+  ASSERT_TRUE(dst.get());
+  std::vector<kvsdk::backend::HostCopy> copies;
+  size_t at = 0;
+  for (size_t i = sizes.size(); i-- > 0;) {  // in reverse: destinations need not be in order
+    size_t off = 0;
+    for (size_t j = 0; j < i; ++j) off += sizes[j];
+    copies.push_back({dst.get() + off, host.data() + off, sizes[i]});
+    at += sizes[i];
+  }
+  ASSERT_EQ(at, total);
+  kvsdk::backend::DeviceQueue* queue = kvsdk::cuda::queue_create();
+  kvsdk::cuda::bind_queue(queue);
+  kvsdk::cuda::copy_many_to_device(copies.data(), copies.size());
+  kvsdk::cuda::bind_queue(nullptr);
+  kvsdk::cuda::queue_destroy(queue);
+  EXPECT_TRUE(dst.download() == host);
+}
+
 #ifdef KVSDK_CUDA_HOST_SHIM
 // Every transfer of a device cache goes through its context's pinned staging buffers (the shim
 // counts copies by whether their host side was pinned), in pieces of the staging halves when it

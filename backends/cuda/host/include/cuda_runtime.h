@@ -80,6 +80,16 @@ cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaDeviceSynchronize();
+// The shim knows no registers: the blocks an SM of the shim's device (16 SMs, a Jetson AGX Orin)
+// holds are those its 2048 threads allow, at most 32.
+template <class Kernel>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel kernel,
+                                                          int block_size, size_t shared_bytes) {
+  (void)shared_bytes;
+  if (!blocks || !kernel || block_size <= 0 || block_size > 1024) return cudaErrorInvalidValue;
+  *blocks = 2048 / block_size < 32 ? 2048 / block_size : 32;
+  return cudaSuccess;
+}
 cudaError_t cudaGetLastError();
 cudaError_t cudaPeekAtLastError();
 const char* cudaGetErrorName(cudaError_t err);
