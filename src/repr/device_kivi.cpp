@@ -528,45 +528,40 @@ void DeviceKivi::attend_range(uint32_t layer, uint32_t first_head, uint32_t n_he
                               float* out) const {
   check_usable();
   const Context::DeviceScope on_device(ctx_);
-  const backend::QueryRows q =
-      queries_.to_device(query_rows(q_rows, row_positions, n_rows), n_heads);
-  const size_t elems = n_rows * geometry_.head_dim;
-  for (uint32_t i = 0; i < n_heads; ++i) {
-    const uint32_t kv_head = first_head + i;
-    backend::QueryRows qh = q;
-    qh.q = q.q + i * elems;
-    qh.group = geometry_.group_size();
-    const auto u8 = [&](Part p) {
-      return reinterpret_cast<const uint8_t*>(slice(layer, kv_head, p));
-    };
-    const auto u16 = [&](Part p) {
-      return reinterpret_cast<const uint16_t*>(slice(layer, kv_head, p));
-    };
-    const auto i32 = [&](Part p) {
-      return reinterpret_cast<const int32_t*>(slice(layer, kv_head, p));
-    };
-    const Head& head = heads_[layer][kv_head];
-    backend::KiviTier tier;
-    tier.k_codes = u8(kKeyCodes);
-    tier.v_codes = u8(kValueCodes);
-    tier.k_scale = u16(kKeyScales);
-    tier.k_zero = u16(kKeyZeros);
-    tier.v_scale = u16(kValueScales);
-    tier.v_zero = u16(kValueZeros);
-    tier.positions = i32(kQuantPositions);
-    tier.tokens = head.quantized;
-    tier.bits = config_.bits;
-    tier.group = config_.group;
-    tier.residual = config_.residual;
-    if (head.ragged()) {
-      tier.block_starts = reinterpret_cast<const uint32_t*>(slice(layer, kv_head, kBlockStarts));
-      tier.blocks = head.block_tokens.size();
-    }
-    const backend::F16Rows rows{u16(kResidualKeys), u16(kResidualValues), i32(kResidualPositions),
-                                head.residual()};
-    device_.attend_kivi_tier(qh, tier, rows, workspace(), queries_.device_out() + i * elems);
-  }
-  queries_.to_host(out);
+  queries_.attend_heads(
+      query_rows(q_rows, row_positions, n_rows), first_head, n_heads, geometry_.group_size(), out,
+      [&](uint32_t kv_head, const backend::QueryRows& q, float* device_out) {
+        const auto u8 = [&](Part p) {
+          return reinterpret_cast<const uint8_t*>(slice(layer, kv_head, p));
+        };
+        const auto u16 = [&](Part p) {
+          return reinterpret_cast<const uint16_t*>(slice(layer, kv_head, p));
+        };
+        const auto i32 = [&](Part p) {
+          return reinterpret_cast<const int32_t*>(slice(layer, kv_head, p));
+        };
+        const Head& head = heads_[layer][kv_head];
+        backend::KiviTier tier;
+        tier.k_codes = u8(kKeyCodes);
+        tier.v_codes = u8(kValueCodes);
+        tier.k_scale = u16(kKeyScales);
+        tier.k_zero = u16(kKeyZeros);
+        tier.v_scale = u16(kValueScales);
+        tier.v_zero = u16(kValueZeros);
+        tier.positions = i32(kQuantPositions);
+        tier.tokens = head.quantized;
+        tier.bits = config_.bits;
+        tier.group = config_.group;
+        tier.residual = config_.residual;
+        if (head.ragged()) {
+          tier.block_starts =
+              reinterpret_cast<const uint32_t*>(slice(layer, kv_head, kBlockStarts));
+          tier.blocks = head.block_tokens.size();
+        }
+        const backend::F16Rows rows{u16(kResidualKeys), u16(kResidualValues),
+                                    i32(kResidualPositions), head.residual()};
+        device_.attend_kivi_tier(q, tier, rows, workspace(), device_out);
+      });
 }
 
 cpu::KiviHeadStore DeviceKivi::stage_head(uint32_t layer, uint32_t kv_head) const {

@@ -45,6 +45,23 @@ class DeviceQueries {
   float* device_out() const { return out_; }
   void to_host(float* out) const;
 
+  // Attention of heads [first, first + n) of a device store: one upload of `host` (q rows
+  // [n][n_rows][dim], positions shared), attend_head(head, its QueryRows with `group`, its device
+  // output) enqueued for each head, one download of every output to `out` [n][n_rows][dim].
+  template <class AttendHead>
+  void attend_heads(const backend::QueryRows& host, uint32_t first, uint32_t n, uint32_t group,
+                    float* out, AttendHead&& attend_head) {
+    const backend::QueryRows q = to_device(host, n);
+    const size_t elems = host.n_rows * host.dim;
+    for (uint32_t i = 0; i < n; ++i) {
+      backend::QueryRows qh = q;
+      qh.q = q.q + i * elems;
+      qh.group = group;
+      attend_head(first + i, qh, out_ + i * elems);
+    }
+    to_host(out);
+  }
+
  private:
   const backend::Ops& device_;
   DeviceScratch scratch_;

@@ -279,21 +279,15 @@ void DeviceRows::attend_range(uint32_t layer, uint32_t first_head, uint32_t n_he
                               float* out) const {
   check_usable();
   const Context::DeviceScope on_device(ctx_);
-  const backend::QueryRows q =
-      queries_.to_device(query_rows(q_rows, row_positions, n_rows), n_heads);
-  const size_t elems = n_rows * geometry_.head_dim;
-  for (uint32_t i = 0; i < n_heads; ++i) {
-    const uint32_t h = first_head + i;
-    backend::QueryRows qh = q;
-    qh.q = q.q + i * elems;
-    qh.group = geometry_.group_size();
-    const backend::F16Rows rows{reinterpret_cast<const uint16_t*>(slice(layer, h, kKeys)),
-                                reinterpret_cast<const uint16_t*>(slice(layer, h, kValues)),
-                                reinterpret_cast<const int32_t*>(slice(layer, h, kPositions)),
-                                positions_[layer][h].size()};
-    device_.attend_f16(qh, rows, workspace(), queries_.device_out() + i * elems);
-  }
-  queries_.to_host(out);
+  queries_.attend_heads(
+      query_rows(q_rows, row_positions, n_rows), first_head, n_heads, geometry_.group_size(), out,
+      [&](uint32_t h, const backend::QueryRows& q, float* device_out) {
+        const backend::F16Rows rows{reinterpret_cast<const uint16_t*>(slice(layer, h, kKeys)),
+                                    reinterpret_cast<const uint16_t*>(slice(layer, h, kValues)),
+                                    reinterpret_cast<const int32_t*>(slice(layer, h, kPositions)),
+                                    positions_[layer][h].size()};
+        device_.attend_f16(q, rows, workspace(), device_out);
+      });
 }
 
 void DeviceRows::stage_head(uint32_t layer, uint32_t kv_head, ExactStore& into) const {
