@@ -224,6 +224,12 @@ struct Ops {
   void (*to_backend_many)(const HostCopy* copies, size_t n) = nullptr;
 };
 
+// The copies through ops.to_backend_many where the backend has it, else one by one.
+inline void to_backend_all(const Ops& ops, const HostCopy* copies, size_t n) {
+  if (ops.to_backend_many) return ops.to_backend_many(copies, n);
+  for (size_t i = 0; i < n; ++i) ops.to_backend(copies[i].dst, copies[i].src, copies[i].bytes);
+}
+
 // The scalar reference backend (the oracle) and the optimized CPU backend.
 const Ops& cpu_reference();
 const Ops& cpu_optimized();

@@ -455,22 +455,22 @@ void DeviceKivi::append_head(uint32_t layer, uint32_t h, size_t n, const float* 
                                 v_scale_.data() + b * G * groups_,
                                 v_zero_.data() + b * G * groups_);
     }
-    device_.to_backend(kc, codes_k_.data(), f * row_bytes_);
-    device_.to_backend(vc, codes_v_.data(), f * row_bytes_);
-    device_.to_backend(ks, k_scale_.data(), f / G * dim * u16);
-    device_.to_backend(kz, k_zero_.data(), f / G * dim * u16);
-    device_.to_backend(vs, v_scale_.data(), f * groups_ * u16);
-    device_.to_backend(vz, v_zero_.data(), f * groups_ * u16);
+    const backend::HostCopy blocks_out[] = {
+        {kc, codes_k_.data(), f * row_bytes_},          {vc, codes_v_.data(), f * row_bytes_},
+        {ks, k_scale_.data(), f / G * dim * u16},      {kz, k_zero_.data(), f / G * dim * u16},
+        {vs, v_scale_.data(), f * groups_ * u16},      {vz, v_zero_.data(), f * groups_ * u16}};
+    backend::to_backend_all(device_, blocks_out, 6);
   }
   if (f > 0) {
-    device_.to_backend(slice(layer, h, kQuantPositions) + q * sizeof(int32_t), all.data(),
-                       f * sizeof(int32_t));
-    if (head.ragged()) {  // the new full blocks' starts
-      stage_starts_.clear();
+    stage_starts_.clear();  // the new full blocks' starts (ragged heads keep them)
+    if (head.ragged()) {
       for (size_t b = 0; b < f / G; ++b) stage_starts_.push_back(uint32_t(q + b * G));
-      device_.to_backend(slice(layer, h, kBlockStarts) + blocks * sizeof(uint32_t),
-                         stage_starts_.data(), stage_starts_.size() * sizeof(uint32_t));
     }
+    const backend::HostCopy meta[] = {
+        {slice(layer, h, kQuantPositions) + q * sizeof(int32_t), all.data(), f * sizeof(int32_t)},
+        {slice(layer, h, kBlockStarts) + blocks * sizeof(uint32_t), stage_starts_.data(),
+         stage_starts_.size() * sizeof(uint32_t)}};
+    backend::to_backend_all(device_, meta, head.ragged() ? 2 : 1);
   }
   // 3. The residual window. Without a flush the rows go after the held ones; with one, the rows
   //    it keeps move down on the device (after the kernels that read them: transfers wait for
@@ -482,14 +482,17 @@ void DeviceKivi::append_head(uint32_t layer, uint32_t h, size_t n, const float* 
     char* rp = slice(layer, h, kResidualPositions);
     if (residual_staged) {  // the new window is rows [f, r + n) of the staging
       if (new_r > 0) {
-        device_.to_backend(rk, sk + f * dim, new_r * row);
-        device_.to_backend(rv, sv + f * dim, new_r * row);
-        device_.to_backend(rp, all.data() + f, new_r * sizeof(int32_t));
+        const backend::HostCopy window[] = {{rk, sk + f * dim, new_r * row},
+                                            {rv, sv + f * dim, new_r * row},
+                                            {rp, all.data() + f, new_r * sizeof(int32_t)}};
+        backend::to_backend_all(device_, window, 3);
       }
-    } else if (f == 0) {
-      device_.to_backend(rk + r * row, sk, n * row);
-      device_.to_backend(rv + r * row, sv, n * row);
-      device_.to_backend(rp + r * sizeof(int32_t), all.data() + r, n * sizeof(int32_t));
+    } else if (f == 0) {  // a decode step between flushes: one transfer
+      const backend::HostCopy rows[] = {{rk + r * row, sk, n * row},
+                                        {rv + r * row, sv, n * row},
+                                        {rp + r * sizeof(int32_t), all.data() + r,
+                                         n * sizeof(int32_t)}};
+      backend::to_backend_all(device_, rows, 3);
     } else {
       if (f < r) {  // residual rows [f, r) stay, at [0, r - f); then every appended row
         for (char* part : {rk, rv}) {
@@ -497,13 +500,17 @@ void DeviceKivi::append_head(uint32_t layer, uint32_t h, size_t n, const float* 
             device_.copy(part + d, part + s, size_t(b));
           });
         }
-        device_.to_backend(rk + (r - f) * row, sk + staged_old * dim, n * row);
-        device_.to_backend(rv + (r - f) * row, sv + staged_old * dim, n * row);
+        const backend::HostCopy rows[] = {{rk + (r - f) * row, sk + staged_old * dim, n * row},
+                                          {rv + (r - f) * row, sv + staged_old * dim, n * row},
+                                          {rp, all.data() + f, new_r * sizeof(int32_t)}};
+        backend::to_backend_all(device_, rows, 3);
       } else if (new_r > 0) {  // only appended rows stay: [f - r, n)
-        device_.to_backend(rk, sk + (staged_old + f - r) * dim, new_r * row);
-        device_.to_backend(rv, sv + (staged_old + f - r) * dim, new_r * row);
+        const backend::HostCopy rows[] = {
+            {rk, sk + (staged_old + f - r) * dim, new_r * row},
+            {rv, sv + (staged_old + f - r) * dim, new_r * row},
+            {rp, all.data() + f, new_r * sizeof(int32_t)}};
+        backend::to_backend_all(device_, rows, 3);
       }
-      if (new_r > 0) device_.to_backend(rp, all.data() + f, new_r * sizeof(int32_t));
     }
   } catch (...) {
     if (f > 0) failed_ = true;  // (without a flush only rows past the held ones were written)

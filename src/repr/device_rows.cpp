@@ -252,11 +252,7 @@ void DeviceRows::append_rows(uint32_t layer, size_t n, kvsdk_dtype dtype, const 
     copies_.push_back({slice(layer, h, kPositions) + old * sizeof(int32_t), positions,
                        n * sizeof(int32_t)});
   }
-  if (device_.to_backend_many) {
-    device_.to_backend_many(copies_.data(), copies_.size());
-  } else {
-    for (const backend::HostCopy& c : copies_) device_.to_backend(c.dst, c.src, c.bytes);
-  }
+  backend::to_backend_all(device_, copies_.data(), copies_.size());
   // (A device failure above leaves the rows beyond the mirrors' counts unused: the store is
   // unchanged.)
   for (std::vector<int32_t>& p : positions_[layer]) p.insert(p.end(), positions, positions + n);
