@@ -340,8 +340,10 @@ void DeviceKivi::append(uint32_t layer, size_t n, const float* k, const float* v
     via_host = true;
   }
   const size_t per_head = (via_host ? most_residual + n : most_staged) * dim;
-  grown(stage_k_, (via_host ? geometry_.n_kv_heads : 1) * per_head);
-  grown(stage_v_, (via_host ? geometry_.n_kv_heads : 1) * per_head);
+  // A staging slot per head: the heads' rows between flushes go to the device as one batch.
+  grown(stage_k_, geometry_.n_kv_heads * per_head);
+  grown(stage_v_, geometry_.n_kv_heads * per_head);
+  reserve_for_growth(batch_, 3 * size_t(geometry_.n_kv_heads));
   if (via_host) most_host_flush = std::max(most_host_flush, most_residual + n);
   if (device_flush && !via_host) flush_.at_least(2 * G * dim * sizeof(float));
   if (most_host_flush > 0) {
@@ -367,14 +369,16 @@ void DeviceKivi::append(uint32_t layer, size_t n, const float* k, const float* v
     relayout(next, /*except_planned=*/false, /*residual_of=*/int64_t(layer));  // may throw BUDGET
   }
   changed();
-  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-    try {
-      append_head(layer, h, n, k, v, positions, stage_k_.data() + (via_host ? h * per_head : 0),
-                  stage_v_.data() + (via_host ? h * per_head : 0), via_host);
-    } catch (...) {
-      if (via_host) failed_ = true;  // (the windows were re-laid: the layer's rows are lost)
-      throw;
+  batch_.clear();
+  try {
+    for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
+      append_head(layer, h, n, k, v, positions, stage_k_.data() + h * per_head,
+                  stage_v_.data() + h * per_head, via_host);
     }
+    backend::to_backend_all(device_, batch_.data(), batch_.size());
+  } catch (...) {
+    if (via_host) failed_ = true;  // (the windows were re-laid: the layer's rows are lost)
+    throw;
   }
   // The mirrors once every head is written (a failure before leaves them as they were; capacity
   // reserved above).
@@ -487,12 +491,10 @@ void DeviceKivi::append_head(uint32_t layer, uint32_t h, size_t n, const float* 
                                             {rp, all.data() + f, new_r * sizeof(int32_t)}};
         backend::to_backend_all(device_, window, 3);
       }
-    } else if (f == 0) {  // a decode step between flushes: one transfer
-      const backend::HostCopy rows[] = {{rk + r * row, sk, n * row},
-                                        {rv + r * row, sv, n * row},
-                                        {rp + r * sizeof(int32_t), all.data() + r,
-                                         n * sizeof(int32_t)}};
-      backend::to_backend_all(device_, rows, 3);
+    } else if (f == 0) {  // a decode step between flushes: in append()'s batch of every head
+      batch_.push_back({rk + r * row, sk, n * row});
+      batch_.push_back({rv + r * row, sv, n * row});
+      batch_.push_back({rp + r * sizeof(int32_t), positions, n * sizeof(int32_t)});
     } else {
       if (f < r) {  // residual rows [f, r) stay, at [0, r - f); then every appended row
         for (char* part : {rk, rv}) {

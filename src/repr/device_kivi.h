@@ -170,7 +170,8 @@ class DeviceKivi final : public Representation, private ArenaOwner {
   // Sets the head's mirror to `store`'s shape (no allocation where plan_keep reserved).
   void mirror_head(uint32_t layer, uint32_t kv_head, const cpu::KiviHeadStore& store);
   // One head's part of append() (staging in sk, sv; `residual_staged`: its residual window was
-  // copied there and its slices re-laid empty).
+  // copied there and its slices re-laid empty). Without a flush its transfers join batch_,
+  // which append() sends once every head is done.
   void append_head(uint32_t layer, uint32_t kv_head, size_t n, const float* k, const float* v,
                    const int32_t* positions, uint16_t* sk, uint16_t* sv, bool residual_staged);
 
@@ -203,7 +204,8 @@ class DeviceKivi final : public Representation, private ArenaOwner {
   mutable uint64_t keys_version_ = ~uint64_t(0);
   // Host staging of appends, reused: f16 rows of one head (the residual rows a flush takes,
   // then the appended rows), f32 rows of one block being quantized, its codes and scales.
-  std::vector<uint16_t> stage_k_, stage_v_;
+  std::vector<uint16_t> stage_k_, stage_v_;  // [head][per-head rows][dim] (append)
+  std::vector<backend::HostCopy> batch_;      // append()'s transfers of the heads' new rows
   std::vector<int32_t> stage_positions_;  // the residual's positions, then the appended ones
   std::vector<uint32_t> stage_starts_;     // block starts of a ragged head's new blocks
   std::vector<Capacity> need_;             // append(): what each head of the layer needs

@@ -44,6 +44,8 @@ Allocations& allocations() {
 
 std::atomic<unsigned long long> g_to_device_pinned{0}, g_to_device_pageable{0},
     g_to_host_pinned{0}, g_to_host_pageable{0};
+// Calls that make the host wait for the device (synchronous copies and synchronisations).
+std::atomic<unsigned long long> g_host_waits{0};
 
 // Whether [p, p + n) lies inside one block of `blocks` (a.mu held).
 template <class Map, class SizeOf>
@@ -81,6 +83,8 @@ TransferBytes transfer_bytes() {
           g_to_host_pageable.load()};
 }
 
+unsigned long long host_waits() { return g_host_waits.load(); }
+
 size_t device_bytes_in_use() {
   Allocations& a = allocations();
   std::lock_guard<std::mutex> lock(a.mu);
@@ -112,7 +116,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   *value = 16;  // Jetson AGX Orin
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  ++kvsdk::cuda_host::g_host_waits;
+  return cudaSuccess;
+}
 cudaError_t cudaGetLastError() {
   const cudaError_t e = kvsdk::cuda_host::g_last_error;
   kvsdk::cuda_host::g_last_error = cudaSuccess;
@@ -205,7 +212,10 @@ cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned flags) 
   *device = host;  // mapped pinned memory: the same bytes, reached by the "device"
   return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+namespace {
+// Both copies complete when called (one legal schedule of a stream); only cudaMemcpy makes the
+// host wait on a GPU.
+cudaError_t copy_now(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (bytes == 0) return cudaSuccess;
   if (!dst || !src) return cudaErrorInvalidValue;
   {
@@ -231,9 +241,14 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
+}  // namespace
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (bytes > 0) ++kvsdk::cuda_host::g_host_waits;
+  return copy_now(dst, src, bytes, kind);
+}
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
+  return copy_now(dst, src, bytes, kind);
 }
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   if (bytes == 0) return cudaSuccess;
@@ -255,7 +270,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   delete stream;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  ++kvsdk::cuda_host::g_host_waits;
+  return cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned) {
   return event ? cudaSuccess : cudaErrorInvalidValue;
 }
@@ -273,6 +291,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   return event ? cudaSuccess : cudaErrorInvalidValue;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  ++kvsdk::cuda_host::g_host_waits;
   return event ? cudaSuccess : cudaErrorInvalidValue;
 }
 

@@ -441,6 +441,40 @@ TEST(DeviceCacheStaging, EveryTransferGoesThroughPinnedStaging) {
   EXPECT_GE(after.to_host_pinned - before.to_host_pinned, 2 * rows);
 }
 
+// A decode step (append one token, attend one query, per layer) makes the host wait for the
+// device the same number of times whatever the number of KV heads: the heads' rows go in one
+// batch and their queries and outputs in one transfer each (a GPU round trip is tens of
+// microseconds; per head, they were most of a step on the H200).
+TEST(DeviceCacheStaging, ADecodeStepWaitsForTheDeviceAsOftenWhateverTheHeads) {
+  for (const char* spec : {"full", "kivi"}) {
+    unsigned long long waits[2] = {0, 0};
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t kv = i == 0 ? 2 : 8;
+      SCOPED_TRACE(std::string(spec) + ", " + std::to_string(kv) + " KV heads");
+      const kvsdk_geometry g = kvsdk_test::make_geometry(2, 2 * kv, kv, 64);
+      CUDA_CONTEXT_OR_SKIP(gpu, 8u << 20);
+      kvsdk_policy p;
+      ASSERT_EQ(kvsdk_policy_parse(&p, spec), KVSDK_OK);
+      CachePtr c = kvsdk_test::make_cache(gpu.get(), g, &p);
+      ASSERT_TRUE(c) << kvsdk_last_error();
+      for (uint32_t l = 0; l < g.n_layers; ++l) append(c.get(), g, l, 0, 40, 5 + l);
+      const auto q = kvsdk_test::random_floats(size_t(g.n_q_heads) * g.head_dim, 6);
+      // Step 40 grows the layers' capacity (a re-layout, amortized); step 41 is the steady state.
+      unsigned long long before = 0;
+      for (int32_t t = 40; t < 42; ++t) {
+        before = kvsdk::cuda_host::host_waits();
+        for (uint32_t l = 0; l < g.n_layers; ++l) {  // (no KIVI flush at these tokens)
+          append(c.get(), g, l, t, 1, 7 + l);
+          attend(c.get(), g, l, q, {t});
+        }
+      }
+      waits[i] = kvsdk::cuda_host::host_waits() - before;
+    }
+    EXPECT_EQ(waits[0], waits[1]) << spec << ": 2 and 8 KV heads";
+    EXPECT_LE(waits[1], 2u * 8u) << spec << ": waits in a step of 2 layers";
+  }
+}
+
 // The shim holds copies to the device's memory rules: a device side outside every cudaMalloc
 // block, or a host side inside one, is refused as a GPU would fault.
 TEST(DeviceCacheStaging, TheShimRefusesCopiesThatBreakTheMemoryRules) {

@@ -146,6 +146,9 @@ struct TransferBytes {
   unsigned long long to_device_pinned, to_device_pageable, to_host_pinned, to_host_pageable;
 };
 TransferBytes transfer_bytes();
+// Calls so far that make the host wait for the device: cudaMemcpy and the stream, event and
+// device synchronisations (a GPU round trip each, tens of microseconds).
+unsigned long long host_waits();
 }  // namespace kvsdk::cuda_host
 
 // ---- kernel-side built-ins -------------------------------------------------------------------------
