@@ -8,7 +8,9 @@
 #   scripts/gpu_pack.sh DIR        # builds the 'cuda' preset with benchmarks, fills DIR
 #   (on the GPU machine, from the directory above DIR)  bash DIR/run.sh LOG_DIR
 #
-# The run script (below) writes every log into LOG_DIR; it needs a few minutes on an H100/H200.
+# The run script (below) writes every log into LOG_DIR; it needs a few minutes on an H100/H200
+# (tests, benchmarks, compute-sanitizer's memcheck and racecheck, Nsight Compute on the decode
+# kernels).
 # scripts/gpu_check.sh remains the check for a GPU machine that can build.
 set -euo pipefail
 
@@ -71,6 +73,18 @@ if [[ -n "$CS" ]]; then
     --gtest_filter='Cuda*:Shapes/CudaDecodeAttention*:Bits/CudaKiviQuant*' \
     >"$LOG/racecheck.log" 2>&1 || status=1
   grep -h "SUMMARY" "$LOG/memcheck.log" "$LOG/racecheck.log"
+fi
+# One launch of each decode kernel under Nsight Compute (limiter, occupancy, stall reasons), at
+# 32k tokens, batch 1: what the benchmark's figures alone do not say.
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null |
+      head -1)
+if [[ -n "$NCU" ]]; then
+  for f in DecodeFp16 DecodeKivi2; do
+    timeout 120 "$NCU" -k regex:decode_split --launch-count 1 --section SpeedOfLight \
+      --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis "$B/cuda_bench" \
+      --benchmark_filter="^$f/tokens/batch/32768/1/" >"$LOG/ncu_$f.log" 2>&1 || status=1
+  done
 fi
 echo "run.sh: logs in $LOG (status $status)"
 exit $status
