@@ -79,9 +79,10 @@ struct ExactLoader {
 };
 
 // Fused KIVI dequantization: codes are unpacked and scaled in registers. Index arithmetic is 32-bit
-// with the per-tier quotients computed once on the host (make_kivi_loader): the first GPU run
-// measured this loader at 0.41x the f16 one when it divided 64-bit integers per token and channel
-// and loaded every code, scale and zero point on its own (about 24 loads per token and lane).
+// with the per-tier quotients computed once on the host (make_kivi_loader). The GPU runs of
+// 2026-11-28 measured this kernel at 0.41-0.68x the f16 one while its loader divided 64-bit
+// integers per token and channel and loaded every code, scale and zero point on its own (about 24
+// loads per token and lane); removing the divisions alone gave 0.43x at 4k tokens.
 // Now a lane loads its EPL codes of a row as one word (1-8 bytes), a key block's scales and zero
 // points once per block (the cursor: a warp walks its tokens in order), and a value row's one
 // scale and zero point when its EPL channels share a group.
@@ -395,8 +396,8 @@ DecodePlan plan_decode(const DecodeShape& shape, size_t kivi_tokens, size_t exac
     check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
                "cudaDeviceGetAttribute");
     // One wave of as many blocks as the SMs hold (the tier with more tokens decides which
-    // kernel): the first GPU run's two blocks an SM kept ~4 KB of rows in flight per SM and read
-    // 11-19% of the H200's bandwidth.
+    // kernel). With two blocks an SM (an estimate: ~4 KB of rows in flight per SM) the kernel
+    // read 11-19% of the H200's bandwidth.
     const int per_sm = kivi_tokens >= exact_tokens ? resident_blocks<KiviLoader>(shape)
                                                    : resident_blocks<ExactLoader>(shape);
     const size_t heads = shape.batch * shape.kv_heads;

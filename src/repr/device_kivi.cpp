@@ -227,18 +227,8 @@ void DeviceKivi::reserve(uint32_t layer, const std::vector<Capacity>& need) {
     const auto fits_with = [&](uint64_t rows, uint64_t blocks) {
       return layout_for(with_extra(rows, blocks)).reserved <= room;
     };
-    // The largest x in [0, limit] with ok(x) (0 when none), ok being monotone.
-    const auto largest = [](uint64_t limit, const auto& ok) {
-      uint64_t lo = 0, hi = limit;
-      while (lo < hi) {
-        const uint64_t mid = lo + (hi - lo + 1) / 2;
-        if (ok(mid)) lo = mid;
-        else hi = mid - 1;
-      }
-      return lo;
-    };
-    const uint64_t rows = largest(window, [&](uint64_t r) { return fits_with(r, 0); });
-    const uint64_t blocks = rows < window ? 0 : largest(uint64_t(1) << 24, [&](uint64_t b) {
+    const uint64_t rows = largest_fitting(window, [&](uint64_t r) { return fits_with(r, 0); });
+    const uint64_t blocks = rows < window ? 0 : largest_fitting(uint64_t(1) << 24, [&](uint64_t b) {
       return fits_with(rows, b);
     });
     next = with_extra(rows, blocks);

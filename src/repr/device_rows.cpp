@@ -131,8 +131,8 @@ void DeviceRows::reserve_rows(uint32_t layer, uint64_t rows) {
     // Growth by half does not fit: every layer what it holds (this one what it needs) plus an
     // equal share of the room left, the most that fits (relayout refuses when not even the
     // needs fit). Exactly the needs would re-lay the arena on every later append, each moving
-    // every slice behind the growing layer's by a row, in overlapping chunks of that row: the
-    // first GPU run saw one-token appends to a 32k-token cache take over a second.
+    // every slice behind the growing layer's by a row, in overlapping chunks of that row (a GPU
+    // run's 32k-token decode-step benchmark, one-token appends, did not finish in two minutes).
     const std::vector<uint64_t> base = [&] {
       std::vector<uint64_t> c = tight_capacity();
       c[layer] = std::max(c[layer], rows);
@@ -143,13 +143,10 @@ void DeviceRows::reserve_rows(uint32_t layer, uint64_t rows) {
       for (uint64_t& x : c) x += extra;
       return c;
     };
-    uint64_t lo = 0, hi = capacity[layer] - rows;  // no more than growth by half would give
-    while (lo < hi) {
-      const uint64_t mid = lo + (hi - lo + 1) / 2;
-      if (layout_for(with_extra(mid)).reserved <= room) lo = mid;
-      else hi = mid - 1;
-    }
-    capacity = with_extra(lo);
+    // (No more than growth by half would give.)
+    capacity = with_extra(largest_fitting(capacity[layer] - rows, [&](uint64_t extra) {
+      return layout_for(with_extra(extra)).reserved <= room;
+    }));
   }
   relayout(capacity);
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace kvsdk {
@@ -20,6 +21,19 @@ inline size_t grown_capacity(size_t capacity, size_t need) {
 template <class T, class A>
 void reserve_for_growth(std::vector<T, A>& v, size_t need) {
   if (v.capacity() < need) v.reserve(grown_capacity(v.capacity(), need));
+}
+
+// The largest x in [0, limit] with fits(x), fits being monotone (true up to some x, false after);
+// 0 when none fits. How much spare room a re-layout can give (device stores near their budget).
+template <class Fits>
+uint64_t largest_fitting(uint64_t limit, const Fits& fits) {
+  uint64_t lo = 0, hi = limit;
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
 }
 
 // `v` with at least `n` elements (scratch: its capacity is reused and it never shrinks).
