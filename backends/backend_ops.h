@@ -94,6 +94,7 @@ struct KiviTier {
   uint32_t bits = 2;
   uint32_t group = 32;
   uint32_t residual = 128;  // R of the store (KiviConfig): bounds the residual rows it may hold
+  uint32_t weight_bits = 14;  // KiviConfig::weight_bits: the optimized CPU kernel's value weights
   const uint32_t* block_starts = nullptr;  // [blocks]; null: tokens / group full blocks
   size_t blocks = 0;
 };

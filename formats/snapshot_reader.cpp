@@ -224,6 +224,7 @@ void read_metadata(const fb::Metadata& m, const ReadOptions& opt, Snapshot& s,
   cp.fetch_tokens = fp.fetch_tokens();
   cp.match_tokens = fp.match_tokens();
   cp.evict_slack = fp.evict_slack();  // 0 in files written before the field (format < 4.1/1.3)
+  cp.kivi_weight_bits = fp.kivi_weight_bits();  // 14 in files written before the field
   try {
     s.policy = policy_from_c(&cp);
   } catch (const Error& e) {

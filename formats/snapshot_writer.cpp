@@ -71,7 +71,7 @@ flatbuffers::Offset<fb::Metadata> build_metadata(flatbuffers::FlatBufferBuilder&
                                        p.obs_window, p.pool_kernel, p.pool_kind, p.heavy_ratio,
                                        p.schedule_alpha, p.schedule_beta, p.boundary_layer,
                                        p.merge_t, p.retain_ratio, p.fetch_tokens,
-                                       p.match_tokens, p.evict_slack);
+                                       p.match_tokens, p.evict_slack, p.kivi_weight_bits);
   const auto policy_state = build_policy_state(fbb, cache);
   const auto prefix = build_prefix(fbb, cache, params, pool);
   return fb::CreateMetadata(fbb, major, minor,
@@ -231,8 +231,14 @@ uint64_t snapshot_id_of(const StoreView& cache, const std::vector<std::vector<ui
   };
   const kvsdk_geometry g = cache.geometry().to_c();  // 4-byte fields only: no padding bytes
   h.update(&g, sizeof g);
-  const kvsdk_policy p = cache.policy();
-  h.update(&p, sizeof p);
+  // The policy's fields up to evict_slack, the struct as it was when content hashes were defined
+  // (journal.h: they must not change). Fields added since say how a cache computes, not what it
+  // holds: kivi_weight_bits is left out, so a prefix matches whatever its attention's width.
+  // struct_size (the first field) as it was then too.
+  kvsdk_policy p = cache.policy();
+  static_assert(kPolicySizeV2 == offsetof(kvsdk_policy, kivi_weight_bits), "hashed fields");
+  p.struct_size = uint32_t(kPolicySizeV2);
+  h.update(&p, kPolicySizeV2);
   const PolicyRuntime rt = cache.policy_runtime();
   h.update(&rt.cache_budget, sizeof rt.cache_budget);
   add_vec(rt.fixed_alloc);

@@ -441,6 +441,23 @@ typedef struct kvsdk_policy {
                                  allocations) always fits exactly. Default 0.0625 (1/16: a layer
                                  capped at 512 rows selects once per 32 tokens); older structs
                                  and snapshots written before this field: 0. */
+  int32_t kivi_weight_bits; /**< KIVI attention on the CPU (every policy with quant_bits > 0):
+                                 the fused kernel multiplies value codes by integer weights, each
+                                 64-token segment's softmax weights x value scales rounded per
+                                 query row and value group to this many bits. 7: one byte product
+                                 per code (KIVI-2 decode attention at 32k tokens about 1.7x
+                                 faster than with 14: docs/benchmarks.md); 14: two. Cost in
+                                 fidelity of 7 over 14: outputs move by up to ~2.3% of the head's
+                                 largest |value| on the kernel tests (14: ~0.1%), against KIVI-2's
+                                 own quantization error of ~10%; kvsdk-eval on shakespeare-base
+                                 measures it (docs/eval/weight_bits.md). 0 = the default: 7 when
+                                 quant_bits <= 2, else 14, resolved when a cache is created (its
+                                 kvsdk_cache_policy and snapshots hold 7 or 14; 0 where
+                                 quant_bits is 0). Other values:
+                                 KVSDK_E_INVALID_ARG. Older structs and snapshots written before
+                                 this field: 14, so such caches continue bit-identically. The
+                                 reference backend and the CUDA kernels dequantize instead and
+                                 ignore it. */
 } kvsdk_policy;
 
 /** Initialises the app's `*policy` of `struct_size` bytes: the defaults of `method` (a

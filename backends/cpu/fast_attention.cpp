@@ -48,9 +48,10 @@ namespace kvsdk::cpu::fast {
 // are accumulated, so the running max changes at most once per segment (one rescale of acc).
 constexpr size_t kSeg = 64;
 // Integer ranges of the KIVI dot products (see the header): query codes are signed 15-bit (an
-// 8-bit signed high part and a 7-bit low part for vpdpbusd), value weights unsigned 14-bit.
+// 8-bit signed high part and a 7-bit low part for vpdpbusd); value weights are unsigned 14-bit
+// (high and low bytes) or, with KiviConfig::weight_bits 7, one byte.
 constexpr int32_t kQMax = 16383;
-constexpr int32_t kWMax = 16383;
+constexpr int32_t WeightMax(bool wide) { return wide ? 16383 : 127; }
 // Below this a query block or a weight column is treated as zero (its reciprocal would overflow).
 constexpr float kTiny = 1e-30f;
 
@@ -566,6 +567,7 @@ struct KiviView {
   const uint16_t *ks, *kz, *vsc, *vz;
   const int32_t* pos;
   bool vnni;  // AVX3_DL integer layout applies (D 64, 128 or 256, G % 32 == 0)
+  bool wide;  // weight_bits 14: value weights as high and low bytes (7: one byte)
   const uint16_t *ks_end, *kz_end;
   const uint8_t *kc_end, *vc_end;
   const uint16_t *vs_end, *vz_end;
@@ -812,7 +814,8 @@ HWY_INLINE void KeyScores(State& st, const int32_t* pos, size_t off, size_t n) {
 }
 
 // Value weights of the segment: w = p * value scale per row, group and token, quantized per row
-// and group to W = round(w / dv) in [0, kWMax] (dv = max w / kWMax); and the zero-point part
+// and group to W = round(w / dv) in [0, wmax] (dv = max w / wmax, wmax = WeightMax(kv.wide));
+// and the zero-point part
 // p * value zero summed in the 16 virtual lanes of zv.
 HWY_NOINLINE void ValueWeights(State& st, const KiviView& kv, size_t t0, size_t n) {
   const DF d;
@@ -850,12 +853,13 @@ HWY_NOINLINE void ValueWeights(State& st, const KiviView& kv, size_t t0, size_t 
   }
 #if HWY_TARGET == HWY_AVX3_DL
   if (kv.vnni) {  // straight to the bytes the vpdpbusd value kernels read
-    WeightsVnni(st, vs, vz, n16);
+    WeightsVnni(st, vs, vz, n16, kv.wide);
     return;
   }
 #endif
   int32_t* wq = st.At<int32_t>(st.lay.wq);
   float* dv = st.F(st.lay.dv);
+  const int32_t wmax = WeightMax(kv.wide);
   HWY_ALIGN float w[kSeg];
   for (size_t r = 0; r < st.R; ++r) {
     const float* p = st.sc + r * kSeg;  // probabilities, 0 past n
@@ -872,12 +876,12 @@ HWY_NOINLINE void ValueWeights(State& st, const KiviView& kv, size_t t0, size_t 
       }
       const float m = hn::GetLane(hn::MaxOfLanes(d, mx));
       const bool zero = !(m >= kTiny);
-      dv[r * ng + g] = zero ? 0.0f : m * (1.0f / float(kWMax));
-      const VF inv = hn::Set(d, zero ? 0.0f : float(kWMax) / m);
+      dv[r * ng + g] = zero ? 0.0f : m * (1.0f / float(wmax));
+      const VF inv = hn::Set(d, zero ? 0.0f : float(wmax) / m);
       int32_t* out = wq + (r * ng + g) * kSeg;
       for (size_t i = 0; i < n16; i += kL) {
         VI v = RoundToInt(hn::Mul(hn::Load(d, w + i), inv));
-        v = hn::Min(hn::Max(v, hn::Zero(di)), hn::Set(di, kWMax));
+        v = hn::Min(hn::Max(v, hn::Zero(di)), hn::Set(di, wmax));
         hn::StoreU(v, di, out + i);
       }
     }
@@ -917,7 +921,7 @@ HWY_NOINLINE void ValueDotsGeneric(State& st, size_t n) {
 #if HWY_TARGET == HWY_AVX3_DL
 // RT rows of ValueDotsVnni for the 64 channels at c0: high and low weight bytes in one pass over
 // the quads (independent accumulators), then 128 hi + lo, stored in channel order.
-template <size_t RT>
+template <bool Wide, size_t RT>
 HWY_INLINE void ValueRowsTile(State& st, const __m512i (*x)[4], size_t nq, size_t r0, size_t c0,
                               size_t g0, size_t g1, __mmask16 m1) {
   const size_t ng = st.ng;
@@ -931,21 +935,21 @@ HWY_INLINE void ValueRowsTile(State& st, const __m512i (*x)[4], size_t nq, size_
     for (size_t r = 0; r < RT; ++r) {
       const size_t b0 = ((r0 + r) * ng + g0) * (kSeg / 4) + qd;
       const size_t b1 = ((r0 + r) * ng + g1) * (kSeg / 4) + qd;
-      const __m512i wh =
-          _mm512_mask_set1_epi32(_mm512_set1_epi32(int(whi[b0])), m1, int(whi[b1]));
       const __m512i wl =
           _mm512_mask_set1_epi32(_mm512_set1_epi32(int(wlo[b0])), m1, int(wlo[b1]));
-      for (int m = 0; m < 4; ++m) {
-        h[r][m] = _mm512_dpbusd_epi32(h[r][m], x[qd][m], wh);
-        l[r][m] = _mm512_dpbusd_epi32(l[r][m], x[qd][m], wl);
+      if constexpr (Wide) {
+        const __m512i wh =
+            _mm512_mask_set1_epi32(_mm512_set1_epi32(int(whi[b0])), m1, int(whi[b1]));
+        for (int m = 0; m < 4; ++m) h[r][m] = _mm512_dpbusd_epi32(h[r][m], x[qd][m], wh);
       }
+      for (int m = 0; m < 4; ++m) l[r][m] = _mm512_dpbusd_epi32(l[r][m], x[qd][m], wl);
     }
   }
   int32_t* ii = st.At<int32_t>(st.lay.ii);
   for (size_t r = 0; r < RT; ++r) {
     int32_t* o = ii + (r0 + r) * st.D + c0;
     for (int m = 0; m < 4; ++m) {  // block L of vector m holds channels 16 L + 4 m + 0..3
-      const __m512i a = _mm512_add_epi32(_mm512_slli_epi32(h[r][m], 7), l[r][m]);
+      const __m512i a = Wide ? _mm512_add_epi32(_mm512_slli_epi32(h[r][m], 7), l[r][m]) : l[r][m];
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 4 * m), _mm512_extracti32x4_epi32(a, 0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16 + 4 * m),
                        _mm512_extracti32x4_epi32(a, 1));
@@ -962,7 +966,7 @@ HWY_INLINE void ValueRowsTile(State& st, const __m512i (*x)[4], size_t nq, size_
 // 16 L + 4 m + j (128-bit block L of vector m, dword j) in lane 4 L + j of vector m; the weight
 // dword of a lane is its group's 4 token weights (G % 32 == 0: one group per 16 channels).
 // Value codes are decoded straight from the packed rows into registers.
-template <uint32_t B>
+template <uint32_t B, bool Wide>
 HWY_NOINLINE void ValueDotsVnni(State& st, const uint8_t* packed, size_t row_bytes, size_t n) {
   const size_t D = st.D, G = st.vgroup, ng = st.ng, nq = (n + 3) / 4;
   const Decoder<B> dec;
@@ -990,8 +994,8 @@ HWY_NOINLINE void ValueDotsVnni(State& st, const uint8_t* packed, size_t row_byt
       if ((c0 + 16 * L) / G != g0) m1 = __mmask16(m1 | (0xFu << (4 * L)));
     }
     size_t r = 0;
-    for (; r + 2 <= st.R; r += 2) ValueRowsTile<2>(st, x, nq, r, c0, g0, g1, m1);
-    for (; r < st.R; ++r) ValueRowsTile<1>(st, x, nq, r, c0, g0, g1, m1);
+    for (; r + 2 <= st.R; r += 2) ValueRowsTile<Wide, 2>(st, x, nq, r, c0, g0, g1, m1);
+    for (; r < st.R; ++r) ValueRowsTile<Wide, 1>(st, x, nq, r, c0, g0, g1, m1);
   }
 }
 #endif
@@ -1041,7 +1045,7 @@ HWY_INLINE void KeyRun(State& st, const KiviView& kv, size_t t, size_t off, size
 }
 
 // The segment [t, t + n) once its scores are in: softmax, value weights, integer value sums.
-template <uint32_t B>
+template <uint32_t B, bool Wide>
 HWY_INLINE void ValueSegment(State& st, const KiviView& kv, size_t t, size_t n) {
   st.Softmax(n);
   ValueWeights(st, kv, t, n);
@@ -1049,9 +1053,9 @@ HWY_INLINE void ValueSegment(State& st, const KiviView& kv, size_t t, size_t n) 
   const bool done = kv.vnni;
   if (done && kv.row_bytes % 16 == 0) {
     // Adds its sums to acc itself (AddValueSums fused into its last step).
-    return ValueDotsLanes<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n, kv.vc_end);
+    return ValueDotsLanes<B, Wide>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n, kv.vc_end);
   } else if (done) {
-    ValueDotsVnni<B>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n);
+    ValueDotsVnni<B, Wide>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n);
   }
 #else
   const bool done = false;
@@ -1068,7 +1072,7 @@ HWY_INLINE void ValueSegment(State& st, const KiviView& kv, size_t t, size_t n) 
 // Quantized tokens [first, last) of the store in segments of kSeg tokens from `first` (a segment
 // may span key blocks: each block's run of tokens uses the query codes of that block, formed once
 // per block and row).
-template <uint32_t B>
+template <uint32_t B, bool Wide>
 void KiviQuantized(State& st, const KiviHeadStore& store, size_t first, size_t last) {
   const size_t D = st.D, G = store.config().group;
   const KiviView kv{D,
@@ -1086,6 +1090,7 @@ void KiviQuantized(State& st, const KiviHeadStore& store, size_t first, size_t l
                     // the byte codes alone, which the generic key dots do not read.
                     HWY_TARGET == HWY_AVX3_DL && (D == 64 || D == 128 || D == 256) &&
                         G % 32 == 0,
+                    Wide,
                     store.key_scales().data() + store.key_scales().size(),
                     store.key_zeros().data() + store.key_zeros().size(),
                     store.key_codes().data() + store.key_codes().size(),
@@ -1106,14 +1111,24 @@ void KiviQuantized(State& st, const KiviHeadStore& store, size_t first, size_t l
       lo += take;
       fill += take;
       if (fill == kSeg) {
-        ValueSegment<B>(st, kv, seg, fill);
+        ValueSegment<B, Wide>(st, kv, seg, fill);
         seg += fill;
         fill = 0;
       }
     }
     t0 += bsize;
   }
-  if (fill > 0) ValueSegment<B>(st, kv, seg, fill);
+  if (fill > 0) ValueSegment<B, Wide>(st, kv, seg, fill);
+}
+
+// KiviQuantized with the store's weight width (KiviConfig::weight_bits, checked by the store).
+template <uint32_t B>
+void KiviQuantizedWeights(State& st, const KiviHeadStore& store, size_t first, size_t last) {
+  if (store.config().weight_bits == 7) {
+    KiviQuantized<B, false>(st, store, first, last);
+  } else {
+    KiviQuantized<B, true>(st, store, first, last);
+  }
 }
 
 // ---- entry points -----------------------------------------------------------------------------
@@ -1144,10 +1159,10 @@ void AttendKiviPartialImpl(const Queries& q, const KiviHeadStore& store, size_t 
   const size_t nq = store.quantized_tokens(), last = first + count;
   if (first < nq) {
     switch (store.config().bits) {
-      case 1: KiviQuantized<1>(st, store, first, std::min(last, nq)); break;
-      case 2: KiviQuantized<2>(st, store, first, std::min(last, nq)); break;
-      case 4: KiviQuantized<4>(st, store, first, std::min(last, nq)); break;
-      default: KiviQuantized<8>(st, store, first, std::min(last, nq)); break;
+      case 1: KiviQuantizedWeights<1>(st, store, first, std::min(last, nq)); break;
+      case 2: KiviQuantizedWeights<2>(st, store, first, std::min(last, nq)); break;
+      case 4: KiviQuantizedWeights<4>(st, store, first, std::min(last, nq)); break;
+      default: KiviQuantizedWeights<8>(st, store, first, std::min(last, nq)); break;
     }
   }
   if (last > nq) {

@@ -9,11 +9,16 @@
 //  - per key block and row, q_c s_c is rounded to Q_c = round(q_c s_c / dq) with
 //    dq = max_c |q_c s_c| / 16383 (15-bit signed codes), and sum_c Q_c code_c is exact in int32;
 //  - per segment (64 tokens), row and value group, the weights w = p s_g are rounded to
-//    W = round(w / dv) with dv = max w / 16383 (14-bit, w >= 0), and sum_t W_t code_tc is exact.
+//    W = round(w / dv) with dv = max w / Wmax (w >= 0), and sum_t W_t code_tc is exact. Wmax is
+//    16383 (14-bit) or 127 (7-bit) by the store's KiviConfig::weight_bits
+//    (kvsdk_policy.kivi_weight_bits: 7 by default for 1- and 2-bit codes, 14 above).
 //  On AVX3_DL these are vpdpbusd (4 byte products per int32 lane; Q = 128 hi + lo split into
-//  bytes); elsewhere 16-bit multiply-adds. Extra error vs float dot products: each term is off by
-//  at most 2^-15 of the largest term of its sum (finer than the f16 storage of the scales,
-//  2^-11); tests/backends/cpu/fast_attention_test.cpp bounds the output gap (kKiviAbsTol).
+//  bytes, and a 14-bit W too, so two instructions per product; a 7-bit W is one byte, one
+//  instruction: KIVI-2 decode about 1.7x faster at 32k tokens); elsewhere 16-bit multiply-adds.
+//  Extra error vs float dot products: each key term is off by at most 2^-15 of the largest term
+//  of its sum, each value term by 2^-15 (14-bit) or 2^-8 (7-bit) of the largest weight of its
+//  segment's row and group; tests/backends/cpu/fast_attention_test.cpp bounds the output gap
+//  (kKiviAbsTol: 2e-3 of max |v|; kKiviByteAbsTol: 5e-2, against KIVI-2's own ~1e-1).
 //
 // Same bits on every target (snapshots resume bit-identically on x86-64 and aarch64):
 //  - f16 dot products accumulate in 16 fixed "virtual lanes" (lane l sums channels c = l mod 16

@@ -214,13 +214,15 @@ HWY_INLINE __m512i PackOrder() {
   return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
 }
 
-// One row and group's weight codes W = round(w / dv) in [0, kWMax] (the generic rounding and
-// clamp), as their high (W >> 7) and low 7-bit bytes, 4 tokens per dword: what ValueDotsVnni and
-// ValueDotsLanes broadcast. Tokens past n16 get 0. The clamp is the packs' unsigned saturation:
-// w >= 0 and w * (kWMax / max w) rounds to at most kWMax + 1 ulp, so floor(x + 0.5) <= kWMax,
+// One row and group's weight codes W = round(w / dv) in [0, wmax] (the generic rounding and
+// clamp), as their high (W >> 7) and low 7-bit bytes (wmax 127: W itself, in wlo), 4 tokens per
+// dword: what ValueDotsVnni and ValueDotsLanes broadcast. Tokens past n16 get 0. The clamp is the
+// packs' unsigned saturation: w >= 0 and w * (wmax / max w) rounds to at most wmax + 1 ulp, so
+// floor(x + 0.5) <= wmax,
 // and what is below 0 (NaN converts to INT_MIN) saturates to 0, as the generic max(., 0) gives.
 // The split into bytes runs on 16-bit words (half the vectors of the 32-bit codes).
-HWY_INLINE void WeightBytesVnni(State& st, const __m512* w, size_t nv, __m512 inv, size_t at) {
+HWY_INLINE void WeightBytesVnni(State& st, const __m512* w, size_t nv, __m512 inv, size_t at,
+                                bool wide) {
   const __m512 half = _mm512_set1_ps(0.5f);
   const __m512i low7 = _mm512_set1_epi16(127);
   __m512i c[kSeg / 16];
@@ -233,6 +235,11 @@ HWY_INLINE void WeightBytesVnni(State& st, const __m512* w, size_t nv, __m512 in
   // The packs interleave their operands by 128-bit blocks; PackOrder puts the dwords back in
   // token order (the same element order as packing the 32-bit bytes, so the same dwords).
   const __m512i x01 = _mm512_packus_epi32(c[0], c[1]), x23 = _mm512_packus_epi32(c[2], c[3]);
+  if (!wide) {  // W <= 127: the byte itself
+    _mm512_storeu_si512(st.At<uint32_t>(st.lay.wlo) + at,
+                        _mm512_permutexvar_epi32(PackOrder(), _mm512_packus_epi16(x01, x23)));
+    return;
+  }
   const __m512i hi = _mm512_packus_epi16(_mm512_srli_epi16(x01, 7), _mm512_srli_epi16(x23, 7));
   const __m512i lo =
       _mm512_packus_epi16(_mm512_and_si512(x01, low7), _mm512_and_si512(x23, low7));
@@ -243,8 +250,9 @@ HWY_INLINE void WeightBytesVnni(State& st, const __m512* w, size_t nv, __m512 in
 // ValueWeights' per row and group work for the vpdpbusd layout with everything in registers:
 // the same products, the same max, the zero-point sums in the same order (lane i % 16, tokens
 // in order) and the same rounding, so the same bits.
-HWY_INLINE void WeightsVnni(State& st, const float* vs, const float* vz, size_t n16) {
+HWY_INLINE void WeightsVnni(State& st, const float* vs, const float* vz, size_t n16, bool wide) {
   const size_t ng = st.ng, nv = n16 / 16;
+  const int32_t wmax = WeightMax(wide);
   float* dv = st.F(st.lay.dv);
   // Two passes (every row and group's max and step, then the codes, the products formed again:
   // the same bits), so the chains of max, reduction and division overlap instead of queueing.
@@ -263,8 +271,8 @@ HWY_INLINE void WeightsVnni(State& st, const float* vs, const float* vz, size_t 
       _mm512_storeu_ps(zl, z);
       const float m = _mm512_reduce_max_ps(mx);
       const bool zero = !(m >= kTiny);
-      dv[r * ng + g] = zero ? 0.0f : m * (1.0f / float(kWMax));
-      inv_buf[r * ng + g] = zero ? 0.0f : float(kWMax) / m;
+      dv[r * ng + g] = zero ? 0.0f : m * (1.0f / float(wmax));
+      inv_buf[r * ng + g] = zero ? 0.0f : float(wmax) / m;
     }
   }
   for (size_t r = 0; r < st.R; ++r) {
@@ -276,7 +284,7 @@ HWY_INLINE void WeightsVnni(State& st, const float* vs, const float* vz, size_t 
         w[k] = _mm512_mul_ps(p[k], _mm512_loadu_ps(vs + g * kSeg + 16 * k));
       }
       WeightBytesVnni(st, w, nv, _mm512_set1_ps(inv_buf[r * ng + g]),
-                      (r * ng + g) * (kSeg / 4));
+                      (r * ng + g) * (kSeg / 4), wide);
     }
   }
 }
@@ -306,7 +314,7 @@ struct ValueCtl {
 
 // RT rows of the integer sums of channel blocks cb and cb + 1 (one group g) over nq quads,
 // added to acc.
-template <size_t RT>
+template <bool Wide, size_t RT>
 HWY_INLINE void ValueLanesTile(State& st, const __m512i* xs, size_t nb, size_t nq, size_t cb,
                                size_t g, size_t r0) {
   const size_t ng = st.ng;
@@ -319,8 +327,10 @@ HWY_INLINE void ValueLanesTile(State& st, const __m512i* xs, size_t nb, size_t n
     const __m512i x1 = _mm512_load_si512(xs + qd * nb + cb + 1);
     for (size_t r = 0; r < RT; ++r) {
       const size_t at = ((r0 + r) * ng + g) * (kSeg / 4) + qd;
-      h[r][0] = DpbusdBcst(h[r][0], x0, whi + at);
-      h[r][1] = DpbusdBcst(h[r][1], x1, whi + at);
+      if constexpr (Wide) {
+        h[r][0] = DpbusdBcst(h[r][0], x0, whi + at);
+        h[r][1] = DpbusdBcst(h[r][1], x1, whi + at);
+      }
       l[r][0] = DpbusdBcst(l[r][0], x0, wlo + at);
       l[r][1] = DpbusdBcst(l[r][1], x1, wlo + at);
     }
@@ -334,7 +344,8 @@ HWY_INLINE void ValueLanesTile(State& st, const __m512i* xs, size_t nb, size_t n
     const __m512 sv = _mm512_set1_ps(s);
     for (size_t e = 0; e < 2; ++e) {
       float* a = st.acc + (r0 + r) * st.D + 16 * (cb + e);
-      const __m512i ii = _mm512_add_epi32(_mm512_slli_epi32(h[r][e], 7), l[r][e]);
+      const __m512i ii =
+          Wide ? _mm512_add_epi32(_mm512_slli_epi32(h[r][e], 7), l[r][e]) : l[r][e];
       _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a),
                                         _mm512_mul_ps(sv, _mm512_cvtepi32_ps(ii))));
     }
@@ -342,7 +353,7 @@ HWY_INLINE void ValueLanesTile(State& st, const __m512i* xs, size_t nb, size_t n
 }
 
 // Needs row_bytes % 16 == 0 (whole 16-byte slices per row) and G % 32 == 0.
-template <uint32_t B>
+template <uint32_t B, bool Wide>
 HWY_NOINLINE void ValueDotsLanes(State& st, const uint8_t* packed, size_t row_bytes, size_t n,
                                  const uint8_t* end) {
   static constexpr ValueCtl<B> kC;
@@ -378,8 +389,8 @@ HWY_NOINLINE void ValueDotsLanes(State& st, const uint8_t* packed, size_t row_by
   for (size_t cb = 0; cb < nb; cb += 2) {
     const size_t g = 16 * cb / G;
     size_t r = 0;
-    for (; r + 4 <= st.R; r += 4) ValueLanesTile<4>(st, xs, nb, nq, cb, g, r);
-    for (; r < st.R; ++r) ValueLanesTile<1>(st, xs, nb, nq, cb, g, r);
+    for (; r + 4 <= st.R; r += 4) ValueLanesTile<Wide, 4>(st, xs, nb, nq, cb, g, r);
+    for (; r < st.R; ++r) ValueLanesTile<Wide, 1>(st, xs, nb, nq, cb, g, r);
   }
 }
 

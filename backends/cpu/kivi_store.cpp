@@ -28,6 +28,8 @@ KiviHeadStore::KiviHeadStore(size_t head_dim, const KiviConfig& config)
   KVSDK_REQUIRE(kivi_bits_supported(cfg_.bits), "KIVI bits is ", cfg_.bits,
                 " (supported: 1, 2, 4, 8)");
   KVSDK_REQUIRE(cfg_.group > 0, "KIVI group size must be > 0");
+  KVSDK_REQUIRE(cfg_.weight_bits == 7 || cfg_.weight_bits == 14, "KIVI weight_bits is ",
+                cfg_.weight_bits, " (supported: 7, 14)");
   KVSDK_REQUIRE(head_dim > 0, "head_dim must be > 0");
   row_bytes_ = kivi_packed_bytes(dim_, cfg_.bits);
   v_groups_ = kivi_value_groups(dim_, cfg_.group);

@@ -23,6 +23,12 @@ struct KiviConfig {
   uint32_t bits = 2;        // 1, 2, 4 or 8 (1 = SpeCache variant)
   uint32_t group = 32;      // G: tokens per key block, channels per value group
   uint32_t residual = 128;  // R: recent tokens kept exact
+  // Bits of the integer value weights the fused attention (fast_attention.h) rounds each
+  // segment's softmax weights times value scales to: 14 (the first kernels'; a cache restored from
+  // a snapshot written before kvsdk_policy.kivi_weight_bits keeps them, so it continues
+  // bit-identically) or 7 (one vpdpbusd per value product instead of two). A choice of the
+  // attention only: the store's codes are the same either way.
+  uint32_t weight_bits = 14;
 };
 
 // Every byte the store holds, by kind (logical sizes of its buffers).

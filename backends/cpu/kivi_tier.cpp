@@ -6,7 +6,7 @@ namespace kvsdk::cpu {
 
 KiviHeadStore kivi_store_from_tier(const backend::KiviTier& tier, const backend::F16Rows& residual,
                                    size_t dim) {
-  const KiviConfig config{tier.bits, tier.group, tier.residual};
+  const KiviConfig config{tier.bits, tier.group, tier.residual, tier.weight_bits};
   const size_t nq = tier.tokens, nr = residual.n_tokens;
   const size_t row = kivi_packed_bytes(dim, tier.bits);
   const size_t blocks = tier.block_starts ? tier.blocks : tier.group ? nq / tier.group : 0;

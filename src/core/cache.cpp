@@ -21,7 +21,7 @@ Cache::Cache(std::shared_ptr<Context> ctx, const Geometry& geometry, const kvsdk
     : ctx_(std::move(ctx)),
       geometry_(geometry),
       // KVSDK_QUANT_RESIDUAL_AUTO resolved once, so that the stores and snapshots hold a value.
-      policy_(resolve_auto_residual(policy, geometry.head_dim)),
+      policy_(resolve_auto_weight_bits(resolve_auto_residual(policy, geometry.head_dim))),
       traits_(method_traits(policy_)),
       layers_(geometry.n_layers),
       max_position_(geometry.n_layers, -1),

@@ -31,6 +31,7 @@ kvsdk_policy policy_defaults(kvsdk_method method) {
   p.fetch_tokens = 64;        // SpeCache: top-k fetched rows per KV head
   p.match_tokens = 128;       // SmallKV: 100-200 prompt tokens for head matching
   p.evict_slack = kDefaultEvictSlack;
+  p.kivi_weight_bits = 0;     // by quant_bits (resolve_auto_weight_bits)
   p.quant_bits = method_traits(method).default_quant_bits;
   return p;
 }
@@ -44,6 +45,8 @@ kvsdk_policy policy_from_c(const kvsdk_policy* caller) {
   kvsdk_policy defaults = policy_defaults(kvsdk_method(caller->method));
   // A struct from before evict_slack existed keeps evicting as it did then: exactly.
   if (caller->struct_size < kPolicySizeV2) defaults.evict_slack = 0.0f;
+  // One from before kivi_weight_bits keeps the first kernels' arithmetic.
+  if (caller->struct_size < kPolicySizeV3) defaults.kivi_weight_bits = kLegacyKiviWeightBits;
   const kvsdk_policy p = read_versioned(caller, defaults, kPolicySizeV1, "policy");
   KVSDK_REQUIRE(p.quant_bits == 0 || p.quant_bits == 1 || p.quant_bits == 2 ||
                     p.quant_bits == 4 || p.quant_bits == 8,
@@ -77,6 +80,17 @@ kvsdk_policy policy_from_c(const kvsdk_policy* caller) {
                     p.evict_slack <= kMaxEvictSlack,
                 "policy.evict_slack is ", p.evict_slack, " (must be in [0, ", kMaxEvictSlack,
                 "]: a share of a layer's cap)");
+  KVSDK_REQUIRE(p.kivi_weight_bits == 0 || p.kivi_weight_bits == 7 || p.kivi_weight_bits == 14,
+                "policy.kivi_weight_bits is ", p.kivi_weight_bits, " (must be 0, 7 or 14)");
+  return p;
+}
+
+kvsdk_policy resolve_auto_weight_bits(const kvsdk_policy& policy) {
+  // A policy without KIVI codes keeps 0 (nothing reads it).
+  if (policy.kivi_weight_bits != 0 || policy.quant_bits == 0) return policy;
+  // One byte per weight where KIVI's own error dwarfs the rounding (include/kvsdk.h).
+  kvsdk_policy p = policy;
+  p.kivi_weight_bits = policy.quant_bits <= 2 ? 7 : 14;
   return p;
 }
 

@@ -552,6 +552,7 @@ void DeviceKivi::attend_range(uint32_t layer, uint32_t first_head, uint32_t n_he
         tier.bits = config_.bits;
         tier.group = config_.group;
         tier.residual = config_.residual;
+        tier.weight_bits = config_.weight_bits;
         if (head.ragged()) {
           tier.block_starts =
               reinterpret_cast<const uint32_t*>(slice(layer, kv_head, kBlockStarts));

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "attention.h"
+#include "core/policy.h"
 #include "kivi_attention.h"
 #include "repr/head_store.h"
 #include "util/dtype.h"
@@ -17,8 +18,12 @@ cpu::KiviConfig kivi_config(const kvsdk_policy& p) {
     fail(KVSDK_E_INTERNAL, "KIVI store built from an unresolved quant_residual ",
          p.quant_residual);
   }
+  // (The cache resolves kivi_weight_bits when it is created; stores built on their own, as in
+  // tests and tools, get the same rule here. 14 where there are no codes to attend.)
+  const int32_t resolved = resolve_auto_weight_bits(p).kivi_weight_bits;
+  const int32_t weight_bits = resolved != 0 ? resolved : kLegacyKiviWeightBits;
   return cpu::KiviConfig{uint32_t(p.quant_bits), uint32_t(p.quant_group),
-                         uint32_t(p.quant_residual)};
+                         uint32_t(p.quant_residual), uint32_t(weight_bits)};
 }
 
 void kivi_store_to_record(const cpu::KiviHeadStore& s, const std::string& prefix,

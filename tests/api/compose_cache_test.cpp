@@ -127,8 +127,13 @@ void expect_attention_matches_read(kvsdk_cache* c, uint32_t layer, uint32_t seed
     w += want[i] * want[i];
   }
   // The optimized KIVI kernel sums integer codes of the query x scale and of the value weights
-  // (docs/backends.md: within 2e-3 of max |v| per element); measured up to ~3e-5 relative here.
-  EXPECT_LT(std::sqrt(e / std::max(w, 1e-30)), 3e-4) << "layer " << layer;
+  // (docs/backends.md: within 2e-3 of max |v| per element); measured up to ~3e-5 relative here
+  // with 14-bit weights, up to ~1.5e-3 with 7-bit ones (kvsdk_policy.kivi_weight_bits).
+  kvsdk_policy p;
+  kvsdk_policy_init(&p, KVSDK_METHOD_FULL);
+  ASSERT_EQ(kvsdk_cache_policy(c, &p), KVSDK_OK);
+  const double tol = p.kivi_weight_bits == 7 ? 1e-2 : 3e-4;
+  EXPECT_LT(std::sqrt(e / std::max(w, 1e-30)), tol) << "layer " << layer;
 }
 
 // Every appended row, by (layer, position): f16-rounded keys/values of each KV head.

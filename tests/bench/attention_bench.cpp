@@ -2,7 +2,9 @@
 // head_dim 128; one query token, so 4 query rows per KV head), 4k and 32k tokens, one thread.
 // Reference kernels (the scalar oracle: dense f32 OnlineAttention, the f16 tier path, KIVI-2/4
 // read_rows + OnlineAttention) against the optimized ones (backends/cpu/fast_attention.h: f16 and
-// KIVI 1/2/4/8, G 32, R 128), and a read-bandwidth baseline measured by this binary, so every
+// KIVI 1/2/4/8, G 32, R 128, with the value-weight width a cache gets by default: 7 bits for 1-
+// and 2-bit codes, 14 above; and KIVI-2 with 14, BM_fast_kivi<2, true>), and a read-bandwidth
+// baseline measured by this binary, so every
 // figure is a ratio within one run:
 //   speedup_vs_fast_f16 / speedup_vs_ref_f32   time of that baseline / this time
 //   bytes                                       bytes the kernel reads (the layer's stored rows)
@@ -42,7 +44,9 @@ struct Layer {
   std::vector<std::vector<float>> k32, v32;      // [head][n * dim]
   std::vector<std::vector<uint16_t>> k16, v16;   // [head][n * dim]
   std::vector<int32_t> pos;
-  std::vector<std::unique_ptr<KiviHeadStore>> kivi1, kivi2, kivi4, kivi8;
+  // KIVI stores with the value-weight width a cache gets by default (kvsdk_policy
+  // kivi_weight_bits 0: 7 bits for 1- and 2-bit codes, 14 above), and KIVI-2 with 14.
+  std::vector<std::unique_ptr<KiviHeadStore>> kivi1, kivi2, kivi4, kivi8, kivi2w14;
   std::vector<float> q;                          // [32][dim]
   std::vector<int32_t> qpos;                     // [group] = INT32_MAX (decode sees everything)
 };
@@ -68,9 +72,14 @@ const Layer& layer(size_t n) {
       k16[i] = kvsdk::f32_to_f16(k[i]);
       v16[i] = kvsdk::f32_to_f16(v[i]);
     }
-    for (auto* set : {&L.kivi1, &L.kivi2, &L.kivi4, &L.kivi8}) {
-      const uint32_t bits = set == &L.kivi1 ? 1 : set == &L.kivi2 ? 2 : set == &L.kivi4 ? 4 : 8;
-      auto store = std::make_unique<KiviHeadStore>(kDim, KiviConfig{bits, 32, 128});
+    for (auto* set : {&L.kivi1, &L.kivi2, &L.kivi4, &L.kivi8, &L.kivi2w14}) {
+      const uint32_t bits = set == &L.kivi1 ? 1
+                            : set == &L.kivi2 || set == &L.kivi2w14 ? 2
+                            : set == &L.kivi4 ? 4
+                                              : 8;
+      const uint32_t weight_bits = bits <= 2 && set != &L.kivi2w14 ? 7 : 14;
+      auto store =
+          std::make_unique<KiviHeadStore>(kDim, KiviConfig{bits, 32, 128, weight_bits});
       store->reserve(n);  // one allocation, not a growth series (setup time only)
       store->append(k.data(), v.data(), L.pos.data(), n);
       set->push_back(std::move(store));
@@ -195,15 +204,17 @@ void BM_ref_f16(benchmark::State& state) {
   });
 }
 
-template <int Bits>
+// Bits 2 with Wide: the KIVI-2 store with 14-bit value weights.
+template <int Bits, bool Wide = false>
 const std::vector<std::unique_ptr<KiviHeadStore>>& kivi_heads(const Layer& L) {
+  if (Wide) return L.kivi2w14;
   return Bits == 1 ? L.kivi1 : Bits == 2 ? L.kivi2 : Bits == 4 ? L.kivi4 : L.kivi8;
 }
 
-template <int Bits>
+template <int Bits, bool Wide = false>
 const char* kivi_name(bool fast) {
   static const std::string ref = "ref_kivi" + std::to_string(Bits);
-  static const std::string opt = "fast_kivi" + std::to_string(Bits);
+  static const std::string opt = "fast_kivi" + std::to_string(Bits) + (Wide ? "_w14" : "");
   return fast ? opt.c_str() : ref.c_str();
 }
 
@@ -222,13 +233,14 @@ void BM_ref_kivi(benchmark::State& state) {
   });
 }
 
-template <int Bits>
+// The optimized kernel; Wide: KIVI-2 with 14-bit value weights instead of a cache's default 7.
+template <int Bits, bool Wide = false>
 void BM_fast_kivi(benchmark::State& state) {
   std::vector<float> out(kQHeads * kDim);
   fast::Scratch scratch;
   scratch.reserve(kGroup, kDim, kDim / 32);
-  const auto& heads = kivi_heads<Bits>(layer(size_t(state.range(0))));
-  run(state, kivi_name<Bits>(true), kivi_bytes(heads), [&](const Layer& L) {
+  const auto& heads = kivi_heads<Bits, Wide>(layer(size_t(state.range(0))));
+  run(state, kivi_name<Bits, Wide>(true), kivi_bytes(heads), [&](const Layer& L) {
     for (size_t h = 0; h < kKvHeads; ++h) {
       const fast::Queries q{L.q.data() + h * kGroup * kDim, L.qpos.data(), kGroup, kDim, kScale};
       fast::attend_kivi(q, *heads[h], scratch, out.data() + h * kGroup * kDim);
@@ -278,6 +290,7 @@ KVSDK_ATTN_BENCH(BM_ref_kivi<2>);
 KVSDK_ATTN_BENCH(BM_ref_kivi<4>);
 KVSDK_ATTN_BENCH(BM_fast_kivi<1>);
 KVSDK_ATTN_BENCH(BM_fast_kivi<2>);
+KVSDK_ATTN_BENCH((BM_fast_kivi<2, true>));
 KVSDK_ATTN_BENCH(BM_fast_kivi<4>);
 KVSDK_ATTN_BENCH(BM_fast_kivi<8>);
 BENCHMARK(BM_threads<false>)->Args({32768, 1})->Args({32768, 2})->Unit(benchmark::kMillisecond)

@@ -175,6 +175,7 @@ inline kvsdk_policy v2_policy(const V2Case& c) {
   p.fetch_tokens = 6;
   p.match_tokens = 8;
   p.evict_slack = 0.0f;  // the files were written with exact eviction (before the field)
+  p.kivi_weight_bits = 14;  // and with 14-bit KIVI value weights (before that field)
   return p;
 }
 

@@ -539,6 +539,7 @@ void expect_policy(const kvsdk_cache* c, const V2Policy& w, const char* preset) 
   EXPECT_EQ(p.fetch_tokens, w.fetch_tokens);
   EXPECT_EQ(p.match_tokens, w.match_tokens);
   EXPECT_EQ(p.evict_slack, 0.0f);  // written before the field existed: exact eviction
+  EXPECT_EQ(p.kivi_weight_bits, 14);  // and before this one: 14-bit KIVI value weights
   kvsdk_policy parsed;
   ASSERT_EQ(kvsdk_policy_parse(&parsed, preset), KVSDK_OK);
   EXPECT_EQ(p.method, parsed.method);

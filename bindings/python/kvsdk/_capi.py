@@ -46,7 +46,7 @@ class kvsdk_policy(Structure):
                 ("schedule_alpha", c_float), ("schedule_beta", c_float),
                 ("boundary_layer", c_int32), ("merge_t", c_float), ("retain_ratio", c_float),
                 ("fetch_tokens", c_int32), ("match_tokens", c_int32),
-                ("evict_slack", c_float)]
+                ("evict_slack", c_float), ("kivi_weight_bits", c_int32)]
 
 # ----- Cache ---------------------------------------------------------------------------------
 KVSDK_MAX_POSITION = 2147483646  # every position lies in 0 .. KVSDK_MAX_POSITION

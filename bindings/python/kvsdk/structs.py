@@ -182,6 +182,8 @@ class Policy:
     fetch_tokens: int
     match_tokens: int
     evict_slack: float  # amortized eviction: share of a layer's cap evicted beyond it, 0..0.5
+    # KIVI attention's value weights: 7 or 14 bits; 0 = by quant_bits (7 when <= 2)
+    kivi_weight_bits: int
 
     # quant_residual = Policy.RESIDUAL_AUTO: the KIVI exact window chosen by the length the
     # cache holds (KVSDK_QUANT_RESIDUAL_AUTO; resolved when a cache is created or converted).

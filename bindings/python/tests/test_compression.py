@@ -27,6 +27,16 @@ def filled_cache(ctx):
 
 
 class CompressionTest(unittest.TestCase):
+    def test_kivi_weight_bits_resolve_by_quant_bits_and_are_checked(self):
+        ctx = kvsdk.Context()
+        p = kvsdk.Policy.parse("kivi")
+        self.assertEqual(p.kivi_weight_bits, 0)  # the default: by quant_bits
+        self.assertEqual(kvsdk.Cache(ctx, geometry(), p).policy.kivi_weight_bits, 7)
+        p4 = kvsdk.Policy.parse("snapkv+kivi4")
+        self.assertEqual(kvsdk.Cache(ctx, geometry(), p4).policy.kivi_weight_bits, 14)
+        p.kivi_weight_bits = 8
+        self.assertEqual(status_of(kvsdk.Cache, ctx, geometry(), p), Status.INVALID_ARG)
+
     def test_budget_compresses_and_allocation_round_trips(self):
         ctx = kvsdk.Context()
         cache = filled_cache(ctx)

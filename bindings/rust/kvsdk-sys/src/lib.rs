@@ -134,6 +134,7 @@ pub struct kvsdk_policy {
     pub fetch_tokens: i32,
     pub match_tokens: i32,
     pub evict_slack: f32,
+    pub kivi_weight_bits: i32,
 }
 
 // ----- Cache -------------------------------------------------------------------------------

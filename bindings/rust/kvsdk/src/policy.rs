@@ -112,6 +112,9 @@ pub struct Policy {
     /// Amortized eviction: a layer that must evict goes down to its cap minus this share of it
     /// (0..=0.5; 0 = exact eviction on every token). Default 0.0625.
     pub evict_slack: f32,
+    /// KIVI attention's integer value weights: 7 or 14 bits; 0 = by quant_bits (7 when <= 2,
+    /// resolved when a cache is created).
+    pub kivi_weight_bits: i32,
 }
 
 impl Policy {
@@ -158,6 +161,7 @@ impl Policy {
             fetch_tokens: raw.fetch_tokens,
             match_tokens: raw.match_tokens,
             evict_slack: raw.evict_slack,
+            kivi_weight_bits: raw.kivi_weight_bits,
         }
     }
 
@@ -182,6 +186,7 @@ impl Policy {
             fetch_tokens: self.fetch_tokens,
             match_tokens: self.match_tokens,
             evict_slack: self.evict_slack,
+            kivi_weight_bits: self.kivi_weight_bits,
         }
     }
 }

@@ -155,6 +155,23 @@ fn evict_slack_defaults_round_trips_and_is_checked() {
 }
 
 #[test]
+fn kivi_weight_bits_default_resolves_by_quant_bits_and_is_checked() {
+    let ctx = Context::with_budget(0).unwrap();
+    let g = geometry();
+    let p = Policy::parse("kivi").unwrap();
+    assert_eq!(p.kivi_weight_bits, 0, "the header's default: by quant_bits");
+    assert_eq!(Cache::new(&ctx, &g, &p).unwrap().policy().unwrap().kivi_weight_bits, 7);
+    let p4 = Policy::parse("snapkv+kivi4").unwrap();
+    assert_eq!(Cache::new(&ctx, &g, &p4).unwrap().policy().unwrap().kivi_weight_bits, 14);
+    let mut wide = p;
+    wide.kivi_weight_bits = 14;
+    assert_eq!(Cache::new(&ctx, &g, &wide).unwrap().policy().unwrap().kivi_weight_bits, 14);
+    let mut bad = p;
+    bad.kivi_weight_bits = 8;
+    assert_eq!(Cache::new(&ctx, &g, &bad).unwrap_err().status, Status::InvalidArg);
+}
+
+#[test]
 fn auto_residual_window_is_resolved_for_the_head_dim() {
     // head_dim 8 and 2 bits: round(768 / 8) = 96 (kvsdk.h, KVSDK_QUANT_RESIDUAL_AUTO).
     let g = geometry();

@@ -75,4 +75,9 @@ public struct Policy {
     /// Amortized eviction: a layer that must evict goes down to its cap minus this share of it
     /// (0...0.5; 0 = exact eviction on every token). Default 0.0625.
     public var evictSlack: Float { get { raw.evict_slack } set { raw.evict_slack = newValue } }
+    /// KIVI attention's integer value weights: 7 or 14 bits; 0 = by quantBits (7 when <= 2,
+    /// resolved when a cache is created).
+    public var kiviWeightBits: Int32 {
+        get { raw.kivi_weight_bits } set { raw.kivi_weight_bits = newValue }
+    }
 }

@@ -56,6 +56,16 @@ final class CompressionTests: XCTestCase {
         XCTAssertThrowsError(try Cache(context: context, geometry: geometry, policy: p))
     }
 
+    func testKiviWeightBitsResolveByQuantBitsAndAreChecked() throws {
+        var p = try Policy(parsing: "kivi")
+        XCTAssertEqual(p.kiviWeightBits, 0)
+        let context = try Context()
+        XCTAssertEqual(try Cache(context: context, geometry: geometry, policy: p).policy()
+                           .kiviWeightBits, 7)
+        p.kiviWeightBits = 8
+        XCTAssertThrowsError(try Cache(context: context, geometry: geometry, policy: p))
+    }
+
     func testPlanAllocationAndProfiles() throws {
         XCTAssertEqual(try planAllocation(importance: [[1, 0, 0, 0], [1, 1, 1]],
                                           target: .totalTokens(4)), [1, 3])
