@@ -352,24 +352,30 @@ HWY_INLINE void ValueLanesTile(State& st, const __m512i* xs, size_t nb, size_t n
   }
 }
 
-// Needs row_bytes % 16 == 0 (whole 16-byte slices per row) and G % 32 == 0.
-template <uint32_t B, bool Wide>
-HWY_NOINLINE void ValueDotsLanes(State& st, const uint8_t* packed, size_t row_bytes, size_t n,
-                                 const uint8_t* end) {
+// ValueDotsLanes for head_dim 16 NB: every loop bound a constant, so the decoding unrolls (its
+// index arithmetic was a fifth of the function's samples with D and row_bytes at run time).
+template <uint32_t B, bool Wide, size_t NB>
+HWY_INLINE void ValueDotsLanesT(State& st, const uint8_t* packed, size_t n, const uint8_t* end) {
   static constexpr ValueCtl<B> kC;
-  const size_t D = st.D, G = st.vgroup, nq = (n + 3) / 4, nb = D / 16, nw = row_bytes / 16;
+  constexpr size_t kPer = 8 / B;            // channel blocks per 16-byte slice of a row
+  constexpr size_t kRowBytes = 2 * NB * B;  // head_dim * B / 8
+  constexpr size_t kSlices = NB / kPer;
+  static_assert(kSlices * kPer == NB, "whole 16-byte slices per row");
+  const size_t G = st.vgroup, nq = (n + 3) / 4;
   const __m512i il = _mm512_load_si512(kC.il), ctl = _mm512_load_si512(kC.ctl);
   const __m512i mask = _mm512_set1_epi8(char(B == 8 ? 0xFF : (1u << B) - 1u));
+  __m512i src[kPer];
+  for (size_t j = 0; j < kPer; ++j) src[j] = _mm512_load_si512(kC.src[j]);
   __m512i* xs = st.At<__m512i>(st.lay.vb);  // decoded codes [quad][block]: n * D bytes
   for (size_t qd = 0; qd < nq; ++qd) {
     const uint8_t* rows[4];
     for (size_t t = 0; t < 4; ++t) {  // pad tokens repeat the last row (their weights are 0)
-      rows[t] = packed + std::min(4 * qd + t, n - 1) * row_bytes;
+      rows[t] = packed + std::min(4 * qd + t, n - 1) * kRowBytes;
     }
     // The next segment's rows, a quad at a time: waiting on the code streams was a quarter of
     // this function's time at 32k tokens (perf), spread prefetches keep few lines in flight.
-    Prefetch(packed + (4 * qd + kSeg) * row_bytes, 4 * row_bytes, end);
-    for (size_t k = 0; k < nw; ++k) {
+    Prefetch(packed + (4 * qd + kSeg) * kRowBytes, 4 * kRowBytes, end);
+    for (size_t k = 0; k < kSlices; ++k) {
       const auto slice = [&](size_t t) {
         return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[t] + 16 * k));
       };
@@ -378,20 +384,34 @@ HWY_NOINLINE void ValueDotsLanes(State& st, const uint8_t* packed, size_t row_by
       z = _mm512_inserti32x4(z, slice(2), 2);
       z = _mm512_inserti32x4(z, slice(3), 3);
       const __m512i w = _mm512_permutexvar_epi16(il, z);
-      for (size_t cb = 8 * k / B; cb < 8 * (k + 1) / B && cb < nb; ++cb) {
-        __m512i x = _mm512_permutexvar_epi64(_mm512_load_si512(kC.src[cb % (8 / B)]), w);
-        x = _mm512_multishift_epi64_epi8(ctl, x);
+      for (size_t j = 0; j < kPer; ++j) {  // channel block k kPer + j
+        __m512i x = _mm512_multishift_epi64_epi8(ctl, _mm512_permutexvar_epi64(src[j], w));
         if constexpr (B != 8) x = _mm512_and_si512(x, mask);
-        _mm512_store_si512(xs + qd * nb + cb, x);
+        _mm512_store_si512(xs + qd * NB + k * kPer + j, x);
       }
     }
   }
-  for (size_t cb = 0; cb < nb; cb += 2) {
+  for (size_t cb = 0; cb < NB; cb += 2) {
     const size_t g = 16 * cb / G;
     size_t r = 0;
-    for (; r + 4 <= st.R; r += 4) ValueLanesTile<Wide, 4>(st, xs, nb, nq, cb, g, r);
-    for (; r < st.R; ++r) ValueLanesTile<Wide, 1>(st, xs, nb, nq, cb, g, r);
+    for (; r + 4 <= st.R; r += 4) ValueLanesTile<Wide, 4>(st, xs, NB, nq, cb, g, r);
+    for (; r < st.R; ++r) ValueLanesTile<Wide, 1>(st, xs, NB, nq, cb, g, r);
   }
+}
+
+// Needs row_bytes % 16 == 0 (whole 16-byte slices per row), G % 32 == 0 and a head_dim of 64,
+// 128 or 256 (kv.vnni).
+template <uint32_t B, bool Wide>
+HWY_NOINLINE void ValueDotsLanes(State& st, const uint8_t* packed, size_t row_bytes, size_t n,
+                                 const uint8_t* end) {
+  switch (st.D) {
+    case 64:
+      if constexpr (B >= 2) ValueDotsLanesT<B, Wide, 4>(st, packed, n, end);
+      break;  // (B = 1 at head_dim 64: 8-byte rows, never here)
+    case 128: ValueDotsLanesT<B, Wide, 8>(st, packed, n, end); break;
+    default: ValueDotsLanesT<B, Wide, 16>(st, packed, n, end); break;
+  }
+  (void)row_bytes;  // 2 head_dim B / 16, known from D and B
 }
 
 #endif  // HWY_TARGET == HWY_AVX3_DL

@@ -52,6 +52,7 @@ struct Options {
   bool mini_prefill = false;  // also run xkv with the XKV mini-prefill planner
   std::string proxy_model;    // smallkv's proxy; empty: llama::default_proxy_model
   std::vector<double> slacks;  // evict_slack values for the eviction presets; empty: the default
+  std::vector<int32_t> weight_bits;  // kivi_weight_bits values for KIVI policies; empty: default
   // --save-as: the grid's resume snapshots written as KIVI of this width (0: as the live cache
   // is), with this exact window (KVSDK_QUANT_RESIDUAL_AUTO by default) and group.
   int save_bits = 0;
@@ -84,6 +85,8 @@ void usage(std::FILE* f) {
                "  --mini-prefill      also measure xkv planned by a cache-free mini-prefill pass\n"
                "  --slacks 0,0.0625   run each eviction preset once per evict_slack value (labels\n"
                "                      'snapkv@slack0.0625'; default: once, with the policy default)\n"
+               "  --weight-bits 7,14  run each policy with KIVI codes once per kivi_weight_bits value\n"
+               "                      (labels 'kivi@w7'; default: once, with the policy default)\n"
                "  --save-as N         write each resume snapshot converted to KIVI N = 1, 2, 4 or 8\n"
                "                      bits (kvsdk_save_options.target_policy, as `kvsdk recompress`):\n"
                "                      h2o as h2o+kiviN, full as kivi+kiviN (labels 'h2o>kiviN')\n"
@@ -174,6 +177,15 @@ Options parse(int argc, char** argv) {
       o.save_group = std::atoi(v.c_str());
       if (o.save_group < 1 || o.save_group > 4096) throw llama::Error("--save-group must be in 1..4096");
     }
+    else if (a == "--weight-bits") {
+      grid_option = true;
+      for (const std::string& s : llama::split_list(v)) {
+        o.weight_bits.push_back(std::atoi(s.c_str()));
+        if (o.weight_bits.back() != 7 && o.weight_bits.back() != 14) {
+          throw llama::Error("--weight-bits values must be 7 or 14");
+        }
+      }
+    }
     else if (a == "--slacks") {
       grid_option = true;
       for (const std::string& s : llama::split_list(v)) {
@@ -191,7 +203,7 @@ Options parse(int argc, char** argv) {
   if (o.chunk == 0) throw llama::Error("--chunk must be positive");
   if (o.has_target && grid_option) {
     throw llama::Error("--target searches its own budgets and save-as widths: --budgets, --slacks, "
-                       "--mini-prefill and --save-* belong to the budget grid");
+                       "--weight-bits, --mini-prefill and --save-* belong to the budget grid");
   }
   if (!(o.prompt_share > 0.0 && o.prompt_share < 1.0)) throw llama::Error("--prompt-share must be in (0, 1)");
   if (o.policies.empty()) {
@@ -456,6 +468,9 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
     const bool xkv = policy.method == KVSDK_METHOD_XKV && policy.quant_bits == 0;
     const kvsdk_policy preset = policy;
     const size_t n_slacks = slack_applies(preset) && !o.slacks.empty() ? o.slacks.size() : 1;
+    const bool sweep_weights = preset.quant_bits != 0 && !o.weight_bits.empty();
+    const size_t n_weights = sweep_weights ? o.weight_bits.size() : 1;
+    for (size_t wi = 0; wi < n_weights; ++wi)
     for (size_t si = 0; si < n_slacks; ++si)
     for (int variant = 0; variant < (o.mini_prefill && xkv ? 2 : 1); ++variant)
     for (int pct : o.budgets) {
@@ -467,6 +482,10 @@ void evaluate_model(const Options& o, const std::string& name, std::vector<eval:
         char tag[32];
         std::snprintf(tag, sizeof tag, "@slack%g", o.slacks[si]);
         label += tag;
+      }
+      if (sweep_weights) {  // the width's effect: one row per value
+        policy.kivi_weight_bits = o.weight_bits[wi];
+        label += "@w" + std::to_string(o.weight_bits[wi]);
       }
       // --save-as: the file is written as KIVI (the live method's '+kiviN' overlay; full's rows
       // as plain KIVI). A pair the library refuses fails that cell with its reason.
