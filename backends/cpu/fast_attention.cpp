@@ -778,8 +778,8 @@ HWY_INLINE void KeyDotsVnniT(State& st, const uint8_t* packed, size_t row_bytes,
 template <uint32_t B>
 HWY_NOINLINE bool KeyDotsVnni(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
                               size_t n, const uint8_t* end) {
-  if (row_bytes % 32 == 0) {
-    KeyDotsLanes<B>(st, packed, row_bytes, off, n, end);
+  if (row_bytes % 32 == 0 && (st.D == 64 || st.D == 128 || st.D == 256)) {
+    KeyDotsLanes<B>(st, packed, off, n, end);
     return true;
   }
   switch (st.D) {

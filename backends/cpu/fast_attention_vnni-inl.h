@@ -141,12 +141,14 @@ struct QuadCtl {
   }
 };
 
-template <uint32_t B, size_t RT>
-HWY_INLINE void KeyDotsLanesTile(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
-                                 size_t n, size_t r0, const uint8_t* end) {
+// (NB = head_dim / 16: every loop bound and query offset a constant.)
+template <uint32_t B, size_t RT, size_t NB>
+HWY_INLINE void KeyDotsLanesTile(State& st, const uint8_t* packed, size_t off, size_t n,
+                                 size_t r0, const uint8_t* end) {
   constexpr uint32_t kQuads = 8 / B;
   static constexpr QuadCtl<B> kC;
-  const size_t D = st.D, slices = row_bytes / 32;
+  constexpr size_t D = 16 * NB, row_bytes = 2 * NB * B, slices = row_bytes / 32;
+  static_assert(slices * 32 == row_bytes, "whole 32-byte slices per row");
   const uint8_t* qhi = st.At<uint8_t>(st.lay.qhi) + r0 * D;
   const uint8_t* qlo = st.At<uint8_t>(st.lay.qlo) + r0 * D;
   const __m512i mask = _mm512_set1_epi8(char(B == 8 ? 0xFF : (1u << B) - 1u));
@@ -200,12 +202,27 @@ HWY_INLINE void KeyDotsLanesTile(State& st, const uint8_t* packed, size_t row_by
   }
 }
 
-template <uint32_t B>
-HWY_INLINE void KeyDotsLanes(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
-                             size_t n, const uint8_t* end) {
+template <uint32_t B, size_t NB>
+HWY_INLINE void KeyDotsLanesT(State& st, const uint8_t* packed, size_t off, size_t n,
+                              const uint8_t* end) {
   size_t r0 = 0;
-  for (; r0 + 4 <= st.R; r0 += 4) KeyDotsLanesTile<B, 4>(st, packed, row_bytes, off, n, r0, end);
-  for (; r0 < st.R; ++r0) KeyDotsLanesTile<B, 1>(st, packed, row_bytes, off, n, r0, end);
+  for (; r0 + 4 <= st.R; r0 += 4) KeyDotsLanesTile<B, 4, NB>(st, packed, off, n, r0, end);
+  for (; r0 < st.R; ++r0) KeyDotsLanesTile<B, 1, NB>(st, packed, off, n, r0, end);
+}
+
+// Rows of a multiple of 32 bytes at head_dim 64, 128 or 256 (KeyDotsVnni checks both).
+template <uint32_t B>
+HWY_INLINE void KeyDotsLanes(State& st, const uint8_t* packed, size_t off, size_t n,
+                             const uint8_t* end) {
+  switch (st.D) {
+    case 64:
+      if constexpr (B >= 4) KeyDotsLanesT<B, 4>(st, packed, off, n, end);
+      break;
+    case 128:
+      if constexpr (B >= 2) KeyDotsLanesT<B, 8>(st, packed, off, n, end);
+      break;
+    default: KeyDotsLanesT<B, 16>(st, packed, off, n, end); break;
+  }
 }
 
 // After vpackssdw + vpacksswb of four vectors, dword 4L + v holds elements 16v + 4L .. + 3: this
