@@ -815,8 +815,7 @@ HWY_INLINE void KeyScores(State& st, const int32_t* pos, size_t off, size_t n) {
 
 // Value weights of the segment: w = p * value scale per row, group and token, quantized per row
 // and group to W = round(w / dv) in [0, wmax] (dv = max w / wmax, wmax = WeightMax(kv.wide));
-// and the zero-point part
-// p * value zero summed in the 16 virtual lanes of zv.
+// and the zero-point part p * value zero summed in the 16 virtual lanes of zv.
 HWY_NOINLINE void ValueWeights(State& st, const KiviView& kv, size_t t0, size_t n) {
   const DF d;
   const DI di;
@@ -949,7 +948,8 @@ HWY_INLINE void ValueRowsTile(State& st, const __m512i (*x)[4], size_t nq, size_
   for (size_t r = 0; r < RT; ++r) {
     int32_t* o = ii + (r0 + r) * st.D + c0;
     for (int m = 0; m < 4; ++m) {  // block L of vector m holds channels 16 L + 4 m + 0..3
-      const __m512i a = Wide ? _mm512_add_epi32(_mm512_slli_epi32(h[r][m], 7), l[r][m]) : l[r][m];
+      const __m512i a =
+          Wide ? _mm512_add_epi32(_mm512_slli_epi32(h[r][m], 7), l[r][m]) : l[r][m];
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 4 * m), _mm512_extracti32x4_epi32(a, 0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16 + 4 * m),
                        _mm512_extracti32x4_epi32(a, 1));
