@@ -445,12 +445,13 @@ typedef struct kvsdk_policy {
                                  the fused kernel multiplies value codes by integer weights, each
                                  64-token segment's softmax weights x value scales rounded per
                                  query row and value group to this many bits. 7: one byte product
-                                 per code (KIVI-2 decode attention at 32k tokens about 1.7x
-                                 faster than with 14: docs/benchmarks.md); 14: two. Cost in
-                                 fidelity of 7 over 14: outputs move by up to ~2.3% of the head's
-                                 largest |value| on the kernel tests (14: ~0.1%), against KIVI-2's
-                                 own quantization error of ~10%; kvsdk-eval on shakespeare-base
-                                 measures it (docs/eval/weight_bits.md). 0 = the default: 7 when
+                                 per code (KIVI-2 decode attention at 32k tokens 6.0-6.4 ms
+                                 against 7.2-7.5 ms with 14 on the AVX-512 VNNI kernel:
+                                 docs/benchmarks.md); 14: two. Cost in fidelity of 7 over 14:
+                                 outputs move by up to ~2.3% of the head's largest |value| on the
+                                 kernel tests (14: ~0.1%), against KIVI-2's own quantization error
+                                 of ~10%; kvsdk-eval on three real models measures it
+                                 (docs/eval/weight_bits.md: KL within 0.0004 nats at 100%). 0 = the default: 7 when
                                  quant_bits <= 2, else 14, resolved when a cache is created (its
                                  kvsdk_cache_policy and snapshots hold 7 or 14; 0 where
                                  quant_bits is 0). Other values:

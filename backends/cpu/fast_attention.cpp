@@ -1053,7 +1053,7 @@ HWY_INLINE void ValueSegment(State& st, const KiviView& kv, size_t t, size_t n) 
   const bool done = kv.vnni;
   if (done && kv.row_bytes % 16 == 0) {
     // Adds its sums to acc itself (AddValueSums fused into its last step).
-    return ValueDotsLanes<B, Wide>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n, kv.vc_end);
+    return ValueDotsLanes<B, Wide>(st, kv.vc + t * kv.row_bytes, n, kv.vc_end);
   } else if (done) {
     ValueDotsVnni<B, Wide>(st, kv.vc + t * kv.row_bytes, kv.row_bytes, n);
   }

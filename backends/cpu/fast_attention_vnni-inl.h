@@ -419,8 +419,7 @@ HWY_INLINE void ValueDotsLanesT(State& st, const uint8_t* packed, size_t n, cons
 // Needs row_bytes % 16 == 0 (whole 16-byte slices per row), G % 32 == 0 and a head_dim of 64,
 // 128 or 256 (kv.vnni).
 template <uint32_t B, bool Wide>
-HWY_NOINLINE void ValueDotsLanes(State& st, const uint8_t* packed, size_t row_bytes, size_t n,
-                                 const uint8_t* end) {
+HWY_NOINLINE void ValueDotsLanes(State& st, const uint8_t* packed, size_t n, const uint8_t* end) {
   switch (st.D) {
     case 64:
       if constexpr (B >= 2) ValueDotsLanesT<B, Wide, 4>(st, packed, n, end);
@@ -428,7 +427,6 @@ HWY_NOINLINE void ValueDotsLanes(State& st, const uint8_t* packed, size_t row_by
     case 128: ValueDotsLanesT<B, Wide, 8>(st, packed, n, end); break;
     default: ValueDotsLanesT<B, Wide, 16>(st, packed, n, end); break;
   }
-  (void)row_bytes;  // 2 head_dim B / 16, known from D and B
 }
 
 #endif  // HWY_TARGET == HWY_AVX3_DL
