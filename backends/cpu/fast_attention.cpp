@@ -203,6 +203,9 @@ struct State {
   uint8_t* base;
   Layout lay;
   float *m, *lv, *acc, *zv, *sc, *tile;
+  const KiviTaps* taps = nullptr;  // SpeCache's score copies and exclusions (fast_attention.h)
+  size_t tap_base = 0;             // store index of the f16 rows' first token (the residual)
+  bool scores_only = false;        // kivi_scores: no softmax, no values
 
   State(const Queries& queries, size_t n_groups, size_t group_channels, Scratch& scratch)
       : q(&queries), R(queries.n_rows), D(queries.dim), ng(n_groups), vgroup(group_channels),
@@ -217,6 +220,18 @@ struct State {
     std::fill(tile, tile + R * 256, 0.0f);  // Tree16 reads all 16 slots of a partial tile
   }
   float* F(size_t off) const { return reinterpret_cast<float*>(base + off); }
+
+  // The taps of scores sc[r][off, off + n), which belong to store tokens token .. token + n - 1:
+  // copied out, then excluded tokens set to -inf (the softmax then gives them p = 0).
+  void Tap(size_t token, size_t off, size_t n) const {
+    for (size_t r = 0; r < R; ++r) {
+      float* s = sc + r * kSeg + off;
+      if (taps->scores) std::copy_n(s, n, taps->scores + r * taps->scores_stride + token);
+      if (!taps->exclude) continue;
+      const uint8_t* x = taps->exclude + token;
+      for (size_t i = 0; i < n; ++i) s[i] = x[i] ? kNegInf : s[i];
+    }
+  }
   template <class T>
   T* At(size_t off) const {
     return reinterpret_cast<T*>(base + off);
@@ -479,6 +494,8 @@ void RowSegments(State& st, const Rows& k, const Rows& v, const int32_t* pos, si
     const size_t ahead = std::min(kSeg, n - std::min(n, s0 + kSeg));
     const Rows ks = k.from(s0), vs = v.from(s0);
     ScoresF16(st, ks, pos + s0, len, ahead);
+    if (st.taps) st.Tap(st.tap_base + s0, 0, len);
+    if (st.scores_only) continue;
     st.Softmax(len);
     ScaleWeights(st, vs, len);
     ValuesF16(st, vs, len, ahead);
@@ -769,9 +786,15 @@ HWY_INLINE void KeyDotsTile(State& st, const uint8_t* packed, size_t row_bytes, 
 template <size_t NC, uint32_t B>
 HWY_INLINE void KeyDotsVnniT(State& st, const uint8_t* packed, size_t row_bytes, size_t off,
                              size_t n) {
+  // Tiles of 4 rows, then one tile of the 1 to 3 left (each tile decodes the codes again).
   size_t r0 = 0;
   for (; r0 + 4 <= st.R; r0 += 4) KeyDotsTile<NC, B, 4>(st, packed, row_bytes, off, n, r0);
-  for (; r0 < st.R; ++r0) KeyDotsTile<NC, B, 1>(st, packed, row_bytes, off, n, r0);
+  switch (st.R - r0) {
+    case 3: return KeyDotsTile<NC, B, 3>(st, packed, row_bytes, off, n, r0);
+    case 2: return KeyDotsTile<NC, B, 2>(st, packed, row_bytes, off, n, r0);
+    case 1: return KeyDotsTile<NC, B, 1>(st, packed, row_bytes, off, n, r0);
+    default: return;
+  }
 }
 
 // False for head dims without a specialization (the caller takes the generic path).
@@ -1042,6 +1065,7 @@ HWY_INLINE void KeyRun(State& st, const KiviView& kv, size_t t, size_t off, size
     KeyDotsGeneric(st, off, n);
   }
   KeyScores(st, kv.pos + t, off, n);
+  if (st.taps) st.Tap(t, off, n);
 }
 
 // The segment [t, t + n) once its scores are in: softmax, value weights, integer value sums.
@@ -1111,14 +1135,14 @@ void KiviQuantized(State& st, const KiviHeadStore& store, size_t first, size_t l
       lo += take;
       fill += take;
       if (fill == kSeg) {
-        ValueSegment<B, Wide>(st, kv, seg, fill);
+        if (!st.scores_only) ValueSegment<B, Wide>(st, kv, seg, fill);
         seg += fill;
         fill = 0;
       }
     }
     t0 += bsize;
   }
-  if (fill > 0) ValueSegment<B, Wide>(st, kv, seg, fill);
+  if (fill > 0 && !st.scores_only) ValueSegment<B, Wide>(st, kv, seg, fill);
 }
 
 // KiviQuantized with the store's weight width (KiviConfig::weight_bits, checked by the store).
@@ -1152,10 +1176,9 @@ void AttendScaledF16Impl(const Queries& q, const ScaledF16Rows& k, const ScaledF
   st.Emit(out);
 }
 
-void AttendKiviPartialImpl(const Queries& q, const KiviHeadStore& store, size_t first,
-                           size_t count, Scratch& scratch, const PartialState& out) {
-  const size_t G = store.config().group, ng = kivi_value_groups(q.dim, G);
-  State st(q, ng, G, scratch);
+// Tokens [first, first + count) of a KIVI store into `st` (attend_kivi_partial, kivi_scores).
+void KiviRange(State& st, const Queries& q, const KiviHeadStore& store, size_t first,
+               size_t count) {
   const size_t nq = store.quantized_tokens(), last = first + count;
   if (first < nq) {
     switch (store.config().bits) {
@@ -1167,11 +1190,30 @@ void AttendKiviPartialImpl(const Queries& q, const KiviHeadStore& store, size_t 
   }
   if (last > nq) {
     const size_t r0 = std::max(first, nq) - nq;
+    st.tap_base = nq + r0;
     F16Segments(st, store.residual_keys().data() + r0 * q.dim,
                 store.residual_values().data() + r0 * q.dim, store.positions().data() + nq + r0,
                 last - nq - r0);
   }
+}
+
+void AttendKiviPartialImpl(const Queries& q, const KiviHeadStore& store, size_t first,
+                           size_t count, Scratch& scratch, const PartialState& out,
+                           const KiviTaps* taps) {
+  const size_t G = store.config().group, ng = kivi_value_groups(q.dim, G);
+  State st(q, ng, G, scratch);
+  st.taps = taps;
+  KiviRange(st, q, store, first, count);
   st.Emit(out);
+}
+
+void KiviScoresImpl(const Queries& q, const KiviHeadStore& store, Scratch& scratch,
+                    const KiviTaps& taps) {
+  const size_t G = store.config().group, ng = kivi_value_groups(q.dim, G);
+  State st(q, ng, G, scratch);
+  st.taps = &taps;
+  st.scores_only = true;
+  KiviRange(st, q, store, 0, store.size());
 }
 
 // Parts in order: m = max m_i, e_i = exp(m_i - m), sum = sum_i e_i l_i, acc = sum_i e_i acc_i
@@ -1221,6 +1263,7 @@ namespace kvsdk::cpu::fast {
 
 HWY_EXPORT(AttendF16PartialImpl);
 HWY_EXPORT(AttendKiviPartialImpl);
+HWY_EXPORT(KiviScoresImpl);
 HWY_EXPORT(AttendScaledF16Impl);
 HWY_EXPORT(MergeImpl);
 HWY_EXPORT(ExpF32Impl);
@@ -1266,14 +1309,26 @@ void attend_f16_partial(const Queries& qs, const uint16_t* k, const uint16_t* v,
 }
 
 void attend_kivi_partial(const Queries& qs, const KiviHeadStore& store, size_t first,
-                         size_t count, Scratch& scratch, const PartialState& out) {
+                         size_t count, Scratch& scratch, const PartialState& out,
+                         const KiviTaps* taps) {
   KVSDK_REQUIRE(store.head_dim() == qs.dim, "attend_kivi: query dim ", qs.dim,
                 " != store head_dim ", store.head_dim());
   KVSDK_REQUIRE(first <= store.size() && count <= store.size() - first,
                 "attend_kivi_partial: tokens [", first, ", ", first + count, ") past ",
                 store.size());
   if (qs.n_rows == 0) return;
-  HWY_DYNAMIC_DISPATCH(AttendKiviPartialImpl)(qs, store, first, count, scratch, out);
+  HWY_DYNAMIC_DISPATCH(AttendKiviPartialImpl)(qs, store, first, count, scratch, out, taps);
+}
+
+void kivi_scores(const Queries& qs, const KiviHeadStore& store, Scratch& scratch, float* scores,
+                 size_t stride) {
+  KVSDK_REQUIRE(store.head_dim() == qs.dim, "kivi_scores: query dim ", qs.dim,
+                " != store head_dim ", store.head_dim());
+  if (qs.n_rows == 0) return;
+  KiviTaps taps;
+  taps.scores = scores;
+  taps.scores_stride = stride;
+  HWY_DYNAMIC_DISPATCH(KiviScoresImpl)(qs, store, scratch, taps);
 }
 
 void merge_partials(const PartialState* parts, size_t n_parts, size_t n_rows, size_t dim,
@@ -1295,7 +1350,8 @@ void attend_kivi(const Queries& qs, const KiviHeadStore& store, Scratch& scratch
   if (qs.n_rows == 0) return;
   const size_t ng = kivi_value_groups(qs.dim, store.config().group);
   const OwnPartial own(scratch, qs.n_rows, qs.dim, ng);
-  HWY_DYNAMIC_DISPATCH(AttendKiviPartialImpl)(qs, store, 0, store.size(), scratch, own.st);
+  HWY_DYNAMIC_DISPATCH(AttendKiviPartialImpl)(qs, store, 0, store.size(), scratch, own.st,
+                                              nullptr);
   HWY_DYNAMIC_DISPATCH(MergeImpl)(&own.st, 1, qs.n_rows, qs.dim, out);
 }
 

@@ -122,8 +122,26 @@ struct PartialState {
 void attend_f16_partial(const Queries& qs, const uint16_t* k, const uint16_t* v,
                         const int32_t* positions, size_t first, size_t count, Scratch& scratch,
                         const PartialState& out);
+// `taps` (NULL: none) serve SpeCache (specache_attention.h), which attends the low-bit copy with
+// some tokens replaced by full-precision rows and ranks tokens by their low-bit scores.
+struct KiviTaps {
+  // NULL, or [n_rows][scores_stride]: each row's score of every token of the range, at the
+  // token's store index (q . k * scale as the kernel computes it, -inf in the row's future),
+  // written before `exclude` applies.
+  float* scores = nullptr;
+  size_t scores_stride = 0;
+  // NULL, or [store.size()] bytes: tokens whose byte is nonzero are left out of the attention
+  // (as if masked), so that another part merged with this one can hold their rows instead.
+  const uint8_t* exclude = nullptr;
+};
 void attend_kivi_partial(const Queries& qs, const KiviHeadStore& store, size_t first,
-                         size_t count, Scratch& scratch, const PartialState& out);
+                         size_t count, Scratch& scratch, const PartialState& out,
+                         const KiviTaps* taps = nullptr);
+
+// The scores alone (KiviTaps::scores of attend_kivi_partial over the whole store, the same bits)
+// into scores [n_rows][stride]: no softmax, no values.
+void kivi_scores(const Queries& qs, const KiviHeadStore& store, Scratch& scratch, float* scores,
+                 size_t stride);
 
 // out [n_rows][dim] = the attention of the union of the parts' ranges, combined in the order
 // given (max over parts, then each part rescaled by exp(max_i - max) and added, part 0 first).

@@ -207,7 +207,12 @@ HWY_INLINE void KeyDotsLanesT(State& st, const uint8_t* packed, size_t off, size
                               const uint8_t* end) {
   size_t r0 = 0;
   for (; r0 + 4 <= st.R; r0 += 4) KeyDotsLanesTile<B, 4, NB>(st, packed, off, n, r0, end);
-  for (; r0 < st.R; ++r0) KeyDotsLanesTile<B, 1, NB>(st, packed, off, n, r0, end);
+  switch (st.R - r0) {  // one tile of the rows left (each tile decodes the codes again)
+    case 3: return KeyDotsLanesTile<B, 3, NB>(st, packed, off, n, r0, end);
+    case 2: return KeyDotsLanesTile<B, 2, NB>(st, packed, off, n, r0, end);
+    case 1: return KeyDotsLanesTile<B, 1, NB>(st, packed, off, n, r0, end);
+    default: return;
+  }
 }
 
 // Rows of a multiple of 32 bytes at head_dim 64, 128 or 256 (KeyDotsVnni checks both).

@@ -108,24 +108,11 @@ void attend_minicache_kivi(const QueryRows& q, const cpu::MiniCacheKiviPair& p, 
   });
 }
 
-// SpeCache: two passes over the low-bit copy sharing one score matrix (specache_attention.h).
+// SpeCache: the fused KIVI kernel over the low-bit copy without the fetched tokens, merged with
+// the f16 kernel over the fetched rows (specache_attention.h).
 void attend_specache(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
                      const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out) {
-  cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, out, nullptr);
-}
-
-// SpeCache's selection scores of one chunk of dequantized low-bit keys (rows at their own
-// positions; NULL: all visible): the SIMD dot product, -inf where a key is after the row.
-void specache_score_chunk(const QueryRows& q, const float* k, const int32_t* key_pos, size_t c,
-                          float* scores, size_t stride) {
-  cpu::fast::dot_scores(q.q, q.n_rows, k, c, q.dim, q.scale, scores, stride);
-  if (!q.positions) return;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (size_t t = 0; t < c; ++t) {
-    for (size_t h = 0; h < q.n_rows; ++h) {
-      if (key_pos[t] > q.positions[h]) scores[h * stride + t] = neg_inf;
-    }
-  }
+  cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, ws.fast, out, nullptr);
 }
 
 // From scores [group][n] (overwritten) to the group-averaged probabilities and top-k
@@ -135,20 +122,20 @@ void specache_select_scored(float* scores, size_t group, size_t n, size_t k, Wor
   cpu::specache_select_fast(scores, group, n, k, ws.specache, tokens, avg_probs);
 }
 
-// SpeCache selection (the reference's cpu::specache_select, faster): keys only are dequantized,
-// scored by the SIMD dot product, then specache_select_scored; buffers reused.
+// SpeCache selection: the fused KIVI kernel's scores (specache_scores_fast: the bits
+// attend_specache_scored hands out, so both routes select the same rows), then
+// specache_select_scored; buffers reused.
 void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_t k,
                      Workspace& ws, std::vector<uint32_t>& tokens,
                      std::vector<float>* avg_probs) {
   cpu::SpeCacheSelectScratch& sc = ws.specache;
-  const size_t n = lowbit.size(), dim = lowbit.head_dim(), group = q.n_rows;
+  const size_t n = lowbit.size(), group = q.n_rows;
   tokens.clear();
   if (n == 0) {
     if (avg_probs) avg_probs->clear();
     return;
   }
   float* scores = at_least(sc.scores, group * n).data();
-  float* kr = at_least(sc.k_chunk, std::min(cpu::kSpeCacheChunk, n) * dim).data();
   // Every row of the group at the query's position (one speculative query).
   QueryRows rows = q;
   if (q.positions) {
@@ -156,21 +143,16 @@ void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_
     std::fill_n(pos, group, q.positions[0]);
     rows.positions = pos;
   }
-  for (size_t first = 0; first < n; first += cpu::kSpeCacheChunk) {
-    const size_t c = std::min(cpu::kSpeCacheChunk, n - first);
-    cpu::specache_read_rows(lowbit, first, c, kr, nullptr, sc);  // keys only
-    specache_score_chunk(rows, kr, lowbit.positions().data() + first, c, scores + first, n);
-  }
+  cpu::specache_scores_fast(queries(rows), lowbit, sc, ws.fast, scores);
   specache_select_scored(scores, group, n, k, ws, tokens, avg_probs);
 }
 
 // SpeCache's decode step in one pass: attend_specache, handing out the low-bit scores it takes
-// on the way (the same chunks and dot product as specache_select, so its selection from them is
-// the same).
+// on the way (the bits specache_select scores with, so its selection from them is the same).
 void attend_specache_scored(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
                             const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out,
                             float* scores) {
-  cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, out, scores);
+  cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, ws.fast, out, scores);
 }
 // --- SmallKV ------------------------------------------------------------------------------------
 // The proxy's softmax (the reference's cpu::smallkv_softmax_rows, faster): keys converted by F16C

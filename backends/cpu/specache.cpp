@@ -130,12 +130,29 @@ void specache_topk(const float* scores, size_t n, size_t k, SpeCacheSelectScratc
   uint32_t* keys = at_least(sc.order, n).data();
   for (size_t t = 0; t < n; ++t) keys[t] = order_key(scores[t]);
   // The k-th highest key: the largest `kth` with at least k keys >= it, built bit by bit from the
-  // top (the count only falls as `kth` grows), one branch-free counting pass per bit.
+  // top (the count only falls as `kth` grows), one branch-free counting pass per bit: over every
+  // key for the top 12 bits, then over the few keys that share those bits with `kth` (the keys
+  // above them counted once).
+  constexpr uint32_t kLowBits = 20;
   uint32_t kth = 0;
-  for (uint32_t bit = 1u << 31; bit != 0; bit >>= 1) {
+  for (uint32_t bit = 1u << 31; bit >> kLowBits != 0; bit >>= 1) {
     const uint32_t c = kth | bit;
     size_t count = 0;
     for (size_t t = 0; t < n; ++t) count += keys[t] >= c;
+    if (count >= k) kth = c;
+  }
+  const uint32_t prefix = kth >> kLowBits;
+  uint32_t* cand = at_least(sc.candidates, n).data();
+  size_t higher = 0, m = 0;
+  for (size_t t = 0; t < n; ++t) {
+    higher += keys[t] >> kLowBits > prefix;
+    cand[m] = keys[t];
+    m += keys[t] >> kLowBits == prefix;
+  }
+  for (uint32_t bit = 1u << (kLowBits - 1); bit != 0; bit >>= 1) {
+    const uint32_t c = kth | bit;
+    size_t count = higher;
+    for (size_t i = 0; i < m; ++i) count += cand[i] >= c;
     if (count >= k) kth = c;
   }
   size_t above = 0;  // tokens strictly above the k-th key: all of them are taken

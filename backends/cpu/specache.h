@@ -73,18 +73,21 @@ constexpr size_t kSpeCacheChunk = 256;
 // Working memory of specache_select (transient), reused by a caller that keeps one.
 struct SpeCacheSelectScratch {
   std::vector<float> scores, k_chunk, avg;
-  std::vector<uint32_t> order;  // the top-k's keys
-  std::vector<float> fetched_scores;  // the optimized attention's fetched keys' scores
-  std::vector<float> params;  // specache_read_rows' f32 scales and zero points
+  std::vector<uint32_t> order, candidates;  // the top-k's keys, and those still in the running
   std::vector<int32_t> q_positions;  // one per row of the group
-  std::vector<float> attention;  // the optimized attention's weights [rows][tokens], row sums
+  // The optimized attention (specache_attention.h): its two parts' softmax states, the fetched
+  // tokens as a byte mask over the copy, and the fetched rows' positions.
+  std::vector<float> partials;
+  std::vector<uint8_t> exclude;
+  std::vector<int32_t> fetched_positions;
 };
 
 // The k highest of scores[0, n) (NaN ranked lowest; ties: the lower index), ascending: the same
 // tokens as smallkv_topk, without sorting: the scores as order-preserving unsigned keys (in
-// scratch.order), the k-th highest key found bit by bit (32 counting passes over the keys), then
-// one scan in index order that takes every token above it and the lowest-indexed tokens equal
-// to it. No allocation once scratch.order has grown.
+// scratch.order), the k-th highest key found bit by bit (counting passes: over every key for the
+// top 12 bits, then over the keys that share them), then one scan in index order that takes
+// every token above it and the lowest-indexed tokens equal to it. No allocation once the
+// scratch has grown.
 void specache_topk(const float* scores, size_t n, size_t k, SpeCacheSelectScratch& scratch,
                    std::vector<uint32_t>& tokens);
 

@@ -207,7 +207,10 @@ TEST(SpeCacheCache, AttendMatchesReadRowsAndStatsReportTheBackingApart) {
     k[h] = r.k;
     v[h] = r.v;
   }
-  EXPECT_LT(rel(attend(cache.get(), 0, q), reference(q, 2, k, v, 90, 1.0f / std::sqrt(float(kDim)))), 1e-5);
+  // The fused KIVI kernel attends the low-bit rows with 7-bit value weights (what a 2-bit copy
+  // gets by default, kvsdk_policy.kivi_weight_bits): ~1e-2 from float attention over the same
+  // rows, as kivi_cache_test's kernel tolerance.
+  EXPECT_LT(rel(attend(cache.get(), 0, q), reference(q, 2, k, v, 90, 1.0f / std::sqrt(float(kDim)))), 3e-2);
   const kvsdk_cache_stats s = stats(cache.get());
   uint64_t sum = 0;
   for (uint64_t b : s.bytes_by_tier) sum += b;

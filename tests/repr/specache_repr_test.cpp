@@ -105,9 +105,11 @@ TEST(SpeCacheRepr, AttendEqualsReferenceOverReadRowsWithAPartialFetch) {
     const std::vector<float> q = normal_rows(kGroup * kDim, 8);
     const Rows rows = read(r, 1, 0);
     const std::vector<float> got = attend(r, 1, 0, q, qpos);
+    // The fused KIVI kernel with 7-bit value weights (the default for 1- and 2-bit copies):
+    // ~1e-2 from float attention over the same rows (kivi_cache_test's kernel tolerance).
     EXPECT_LT(relative_error(got, reference_attention(q, qpos, rows.k, rows.v, rows.pos, kDim,
                                                       geometry().attn_scale)),
-              1e-5)
+              3e-2)
         << bits;
     // The fetched rows are the backing rows, the others are not (low-bit).
     const Rows exact = backing(r, 1, 0);

@@ -233,22 +233,25 @@ TEST(SpeCache, TopKIsSmallKvTopK) {
 
 namespace {
 
-// specache_read_rows (the optimized passes' dequantization) reads exactly what read_rows reads:
-// 1 and 2 bits on its vector path, other widths and shapes through read_rows; any range of rows
-// (inside a block, across blocks, into the exact residual rows), keys or values alone, and a
-// ragged store (retain() dropped quantized tokens).
-TEST(SpeCache, ReadRowsFastIsReadRowsBitForBit) {
+// The optimized passes' low-bit scores: specache_scores_fast (the selection's route) gives the
+// bits specache_attend_fast hands out (the decode step's route), whatever rows were fetched, so
+// both routes select the same rows; and both are the dequantized keys' scores (the reference's)
+// up to the fused kernel's integer query codes (fast_attention.h: each term off by 2^-15 of the
+// largest; bounded here at 1e-3 of the row's largest |score|). 1, 2 and 4 bits, ragged stores
+// (retain() dropped quantized tokens), causal rows and a row that sees everything.
+TEST(SpeCache, FastScoresAreTheAttentionsScores) {
   struct Shape {
     size_t dim, group;
     uint32_t bits;
   };
   SpeCacheSelectScratch scratch;
-  for (const Shape& sh : {Shape{64, 32, 2}, Shape{64, 32, 1}, Shape{48, 16, 2}, Shape{64, 64, 1},
-                          Shape{64, 32, 4}, Shape{40, 8, 2}, Shape{64, 8, 2}}) {
+  fast::Scratch kernel;
+  for (const Shape& sh : {Shape{64, 32, 2}, Shape{64, 32, 1}, Shape{48, 16, 2}, Shape{128, 64, 4},
+                          Shape{40, 8, 2}}) {
     for (bool ragged : {false, true}) {
-      const size_t n = 300;
-      KiviHeadStore s(sh.dim, KiviConfig{sh.bits, uint32_t(sh.group), 20});
-      const std::vector<float> k = normal_rows(n * sh.dim, 11), v = normal_rows(n * sh.dim, 12);
+      const size_t n = 300, dim = sh.dim, rows = 3;
+      KiviHeadStore s(dim, KiviConfig{sh.bits, uint32_t(sh.group), 20});
+      const std::vector<float> k = normal_rows(n * dim, 11), v = normal_rows(n * dim, 12);
       std::vector<int32_t> pos(n);
       std::iota(pos.begin(), pos.end(), 0);
       s.append(k.data(), v.data(), pos.data(), n);
@@ -260,26 +263,38 @@ TEST(SpeCache, ReadRowsFastIsReadRowsBitForBit) {
         s.retain(keep);
         ASSERT_TRUE(s.ragged());
       }
-      const size_t m = s.size(), dim = sh.dim;
-      ASSERT_GT(s.quantized_tokens(), 0u);
-      ASSERT_LT(s.quantized_tokens(), m);
-      for (size_t first : {size_t(0), size_t(5), sh.group, m / 2, s.quantized_tokens() - 3}) {
-        for (size_t count : {size_t(1), size_t(17), size_t(64), m - first}) {
-          if (first + count > m) continue;
-          std::vector<float> wk(count * dim), wv(count * dim), gk(count * dim, NAN),
-              gv(count * dim, NAN), only(count * dim, NAN);
-          s.read_rows(first, count, wk.data(), wv.data());
-          specache_read_rows(s, first, count, gk.data(), gv.data(), scratch);
-          const std::string what = "dim " + std::to_string(dim) + " group " +
-                                   std::to_string(sh.group) + " bits " + std::to_string(sh.bits) +
-                                   (ragged ? " ragged" : "") + " rows " + std::to_string(first) +
-                                   "+" + std::to_string(count);
-          ASSERT_EQ(0, std::memcmp(gk.data(), wk.data(), wk.size() * 4)) << what << " keys";
-          ASSERT_EQ(0, std::memcmp(gv.data(), wv.data(), wv.size() * 4)) << what << " values";
-          specache_read_rows(s, first, count, only.data(), nullptr, scratch);
-          ASSERT_EQ(0, std::memcmp(only.data(), wk.data(), wk.size() * 4)) << what << " keys alone";
-          specache_read_rows(s, first, count, nullptr, only.data(), scratch);
-          ASSERT_EQ(0, std::memcmp(only.data(), wv.data(), wv.size() * 4)) << what << " values alone";
+      const size_t m = s.size();
+      const std::vector<float> q = normal_rows(rows * dim, 13);
+      const int32_t qpos[rows] = {INT32_MAX, 150, 299};
+      const fast::Queries fq{q.data(), qpos, rows, dim, 0.125f};
+      std::vector<float> alone(rows * m, NAN), tapped(rows * m, NAN), out(rows * dim);
+      specache_scores_fast(fq, s, scratch, kernel, alone.data());
+      SpeCacheFetched fetched;  // every 9th token, any row contents
+      for (uint32_t t = 2; t < m; t += 9) {
+        fetched.tokens.push_back(t);
+        fetched.k.insert(fetched.k.end(), dim, uint16_t(0x3c00));
+        fetched.v.insert(fetched.v.end(), dim, uint16_t(0xc000));
+      }
+      specache_attend_fast(fq, s, fetched, scratch, kernel, out.data(), tapped.data());
+      const std::string what = "dim " + std::to_string(dim) + " bits " +
+                               std::to_string(sh.bits) + (ragged ? " ragged" : "");
+      ASSERT_EQ(0, std::memcmp(alone.data(), tapped.data(), alone.size() * 4)) << what;
+      std::vector<float> kr(m * dim), want(rows * m);
+      s.read_rows(0, m, kr.data(), nullptr);
+      specache_score_chunk(q.data(), qpos, rows, kr.data(), s.positions().data(), m, dim, 0.125f,
+                           want.data(), m);  // the reference's scores
+      for (size_t r = 0; r < rows; ++r) {
+        float largest = 0.0f;
+        for (size_t t = 0; t < m; ++t) {
+          if (std::isfinite(want[r * m + t])) largest = std::max(largest, std::fabs(want[r * m + t]));
+        }
+        for (size_t t = 0; t < m; ++t) {
+          const float g = alone[r * m + t];
+          if (std::isinf(want[r * m + t])) {
+            ASSERT_EQ(g, want[r * m + t]) << what << " row " << r << " token " << t;
+          } else {
+            ASSERT_NEAR(g, want[r * m + t], 1e-3f * largest) << what << " row " << r << " token " << t;
+          }
         }
       }
     }
