@@ -192,10 +192,13 @@ struct Ops {
   // selection's scores [q.n_rows][lowbit.size()]: each row's scaled dot product with the
   // dequantized LOW-BIT keys (no fetched row substituted), -inf for tokens after the row's
   // position, exactly as specache_select scores them. SpeCache (§3.3) picks the speculative
-  // token's top-k from its own attention pass instead of a second scan.
+  // token's top-k from its own attention pass instead of a second scan. `fetched_share`: NULL, or
+  // [q.n_rows] for each row's softmax over those scores summed over the fetched tokens (the share
+  // of its low-bit attention the fetched rows hold, 0 for a row that sees no token: SpeCache's
+  // fetch hit rate, §4), from the same pass.
   void (*attend_specache_scored)(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
                                  const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out,
-                                 float* scores);
+                                 float* scores, float* fetched_share);
   // specache_select's result from those scores of `group` rows at one position, [group][n]
   // (overwritten: working memory): bit for bit what specache_select returns for those rows.
   void (*specache_select_scored)(float* scores, size_t group, size_t n, size_t k, Workspace& ws,

@@ -400,7 +400,12 @@ HWY_NOINLINE void ScoresF16(State& st, const Rows& k, const int32_t* pos, size_t
       }
       size_t r0 = 0;
       for (; r0 + 4 <= R; r0 += 4) DotRows<4>(st, kf, row, r0, i0, i, full);
-      for (; r0 < R; ++r0) DotRows<1>(st, kf, row, r0, i0, i, full);
+      switch (R - r0) {  // the rows left in one tile (independent chains overlap)
+        case 3: DotRows<3>(st, kf, row, r0, i0, i, full); break;
+        case 2: DotRows<2>(st, kf, row, r0, i0, i, full); break;
+        case 1: DotRows<1>(st, kf, row, r0, i0, i, full); break;
+        default: break;
+      }
     }
     for (size_t r = 0; r < R; ++r) {
       float* s = st.sc + r * kSeg + i0;

@@ -151,8 +151,9 @@ void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_
 // on the way (the bits specache_select scores with, so its selection from them is the same).
 void attend_specache_scored(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
                             const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out,
-                            float* scores) {
-  cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, ws.fast, out, scores);
+                            float* scores, float* fetched_share) {
+  cpu::specache_attend_fast(queries(q), lowbit, fetched, ws.specache, ws.fast, out, scores,
+                            fetched_share);
 }
 // --- SmallKV ------------------------------------------------------------------------------------
 // The proxy's softmax (the reference's cpu::smallkv_softmax_rows, faster): keys converted by F16C

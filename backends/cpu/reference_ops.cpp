@@ -147,7 +147,7 @@ void specache_select(const QueryRows& q, const cpu::KiviHeadStore& lowbit, size_
 
 void attend_specache_scored(const QueryRows& q, const cpu::KiviHeadStore& lowbit,
                             const cpu::SpeCacheFetched& fetched, Workspace& ws, float* out,
-                            float* scores) {
+                            float* scores, float* fetched_share) {
   const size_t n = lowbit.size();
   online(q, ws, out, [&](cpu::OnlineAttention& att) {
     cpu::specache_attend(lowbit, fetched, att, ws.attention.k_chunk, ws.attention.v_chunk,
@@ -157,6 +157,9 @@ void attend_specache_scored(const QueryRows& q, const cpu::KiviHeadStore& lowbit
                                                      q.dim, q.scale, scores + first, n);
                          });
   });
+  if (fetched_share) {
+    cpu::specache_fetched_shares(scores, q.n_rows, n, fetched.tokens, fetched_share);
+  }
 }
 
 void specache_select_scored(float* scores, size_t group, size_t n, size_t k, Workspace& ws,

@@ -259,6 +259,21 @@ double specache_hit_rate(const std::vector<float>& probs, const std::vector<uint
   return total > 0 ? hit / total : 0.0;
 }
 
+void specache_fetched_shares(const float* scores, size_t rows, size_t n,
+                             const std::vector<uint32_t>& tokens, float* shares) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (size_t r = 0; r < rows; ++r) {
+    const float* s = scores + r * n;
+    const float mx = n ? *std::max_element(s, s + n) : neg_inf;
+    shares[r] = 0.0f;
+    if (mx == neg_inf) continue;
+    double z = 0, f = 0;
+    for (size_t t = 0; t < n; ++t) z += pmath::exp_f32(s[t] - mx);
+    for (uint32_t t : tokens) f += pmath::exp_f32(s[t] - mx);
+    shares[r] = float(f / z);
+  }
+}
+
 }  // namespace kvsdk::cpu
 
 namespace kvsdk::cpu {

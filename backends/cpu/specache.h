@@ -80,6 +80,7 @@ struct SpeCacheSelectScratch {
   std::vector<float> partials;
   std::vector<uint8_t> exclude;
   std::vector<int32_t> fetched_positions;
+  std::vector<float> fetched_exp;  // the fetched tokens' exp(score - max) of one row
 };
 
 // The k highest of scores[0, n) (NaN ranked lowest; ties: the lower index), ascending: the same
@@ -165,6 +166,12 @@ void specache_attend(const KiviHeadStore& lowbit, const SpeCacheFetched& fetched
 
 // Fraction of `probs` (a distribution over the tokens) that falls on `tokens`: the fetch hit rate.
 double specache_hit_rate(const std::vector<float>& probs, const std::vector<uint32_t>& tokens);
+
+// Each row's softmax over scores [rows][n] (-inf: masked) summed over `tokens` (< n): the share
+// of the row's attention they hold, 0 for a row that sees no token. Double sums, the portable exp
+// (the reference's attend_specache_scored).
+void specache_fetched_shares(const float* scores, size_t rows, size_t n,
+                             const std::vector<uint32_t>& tokens, float* shares);
 
 }  // namespace kvsdk::cpu
 

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "target_clones.h"
+#include "util/error.h"
 #include "util/growth.h"
 
 namespace kvsdk::cpu {
@@ -20,6 +21,32 @@ fast::Queries with_positions(const fast::Queries& q, SpeCacheSelectScratch& sc) 
     out.positions = p;
   }
   return out;
+}
+
+// Each row's share of the low-bit softmax on the fetched tokens: their scores' max mf and sum of
+// exp(s - mf) against the KIVI part's max m0 and sum l0 over the others (the same exp, the
+// fast::exp_f32 of the kernels, so the same bits on every target).
+void shares(const float* scores, size_t n, const std::vector<uint32_t>& tokens,
+            const fast::PartialState& rest, size_t rows, SpeCacheSelectScratch& sc, float* out) {
+  const size_t nf = tokens.size();
+  float* e = at_least(sc.fetched_exp, nf).data();
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (size_t r = 0; r < rows; ++r) {
+    const float* s = scores + r * n;
+    float mf = neg_inf;
+    for (size_t i = 0; i < nf; ++i) mf = std::max(mf, s[tokens[i]]);
+    const float m = std::max(mf, rest.max[r]);
+    out[r] = 0.0f;
+    if (mf == neg_inf) continue;  // no fetched token visible (or none at all)
+    for (size_t i = 0; i < nf; ++i) e[i] = s[tokens[i]] - mf;
+    fast::exp_f32(e, nf, e);
+    float lf = 0.0f;
+    for (size_t i = 0; i < nf; ++i) lf += e[i];
+    float a[2] = {mf - m, rest.max[r] == neg_inf ? neg_inf : rest.max[r] - m};
+    fast::exp_f32(a, 2, a);
+    const float fetched_mass = lf * a[0], other_mass = rest.sum[r] * a[1];
+    out[r] = fetched_mass / (fetched_mass + other_mass);
+  }
 }
 
 }  // namespace
@@ -74,9 +101,13 @@ void specache_scores_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
 
 void specache_attend_fast(const fast::Queries& q_in, const KiviHeadStore& lowbit,
                           const SpeCacheFetched& fetched, SpeCacheSelectScratch& sc,
-                          fast::Scratch& kernel, float* out, float* lowbit_scores) {
+                          fast::Scratch& kernel, float* out, float* lowbit_scores,
+                          float* fetched_share) {
   const size_t n = lowbit.size(), dim = q_in.dim, rows = q_in.n_rows;
   const size_t nf = fetched.tokens.size();
+  KVSDK_REQUIRE(!fetched_share || lowbit_scores,
+                "specache_attend_fast: fetched_share needs lowbit_scores");
+  if (fetched_share) std::fill_n(fetched_share, rows, 0.0f);
   if (n == 0 || rows == 0) {
     std::fill_n(out, rows * dim, 0.0f);
     return;
@@ -98,6 +129,7 @@ void specache_attend_fast(const fast::Queries& q_in, const KiviHeadStore& lowbit
   taps.exclude = nf ? exclude : nullptr;
   fast::attend_kivi_partial(q, lowbit, 0, n, kernel, parts[0], &taps);
   if (nf == 0) return fast::merge_partials(parts, 1, rows, dim, out);
+  if (fetched_share) shares(lowbit_scores, n, fetched.tokens, parts[0], rows, sc, fetched_share);
   int32_t* fpos = at_least(sc.fetched_positions, nf).data();
   const int32_t* pos = lowbit.positions().data();
   for (size_t i = 0; i < nf; ++i) fpos[i] = pos[fetched.tokens[i]];

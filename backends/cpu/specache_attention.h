@@ -38,10 +38,14 @@ void specache_scores_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
 
 // out [q.n_rows][dim]; rows that see no token get zeros. `lowbit_scores`: NULL, or
 // [q.n_rows][lowbit.size()] for the low-bit scores (-inf where a token is after the row's
-// position; q.positions NULL: every token visible), the fetched tokens' included. No allocation
-// once the scratches have grown.
+// position; q.positions NULL: every token visible), the fetched tokens' included.
+// `fetched_share` (needs lowbit_scores): NULL, or [q.n_rows] for the share of each row's softmax
+// over the low-bit scores that the fetched tokens hold (0 for a row that sees no token), from
+// the KIVI part's own softmax state (max and sum over the other tokens) and the fetched tokens'
+// scores: no second pass over the copy. No allocation once the scratches have grown.
 void specache_attend_fast(const fast::Queries& q, const KiviHeadStore& lowbit,
                           const SpeCacheFetched& fetched, SpeCacheSelectScratch& scratch,
-                          fast::Scratch& kernel, float* out, float* lowbit_scores);
+                          fast::Scratch& kernel, float* out, float* lowbit_scores,
+                          float* fetched_share = nullptr);
 
 }  // namespace kvsdk::cpu

@@ -105,23 +105,19 @@ void SpeCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const floa
     return;
   }
   std::vector<float>& scores = at_least(kept.scores, n_rows * n);
-  ops().attend_specache_scored(rows, h.lowbit(), h.fetched(), ws, out, scores.data());
+  float* shares = measure ? at_least(hit_shares_, n_rows).data() : nullptr;
+  ops().attend_specache_scored(rows, h.lowbit(), h.fetched(), ws, out, scores.data(), shares);
   if (measure) {
     // The real query's attention (over the low-bit keys) on the rows the speculative token
-    // fetched, averaged into the running hit rate (SpeCache (docs/papers.md) §4 reports this
-    // share): the first query of the first attend after a prefetch (the output token; a call
-    // that also attends the speculative token has it last).
+    // fetched, averaged over the group's heads into the running hit rate (SpeCache
+    // (docs/papers.md) §4 reports this share): the first query of the first attend after a
+    // prefetch (the output token; a call that also attends the speculative token has it last).
+    // Its rows share one position, so they all see tokens or none do (then the share is 0).
     std::vector<double>& hits = hits_;
     hits.clear();
-    float* s = scores.data();
-    if (keep && last == 0) {  // kept for prefetch(), so the selection works on a copy
-      float* copy = at_least(hit_scores_, group * n).data();
-      std::copy_n(s, group * n, copy);
-      s = copy;
-    }
-    // The selection's averaged probabilities over every token (k = 0: no top-k).
-    ops().specache_select_scored(s, group, n, 0, ws, select_tokens_, &select_probs_);
-    hits.push_back(cpu::specache_hit_rate(select_probs_, h.fetched().tokens));
+    double share = 0;
+    for (size_t r = 0; r < group; ++r) share += shares[r];
+    hits.push_back(share / double(group));
     if (staging_) {
       staged_hits_.insert(staged_hits_.end(), hits.begin(), hits.end());
       staged_heads_.emplace_back(layer, kv_head);

@@ -79,12 +79,11 @@ class SpeCacheRepresentation final : public Representation {
   mutable std::vector<double> staged_hits_;
   mutable std::vector<std::pair<uint32_t, uint32_t>> staged_heads_;
   // Working memory reused across calls (one thread per cache): append()'s per-head rows, the
-  // selection's tokens and probabilities, one attend()'s hit rates and scores.
+  // selection's tokens, one attend()'s hit rates and per-row shares.
   std::vector<float> append_k_, append_v_;
   mutable std::vector<uint32_t> select_tokens_;
-  mutable std::vector<float> select_probs_;
   mutable std::vector<double> hits_;
-  mutable std::vector<float> hit_scores_;
+  mutable std::vector<float> hit_shares_;  // each row's share on the fetched rows
   // The low-bit selection scores of each KV head's latest single-query attend (SpeCache §3.3:
   // the speculative token's top-k comes from its own attention pass). prefetch() with the same
   // queries at the same position, on the same layer and copy (no append since), selects from

@@ -447,8 +447,9 @@ void check_specache_scored(const Candidate& c, const Queries& qs, size_t group, 
                            const cpu::KiviHeadStore& lowbit, const cpu::SpeCacheFetched& fetched,
                            const std::string& d) {
   const size_t n = lowbit.size(), rows = qs.pos.size();
-  const auto scored = [&](const Ops& o, Workspace& ws, QueryRows r, float* out, float* scores) {
-    o.attend_specache_scored(r, lowbit, fetched, ws, out, scores);
+  const auto scored = [&](const Ops& o, Workspace& ws, QueryRows r, float* out, float* scores,
+                          float* shares = nullptr) {
+    o.attend_specache_scored(r, lowbit, fetched, ws, out, scores, shares);
   };
   std::vector<float> scores(rows * n, NAN), want_scores(rows * n, NAN);
   check_attend(c, qs.q.size(), 2.0f, false, "attend_specache_scored" + d,
@@ -462,7 +463,18 @@ void check_specache_scored(const Candidate& c, const Queries& qs, size_t group, 
     scored(*c.ops, ws.get(), qs.rows(dim), out.data(), scores.data());
     c.ops->attend_specache(qs.rows(dim), lowbit, fetched, ws.get(), plain.data());
     expect_bits(out, plain, "attend_specache_scored" + d + " = attend_specache");
-    scored(cpu_reference(), ref_ws.get(), qs.rows(dim), out.data(), want_scores.data());
+    // The fetched rows' shares: the same attention with them asked for, and each row's share
+    // within kSpeCacheProbRel of the reference's (its softmax over its own scores, in double).
+    std::vector<float> shares(rows, NAN), want_shares(rows, NAN);
+    scored(*c.ops, ws.get(), qs.rows(dim), out.data(), scores.data(), shares.data());
+    expect_bits(out, plain, "attend_specache_scored" + d + " with shares = attend_specache");
+    scored(cpu_reference(), ref_ws.get(), qs.rows(dim), out.data(), want_scores.data(),
+           want_shares.data());
+    for (size_t r = 0; r < rows; ++r) {
+      ASSERT_NEAR(shares[r], want_shares[r], kSpeCacheProbRel * want_shares[r] + 1e-6f)
+          << "attend_specache_scored" << d << " fetched share of row " << r;
+      if (!fetched.tokens.empty()) ASSERT_GT(want_shares[r], 0.0f) << d << " row " << r;
+    }
   }
   for (size_t r = 0; r < rows; ++r) {
     float largest = 0.0f;
