@@ -441,7 +441,8 @@ typedef struct kvsdk_policy {
                                  allocations) always fits exactly. Default 0.0625 (1/16: a layer
                                  capped at 512 rows selects once per 32 tokens); older structs
                                  and snapshots written before this field: 0. */
-  int32_t kivi_weight_bits; /**< KIVI attention on the CPU (every policy with quant_bits > 0):
+  int32_t kivi_weight_bits; /**< KIVI attention on the CPU (kivi, the '+kiviN' overlays of the
+                                 eviction presets, and specache's low-bit copy):
                                  the fused kernel multiplies value codes by integer weights, each
                                  64-token segment's softmax weights x value scales rounded per
                                  query row and value group to this many bits. 7: one byte product
@@ -456,9 +457,9 @@ typedef struct kvsdk_policy {
                                  kvsdk_cache_policy and snapshots hold 7 or 14; 0 where
                                  quant_bits is 0). Other values:
                                  KVSDK_E_INVALID_ARG. Older structs and snapshots written before
-                                 this field: 14, so such caches continue bit-identically. The
-                                 reference backend and the CUDA kernels dequantize instead and
-                                 ignore it. */
+                                 this field: 14, so such caches continue bit-identically.
+                                 minicache+kivi's merged pairs, the reference backend and the
+                                 CUDA kernels dequantize instead and ignore it. */
 } kvsdk_policy;
 
 /** Initialises the app's `*policy` of `struct_size` bytes: the defaults of `method` (a
