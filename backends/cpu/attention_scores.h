@@ -34,7 +34,7 @@ using KeyChunkLoader = std::function<void(size_t first, size_t n, float* out)>;
 struct ColumnSumsScratch {
   std::vector<float> logits;    // [row block][keys, padded]: logits, then probabilities
   std::vector<float> keys;      // one chunk as loaded [256][head_dim]
-  std::vector<float> keys_t;    // the chunk transposed [head_dim][256]
+  std::vector<float> keys_t;    // the chunk transposed [head_dim][256 + 16 of padding]
   std::vector<int32_t> key_pos; // the chunk's positions, padded
   std::vector<float> row_max;   // per row: one vector of running maxima
 };

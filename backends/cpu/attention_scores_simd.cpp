@@ -37,6 +37,10 @@ namespace kvsdk::cpu::colsum {
 // Keys per loader call (the reference's chunk) and per transposed chunk; a multiple of every
 // vector width (16 f32 lanes at most).
 constexpr size_t kChunkKeys = 256;
+// Floats between channels of a transposed chunk: the chunk plus 16, so that the channels are not
+// 1 KiB apart (a power-of-two stride put the 64 channels a key is stored to in 4 L1 sets, more
+// lines than the sets' ways: the transpose's stores then missed).
+constexpr size_t kKtStride = kChunkKeys + 16;
 // Largest logits block held at once (floats), as in the reference: 64 MiB.
 constexpr size_t kMaxLogits = size_t(16) << 20;
 // Keys per step of passes 2 and 3 (one row's slice stays in L1 for both of its passes).
@@ -139,7 +143,7 @@ constexpr size_t kRT = 3, kKB = 1;  // 16 vector registers (AVX2, SSE4): 12 accu
 #endif
 
 // Logits of rows q[0..RT) against the KB * N keys at kt (transposed: channel c of key i at
-// kt[c * kChunkKeys + i]) with positions kpos; keys from `valid` on are padding (-inf). Stores
+// kt[c * kKtStride + i]) with positions kpos; keys from `valid` on are padding (-inf). Stores
 // to out[r][0 .. KB * N) and folds the logits into row_max[r] (one vector per row).
 template <size_t RT, size_t KB>
 HWY_INLINE void LogitsTile(const float* const* q, const int32_t* row_pos, size_t dim, float scale,
@@ -156,7 +160,7 @@ HWY_INLINE void LogitsTile(const float* const* q, const int32_t* row_pos, size_t
   for (; c + 4 <= dim; c += 4) {
     for (size_t j = 0; j < 4; ++j) {
       VF kv[KB];
-      for (size_t b = 0; b < KB; ++b) kv[b] = hn::LoadU(d, kt + (c + j) * kChunkKeys + b * N);
+      for (size_t b = 0; b < KB; ++b) kv[b] = hn::LoadU(d, kt + (c + j) * kKtStride + b * N);
       for (size_t r = 0; r < RT; ++r) {
         const VF qv = hn::Set(d, q[r][c + j]);
         for (size_t b = 0; b < KB; ++b) acc[r][b][j] = hn::Add(acc[r][b][j], hn::Mul(qv, kv[b]));
@@ -165,7 +169,7 @@ HWY_INLINE void LogitsTile(const float* const* q, const int32_t* row_pos, size_t
   }
   for (; c < dim; ++c) {  // dot_f32's tail: into the first partial sum, in channel order
     VF kv[KB];
-    for (size_t b = 0; b < KB; ++b) kv[b] = hn::LoadU(d, kt + c * kChunkKeys + b * N);
+    for (size_t b = 0; b < KB; ++b) kv[b] = hn::LoadU(d, kt + c * kKtStride + b * N);
     for (size_t r = 0; r < RT; ++r) {
       const VF qv = hn::Set(d, q[r][c]);
       for (size_t b = 0; b < KB; ++b) acc[r][b][0] = hn::Add(acc[r][b][0], hn::Mul(qv, kv[b]));
@@ -200,19 +204,50 @@ HWY_INLINE void ForRowTiles(size_t n, F&& f) {
 }
 
 // Channel-major copy of a chunk: kt[c][i] = keys[i][c]; keys past n are 0.
+//
+// Pure data movement (the logits' bits do not depend on it), but at decode, where a few query
+// rows (one token's heads) are scored against every kept key, an element-by-element transpose
+// took about 70% of the logits pass (perf of the demo's `h2o` row): it is done here in 4 x 4
+// blocks of 128-bit vectors, 4 keys x 4 channels per 4 loads, 8 shuffles and 4 stores.
 HWY_INLINE void Transpose(const float* keys, size_t n, size_t dim, float* kt) {
+  size_t n4 = 0, dim4 = 0;  // the keys and channels the vector blocks cover
+#if HWY_TARGET != HWY_SCALAR
+  const hn::Full128<float> d4;
+  n4 = n / 4 * 4;
+  dim4 = dim / 4 * 4;
+  for (size_t i = 0; i < n4; i += 4) {
+    const float* r = keys + i * dim;
+    for (size_t c = 0; c < dim4; c += 4) {
+      const auto r0 = hn::LoadU(d4, r + c), r1 = hn::LoadU(d4, r + dim + c);
+      const auto r2 = hn::LoadU(d4, r + 2 * dim + c), r3 = hn::LoadU(d4, r + 3 * dim + c);
+      const auto lo01 = hn::InterleaveLower(d4, r0, r1), lo23 = hn::InterleaveLower(d4, r2, r3);
+      const auto hi01 = hn::InterleaveUpper(d4, r0, r1), hi23 = hn::InterleaveUpper(d4, r2, r3);
+      float* out = kt + c * kKtStride + i;
+      hn::StoreU(hn::ConcatLowerLower(d4, lo23, lo01), d4, out);
+      hn::StoreU(hn::ConcatUpperUpper(d4, lo23, lo01), d4, out + kKtStride);
+      hn::StoreU(hn::ConcatLowerLower(d4, hi23, hi01), d4, out + 2 * kKtStride);
+      hn::StoreU(hn::ConcatUpperUpper(d4, hi23, hi01), d4, out + 3 * kKtStride);
+    }
+  }
+#endif
+  // The channels past dim4 of the blocked keys, then the keys past n4.
+  for (size_t i = 0; i < n4; ++i) {
+    for (size_t c = dim4; c < dim; ++c) kt[c * kKtStride + i] = keys[i * dim + c];
+  }
   constexpr size_t kB = 8;  // 8 x 8 blocks: reads and writes both stay within few lines
-  for (size_t i0 = 0; i0 < n; i0 += kB) {
+  for (size_t i0 = n4; i0 < n; i0 += kB) {
     const size_t ni = std::min(kB, n - i0);
     for (size_t c0 = 0; c0 < dim; c0 += kB) {
       const size_t nc = std::min(kB, dim - c0);
       for (size_t c = c0; c < c0 + nc; ++c) {
-        for (size_t i = i0; i < i0 + ni; ++i) kt[c * kChunkKeys + i] = keys[i * dim + c];
+        for (size_t i = i0; i < i0 + ni; ++i) kt[c * kKtStride + i] = keys[i * dim + c];
       }
     }
   }
   if (n < kChunkKeys) {
-    for (size_t c = 0; c < dim; ++c) std::fill(kt + c * kChunkKeys + n, kt + (c + 1) * kChunkKeys, 0.0f);
+    for (size_t c = 0; c < dim; ++c) {
+      std::fill(kt + c * kKtStride + n, kt + c * kKtStride + kChunkKeys, 0.0f);
+    }
   }
 }
 
@@ -230,7 +265,7 @@ HWY_INLINE void FitScratch(ColumnSumsScratch& s, size_t rows, size_t stride, siz
   };
   fit(s.logits, rows * stride);
   fit(s.keys, kChunkKeys * dim);
-  fit(s.keys_t, kChunkKeys * dim);
+  fit(s.keys_t, kKtStride * dim);
   fit(s.key_pos, kChunkKeys);
   fit(s.row_max, rows * hn::Lanes(DF()));
 }
