@@ -206,12 +206,21 @@ struct Ops {
   // --- SmallKV (backends/cpu/smallkv.h; these entries come last, as one block) -----------------
   // The proxy side of Eq. 6: softmax probabilities of each query row over f16 keys k [n][q.dim]
   // (causal by position) into out [q.n_rows][n]; 0 where masked, all 0 for a row that sees none.
+  // Each row's probabilities are the bits of a call for that row alone (rows are independent).
   void (*smallkv_softmax)(const QueryRows& q, const uint16_t* k, const int32_t* positions,
                           size_t n, Workspace& ws, float* out);
   // Eq. 6: the large model's softmax over the full rows, rescaled by the mass the proxy leaves
   // them, plus the marginal rows weighted by the proxy's probabilities (cpu::smallkv_attend).
   void (*attend_smallkv)(const QueryRows& q, const F16Rows& full, const SmallKvMarginal& marginal,
                          Workspace& ws, float* out);
+  // Eq. 6's marginal term alone, on `out` [q.n_rows][q.dim] holding attend_smallkv's result for
+  // the full rows with no marginal rows: rescales each row by the mass the proxy leaves the full
+  // rows and adds the marginal rows weighted by the proxy's probabilities. attend_smallkv with
+  // `marginal` gives the same bits as attend_smallkv with none followed by this, so a cache can
+  // attend its own rows before the proxy's probabilities of the step exist (SmallKV's proxy may
+  // still be running on another thread) and add them after.
+  void (*smallkv_add_marginal)(const QueryRows& q, const SmallKvMarginal& marginal, Workspace& ws,
+                               float* out);
   // --- end SmallKV -------------------------------------------------------------------------------
 
   // --- KIVI over raw buffers (device stores: src/repr/device_kivi.h) ----------------------------

@@ -1221,6 +1221,14 @@ void KiviScoresImpl(const Queries& q, const KiviHeadStore& store, Scratch& scrat
   KiviRange(st, q, store, 0, store.size());
 }
 
+void F16ScoresImpl(const Queries& q, const uint16_t* k, const int32_t* positions, size_t n,
+                   Scratch& scratch, const KiviTaps& taps) {
+  State st(q, 1, q.dim, scratch);
+  st.taps = &taps;
+  st.scores_only = true;
+  F16Segments(st, k, k, positions, n);  // (no values read: scores only)
+}
+
 // Parts in order: m = max m_i, e_i = exp(m_i - m), sum = sum_i e_i l_i, acc = sum_i e_i acc_i
 // (part 0 first), out = acc * (1 / sum). One part gives e = 1 exactly, so the full-range path
 // and a one-part merge agree bit for bit.
@@ -1269,6 +1277,7 @@ namespace kvsdk::cpu::fast {
 HWY_EXPORT(AttendF16PartialImpl);
 HWY_EXPORT(AttendKiviPartialImpl);
 HWY_EXPORT(KiviScoresImpl);
+HWY_EXPORT(F16ScoresImpl);
 HWY_EXPORT(AttendScaledF16Impl);
 HWY_EXPORT(MergeImpl);
 HWY_EXPORT(ExpF32Impl);
@@ -1334,6 +1343,15 @@ void kivi_scores(const Queries& qs, const KiviHeadStore& store, Scratch& scratch
   taps.scores = scores;
   taps.scores_stride = stride;
   HWY_DYNAMIC_DISPATCH(KiviScoresImpl)(qs, store, scratch, taps);
+}
+
+void f16_scores(const Queries& qs, const uint16_t* k, const int32_t* positions, size_t n_tokens,
+                Scratch& scratch, float* scores, size_t stride) {
+  if (qs.n_rows == 0 || qs.dim == 0 || n_tokens == 0) return;
+  KiviTaps taps;
+  taps.scores = scores;
+  taps.scores_stride = stride;
+  HWY_DYNAMIC_DISPATCH(F16ScoresImpl)(qs, k, positions, n_tokens, scratch, taps);
 }
 
 void merge_partials(const PartialState* parts, size_t n_parts, size_t n_rows, size_t dim,

@@ -142,6 +142,11 @@ void attend_kivi_partial(const Queries& qs, const KiviHeadStore& store, size_t f
 // into scores [n_rows][stride]: no softmax, no values.
 void kivi_scores(const Queries& qs, const KiviHeadStore& store, Scratch& scratch, float* scores,
                  size_t stride);
+// The scores alone of attend_f16 over f16 keys k [n_tokens][dim] (q . k * scale as its kernel
+// computes it, the same bits; -inf in a row's future) into scores [n_rows][stride]: the keys are
+// read as f16, never converted into an f32 copy.
+void f16_scores(const Queries& qs, const uint16_t* k, const int32_t* positions, size_t n_tokens,
+                Scratch& scratch, float* scores, size_t stride);
 
 // out [n_rows][dim] = the attention of the union of the parts' ranges, combined in the order
 // given (max over parts, then each part rescaled by exp(max_i - max) and added, part 0 first).

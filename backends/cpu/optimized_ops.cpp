@@ -156,28 +156,20 @@ void attend_specache_scored(const QueryRows& q, const cpu::KiviHeadStore& lowbit
                             fetched_share);
 }
 // --- SmallKV ------------------------------------------------------------------------------------
-// The proxy's softmax (the reference's cpu::smallkv_softmax_rows, faster): keys converted by F16C
-// in chunks, scores by the SIMD dot product (fast::dot_scores), exp vectorized (fast::exp_f32),
-// the normalization in double in token order. Same bits on every target; differs from the
-// reference (double softmax, portable exp) only by the scores' and exp's rounding.
+// The proxy's softmax (the reference's cpu::smallkv_softmax_rows, faster): scores by the f16
+// attention kernel's own score pass (fast::f16_scores: keys read as f16, each row's scores those
+// of attend_f16, independent of the other rows), exp vectorized (fast::exp_f32), the
+// normalization in double in token order. Same bits on every target; differs from the reference
+// (double softmax, portable exp) only by the scores' and exp's rounding.
 void smallkv_softmax(const QueryRows& q, const uint16_t* k, const int32_t* positions, size_t n,
                      Workspace& ws, float* out) {
-  const size_t dim = q.dim;
-  float* kf = at_least(ws.attention.k_chunk, std::min(kReferenceChunk, n) * dim).data();
-  for (size_t first = 0; first < n; first += kReferenceChunk) {
-    const size_t c = std::min(kReferenceChunk, n - first);
-    f16_to_f32_array(k + first * dim, kf, c * dim);
-    cpu::fast::dot_scores(q.q, q.n_rows, kf, c, dim, q.scale, out + first, n);
-  }
+  if (n == 0) return;
+  cpu::fast::f16_scores(queries(q), k, positions, n, ws.fast, out, n);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (size_t r = 0; r < q.n_rows; ++r) {
     float* s = out + r * n;
-    const int32_t qp = q.positions ? q.positions[r] : INT32_MAX;
-    float mx = neg_inf;
-    for (size_t t = 0; t < n; ++t) {
-      if (positions[t] > qp) s[t] = neg_inf;
-      mx = std::max(mx, s[t]);
-    }
+    float mx = neg_inf;  // (tokens in the row's future are -inf already)
+    for (size_t t = 0; t < n; ++t) mx = std::max(mx, s[t]);
     if (mx == neg_inf) {  // nothing visible to this row
       std::fill_n(s, n, 0.0f);
       continue;
@@ -190,16 +182,21 @@ void smallkv_softmax(const QueryRows& q, const uint16_t* k, const int32_t* posit
   }
 }
 
-// Eq. 6 with the full rows read as f16 by the SIMD kernel `full` runs (fast::attend_f16), then
-// the marginal term (cpu::smallkv_add_marginal) over the value-only rows converted by F16C.
-void attend_smallkv(const QueryRows& q, const F16Rows& full, const SmallKvMarginal& m,
-                    Workspace& ws, float* out) {
-  cpu::fast::attend_f16(queries(q), full.k, full.v, full.positions, full.n_tokens, ws.fast, out);
-  if (m.n_tokens == 0) return;
+// Eq. 6's marginal term (cpu::smallkv_add_marginal) over the value-only rows converted by F16C.
+void smallkv_add_marginal(const QueryRows& q, const SmallKvMarginal& m, Workspace& ws,
+                          float* out) {
   float* vm = at_least(ws.attention.v_chunk, m.n_tokens * q.dim).data();
   f16_to_f32_array(m.v, vm, m.n_tokens * q.dim);
   cpu::smallkv_add_marginal(q.positions, q.n_rows, q.dim, vm, m.positions, m.n_tokens, m.weights,
                             m.weights_stride, out);
+}
+
+// Eq. 6 with the full rows read as f16 by the SIMD kernel `full` runs (fast::attend_f16), then
+// the marginal term.
+void attend_smallkv(const QueryRows& q, const F16Rows& full, const SmallKvMarginal& m,
+                    Workspace& ws, float* out) {
+  cpu::fast::attend_f16(queries(q), full.k, full.v, full.positions, full.n_tokens, ws.fast, out);
+  if (m.n_tokens > 0) smallkv_add_marginal(q, m, ws, out);
 }
 // --- end SmallKV --------------------------------------------------------------------------------
 
@@ -224,6 +221,7 @@ Ops make_optimized() {
   ops.specache_select_scored = specache_select_scored;
   ops.smallkv_softmax = smallkv_softmax;  // SmallKV
   ops.attend_smallkv = attend_smallkv;
+  ops.smallkv_add_marginal = smallkv_add_marginal;
   ops.attend_kivi_tier = attend_kivi_tier;
   return ops;
 }

@@ -174,21 +174,27 @@ void smallkv_softmax(const QueryRows& q, const uint16_t* k, const int32_t* posit
   cpu::smallkv_softmax_rows(q.q, q.positions, q.n_rows, kf, positions, n, q.dim, q.scale, out);
 }
 
+void smallkv_add_marginal(const QueryRows& q, const SmallKvMarginal& m, Workspace& ws,
+                          float* out) {
+  float* vm = at_least(ws.attention.v_chunk, m.n_tokens * q.dim).data();
+  f16_to_f32_array_scalar(m.v, vm, m.n_tokens * q.dim);
+  cpu::smallkv_add_marginal(q.positions, q.n_rows, q.dim, vm, m.positions, m.n_tokens, m.weights,
+                            m.weights_stride, out);
+}
+
 // The full rows in one chunk (one OnlineAttention pass, as smallkv_attend has always run).
 void attend_smallkv(const QueryRows& q, const F16Rows& full, const SmallKvMarginal& m,
                     Workspace& ws, float* out) {
-  const size_t dim = q.dim, nf = full.n_tokens, nm = m.n_tokens;
+  const size_t dim = q.dim, nf = full.n_tokens;
   float* kf = at_least(ws.attention.k_chunk, nf * dim).data();
-  float* vf = at_least(ws.attention.v_chunk, (nf + nm) * dim).data();
-  float* vm = vf + nf * dim;
+  float* vf = at_least(ws.attention.v_chunk, nf * dim).data();
   f16_to_f32_array_scalar(full.k, kf, nf * dim);
   f16_to_f32_array_scalar(full.v, vf, nf * dim);
-  f16_to_f32_array_scalar(m.v, vm, nm * dim);
   cpu::OnlineAttention att(q.q, q.positions, q.n_rows, dim, q.scale, ws.attention);
   att.add_chunk(kf, vf, full.positions, nf);
   att.finish(out);
-  cpu::smallkv_add_marginal(q.positions, q.n_rows, dim, vm, m.positions, nm, m.weights,
-                            m.weights_stride, out);
+  // (With no marginal rows this would only multiply every output by 1.)
+  if (m.n_tokens > 0) smallkv_add_marginal(q, m, ws, out);
 }
 // --- end SmallKV --------------------------------------------------------------------------------
 
@@ -212,7 +218,7 @@ const Ops& cpu_reference() {
       codebook_reconstruct, cpu::minicache_slerp, restore_row,
       specache_select,
       attend_specache_scored, specache_select_scored,
-      smallkv_softmax, attend_smallkv,  // SmallKV
+      smallkv_softmax, attend_smallkv, smallkv_add_marginal,  // SmallKV
       attend_kivi_tier,
   };
   return ops;

@@ -197,6 +197,7 @@ backend::Ops make_ops() {
   refuse(ops.codebook_reconstruct), refuse(ops.merge_slerp), refuse(ops.restore_row);
   refuse(ops.specache_select), refuse(ops.attend_specache_scored);
   refuse(ops.specache_select_scored), refuse(ops.smallkv_softmax), refuse(ops.attend_smallkv);
+  refuse(ops.smallkv_add_marginal);
   return ops;
 }
 

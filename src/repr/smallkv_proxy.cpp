@@ -249,23 +249,32 @@ bool SmallKvProxyLink::precompute_probs(uint32_t layer, uint32_t n_kv_heads, con
   try {
     if (!proxy_ws_) proxy_ws_ = backend::WorkspaceHandle(*ops);
     staged_probs_.resize(g.n_q_heads);
-    for (uint32_t h = 0; h < g.n_q_heads; ++h) {
-      StepProbs& sp = staged_probs_[h];
-      sp.valid = false;
-      if (!proxy_read_heads_[size_t(layer) * g.n_q_heads + h]) continue;
-      const uint32_t kv_head = h / group, j = h % group;
+    for (uint32_t kv_head = 0; kv_head < g.n_kv_heads; ++kv_head) {
+      const uint32_t h0 = kv_head * group;
+      bool any = false;
+      for (uint32_t j = 0; j < group; ++j) {
+        staged_probs_[h0 + j].valid = false;
+        any = any || proxy_read_heads_[size_t(layer) * g.n_q_heads + h0 + j];
+      }
+      if (!any) continue;
       const ExactStore& st = proxy_->exact_rows(layer, kv_head);
       const size_t n = st.size();
-      reserve_for_growth(sp.p, n);
-      sp.p.resize(n);
-      // The same call and inputs as weights()' own: the same bits.
-      const backend::QueryRows qr{q_rows + (size_t(kv_head) * n_rows + j) * dim,
-                                  row_positions + j, 1, dim, g.attn_scale};
-      ops->smallkv_softmax(qr, st.k.data(), st.positions.data(), n, proxy_ws_.get(),
-                           sp.p.data());
-      sp.valid = true;
-      sp.position = row_positions[j];
-      sp.n = n;
+      // Every query row of the KV head in one call, so its keys are read (and converted) once:
+      // each row's probabilities are those of a call for that row alone (smallkv_softmax's
+      // contract), i.e. weights()' own bits. Rows no large head reads are computed and dropped.
+      std::vector<float>& all = at_least(proxy_probs_, size_t(group) * n);
+      const backend::QueryRows qr{q_rows + size_t(kv_head) * n_rows * dim, row_positions, group,
+                                  dim, g.attn_scale};
+      ops->smallkv_softmax(qr, st.k.data(), st.positions.data(), n, proxy_ws_.get(), all.data());
+      for (uint32_t j = 0; j < group; ++j) {
+        if (!proxy_read_heads_[size_t(layer) * g.n_q_heads + h0 + j]) continue;
+        StepProbs& sp = staged_probs_[h0 + j];
+        reserve_for_growth(sp.p, n);
+        sp.p.assign(all.begin() + long(size_t(j) * n), all.begin() + long(size_t(j + 1) * n));
+        sp.valid = true;
+        sp.position = row_positions[j];
+        sp.n = n;
+      }
     }
   } catch (...) {
     return false;  // (allocation) the large cache's attend computes them itself

@@ -132,6 +132,7 @@ class SmallKvProxyLink {
   // The proxy thread's own workspace and staged probabilities (the proxy's thread only).
   backend::WorkspaceHandle proxy_ws_;
   std::vector<StepProbs> staged_probs_;  // [proxy head of one layer]
+  std::vector<float> proxy_probs_;  // one KV head's rows of probabilities, [group][tokens]
   std::vector<uint8_t> proxy_read_heads_;  // read_heads_ as the proxy's thread last copied it
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;

@@ -357,6 +357,13 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
          " marginal (value-only) tokens whose attention weights come from the proxy: attach it "
          "with kvsdk_cache_set_proxy");
   }
+  // Eq. 6 in two halves, by the backend. First the large model's own softmax over the full rows
+  // (f16, as stored), which needs nothing from the proxy: the proxy model may still be running
+  // this step on another thread (kvsdk_cache_set_proxy_wait), and the wait for its queries below
+  // then overlaps this work instead of preceding it.
+  const backend::QueryRows q{q_rows, row_positions, n_rows, dim, geometry_.attn_scale};
+  const backend::F16Rows full{H.full_k.data(), H.full_v.data(), H.full_pos.data(), nf};
+  ops().attend_smallkv(q, full, backend::SmallKvMarginal{}, workspace(), out);
   // The matched proxy heads' attention of this step over every held row (Eq. 6 and scores), in
   // reused scratch (one thread per cache).
   float* w = at_least(attend_w_, proxied ? n_rows * n : 0).data();
@@ -384,12 +391,12 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
       }
     }
   }
-  // Eq. 6, by the backend: the full rows as stored (f16), the marginal rows' weights in place.
-  const backend::QueryRows q{q_rows, row_positions, n_rows, dim, geometry_.attn_scale};
-  const backend::F16Rows full{H.full_k.data(), H.full_v.data(), H.full_pos.data(), nf};
-  const backend::SmallKvMarginal marginal{H.marg_v.data(), H.marg_pos.data(), nm,
-                                          proxied ? w + nf : nullptr, n};
-  ops().attend_smallkv(q, full, marginal, workspace(), out);
+  // Then the marginal rows weighted by the proxy's probabilities, and the full rows' share
+  // rescaled (the same bits as one attend_smallkv with both).
+  if (nm > 0) {
+    const backend::SmallKvMarginal marginal{H.marg_v.data(), H.marg_pos.data(), nm, w + nf, n};
+    ops().smallkv_add_marginal(q, marginal, workspace(), out);
+  }
   // Saliency-shift compensation: rows accumulate the proxy's attention of every later step.
   if (proxied) {
     if (!u.has_scores) {

@@ -20,7 +20,8 @@
 // plus kProbAbs, and its top-k set wherever a probability is farther than that from the k-th
 // largest (a near-tie may pick either token). SmallKV's proxy softmax (smallkv_softmax) matches
 // within the same kProbRel/kProbAbs, and its Eq. 6 attention (attend_smallkv) within the attention
-// tolerances. Every optimized SIMD target must give the same bits
+// tolerances; attend_smallkv without marginal rows followed by smallkv_add_marginal gives the one
+// call's bits on each backend. Every optimized SIMD target must give the same bits
 // as the first one tried (snapshots continue identically on any machine).
 #include <gtest/gtest.h>
 
@@ -829,6 +830,16 @@ TEST(BackendOps, SmallKvSoftmaxWithinToleranceOfTheReference) {
           c.ops->smallkv_softmax(qs.rows(dim), k16.data(), pos.data(), n, ws.get(),
                                  again.data());
           expect_bits(again, got, what + " (reused workspace)");
+          // Each row alone gives its row's bits of the call with every row.
+          for (size_t r = 0; r < qs.pos.size(); ++r) {
+            const QueryRows one{qs.q.data() + r * dim, qs.pos.data() + r, 1, dim,
+                                qs.rows(dim).scale};
+            std::vector<float> row(n, NAN);
+            c.ops->smallkv_softmax(one, k16.data(), pos.data(), n, ws.get(), row.data());
+            expect_bits(row, std::vector<float>(got.begin() + long(r * n),
+                                                got.begin() + long((r + 1) * n)),
+                        what + " row " + std::to_string(r) + " alone");
+          }
           if (c.ops == &cpu_reference()) {
             expect_bits(got, want, what);
             continue;
@@ -877,6 +888,18 @@ TEST(BackendOps, AttendSmallKvWithinToleranceOfTheReference) {
                        [&](const Ops& o, Workspace& ws, float* out) {
                          o.attend_smallkv(qs.rows(dim), full, marg, ws, out);
                        });
+          // The two halves (the full rows before the proxy's probabilities exist, then the
+          // marginal term) give the one call's bits on the same backend.
+          const std::string what = "smallkv_add_marginal after attend_smallkv without marginal "
+                                   "rows, dim " + std::to_string(dim) + " group " +
+                                   std::to_string(group) + " tokens " + std::to_string(n) +
+                                   " on " + c.name;
+          WorkspaceHandle ws(*c.ops);
+          std::vector<float> one(qs.q.size(), NAN), halves(qs.q.size(), NAN);
+          c.ops->attend_smallkv(qs.rows(dim), full, marg, ws.get(), one.data());
+          c.ops->attend_smallkv(qs.rows(dim), full, SmallKvMarginal{}, ws.get(), halves.data());
+          c.ops->smallkv_add_marginal(qs.rows(dim), marg, ws.get(), halves.data());
+          expect_bits(halves, one, what);
         }
       }
     }

@@ -160,6 +160,75 @@ TEST(FastAttention, F16MatchesReference) {
   }
 }
 
+// f16_scores gives attend_f16's scores: masked tokens exactly -inf, the others within the
+// kernels' score error of the reference's dot products, a softmax of them over the f16 values
+// reproduces attend_f16's output, and every compiled target gives the same bits.
+TEST(FastAttention, F16ScoresAreTheAttentionsScores) {
+  std::mt19937 rng(12);
+  fast::Scratch scratch;
+  const std::vector<fast::Target> targets = fast::available_targets();
+  for (size_t group : {1, 2, 5}) {
+    for (size_t dim : {64, 128, 40}) {
+      for (size_t n : {1, 15, 64, 65, 300}) {
+        const F16Head h = make_f16_head(n, dim, rng);
+        const Rows r = make_rows(group, dim, n + n / 5, rng, 2.0f);
+        const std::string what =
+            "group " + std::to_string(group) + " dim " + std::to_string(dim) + " n " +
+            std::to_string(n);
+        const size_t stride = n + 3;
+        std::vector<float> first;
+        for (const fast::Target& t : targets) {
+          fast::force_target(t.bits);
+          std::vector<float> sc(group * stride, 7.0f);
+          fast::f16_scores(r.queries(), h.k.data(), h.pos.data(), n, scratch, sc.data(), stride);
+          if (first.empty()) {
+            first = sc;
+            continue;
+          }
+          ASSERT_EQ(0, std::memcmp(sc.data(), first.data(), sc.size() * sizeof(float)))
+              << what << ": " << t.name << " differs from " << targets[0].name;
+        }
+        fast::force_target(0);
+        std::vector<float> out(group * dim);
+        fast::attend_f16(r.queries(), h.k.data(), h.v.data(), h.pos.data(), n, scratch,
+                         out.data());
+        std::vector<float> from_scores(group * dim, 0.0f);
+        for (size_t row = 0; row < group; ++row) {
+          const float* s = first.data() + row * stride;
+          EXPECT_EQ(s[n], 7.0f) << what << ": wrote past the row";
+          double mx = -INFINITY, z = 0;
+          for (size_t t = 0; t < n; ++t) {
+            if (h.pos[t] > r.qpos[row]) {
+              ASSERT_EQ(s[t], -INFINITY) << what << " row " << row << " token " << t;
+              continue;
+            }
+            double ref = 0, mag = 0;
+            for (size_t c = 0; c < dim; ++c) {
+              const double x = double(r.q[row * dim + c]) * f16_to_f32(h.k[t * dim + c]);
+              ref += x;
+              mag += std::fabs(x);
+            }
+            ref *= r.scale;
+            mag *= r.scale;
+            ASSERT_NEAR(s[t], ref, 1e-6 * mag + 1e-6) << what << " row " << row << " token " << t;
+            mx = std::max(mx, double(s[t]));
+          }
+          if (mx == -INFINITY) continue;  // the row sees nothing: attend_f16 gives zeros
+          for (size_t t = 0; t < n; ++t) z += h.pos[t] > r.qpos[row] ? 0.0 : std::exp(s[t] - mx);
+          for (size_t t = 0; t < n; ++t) {
+            if (h.pos[t] > r.qpos[row]) continue;
+            const double p = std::exp(s[t] - mx) / z;
+            for (size_t c = 0; c < dim; ++c) {
+              from_scores[row * dim + c] += float(p * f16_to_f32(h.v[t * dim + c]));
+            }
+          }
+        }
+        expect_close(out, from_scores, h.v_max, "f16_scores' softmax vs attend_f16, " + what);
+      }
+    }
+  }
+}
+
 struct KiviCase {
   uint32_t bits, G, R;
   size_t dim, n;
