@@ -106,11 +106,6 @@ void Scores(const float* q, size_t n_rows, const float* k, size_t n_tok, size_t 
   });
 }
 
-void DotScoresImpl(const float* q, size_t n_q, const float* k, size_t n_k, size_t dim,
-                   float scale, float* out, size_t out_stride) {
-  Scores(q, n_q, k, n_k, dim, nullptr, nullptr, scale, out, out_stride);
-}
-
 // One call of ChunkAttention::add_chunk: segments of kSegment tokens, each scored for every row,
 // then the online softmax update (one rescale at most), then the values.
 void AddChunkImpl(const Queries& q, float* m, float* l, float* acc, float* sc, const float* k,
@@ -167,7 +162,6 @@ HWY_AFTER_NAMESPACE();
 namespace kvsdk::cpu::fast {
 
 HWY_EXPORT(AddChunkImpl);
-HWY_EXPORT(DotScoresImpl);
 
 ChunkAttention::ChunkAttention(const Queries& q, ChunkScratch& scratch) : q_(q), s_(scratch) {
   // assign() reuses the capacity the buffers already have.
@@ -190,12 +184,6 @@ void ChunkAttention::finish(float* out) const {
     const float inv = s_.l[r] > 0.0f ? 1.0f / s_.l[r] : 0.0f;
     for (size_t c = 0; c < dim; ++c) out[r * dim + c] = s_.acc[r * dim + c] * inv;
   }
-}
-
-void dot_scores(const float* q, size_t n_q, const float* k, size_t n_k, size_t dim, float scale,
-                float* out, size_t out_stride) {
-  if (n_q == 0 || n_k == 0) return;
-  HWY_DYNAMIC_DISPATCH(DotScoresImpl)(q, n_q, k, n_k, dim, scale, out, out_stride);
 }
 
 }  // namespace kvsdk::cpu::fast

@@ -45,9 +45,4 @@ class ChunkAttention {
   ChunkScratch& s_;
 };
 
-// Scores of query rows q [n_q][dim] against keys k [n_k][dim]: out[r * out_stride + t] =
-// (q_r . k_t) * scale, by the deterministic 16-lane dot product above.
-void dot_scores(const float* q, size_t n_q, const float* k, size_t n_k, size_t dim, float scale,
-                float* out, size_t out_stride);
-
 }  // namespace kvsdk::cpu::fast
