@@ -1,5 +1,7 @@
 #include "model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -36,7 +38,84 @@ void check_header(const Config& c, const std::string& path) {
   if (c.seq_len <= 0 || c.seq_len > kMaxSeqLen) bad("seq_len " + std::to_string(c.seq_len));
 }
 
+// Floats of every weight matrix and norm of `c`, in the checkpoint's order (without the RoPE
+// tables a checkpoint stores before the classifier).
+size_t weight_count(const Config& c) {
+  const size_t L = size_t(c.n_layers), D = size_t(c.dim), H = size_t(c.hidden_dim);
+  const size_t KV = size_t(c.kv_dim()), V = size_t(c.vocab_size);
+  size_t n = V * D + L * D + L * D * D + 2 * L * KV * D + L * D * D + L * D + 3 * L * H * D + D;
+  if (!c.shared_classifier) n += V * D;
+  return n;
+}
+
 }  // namespace
+
+void Model::bind(size_t skipped_before_classifier) {
+  const Config& c = config_;
+  const size_t L = size_t(c.n_layers), D = size_t(c.dim), H = size_t(c.hidden_dim);
+  const size_t KV = size_t(c.kv_dim()), V = size_t(c.vocab_size);
+  const float* p = data_.data();
+  auto take = [&](size_t n) {
+    const float* r = p;
+    p += n;
+    return r;
+  };
+  Weights& w = weights_;
+  w.token_embedding = take(V * D);
+  w.rms_att = take(L * D);
+  w.wq = take(L * D * D);
+  w.wk = take(L * KV * D);
+  w.wv = take(L * KV * D);
+  w.wo = take(L * D * D);
+  w.rms_ffn = take(L * D);
+  w.w1 = take(L * H * D);
+  w.w2 = take(L * D * H);
+  w.w3 = take(L * H * D);
+  w.rms_final = take(D);
+  take(skipped_before_classifier);  // a checkpoint's freq_cis tables: RoPE is recomputed instead
+  w.wcls = c.shared_classifier ? w.token_embedding : take(V * D);
+}
+
+Model Model::synthetic(const Config& config, uint64_t seed) {
+  Model m;
+  m.path_ = "synthetic";
+  m.config_ = config;
+  check_header(config, m.path_);
+  m.data_.resize(weight_count(config));
+  m.bind(0);
+  // xorshift64: fast and the same on every platform; the values only need a plausible scale.
+  uint64_t x = seed | 1;
+  // The weights view data_ as const; this writes them through data_ itself.
+  auto at = [&m](const float* p) { return m.data_.data() + (p - m.data_.data()); };
+  auto fill = [&x, &at](const float* weights, size_t n, float bound) {
+    float* out = at(weights);
+    for (size_t i = 0; i < n; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      out[i] = bound * (float(x >> 40) * (2.0f / 16777216.0f) - 1.0f);  // uniform in [-b, b)
+    }
+  };
+  const Config& c = config;
+  const size_t L = size_t(c.n_layers), D = size_t(c.dim), H = size_t(c.hidden_dim);
+  const size_t KV = size_t(c.kv_dim()), V = size_t(c.vocab_size);
+  // Each linear map's weights uniform with variance 1/in (sqrt(3/in) bounds), so activations keep
+  // their scale from layer to layer; the norms' gains are 1.
+  const Weights& w = m.weights_;
+  fill(w.token_embedding, V * D, 1.0f);
+  const float in_d = std::sqrt(3.0f / float(D)), in_h = std::sqrt(3.0f / float(H));
+  fill(w.wq, L * D * D, in_d);
+  fill(w.wk, L * KV * D, in_d);
+  fill(w.wv, L * KV * D, in_d);
+  fill(w.wo, L * D * D, in_d);
+  fill(w.w1, L * H * D, in_d);
+  fill(w.w2, L * D * H, in_h);
+  fill(w.w3, L * H * D, in_d);
+  if (!c.shared_classifier) fill(w.wcls, V * D, in_d);
+  for (const float* gains : {w.rms_att, w.rms_ffn}) std::fill_n(at(gains), L * D, 1.0f);
+  std::fill_n(at(w.rms_final), D, 1.0f);
+  return m;
+}
 
 Model Model::load(const std::string& path) {
   std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
@@ -58,12 +137,8 @@ Model Model::load(const std::string& path) {
   c.seq_len = header[6];
   check_header(c, path);
 
-  const size_t L = size_t(c.n_layers), D = size_t(c.dim), H = size_t(c.hidden_dim);
-  const size_t KV = size_t(c.kv_dim()), V = size_t(c.vocab_size);
   const size_t freq = size_t(c.seq_len) * size_t(c.head_dim() / 2);
-  size_t expected = V * D + L * D + L * D * D + 2 * L * KV * D + L * D * D + L * D +
-                    3 * L * H * D + D + 2 * freq;
-  if (!c.shared_classifier) expected += V * D;
+  const size_t expected = weight_count(c) + 2 * freq;
 
   // The file must hold exactly the weights the header announces: a truncated download or a
   // header from another model shows up here instead of as garbage logits.
@@ -82,26 +157,7 @@ Model Model::load(const std::string& path) {
     throw Error("model '" + path + "': read error");
   }
 
-  const float* p = m.data_.data();
-  auto take = [&](size_t n) {
-    const float* r = p;
-    p += n;
-    return r;
-  };
-  Weights& w = m.weights_;
-  w.token_embedding = take(V * D);
-  w.rms_att = take(L * D);
-  w.wq = take(L * D * D);
-  w.wk = take(L * KV * D);
-  w.wv = take(L * KV * D);
-  w.wo = take(L * D * D);
-  w.rms_ffn = take(L * D);
-  w.w1 = take(L * H * D);
-  w.w2 = take(L * D * H);
-  w.w3 = take(L * H * D);
-  w.rms_final = take(D);
-  take(2 * freq);  // freq_cis tables: RoPE is recomputed from the position instead
-  w.wcls = c.shared_classifier ? w.token_embedding : take(V * D);
+  m.bind(2 * freq);
   return m;
 }
 

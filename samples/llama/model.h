@@ -42,12 +42,21 @@ class Model {
   // Loads a checkpoint. Throws llama::Error naming the file and the problem when it is missing,
   // truncated, too long, or its header is implausible.
   static Model load(const std::string& path);
+  // A model of `config`'s shape with pseudo-random weights from `seed`, for benchmarks: decode
+  // speed does not depend on the weights' values, so a model of a real LLM's shape can be timed
+  // without its checkpoint (its text is noise). path() is "synthetic". Throws llama::Error for a
+  // shape a checkpoint header could not have.
+  static Model synthetic(const Config& config, uint64_t seed);
 
   const Config& config() const { return config_; }
   const Weights& weights() const { return weights_; }
   const std::string& path() const { return path_; }
 
  private:
+  // Points weights_ into data_ in the checkpoint's order, skipping `skipped_before_classifier`
+  // floats (a checkpoint's RoPE tables) before a separate classifier.
+  void bind(size_t skipped_before_classifier);
+
   Config config_;
   Weights weights_;
   std::vector<float> data_;

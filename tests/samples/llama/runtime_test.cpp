@@ -3,6 +3,7 @@
 // its own K/V (rounded to f16, as kvsdk's exact tier stores them).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -168,12 +169,9 @@ TEST(LlamaRuntime, MatmulGivesDotsBitsForEveryTileShape) {
   }
 }
 
-void expect_matches_naive(const std::string& name) {
-  const llama::Model model = llama::Model::load(bundled_model(name + ".bin"));
-  const llama::Tokenizer tok = llama::Tokenizer::load(bundled_model(name + ".tok.bin"),
-                                                      model.config().vocab_size);
-  const std::vector<int> tokens = tok.encode("ROMEO:\nBut soft, what light through yonder window", false);
-  ASSERT_GE(tokens.size(), 40u);
+// `model`'s logits through kvsdk (a prefill chunk of 24 tokens, then steps) against NaiveLlama's
+// for `tokens`; returns the largest difference.
+double worst_vs_naive(const llama::Model& model, const std::vector<int>& tokens) {
   const size_t V = size_t(model.config().vocab_size);
 
   // kvsdk path: a 24-token prefill chunk, then single-token steps (both code paths).
@@ -194,6 +192,16 @@ void expect_matches_naive(const std::string& name) {
     const std::vector<double> ref = naive.step(tokens[t], int(t));
     for (size_t i = 0; i < V; ++i) worst = std::max(worst, std::fabs(ref[i] - logits[t * V + i]));
   }
+  return worst;
+}
+
+void expect_matches_naive(const std::string& name) {
+  const llama::Model model = llama::Model::load(bundled_model(name + ".bin"));
+  const llama::Tokenizer tok = llama::Tokenizer::load(bundled_model(name + ".tok.bin"),
+                                                      model.config().vocab_size);
+  const std::vector<int> tokens = tok.encode("ROMEO:\nBut soft, what light through yonder window", false);
+  ASSERT_GE(tokens.size(), 40u);
+  const double worst = worst_vs_naive(model, tokens);
   // Only f32 summation order separates the two (K/V rounding is the same): logits of magnitude
   // ~10 agree to a few 1e-4.
   EXPECT_LT(worst, 2e-3) << name;
@@ -279,6 +287,50 @@ std::string temp_file(const std::string& name, const std::string& bytes) {
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// The synthetic model of runtime_bench (Llama-3-8B-like layers, pseudo-random weights) at a small
+// size: the same weights for the same seed, every linear map at its stated bound, unit norm
+// gains, and a model the runtime runs like a checkpoint (kvsdk's logits match the naive pass).
+TEST(LlamaRuntime, SyntheticModelIsSeededBoundedAndRunsLikeACheckpoint) {
+  llama::Config c;
+  c.dim = 64;
+  c.hidden_dim = 160;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.vocab_size = 50;
+  c.seq_len = 256;
+  const llama::Model a = llama::Model::synthetic(c, 7), b = llama::Model::synthetic(c, 7);
+  const llama::Model other = llama::Model::synthetic(c, 8);
+  EXPECT_EQ(a.config().dim, 64);
+  EXPECT_EQ(a.path(), "synthetic");
+  const size_t n1 = size_t(c.n_layers) * size_t(c.hidden_dim) * size_t(c.dim);
+  EXPECT_EQ(0, std::memcmp(a.weights().w1, b.weights().w1, n1 * sizeof(float)));
+  EXPECT_NE(0, std::memcmp(a.weights().w1, other.weights().w1, n1 * sizeof(float)));
+  EXPECT_EQ(a.weights().wcls, a.weights().token_embedding);  // shared classifier
+  const float bound_d = std::sqrt(3.0f / float(c.dim)), bound_h = std::sqrt(3.0f / float(c.hidden_dim));
+  float max_w1 = 0, max_w2 = 0;
+  for (size_t i = 0; i < n1; ++i) {
+    max_w1 = std::max(max_w1, std::fabs(a.weights().w1[i]));
+    max_w2 = std::max(max_w2, std::fabs(a.weights().w2[i]));
+  }
+  EXPECT_LE(max_w1, bound_d);
+  EXPECT_GT(max_w1, 0.9f * bound_d);  // spread over the range, not a constant
+  EXPECT_LE(max_w2, bound_h);
+  EXPECT_GT(max_w2, 0.9f * bound_h);
+  for (int i = 0; i < c.n_layers * c.dim; ++i) ASSERT_EQ(a.weights().rms_ffn[i], 1.0f);
+  std::vector<int> tokens(40);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int(i * 7 % size_t(c.vocab_size));
+  EXPECT_LT(worst_vs_naive(a, tokens), 2e-3);
+
+  c.n_kv_heads = 3;  // does not divide the query heads: refused as a checkpoint header would be
+  try {
+    llama::Model::synthetic(c, 7);
+    ADD_FAILURE() << "a synthetic model with 3 KV heads for 4 query heads should be refused";
+  } catch (const llama::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("n_kv_heads"), std::string::npos) << e.what();
+  }
 }
 
 TEST(LlamaRuntime, MissingAndCorruptModelFilesGiveClearErrors) {
