@@ -22,6 +22,7 @@ void SpeCacheRepresentation::make_heads() {
   heads_.clear();
   heads_.resize(geometry_.n_layers);
   attend_scores_.assign(geometry_.n_kv_heads, AttendScores{});
+  staged_.assign(geometry_.n_kv_heads, StagedHit{});
   pending_.assign(geometry_.n_layers, std::vector<char>(geometry_.n_kv_heads, 0));
   for (auto& layer : heads_) {
     for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
@@ -105,7 +106,7 @@ void SpeCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const floa
     return;
   }
   std::vector<float>& scores = at_least(kept.scores, n_rows * n);
-  float* shares = measure ? at_least(hit_shares_, n_rows).data() : nullptr;
+  float* shares = measure ? at_least(kept.shares, n_rows).data() : nullptr;
   ops().attend_specache_scored(rows, h.lowbit(), h.fetched(), ws, out, scores.data(), shares);
   if (measure) {
     // The real query's attention (over the low-bit keys) on the rows the speculative token
@@ -113,19 +114,14 @@ void SpeCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const floa
     // (docs/papers.md) §4 reports this share): the first query of the first attend after a
     // prefetch (the output token; a call that also attends the speculative token has it last).
     // Its rows share one position, so they all see tokens or none do (then the share is 0).
-    std::vector<double>& hits = hits_;
-    hits.clear();
     double share = 0;
     for (size_t r = 0; r < group; ++r) share += shares[r];
-    hits.push_back(share / double(group));
+    share /= double(group);
     if (staging_) {
-      staged_hits_.insert(staged_hits_.end(), hits.begin(), hits.end());
-      staged_heads_.emplace_back(layer, kv_head);
+      staged_[kv_head] = StagedHit{true, layer, share};
     } else {
-      for (double x : hits) {
-        hit_sum_ += x;
-        ++hit_count_;
-      }
+      hit_sum_ += share;
+      ++hit_count_;
       pending_[layer][kv_head] = 0;
     }
   }
@@ -146,17 +142,18 @@ void SpeCacheRepresentation::begin_attend() const noexcept {
 }
 
 void SpeCacheRepresentation::commit_attend() const noexcept {
-  for (double x : staged_hits_) {
-    hit_sum_ += x;
+  for (size_t h = 0; h < staged_.size(); ++h) {
+    const StagedHit& s = staged_[h];
+    if (!s.measured) continue;
+    hit_sum_ += s.share;
     ++hit_count_;
+    pending_[s.layer][h] = 0;
   }
-  for (const auto& [layer, kv_head] : staged_heads_) pending_[layer][kv_head] = 0;
   abort_attend();
 }
 
 void SpeCacheRepresentation::abort_attend() const noexcept {
-  staged_hits_.clear();
-  staged_heads_.clear();
+  for (StagedHit& s : staged_) s.measured = false;
   staging_ = false;
 }
 

@@ -33,6 +33,9 @@ class SpeCacheRepresentation final : public Representation {
   // in the same pass, and keeps a single query's scores for a prefetch() of that query.
   void attend(uint32_t layer, uint32_t kv_head, const float* q_rows, const int32_t* row_positions,
               size_t n_rows, float* out) const override;
+  // Inside an attend transaction, a head's attend() writes only that head's state (its kept
+  // scores, its staged measurement) and works in workspace(): heads may run on the pool.
+  bool attend_reentrant() const override { return true; }
   void begin_attend() const noexcept override;
   void commit_attend() const noexcept override;
   void abort_attend() const noexcept override;
@@ -73,17 +76,19 @@ class SpeCacheRepresentation final : public Representation {
   mutable std::vector<std::vector<char>> pending_;
   mutable double hit_sum_ = 0;
   mutable uint64_t hit_count_ = 0;
-  // Attend transaction: measurements (in order) and the heads they were taken on, applied by
-  // commit_attend().
+  // Attend transaction: each KV head's measurement (one slot per head, so heads attending on
+  // different threads write different slots), applied in head order by commit_attend().
+  struct StagedHit {
+    bool measured = false;
+    uint32_t layer = 0;
+    double share = 0;
+  };
   mutable bool staging_ = false;
-  mutable std::vector<double> staged_hits_;
-  mutable std::vector<std::pair<uint32_t, uint32_t>> staged_heads_;
-  // Working memory reused across calls (one thread per cache): append()'s per-head rows, the
-  // selection's tokens, one attend()'s hit rates and per-row shares.
+  mutable std::vector<StagedHit> staged_;  // [kv_head]
+  // Working memory reused across calls (one thread per cache): append()'s per-head rows and the
+  // selection's tokens.
   std::vector<float> append_k_, append_v_;
   mutable std::vector<uint32_t> select_tokens_;
-  mutable std::vector<double> hits_;
-  mutable std::vector<float> hit_shares_;  // each row's share on the fetched rows
   // The low-bit selection scores of each KV head's latest single-query attend (SpeCache §3.3:
   // the speculative token's top-k comes from its own attention pass). prefetch() with the same
   // queries at the same position, on the same layer and copy (no append since), selects from
@@ -97,6 +102,7 @@ class SpeCacheRepresentation final : public Representation {
     const backend::Ops* ops = nullptr;
     std::vector<float> q;       // [group][head_dim]
     std::vector<float> scores;  // [rows of the attend][tokens]
+    std::vector<float> shares;  // each row's share on the fetched rows (hit-rate measurement)
   };
   mutable std::vector<AttendScores> attend_scores_;  // [kv_head]
 };

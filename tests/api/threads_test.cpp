@@ -51,6 +51,59 @@ TEST(Threads, AttentionGivesTheSameBitsOnAnyNumberOfThreads) {
   }
 }
 
+// SpeCache's decode step (prefetch with the speculative query, then one attend of the output and
+// speculative queries) with its KV heads on the pool: the same outputs and the same measured
+// hit rate on any number of threads (each head stages its own measurement).
+struct SpeCacheRun {
+  std::vector<float> out;
+  double hit_rate = 0;
+  uint64_t samples = 0;
+};
+SpeCacheRun specache_steps(kvsdk_context* ctx) {
+  const kvsdk_geometry g = make_geometry(2, 16, 4, 64);
+  kvsdk_policy p;
+  EXPECT_EQ(kvsdk_policy_parse(&p, "specache"), KVSDK_OK);
+  auto c = make_cache(ctx, g, &p);
+  EXPECT_TRUE(c) << kvsdk_last_error();
+  // 2 queries x 4 query heads a KV head = 8 rows x 2100 tokens: above Cache's threshold for
+  // running heads in parallel.
+  const size_t n = 2100, kv = size_t(g.n_kv_heads) * g.head_dim;
+  const size_t qe = size_t(g.n_q_heads) * g.head_dim;
+  const auto k = random_floats(n * kv, 4), v = random_floats(n * kv, 5), q = random_floats(2 * qe, 6);
+  std::vector<int32_t> pos(n);
+  for (size_t i = 0; i < n; ++i) pos[i] = int32_t(i);
+  SpeCacheRun r;
+  for (uint32_t l = 0; l < g.n_layers; ++l) {
+    EXPECT_EQ(kvsdk_cache_append(c.get(), l, n, k.data(), v.data(), pos.data(), n * kv * 4),
+              KVSDK_OK) << kvsdk_last_error();
+    const int32_t qpos[2] = {int32_t(n), int32_t(n) + 1};
+    for (int step = 0; step < 2; ++step) {  // the second attend measures the first's prefetch
+      std::vector<float> out(2 * qe);
+      EXPECT_EQ(kvsdk_cache_attend(c.get(), l, 2, q.data(), qpos, q.size() * 4, out.data(),
+                                   out.size() * 4), KVSDK_OK) << kvsdk_last_error();
+      EXPECT_EQ(kvsdk_cache_prefetch(c.get(), l, 1, q.data() + qe, qpos + 1, qe * 4), KVSDK_OK)
+          << kvsdk_last_error();
+      r.out.insert(r.out.end(), out.begin(), out.end());
+    }
+  }
+  EXPECT_EQ(kvsdk_cache_fetch_stats(c.get(), &r.hit_rate, &r.samples), KVSDK_OK);
+  return r;
+}
+
+TEST(Threads, SpeCacheGivesTheSameBitsAndHitRateOnAnyNumberOfThreads) {
+  auto one = context_with_threads(1), two = context_with_threads(2), four = context_with_threads(4);
+  ASSERT_TRUE(one && two && four);
+  const SpeCacheRun a = specache_steps(one.get());
+  EXPECT_EQ(a.samples, 8u);  // 2 layers x 4 KV heads, measured on the attend after a prefetch
+  for (kvsdk_context* ctx : {two.get(), four.get()}) {
+    const SpeCacheRun b = specache_steps(ctx);
+    ASSERT_EQ(a.out.size(), b.out.size());
+    EXPECT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * 4), 0);
+    EXPECT_EQ(a.hit_rate, b.hit_rate);
+    EXPECT_EQ(a.samples, b.samples);
+  }
+}
+
 TEST(Threads, DefaultIsEveryCoreAndBadValuesAreRefused) {
   kvsdk_context_options o;
   ASSERT_EQ(kvsdk_context_options_init(&o), KVSDK_OK);
