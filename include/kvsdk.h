@@ -183,14 +183,15 @@ typedef struct kvsdk_context_options {
 /* Threads. A context owns a pool of n_threads - 1 worker threads, started by
  *  kvsdk_context_create and joined when the context's memory is freed. Workers sleep between calls
  *  (no spinning: an idle context costs no CPU). kvsdk_cache_attend splits a layer's KV heads over
- *  the pool when the work is large enough (long caches; the exact tier and KIVI stores; other
- *  stores attend on the calling thread) and returns when all are done; the calling thread works
- *  too. Snapshots use the pool as well: kvsdk_cache_save, _save_to_buffer and _save_delta build,
- *  compress and hash the frames on the cache's context's pool (a few frames per thread at a
- *  time, written in order), and kvsdk_cache_load and _load_from_buffer check and decompress the
- *  base snapshot's frames on the destination context's pool (journal deltas are read in order on
- *  the calling thread). Results do not depend on n_threads: each head is computed the same way on
- *  any thread, and snapshot bytes, loaded caches and load errors are the same at any n_threads.
+ *  the pool when the work is large enough (long caches; the exact tier, KIVI and SpeCache
+ *  stores; other stores attend on the calling thread) and returns when all are done; the calling
+ *  thread works too. Snapshots use the pool as well: kvsdk_cache_save, _save_to_buffer and
+ *  _save_delta build, compress and hash the frames on the cache's context's pool (a few frames
+ *  per thread at a time, written in order), and kvsdk_cache_load and _load_from_buffer check
+ *  and decompress the base snapshot's frames on the destination context's pool (journal deltas
+ *  are read in order on the calling thread). Results do not depend on n_threads: each head is
+ *  computed the same way on any thread, and snapshot bytes, loaded caches and load errors are the
+ *  same at any n_threads.
  *  An app with its own threads: calls on different caches may still run at the same time on
  *  different app threads (one thread per cache at a time, as always); while one call has the
  *  pool, a concurrent call on another cache runs on its own thread alone instead of waiting. An
