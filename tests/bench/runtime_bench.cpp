@@ -158,16 +158,17 @@ struct Conversation {
     llama::check(kvsdk_cache_create(&cache, ctx->ctx, &g, &policy), "kvsdk_cache_create");
     try {
       fill(cache, n);
+      if (policy.method == KVSDK_METHOD_SPECACHE) {
+        specache = std::make_unique<llama::SpeCacheDecoder>(model(), cache, int(n));
+        spec = specache->pre_decode(token);  // Algorithm 2: the first speculative token (untimed)
+        specache_cache = cache;
+      } else {
+        session = std::make_unique<llama::Session>(model(), cache, int(n));  // owns it from here
+      }
     } catch (...) {
-      kvsdk_cache_destroy(cache);
+      specache.reset();
+      if (!session) kvsdk_cache_destroy(cache);
       throw;
-    }
-    if (policy.method == KVSDK_METHOD_SPECACHE) {
-      specache_cache = cache;
-      specache = std::make_unique<llama::SpeCacheDecoder>(model(), cache, int(n));
-      spec = specache->pre_decode(token);  // Algorithm 2: the first speculative token (untimed)
-    } else {
-      session = std::make_unique<llama::Session>(model(), cache, int(n));
     }
   }
   ~Conversation() {
