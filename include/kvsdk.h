@@ -1396,8 +1396,10 @@ KVSDK_API kvsdk_status kvsdk_cache_set_backing_file(kvsdk_cache *cache, const ch
  *          KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_UNSUPPORTED (policy other than 'specache'),
  *          KVSDK_E_BUDGET (the fetched rows would not fit), KVSDK_E_NO_MEMORY.
  *  On error the cache is unchanged, except that KVSDK_E_NO_MEMORY part-way through may leave
- *  the KV heads already done with their new fetch (bytes and budget charge match).
- *  Threading: like every cache call, one thread at a time per cache. */
+ *  the KV heads that finished with their new fetch (bytes and budget charge match).
+ *  Threading: like every cache call, one thread at a time per cache; on long caches the KV
+ *  heads are selected and fetched on the context's threads (kvsdk_context_options.n_threads),
+ *  with the same rows at any n_threads. */
 KVSDK_API kvsdk_status kvsdk_cache_prefetch(kvsdk_cache *cache, uint32_t layer, size_t n_queries,
                                             const void *q, const int32_t *q_positions,
                                             size_t q_bytes);

@@ -192,8 +192,10 @@ void Cache::prefetch(uint32_t layer, size_t n_queries, const void* q,
     fail(KVSDK_E_UNSUPPORTED, "prefetch (speculative queries) is SpeCache's; policy '",
          policy_spec(policy_), "' does not use it");
   }
+  const uint32_t n_kv = geometry_.n_kv_heads;
   const size_t n_rows = n_queries * geometry_.group_size();
-  std::vector<float>& q_rows = at_least(scratch_.q_rows, n_rows * geometry_.head_dim);
+  const size_t head_elems = n_rows * geometry_.head_dim;
+  std::vector<float>& q_rows = at_least(scratch_.q_rows, n_kv * head_elems);
   std::vector<int32_t>& row_pos = at_least(scratch_.row_pos, n_rows);
   // Fetched rows are budgeted (SpeCache): reserve every head's growth bound before fetching,
   // then charge the exact change and return the rest.
@@ -206,9 +208,21 @@ void Cache::prefetch(uint32_t layer, size_t n_queries, const void* q,
   }
   const uint64_t before = s.layer_bytes(layer);
   try {
-    for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
-      pack_queries(g, n_queries, q, q_positions, q_rows.data(), row_pos.data());
-      s.prefetch(layer, g, q_rows.data(), row_pos.data(), n_rows);
+    for (uint32_t g = 0; g < n_kv; ++g) {
+      pack_queries(g, n_queries, q, q_positions, q_rows.data() + g * head_elems, row_pos.data());
+    }
+    const auto head = [&](size_t g) {
+      s.prefetch(layer, uint32_t(g), q_rows.data() + g * head_elems, row_pos.data(), n_rows);
+    };
+    // Heads on the pool as attend() runs them (each head's selection does not depend on the
+    // thread, so the fetched rows are the same for every n_threads). A failure in one head
+    // leaves the others' new fetches in place, as the serial loop leaves the heads before it
+    // (kvsdk_cache_prefetch's documented limitation).
+    if (s.prefetch_reentrant() && ctx_->pool().size() > 1 &&
+        s.head_tokens(layer, 0) * n_rows >= kParallelAttendWork) {
+      ctx_->pool().run(n_kv, head);
+    } else {
+      for (uint32_t g = 0; g < n_kv; ++g) head(g);
     }
   } catch (...) {
     r.settle(before, s.layer_bytes(layer));

@@ -144,6 +144,10 @@ class Representation {
   // An upper bound of how much layer_bytes(layer) can grow in one prefetch() of `kv_head`
   // (SpeCache: fetch_tokens rows minus those fetched now); Cache::prefetch reserves it first.
   virtual uint64_t prefetch_bound(uint32_t /*layer*/, uint32_t /*kv_head*/) const { return 0; }
+  // Whether prefetch() of different KV heads of one layer may run at the same time on different
+  // threads of the context's pool (each head's selection and fetch touch only that head's state
+  // and workspace()).
+  virtual bool prefetch_reentrant() const { return false; }
   // SpeCache: keep the off-budget backing store in the file `path` (mmap) instead of host memory;
   // only before the first append. Others: KVSDK_E_UNSUPPORTED.
   virtual void set_backing_file(const std::string& path);

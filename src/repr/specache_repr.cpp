@@ -201,13 +201,13 @@ void SpeCacheRepresentation::prefetch(uint32_t layer, uint32_t kv_head, const fl
     // This query's attention pass already scored the low-bit keys (used up here).
     kept.valid = false;
     ops().specache_select_scored(kept.scores.data() + kept.first_row * n, group, n,
-                                 fetch_tokens_, workspace(), select_tokens_, nullptr);
+                                 fetch_tokens_, workspace(), kept.selected, nullptr);
   } else {
     ops().specache_select({q_rows, &pos, n_rows, dim, geometry_.attn_scale},
                           heads_[layer][kv_head].lowbit(), fetch_tokens_, workspace(),
-                          select_tokens_, nullptr);
+                          kept.selected, nullptr);
   }
-  heads_[layer][kv_head].fetch(select_tokens_);
+  heads_[layer][kv_head].fetch(kept.selected);
   pending_[layer][kv_head] = 1;
 }
 

@@ -36,6 +36,7 @@ class SpeCacheRepresentation final : public Representation {
   // Inside an attend transaction, a head's attend() writes only that head's state (its kept
   // scores, its staged measurement) and works in workspace(): heads may run on the pool.
   bool attend_reentrant() const override { return true; }
+  bool prefetch_reentrant() const override { return true; }
   void begin_attend() const noexcept override;
   void commit_attend() const noexcept override;
   void abort_attend() const noexcept override;
@@ -85,10 +86,8 @@ class SpeCacheRepresentation final : public Representation {
   };
   mutable bool staging_ = false;
   mutable std::vector<StagedHit> staged_;  // [kv_head]
-  // Working memory reused across calls (one thread per cache): append()'s per-head rows and the
-  // selection's tokens.
+  // Working memory reused across calls (one thread per cache): append()'s per-head rows.
   std::vector<float> append_k_, append_v_;
-  mutable std::vector<uint32_t> select_tokens_;
   // The low-bit selection scores of each KV head's latest single-query attend (SpeCache §3.3:
   // the speculative token's top-k comes from its own attention pass). prefetch() with the same
   // queries at the same position, on the same layer and copy (no append since), selects from
@@ -103,6 +102,7 @@ class SpeCacheRepresentation final : public Representation {
     std::vector<float> q;       // [group][head_dim]
     std::vector<float> scores;  // [rows of the attend][tokens]
     std::vector<float> shares;  // each row's share on the fetched rows (hit-rate measurement)
+    std::vector<uint32_t> selected;  // prefetch()'s top-k tokens (working memory)
   };
   mutable std::vector<AttendScores> attend_scores_;  // [kv_head]
 };

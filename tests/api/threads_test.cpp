@@ -51,9 +51,10 @@ TEST(Threads, AttentionGivesTheSameBitsOnAnyNumberOfThreads) {
   }
 }
 
-// SpeCache's decode step (prefetch with the speculative query, then one attend of the output and
-// speculative queries) with its KV heads on the pool: the same outputs and the same measured
-// hit rate on any number of threads (each head stages its own measurement).
+// SpeCache's decode step (one attend of the output and speculative queries, then the prefetch
+// with the speculative query) with its KV heads on the pool, both calls: the same outputs (so
+// the same fetched rows) and the same measured hit rate on any number of threads (each head
+// stages its own measurement).
 struct SpeCacheRun {
   std::vector<float> out;
   double hit_rate = 0;
@@ -65,9 +66,9 @@ SpeCacheRun specache_steps(kvsdk_context* ctx) {
   EXPECT_EQ(kvsdk_policy_parse(&p, "specache"), KVSDK_OK);
   auto c = make_cache(ctx, g, &p);
   EXPECT_TRUE(c) << kvsdk_last_error();
-  // 2 queries x 4 query heads a KV head = 8 rows x 2100 tokens: above Cache's threshold for
-  // running heads in parallel.
-  const size_t n = 2100, kv = size_t(g.n_kv_heads) * g.head_dim;
+  // Attend: 2 queries x 4 query heads a KV head = 8 rows, prefetch: 4 rows, x 4200 tokens: above
+  // Cache's threshold for running heads in parallel.
+  const size_t n = 4200, kv = size_t(g.n_kv_heads) * g.head_dim;
   const size_t qe = size_t(g.n_q_heads) * g.head_dim;
   const auto k = random_floats(n * kv, 4), v = random_floats(n * kv, 5), q = random_floats(2 * qe, 6);
   std::vector<int32_t> pos(n);
