@@ -99,6 +99,16 @@ struct KiviTier {
   size_t blocks = 0;
 };
 
+// --- split-K (Ops::attend_f16_range, attend_kivi_range, merge_partials) -------------------------
+// The softmax state of q.n_rows query rows over some of a head's tokens, in caller memory: each
+// row's running max score, its sum of exp(score - max), and the unnormalized sum of
+// exp(score - max) * value rows. A row that saw no token has max -inf, sum 0 and acc 0.
+struct PartialState {
+  float* max = nullptr;  // [n_rows]
+  float* sum = nullptr;  // [n_rows]
+  float* acc = nullptr;  // [n_rows][dim]
+};
+
 // One host -> backend copy of a batch (Ops::to_backend_many).
 struct HostCopy {
   void* dst;            // backend memory
@@ -235,6 +245,22 @@ struct Ops {
   // waits once; a decode step's append writes three rows per KV head). Complete when it returns;
   // destinations must not overlap. Null (the CPU tables): to_backend one copy at a time.
   void (*to_backend_many)(const HostCopy* copies, size_t n) = nullptr;
+
+  // --- split-K: a head's tokens in ranges on separate threads, merged in a fixed order ----------
+  // attend_f16 / attend_kivi over the tokens [first, first + count) only (append order; KIVI:
+  // the quantized tokens, then the residual window; a range may start or end inside a key
+  // block), into the softmax state `out`. Ranges of one head may run at the same time, each with
+  // its own Workspace. A range past the rows' end throws kvsdk::Error (KVSDK_E_INVALID_ARG).
+  // merge_partials writes out [n_rows][dim] = the attention over the union of the parts' ranges:
+  // max over the parts, then each part rescaled by exp(max_i - max) and added, part 0 first
+  // (deterministic for a given split; it differs from one whole-range call only by rounding).
+  // Null (the device tables for now): the core attends whole heads.
+  void (*attend_f16_range)(const QueryRows& q, const F16Rows& rows, size_t first, size_t count,
+                           Workspace& ws, const PartialState& out) = nullptr;
+  void (*attend_kivi_range)(const QueryRows& q, const cpu::KiviHeadStore& store, size_t first,
+                            size_t count, Workspace& ws, const PartialState& out) = nullptr;
+  void (*merge_partials)(const PartialState* parts, size_t n_parts, size_t n_rows, size_t dim,
+                         float* out) = nullptr;
 };
 
 // The copies through ops.to_backend_many where the backend has it, else one by one.

@@ -89,4 +89,10 @@ void OnlineAttention::finish(float* out) const {
   }
 }
 
+void OnlineAttention::state(float* max, float* sum, float* acc) const {
+  std::copy_n(s_.max.data(), n_rows_, max);
+  std::copy_n(s_.sum.data(), n_rows_, sum);
+  std::copy_n(s_.acc.data(), n_rows_ * dim_, acc);
+}
+
 }  // namespace kvsdk::cpu

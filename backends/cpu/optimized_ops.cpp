@@ -19,6 +19,7 @@
 #include "specache.h"
 #include "specache_attention.h"
 #include "spindlekv_store.h"
+#include "util/error.h"
 #include "util/growth.h"
 #include "util/half_array.h"
 
@@ -205,6 +206,37 @@ void attend_kivi_tier(const QueryRows& q, const KiviTier& tier, const F16Rows& r
   attend_kivi(q, cpu::kivi_store_from_tier(tier, residual, q.dim), ws, out);
 }
 
+// --- split-K: the fused kernels over one token range (fast_attention.h) --------------------------
+cpu::fast::PartialState fast_state(const PartialState& p) { return {p.max, p.sum, p.acc}; }
+
+void attend_f16_range(const QueryRows& q, const F16Rows& r, size_t first, size_t count,
+                      Workspace& ws, const PartialState& out) {
+  if (first > r.n_tokens || count > r.n_tokens - first) {
+    fail(KVSDK_E_INVALID_ARG, "attend_f16_range: tokens [", first, ", ", first + count,
+         ") past ", r.n_tokens);
+  }
+  cpu::fast::attend_f16_partial(queries(q), r.k, r.v, r.positions, first, count, ws.fast,
+                                fast_state(out));
+}
+
+void attend_kivi_range(const QueryRows& q, const cpu::KiviHeadStore& s, size_t first,
+                       size_t count, Workspace& ws, const PartialState& out) {
+  cpu::fast::attend_kivi_partial(queries(q), s, first, count, ws.fast, fast_state(out));
+}
+
+// fast::merge_partials takes its own (layout-identical) state type; the parts are converted in
+// groups on the stack, so the merge allocates nothing.
+void merge_partials(const PartialState* parts, size_t n_parts, size_t n_rows, size_t dim,
+                    float* out) {
+  constexpr size_t kOnStack = 64;
+  if (n_parts > kOnStack) {
+    fail(KVSDK_E_INTERNAL, "merge_partials: ", n_parts, " parts (at most ", kOnStack, ")");
+  }
+  cpu::fast::PartialState f[kOnStack];
+  for (size_t i = 0; i < n_parts; ++i) f[i] = fast_state(parts[i]);
+  cpu::fast::merge_partials(f, n_parts, n_rows, dim, out);
+}
+
 Ops make_optimized() {
   Ops ops = cpu_reference();
   ops.name = "cpu-optimized";
@@ -223,6 +255,9 @@ Ops make_optimized() {
   ops.attend_smallkv = attend_smallkv;
   ops.smallkv_add_marginal = smallkv_add_marginal;
   ops.attend_kivi_tier = attend_kivi_tier;
+  ops.attend_f16_range = attend_f16_range;  // split-K
+  ops.attend_kivi_range = attend_kivi_range;
+  ops.merge_partials = merge_partials;
   return ops;
 }
 

@@ -272,11 +272,14 @@ void Cache::attend(uint32_t layer, size_t n_queries, const void* q, const int32_
   // Heads in parallel on the context's pool when the store allows it and the work outweighs a
   // wake-up of the workers (~tens of microseconds). Each head's result does not depend on the
   // thread that computes it, so outputs are the same for every n_threads.
-  if (s.attend_reentrant() && ctx_->pool().size() > 1 &&
-      s.head_tokens(layer, 0) * n_rows >= kParallelAttendWork) {
-    ctx_->pool().run(n_kv, head);
-  } else {
-    s.attend_heads(layer, n_kv, q_rows.data(), row_pos.data(), n_rows, out_rows.data());
+  // Long heads of a store that attends token ranges are split over the pool instead (split-K).
+  if (!attend_split(s, layer, n_rows, q_rows.data(), row_pos.data(), out_rows.data())) {
+    if (s.attend_reentrant() && ctx_->pool().size() > 1 &&
+        s.head_tokens(layer, 0) * n_rows >= kParallelAttendWork) {
+      ctx_->pool().run(n_kv, head);
+    } else {
+      s.attend_heads(layer, n_kv, q_rows.data(), row_pos.data(), n_rows, out_rows.data());
+    }
   }
   if (prefix_) merge_prefix(layer, q_rows.data(), row_pos.data(), n_rows, out_rows.data());
   for (uint32_t g = 0; g < n_kv; ++g) {

@@ -149,6 +149,12 @@ class Cache final : public StoreView {
   void merge_prefix(uint32_t layer, const float* q_rows, const int32_t* row_pos, size_t n_rows,
                     float* out_rows) const;
   bool covered(uint32_t layer) const;
+  // Split-K (cache_split_attend.cpp): attends every KV head of `layer` in token ranges on the
+  // context's pool, each head's ranges merged in order into out_rows, and returns true; false
+  // (nothing done) when the store attends whole heads only, the call has more than
+  // kSplitMaxRows query rows a head, or no head is long enough to split.
+  bool attend_split(const Representation& s, uint32_t layer, size_t n_rows, const float* q_rows,
+                    const int32_t* row_pos, float* out_rows) const;
   BudgetReservation reservation() { return BudgetReservation(*ctx_, charged_, cache_budget_); }
   // The queries of KV head `kv_head`'s group as f32 rows [n_queries * group][head_dim].
   void pack_queries(uint32_t kv_head, size_t n_queries, const void* q, const int32_t* q_positions,
@@ -239,6 +245,20 @@ class Cache final : public StoreView {
     ScoreScratch sums;  // importance signals (observe, score_layer)
   };
   mutable Scratch scratch_;
+  // Split-K: a head of T >= 2 * kSplitTokens rows is attended in min(kMaxSplitParts,
+  // T / kSplitTokens) ranges of equal length (rounded up to 64 tokens), from its first row; the
+  // split depends on T alone, never on n_threads, so results are the same on any pool.
+  static constexpr size_t kSplitTokens = 2048, kMaxSplitParts = 16, kSplitMaxRows = 32;
+  struct SplitPart {
+    uint32_t head;
+    size_t first, count;
+  };
+  struct SplitScratch {
+    std::vector<SplitPart> parts;              // [n_kv * kMaxSplitParts]
+    std::vector<backend::PartialState> states;  // one per part, into `state`
+    std::vector<float> state;                  // [n_kv * kMaxSplitParts][n_rows][head_dim + 2]
+  };
+  mutable SplitScratch split_;
   // Working memory of the selection stage (append_compressing, compress_to), reused: once grown
   // to the cache's size, a decode step that evicts allocates nothing (the allocation stage's
   // global re-plans aside, which XKV and profiles compute afresh).

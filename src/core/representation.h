@@ -253,6 +253,16 @@ class Representation {
   // threads of the context's pool (ThreadPool slots): true for stores whose attend reads only
   // their rows and works in workspace().
   virtual bool attend_reentrant() const { return false; }
+  // Split-K (Cache::attend): whether attend_range() can attend a head's rows in token ranges
+  // (false: whole heads only). Stores that say so are attend_reentrant() too, and their ranges
+  // of one head may run at the same time on different pool slots.
+  virtual bool attend_splits() const { return false; }
+  // The rows [first, first + count) of the head (of head_tokens(layer, kv_head), in the order
+  // attend() reads them) into the softmax state `out` over n_rows rows, in workspace(); the
+  // states of a head's ranges merge by ops().merge_partials into attend()'s result up to rounding.
+  virtual void attend_range(uint32_t layer, uint32_t kv_head, const float* q_rows,
+                            const int32_t* row_positions, size_t n_rows, size_t first,
+                            size_t count, const backend::PartialState& out) const;
 
  protected:
   // The backend's working memory for this store's kernels on the calling thread's pool slot,

@@ -78,6 +78,15 @@ void ExactRows::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
   ops().attend_f16(query_rows(q_rows, row_positions, n_rows), rows, workspace(), out);
 }
 
+void ExactRows::attend_range(uint32_t layer, uint32_t kv_head, const float* q_rows,
+                             const int32_t* row_positions, size_t n_rows, size_t first,
+                             size_t count, const backend::PartialState& out) const {
+  const ExactStore& s = heads_[layer][kv_head];
+  const backend::F16Rows rows{s.k.data(), s.v.data(), s.positions.data(), s.size()};
+  ops().attend_f16_range(query_rows(q_rows, row_positions, n_rows), rows, first, count,
+                         workspace(), out);
+}
+
 size_t ExactRows::head_tokens(uint32_t layer, uint32_t kv_head) const {
   return heads_[layer][kv_head].size();
 }

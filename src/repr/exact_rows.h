@@ -25,6 +25,12 @@ class ExactRows final : public Representation {
   void append_host(uint32_t layer, size_t n_tokens, const void* k, const void* v,
                    const int32_t* positions) override;
   bool attend_reentrant() const override { return true; }  // reads rows, works in workspace()
+  bool attend_splits() const override {
+    return ops().attend_f16_range != nullptr && ops().merge_partials != nullptr;
+  }
+  void attend_range(uint32_t layer, uint32_t kv_head, const float* q_rows,
+                    const int32_t* row_positions, size_t n_rows, size_t first, size_t count,
+                    const backend::PartialState& out) const override;
   void attend(uint32_t layer, uint32_t kv_head, const float* q_rows, const int32_t* row_positions,
               size_t n_rows, float* out) const override;
   size_t head_tokens(uint32_t layer, uint32_t kv_head) const override;

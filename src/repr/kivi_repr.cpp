@@ -110,6 +110,13 @@ void KiviRepresentation::attend(uint32_t layer, uint32_t kv_head, const float* q
                     workspace(), out);
 }
 
+void KiviRepresentation::attend_range(uint32_t layer, uint32_t kv_head, const float* q_rows,
+                                      const int32_t* row_positions, size_t n_rows, size_t first,
+                                      size_t count, const backend::PartialState& out) const {
+  ops().attend_kivi_range(query_rows(q_rows, row_positions, n_rows), heads_[layer][kv_head],
+                          first, count, workspace(), out);
+}
+
 size_t KiviRepresentation::head_tokens(uint32_t layer, uint32_t kv_head) const {
   return heads_[layer][kv_head].size();
 }

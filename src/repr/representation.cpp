@@ -24,6 +24,13 @@ backend::Workspace& Representation::workspace() const {
   return h.get();
 }
 
+void Representation::attend_range(uint32_t /*layer*/, uint32_t /*kv_head*/,
+                                  const float* /*q_rows*/, const int32_t* /*row_positions*/,
+                                  size_t /*n_rows*/, size_t /*first*/, size_t /*count*/,
+                                  const backend::PartialState& /*out*/) const {
+  fail(KVSDK_E_INTERNAL, "attend_range on a store that attends whole heads only");
+}
+
 void Representation::prefetch(uint32_t /*layer*/, uint32_t /*kv_head*/, const float* /*q_rows*/,
                               const int32_t* /*row_positions*/, size_t /*n_rows*/) {
   fail(KVSDK_E_UNSUPPORTED, "prefetch (speculative queries) is SpeCache's; policy '",

@@ -43,6 +43,7 @@
 #include "minicache_merge.h"
 #include "specache.h"
 #include "spindlekv_store.h"
+#include "util/error.h"
 
 namespace kvsdk::backend {
 namespace {
@@ -370,6 +371,105 @@ TEST(BackendOps, AttendKiviWithinToleranceOfTheReference) {
               }
             }
           }
+        }
+      }
+    }
+  });
+}
+
+// ---- split-K: token ranges of one head, merged ----------------------------------------------
+
+// The attention of a head as ranges cut at `cuts` (ascending, in [0, n]; equal cuts give empty
+// ranges), each through `range(ops, ws, first, count, state)`, merged by the backend's
+// merge_partials.
+template <class Range>
+std::vector<float> split_attend(const Ops& o, Workspace& ws, size_t n_rows, size_t dim, size_t n,
+                                const std::vector<size_t>& cuts, Range&& range) {
+  std::vector<std::vector<float>> mem;
+  std::vector<PartialState> parts;
+  size_t first = 0;
+  for (size_t i = 0; i <= cuts.size(); ++i) {
+    const size_t end = i < cuts.size() ? cuts[i] : n;
+    mem.emplace_back(n_rows * (dim + 2), NAN);  // every float must be written by the range op
+    float* m = mem.back().data();
+    parts.push_back({m, m + n_rows, m + 2 * n_rows});
+    range(o, ws, first, end - first, parts.back());
+    first = end;
+  }
+  std::vector<float> out(n_rows * dim, NAN);
+  o.merge_partials(parts.data(), parts.size(), n_rows, dim, out.data());
+  return out;
+}
+
+// attend_f16_range / attend_kivi_range + merge_partials on every backend: within the attention
+// tolerance of the reference's whole-head attend (the reference's own split too: a split only
+// rounds differently), the same bits on every SIMD target, and one range over everything merged
+// alone is the backend's attend_f16 / attend_kivi bit for bit. Cuts fall inside KIVI key blocks
+// and in the residual window, some ranges are empty, and the causal row sees none of the last
+// ranges (a state of max -inf).
+TEST(BackendOps, SplitKRangesMergeWithinToleranceOfTheReference) {
+  for_each_backend([](const Candidate& c) {
+    for (size_t dim : {size_t(64), size_t(128)}) {
+      for (int tier = 0; tier < 3; ++tier) {  // f16, KIVI-2, KIVI-4 (ragged key blocks)
+        const size_t n = 613;
+        const uint32_t seed = uint32_t(dim * 5 + tier);
+        const std::vector<float> k = gaussian(n * dim, seed), v = gaussian(n * dim, seed + 1, 2.0f);
+        const std::vector<int32_t> pos = iota_positions(n);
+        std::vector<uint16_t> k16(k.size()), v16(v.size());
+        cpu_reference().f32_to_f16(k.data(), k.size(), k16.data());
+        cpu_reference().f32_to_f16(v.data(), v.size(), v16.data());
+        const F16Rows rows{k16.data(), v16.data(), pos.data(), n};
+        cpu::KiviHeadStore s(dim, cpu::KiviConfig{tier == 1 ? 2u : 4u, 32, 64, 14});
+        s.append(k.data(), v.data(), pos.data(), n);
+        if (tier == 2) {
+          std::vector<uint32_t> keep;
+          for (uint32_t t = 0; t < n; ++t) {
+            if (t % 5 != 3) keep.push_back(t);
+          }
+          s.retain(keep);
+        }
+        const size_t tokens = tier == 0 ? n : s.size();
+        const Queries qs = make_queries(4, dim, tokens, seed + 2);
+        const size_t n_rows = qs.pos.size();
+        const auto range = [&](const Ops& o, Workspace& ws, size_t first, size_t count,
+                               const PartialState& st) {
+          if (tier == 0) return o.attend_f16_range(qs.rows(dim), rows, first, count, ws, st);
+          o.attend_kivi_range(qs.rows(dim), s, first, count, ws, st);
+        };
+        const auto whole = [&](const Ops& o, Workspace& ws, float* out) {
+          if (tier == 0) return o.attend_f16(qs.rows(dim), rows, ws, out);
+          o.attend_kivi(qs.rows(dim), s, ws, out);
+        };
+        const std::string what =
+            std::string(tier == 0 ? "f16" : tier == 1 ? "kivi2" : "kivi4 ragged") + " dim " +
+            std::to_string(dim);
+        WorkspaceHandle ref_ws(cpu_reference()), ws(*c.ops);
+        std::vector<float> want(n_rows * dim);
+        whole(cpu_reference(), ref_ws.get(), want.data());
+        const float abs_tol = tier == 0 ? kAttendAbs : kAttendKiviAbs;
+        // Inside the first key block, at a block boundary, an empty range, the residual window.
+        const std::vector<size_t> cuts = {13, 64, 64, 200, tokens - 40, tokens - 3};
+        const std::vector<float> got =
+            split_attend(*c.ops, ws.get(), n_rows, dim, tokens, cuts, range);
+        expect_attention(got, want, max_abs(v), what + " split", abs_tol);
+        if (c.ops != &cpu_reference()) {
+          static std::map<std::string, std::vector<float>> first_target;
+          const auto [it, inserted] = first_target.emplace(what, got);
+          if (!inserted) expect_bits(got, it->second, what + " split (same bits on every target)");
+        }
+        // One range over everything is the whole-head op.
+        std::vector<float> own(n_rows * dim);
+        whole(*c.ops, ws.get(), own.data());
+        expect_bits(split_attend(*c.ops, ws.get(), n_rows, dim, tokens, {}, range), own,
+                    what + " one range");
+        // A range past the end is refused.
+        std::vector<float> mem(n_rows * (dim + 2));
+        PartialState st{mem.data(), mem.data() + n_rows, mem.data() + 2 * n_rows};
+        try {
+          range(*c.ops, ws.get(), tokens - 10, 11, st);
+          ADD_FAILURE() << what << ": a range past the end was accepted";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.status(), KVSDK_E_INVALID_ARG) << e.what();
         }
       }
     }

@@ -72,8 +72,10 @@ struct DecodeRun {
 // `budget` 0: no budget (the cache grows); otherwise the cache's own budget in bytes.
 // `slack` < 0: the preset's default evict_slack. `parallel_proxy` (smallkv): the proxy's step runs
 // on a second thread while the large cache runs the same step (kvsdk_cache_set_proxy_wait).
+// `prefill_steps`: prefill chunks of 96 tokens (96 x 43 = 4,128 tokens: heads long enough for
+// Cache::attend to split them into token ranges on the pool).
 void run_decode(const char* spec, uint64_t budget, float slack, DecodeRun* run,
-                bool parallel_proxy = false) {
+                bool parallel_proxy = false, int prefill_steps = 1) {
   const kvsdk_geometry g = make_geometry(4, 8, 2, 64);
   kvsdk_policy p;
   ASSERT_EQ(kvsdk_policy_parse(&p, spec), KVSDK_OK);
@@ -182,7 +184,7 @@ void run_decode(const char* spec, uint64_t budget, float slack, DecodeRun* run,
     while (parallel_proxy && proxy_done.load() != proxy_go.load()) std::this_thread::yield();
     pos += int32_t(n);  // (the proxy's step reads it)
   };
-  step(96);                              // prefill
+  for (int i = 0; i < prefill_steps; ++i) step(96);  // prefill
   // Warm-up: scratch reaches its size, KIVI flushes once; under a budget, long enough for the
   // stores' capacities to settle through many evict/refill cycles (KIVI overlays alternate two
   // store buffers whose quantized and residual parts shift with every flush).
@@ -226,6 +228,22 @@ TEST_P(DecodeAllocation, ADecodeStepAllocatesNothing) {
   EXPECT_LE(r.steps_allocating, growth_steps)
       << GetParam() << ": " << r.total << " allocations in " << r.steps_allocating
       << " of 16 decode steps";
+}
+
+// Long heads are attended in token ranges on the context's pool (split-K, two parts a head at
+// 4,184 tokens): the parts' softmax states live in the cache's reused scratch, so a step still
+// allocates only when the stored rows cross a capacity.
+TEST(DecodeAllocationSplitK, LongCachesAllocateOnlyToGrow) {
+  for (const char* spec : {"full", "kivi"}) {
+    DecodeRun r;
+    ASSERT_NO_FATAL_FAILURE(run_decode(spec, 0, -1.0f, &r, false, /*prefill_steps=*/43));
+    ASSERT_GT(r.before.tokens, 4 * 2 * 4096u) << spec;  // layer-head tokens: 4 layers x 2 heads
+    std::printf("[ counts   ] %s, %llu tokens a head: %llu allocations in %d of 16 decode "
+                "steps\n", spec, static_cast<unsigned long long>(r.before.tokens / 8),
+                static_cast<unsigned long long>(r.total), r.steps_allocating);
+    EXPECT_LE(r.steps_allocating, 1) << spec << ": " << r.total << " allocations in "
+                                     << r.steps_allocating << " of 16 decode steps";
+  }
 }
 
 // SmallKV with its proxy on another thread (kvsdk_cache_set_proxy_wait): the large cache's waits
