@@ -185,17 +185,18 @@ typedef struct kvsdk_context_options {
  *  (no spinning: an idle context costs no CPU). kvsdk_cache_attend splits a layer's KV heads over
  *  the pool when the work is large enough (long caches; the exact tier, KIVI and SpeCache
  *  stores; other stores attend on the calling thread) and returns when all are done; the calling
- *  thread works too. On the exact tier and KIVI stores, a call of at most 32 query rows per KV
- *  head (decode) splits each head of T >= 4096 rows further into min(16, T / 2048) token ranges
- *  whose softmax states are merged in order (split-K), so that a model with fewer KV heads than
- *  threads (one, with multi-query attention) still uses every thread; the split depends on T
- *  only. Its working memory, kept by the cache and reused (not counted in the budget), is
- *  16 x n_kv_heads x rows x (head_dim + 2) floats for the largest such call (decode on a
- *  Llama-3-8B-like layer: 266 KB). Snapshots use the pool as well: kvsdk_cache_save, _save_to_buffer and
- *  _save_delta build, compress and hash the frames on the cache's context's pool (a few frames
- *  per thread at a time, written in order), and kvsdk_cache_load and _load_from_buffer check
- *  and decompress the base snapshot's frames on the destination context's pool (journal deltas
- *  are read in order on the calling thread). Results do not depend on n_threads: each head is
+ *  thread works too. On the exact tier and KIVI stores, a call of at most 256 query rows
+ *  (queries x query heads: decode) splits each KV head of T >= 4096 rows into min(16, T / 2048)
+ *  token ranges whose softmax states are merged in order (split-K), so that a model with fewer
+ *  KV heads than threads (one, with multi-query attention) still uses every thread; the split
+ *  depends on T only. Its working memory, kept by the cache and reused (not counted in the
+ *  budget), is 16 x rows x (head_dim + 2) floats for the largest such call (decode on a
+ *  Llama-3-8B-like layer: 266 KB; at most 2.1 MB at head_dim 128).
+ *  Snapshots use the pool as well: kvsdk_cache_save, _save_to_buffer and _save_delta build,
+ *  compress and hash the frames on the cache's context's pool (a few frames per thread at a
+ *  time, written in order), and kvsdk_cache_load and _load_from_buffer check and decompress the
+ *  base snapshot's frames on the destination context's pool (journal deltas are read in order on
+ *  the calling thread). Results do not depend on n_threads: each head is
  *  computed the same way on any thread, and snapshot bytes, loaded caches and load errors are the
  *  same at any n_threads.
  *  An app with its own threads: calls on different caches may still run at the same time on

@@ -152,7 +152,8 @@ class Cache final : public StoreView {
   // Split-K (cache_split_attend.cpp): attends every KV head of `layer` in token ranges on the
   // context's pool, each head's ranges merged in order into out_rows, and returns true; false
   // (nothing done) when the store attends whole heads only, the call has more than
-  // kSplitMaxRows query rows a head, or no head is long enough to split.
+  // kSplitMaxRows query rows over all heads (queries x query heads), or no head is long enough
+  // to split.
   bool attend_split(const Representation& s, uint32_t layer, size_t n_rows, const float* q_rows,
                     const int32_t* row_pos, float* out_rows) const;
   BudgetReservation reservation() { return BudgetReservation(*ctx_, charged_, cache_budget_); }
@@ -248,7 +249,7 @@ class Cache final : public StoreView {
   // Split-K: a head of T >= 2 * kSplitTokens rows is attended in min(kMaxSplitParts,
   // T / kSplitTokens) ranges of equal length (rounded up to 64 tokens), from its first row; the
   // split depends on T alone, never on n_threads, so results are the same on any pool.
-  static constexpr size_t kSplitTokens = 2048, kMaxSplitParts = 16, kSplitMaxRows = 32;
+  static constexpr size_t kSplitTokens = 2048, kMaxSplitParts = 16, kSplitMaxRows = 256;
   struct SplitPart {
     uint32_t head;
     size_t first, count;

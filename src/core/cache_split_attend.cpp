@@ -11,8 +11,8 @@ namespace kvsdk {
 
 bool Cache::attend_split(const Representation& s, uint32_t layer, size_t n_rows,
                          const float* q_rows, const int32_t* row_pos, float* out_rows) const {
-  if (!s.attend_splits() || n_rows == 0 || n_rows > kSplitMaxRows) return false;
   const uint32_t n_kv = geometry_.n_kv_heads, dim = geometry_.head_dim;
+  if (!s.attend_splits() || n_rows == 0 || n_rows * n_kv > kSplitMaxRows) return false;
   const auto parts_of = [&](size_t tokens) {
     return std::clamp<size_t>(tokens / kSplitTokens, 1, kMaxSplitParts);
   };

@@ -110,7 +110,8 @@ TEST(Threads, SpeCacheGivesTheSameBitsAndHitRateOnAnyNumberOfThreads) {
 }
 
 // Split-K: heads of 4,200 tokens are attended in two token ranges (Cache::kSplitTokens) on the
-// pool, at most 32 query rows a head; a call with more rows attends whole heads. Queries of a
+// pool when a call has at most 256 query rows (queries x query heads); a call with more rows
+// attends whole heads. Queries of a
 // call are independent, so the split call's outputs must agree with the same queries' outputs
 // inside a whole-head call: elementwise for the f16 tier, in norm for KIVI (whose value weights
 // are quantized per 64-token segment from each range's first token: 14-bit weights here;
@@ -129,20 +130,22 @@ SplitRun split_outputs(kvsdk_context* ctx, const char* spec) {
   EXPECT_TRUE(c) << kvsdk_last_error();
   const size_t n = 4200, kv = size_t(g.n_kv_heads) * g.head_dim;
   const size_t qe = size_t(g.n_q_heads) * g.head_dim;
-  const auto k = random_floats(n * kv, 7), v = random_floats(n * kv, 8), q = random_floats(9 * qe, 9);
+  const auto k = random_floats(n * kv, 7), v = random_floats(n * kv, 8);
+  const auto q = random_floats(33 * qe, 9);
   std::vector<int32_t> pos(n);
   for (size_t i = 0; i < n; ++i) pos[i] = int32_t(i);
   EXPECT_EQ(kvsdk_cache_append(c.get(), 0, n, k.data(), v.data(), pos.data(), n * kv * 4),
             KVSDK_OK) << kvsdk_last_error();
   // Query 0 sees every row, query 1 (a causal one) the rows of the first range and part of the
-  // second; the others only fill the whole-head call past 32 rows a head.
-  const int32_t qpos[9] = {int32_t(n) - 1, 3000, 10, 20, 30, 40, 50, 60, 70};
+  // second; the others only fill the whole-head call past 256 rows (33 queries x 8 query heads).
+  int32_t qpos[33] = {int32_t(n) - 1, 3000};
+  for (int i = 2; i < 33; ++i) qpos[i] = 10 * i;
   SplitRun r;
   r.split.resize(2 * qe);
-  std::vector<float> whole(9 * qe);
+  std::vector<float> whole(33 * qe);
   EXPECT_EQ(kvsdk_cache_attend(c.get(), 0, 2, q.data(), qpos, 2 * qe * 4, r.split.data(),
                                r.split.size() * 4), KVSDK_OK) << kvsdk_last_error();
-  EXPECT_EQ(kvsdk_cache_attend(c.get(), 0, 9, q.data(), qpos, 9 * qe * 4, whole.data(),
+  EXPECT_EQ(kvsdk_cache_attend(c.get(), 0, 33, q.data(), qpos, 33 * qe * 4, whole.data(),
                                whole.size() * 4), KVSDK_OK) << kvsdk_last_error();
   r.whole.assign(whole.begin(), whole.begin() + 2 * qe);
   return r;

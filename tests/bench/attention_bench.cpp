@@ -9,12 +9,14 @@
 //   speedup_vs_fast_f16 / speedup_vs_ref_f32   time of that baseline / this time
 //   bytes                                       bytes the kernel reads (the layer's stored rows)
 //   floor_fraction                              (bytes / read bandwidth) / this time
-// and the layer's 8 KV heads on a ThreadPool of 1 and 2 threads (f16 and KIVI-2, wall time):
+// and the layer's 8 KV heads, split into token ranges as the cache does, on a ThreadPool of 1 and
+// 2 threads (f16 and KIVI-2, wall time):
 //   speedup_vs_1_thread                         time on 1 thread / this time
 // Run the benchmarks in registration order (the baselines are measured first); results are in
 // docs/benchmarks.md.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -251,9 +253,11 @@ void BM_fast_kivi(benchmark::State& state) {
 
 void BM_fast_kivi2_w14(benchmark::State& state) { BM_fast_kivi<2, true>(state); }
 
-// The layer's KV heads on a pool of state.range(1) threads, as kvsdk_cache_attend runs them
-// (src/core/cache.cpp: one task per KV head, a Scratch per thread slot). Wall time, so the
-// ratio to 1 thread is the parallel speedup on this machine (the cores share one memory system).
+// The layer's KV heads on a pool of state.range(1) threads, as kvsdk_cache_attend runs them at
+// decode (src/core/cache_split_attend.cpp, split-K): each head's tokens in min(16, n / 2048)
+// ranges, one task per head and range with a Scratch per thread slot, then each head's partial
+// softmax states merged in order. Wall time, so the ratio to 1 thread is the parallel speedup on
+// this machine (the cores share one memory system).
 template <bool Kivi>
 void BM_threads(benchmark::State& state) {
   const size_t n = size_t(state.range(0)), nt = size_t(state.range(1));
@@ -261,20 +265,34 @@ void BM_threads(benchmark::State& state) {
   std::vector<fast::Scratch> scratch(pool.size());
   for (auto& s : scratch) s.reserve(kGroup, kDim, kDim / 32);
   std::vector<float> out(kQHeads * kDim);
+  const size_t parts = std::min<size_t>(16, std::max<size_t>(1, n / 2048));
+  const size_t step = ((n + parts - 1) / parts + 63) / 64 * 64;
+  std::vector<float> mem(kKvHeads * parts * kGroup * (kDim + 2));
+  std::vector<fast::PartialState> st(kKvHeads * parts);
+  for (size_t i = 0; i < st.size(); ++i) {
+    float* m = mem.data() + i * kGroup * (kDim + 2);
+    st[i] = {m, m + kGroup, m + 2 * kGroup};
+  }
   const Layer& L0 = layer(n);
   const std::string name = std::string(Kivi ? "threads_kivi2_" : "threads_f16_") +
                            std::to_string(nt) + "_";
   run(state, name.c_str(), Kivi ? kivi_bytes(L0.kivi2) : dense_bytes(n, 2), [&](const Layer& L) {
-    pool.run(kKvHeads, [&](size_t h) {
+    pool.run(kKvHeads * parts, [&](size_t i) {
+      const size_t h = i / parts, first = std::min(n, (i % parts) * step);
+      const size_t count = std::min(step, n - first);
       fast::Scratch& s = scratch[kvsdk::ThreadPool::current_slot()];
       const fast::Queries q{L.q.data() + h * kGroup * kDim, L.qpos.data(), kGroup, kDim, kScale};
       if (Kivi) {
-        fast::attend_kivi(q, *L.kivi2[h], s, out.data() + h * kGroup * kDim);
+        fast::attend_kivi_partial(q, *L.kivi2[h], first, count, s, st[i]);
       } else {
-        fast::attend_f16(q, L.k16[h].data(), L.v16[h].data(), L.pos.data(), L.n, s,
-                         out.data() + h * kGroup * kDim);
+        fast::attend_f16_partial(q, L.k16[h].data(), L.v16[h].data(), L.pos.data(), first, count,
+                                 s, st[i]);
       }
     });
+    for (size_t h = 0; h < kKvHeads; ++h) {
+      fast::merge_partials(st.data() + h * parts, parts, kGroup, kDim,
+                           out.data() + h * kGroup * kDim);
+    }
     benchmark::DoNotOptimize(out.data());
   });
   const auto base = seconds().find(std::string(Kivi ? "threads_kivi2_1_" : "threads_f16_1_") +

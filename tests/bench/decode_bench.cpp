@@ -7,7 +7,9 @@
 //              (above 1: the preset decodes faster than the uncompressed cache)
 //   x 1 thread this preset's 1-thread time / its time on this many threads
 // The layer count does not matter for either ratio (every layer does the same work), so one layer
-// keeps the 32k caches at ~140 MB each. KVSDK_BENCH_TOKENS="4096,32768" overrides the sizes.
+// keeps the 32k caches at ~140 MB each. KVSDK_BENCH_TOKENS="4096,32768" overrides the sizes;
+// KVSDK_BENCH_KV_HEADS=1 runs the layer with multi-query attention instead (32 query heads on one
+// KV head: the cache splits each head's tokens over the threads, split-K).
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
@@ -25,7 +27,13 @@
 
 namespace {
 
-constexpr uint32_t kQHeads = 32, kKvHeads = 8, kDim = 128, kWindow = 32;
+constexpr uint32_t kQHeads = 32, kDim = 128, kWindow = 32;
+
+uint32_t kv_heads() {
+  const char* v = std::getenv("KVSDK_BENCH_KV_HEADS");
+  return v ? uint32_t(std::stoul(v)) : 8;
+}
+const uint32_t kKvHeads = kv_heads();
 
 std::vector<uint32_t> token_counts() {
   const char* v = std::getenv("KVSDK_BENCH_TOKENS");
