@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "attention_scores.h"
+#include "partial_state.h"  // split-K: Ops::attend_*_range, merge_partials
 #include "kvsdk.h"
 
 namespace kvsdk::cpu {
@@ -97,16 +98,6 @@ struct KiviTier {
   uint32_t weight_bits = 14;  // KiviConfig::weight_bits: the optimized CPU kernel's value weights
   const uint32_t* block_starts = nullptr;  // [blocks]; null: tokens / group full blocks
   size_t blocks = 0;
-};
-
-// --- split-K (Ops::attend_f16_range, attend_kivi_range, merge_partials) -------------------------
-// The softmax state of q.n_rows query rows over some of a head's tokens, in caller memory: each
-// row's running max score, its sum of exp(score - max), and the unnormalized sum of
-// exp(score - max) * value rows. A row that saw no token has max -inf, sum 0 and acc 0.
-struct PartialState {
-  float* max = nullptr;  // [n_rows]
-  float* sum = nullptr;  // [n_rows]
-  float* acc = nullptr;  // [n_rows][dim]
 };
 
 // One host -> backend copy of a batch (Ops::to_backend_many).

@@ -1,5 +1,6 @@
 #include "attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -93,6 +94,28 @@ void OnlineAttention::state(float* max, float* sum, float* acc) const {
   std::copy_n(s_.max.data(), n_rows_, max);
   std::copy_n(s_.sum.data(), n_rows_, sum);
   std::copy_n(s_.acc.data(), n_rows_ * dim_, acc);
+}
+
+void merge_attention_states(const backend::PartialState* parts, size_t n_parts, size_t n_rows,
+                            size_t dim, float* out) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (size_t r = 0; r < n_rows; ++r) {
+    float m = neg_inf;
+    for (size_t p = 0; p < n_parts; ++p) m = std::max(m, parts[p].max[r]);
+    float* o = out + r * dim;
+    std::fill_n(o, dim, 0.0f);
+    if (m == neg_inf) continue;  // no part saw a token for this row
+    float total = 0.0f;
+    for (size_t p = 0; p < n_parts; ++p) {
+      if (parts[p].max[r] == neg_inf) continue;
+      const float w = pmath::exp_f32(parts[p].max[r] - m);
+      total += parts[p].sum[r] * w;
+      const float* a = parts[p].acc + r * dim;
+      for (size_t d = 0; d < dim; ++d) o[d] += a[d] * w;
+    }
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    for (size_t d = 0; d < dim; ++d) o[d] *= inv;
+  }
 }
 
 }  // namespace kvsdk::cpu

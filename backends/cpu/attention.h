@@ -2,13 +2,11 @@
 // can feed its own (dequantised, reconstructed) rows without materialising the whole cache.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <vector>
 
-#include "portable_math.h"
+#include "partial_state.h"
 
 namespace kvsdk::cpu {
 
@@ -57,30 +55,10 @@ class OnlineAttention {
 float dot_f32(const float* a, const float* b, size_t n);
 
 // Split-K's merge (the reference): out [n_rows][dim] = the attention over the union of the parts,
-// each holding OnlineAttention::state() in members max [n_rows], sum [n_rows] and
-// acc [n_rows][dim]: the max over the parts, then each part rescaled by exp(max_i - max) (the
-// softmax's portable exp) and added, part 0 first; rows that saw no token in any part get zeros.
-template <class Part>
-void merge_attention_states(const Part* parts, size_t n_parts, size_t n_rows, size_t dim,
-                            float* out) {
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (size_t r = 0; r < n_rows; ++r) {
-    float m = neg_inf;
-    for (size_t p = 0; p < n_parts; ++p) m = std::max(m, parts[p].max[r]);
-    float* o = out + r * dim;
-    std::fill_n(o, dim, 0.0f);
-    if (m == neg_inf) continue;  // no part saw a token for this row
-    float total = 0.0f;
-    for (size_t p = 0; p < n_parts; ++p) {
-      if (parts[p].max[r] == neg_inf) continue;
-      const float w = pmath::exp_f32(parts[p].max[r] - m);
-      total += parts[p].sum[r] * w;
-      const float* a = parts[p].acc + r * dim;
-      for (size_t d = 0; d < dim; ++d) o[d] += a[d] * w;
-    }
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    for (size_t d = 0; d < dim; ++d) o[d] *= inv;
-  }
-}
+// each holding an OnlineAttention::state(): the max over the parts, then each part rescaled by
+// exp(max_i - max) (the softmax's portable exp) and added, part 0 first; rows that saw no token
+// in any part get zeros.
+void merge_attention_states(const backend::PartialState* parts, size_t n_parts, size_t n_rows,
+                            size_t dim, float* out);
 
 }  // namespace kvsdk::cpu

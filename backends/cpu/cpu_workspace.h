@@ -13,6 +13,7 @@
 #include "fast_chunk_attention.h"
 #include "minicache_merge.h"
 #include "specache.h"
+#include "util/error.h"
 
 namespace kvsdk::backend {
 
@@ -28,5 +29,13 @@ struct Workspace {
   cpu::MiniCacheScratch minicache;  // MiniCache+KIVI: dequantized directions of a chunk
   cpu::SpeCacheSelectScratch specache;  // SpeCache selection: scores, probabilities, top-k
 };
+
+// The split-K entries' check (Ops::attend_*_range): tokens [first, first + count) within n_tokens,
+// else kvsdk::Error (KVSDK_E_INVALID_ARG) naming `op`.
+inline void require_token_range(const char* op, size_t first, size_t count, size_t n_tokens) {
+  if (first > n_tokens || count > n_tokens - first) {
+    fail(KVSDK_E_INVALID_ARG, op, ": tokens [", first, ", ", first + count, ") past ", n_tokens);
+  }
+}
 
 }  // namespace kvsdk::backend

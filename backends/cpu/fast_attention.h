@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "kivi_store.h"
+#include "partial_state.h"
 
 namespace kvsdk::cpu::fast {
 
@@ -105,14 +106,8 @@ void attend_scaled_f16(const Queries& qs, const ScaledF16Rows& k, const ScaledF1
                        size_t n_pending, Scratch& scratch, float* out);
 
 // --- split-K: one token range at a time, merged in a fixed order --------------------------------
-// The softmax state of n_rows rows over some tokens, in caller memory: the running max score,
-// the sum of exp(score - max), and the unnormalized sum of exp(score - max) * value rows.
-// Rows that saw no token have max -inf, sum 0 and acc 0.
-struct PartialState {
-  float* max = nullptr;  // [n_rows]
-  float* sum = nullptr;  // [n_rows]
-  float* acc = nullptr;  // [n_rows][dim]
-};
+// The softmax state of n_rows rows over some tokens (partial_state.h: the seam's own type).
+using PartialState = backend::PartialState;
 
 // attend_f16 / attend_kivi over tokens [first, first + count) only (append order; for KIVI the
 // quantized tokens come first, then the residual window), writing the partial state. A range may

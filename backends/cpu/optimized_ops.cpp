@@ -19,7 +19,6 @@
 #include "specache.h"
 #include "specache_attention.h"
 #include "spindlekv_store.h"
-#include "util/error.h"
 #include "util/growth.h"
 #include "util/half_array.h"
 
@@ -207,34 +206,15 @@ void attend_kivi_tier(const QueryRows& q, const KiviTier& tier, const F16Rows& r
 }
 
 // --- split-K: the fused kernels over one token range (fast_attention.h) --------------------------
-cpu::fast::PartialState fast_state(const PartialState& p) { return {p.max, p.sum, p.acc}; }
-
 void attend_f16_range(const QueryRows& q, const F16Rows& r, size_t first, size_t count,
                       Workspace& ws, const PartialState& out) {
-  if (first > r.n_tokens || count > r.n_tokens - first) {
-    fail(KVSDK_E_INVALID_ARG, "attend_f16_range: tokens [", first, ", ", first + count,
-         ") past ", r.n_tokens);
-  }
-  cpu::fast::attend_f16_partial(queries(q), r.k, r.v, r.positions, first, count, ws.fast,
-                                fast_state(out));
+  require_token_range("attend_f16_range", first, count, r.n_tokens);
+  cpu::fast::attend_f16_partial(queries(q), r.k, r.v, r.positions, first, count, ws.fast, out);
 }
 
 void attend_kivi_range(const QueryRows& q, const cpu::KiviHeadStore& s, size_t first,
                        size_t count, Workspace& ws, const PartialState& out) {
-  cpu::fast::attend_kivi_partial(queries(q), s, first, count, ws.fast, fast_state(out));
-}
-
-// fast::merge_partials takes its own (layout-identical) state type; the parts are converted in
-// groups on the stack, so the merge allocates nothing.
-void merge_partials(const PartialState* parts, size_t n_parts, size_t n_rows, size_t dim,
-                    float* out) {
-  constexpr size_t kOnStack = 64;
-  if (n_parts > kOnStack) {
-    fail(KVSDK_E_INTERNAL, "merge_partials: ", n_parts, " parts (at most ", kOnStack, ")");
-  }
-  cpu::fast::PartialState f[kOnStack];
-  for (size_t i = 0; i < n_parts; ++i) f[i] = fast_state(parts[i]);
-  cpu::fast::merge_partials(f, n_parts, n_rows, dim, out);
+  cpu::fast::attend_kivi_partial(queries(q), s, first, count, ws.fast, out);
 }
 
 Ops make_optimized() {
@@ -257,7 +237,7 @@ Ops make_optimized() {
   ops.attend_kivi_tier = attend_kivi_tier;
   ops.attend_f16_range = attend_f16_range;  // split-K
   ops.attend_kivi_range = attend_kivi_range;
-  ops.merge_partials = merge_partials;
+  ops.merge_partials = cpu::fast::merge_partials;
   return ops;
 }
 

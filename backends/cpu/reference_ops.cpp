@@ -204,12 +204,6 @@ void attend_kivi_tier(const QueryRows& q, const KiviTier& tier, const F16Rows& r
 }
 
 // --- split-K --------------------------------------------------------------------------------------
-void require_range(const char* op, size_t first, size_t count, size_t n_tokens) {
-  if (first > n_tokens || count > n_tokens - first) {
-    fail(KVSDK_E_INVALID_ARG, op, ": tokens [", first, ", ", first + count, ") past ", n_tokens);
-  }
-}
-
 // An OnlineAttention over the range's rows, handing out its unnormalised state.
 template <class Feed>
 void online_state(const QueryRows& q, Workspace& ws, const PartialState& out, Feed&& feed) {
@@ -220,22 +214,17 @@ void online_state(const QueryRows& q, Workspace& ws, const PartialState& out, Fe
 
 void attend_f16_range(const QueryRows& q, const F16Rows& r, size_t first, size_t count,
                       Workspace& ws, const PartialState& out) {
-  require_range("attend_f16_range", first, count, r.n_tokens);
+  require_token_range("attend_f16_range", first, count, r.n_tokens);
   const F16Rows range{r.k + first * q.dim, r.v + first * q.dim, r.positions + first, count};
   online_state(q, ws, out, [&](cpu::OnlineAttention& att) { add_f16_rows(att, range, q.dim, ws); });
 }
 
 void attend_kivi_range(const QueryRows& q, const cpu::KiviHeadStore& s, size_t first,
                        size_t count, Workspace& ws, const PartialState& out) {
-  require_range("attend_kivi_range", first, count, s.size());
+  require_token_range("attend_kivi_range", first, count, s.size());
   online_state(q, ws, out, [&](cpu::OnlineAttention& att) {
     cpu::kivi_attend_range(s, first, count, att, ws.attention);
   });
-}
-
-void merge_partials(const PartialState* parts, size_t n_parts, size_t n_rows, size_t dim,
-                    float* out) {
-  cpu::merge_attention_states(parts, n_parts, n_rows, dim, out);
 }
 
 Ops make_reference() {
@@ -256,7 +245,7 @@ Ops make_reference() {
   };
   ops.attend_f16_range = attend_f16_range;  // split-K
   ops.attend_kivi_range = attend_kivi_range;
-  ops.merge_partials = merge_partials;
+  ops.merge_partials = cpu::merge_attention_states;
   return ops;
 }
 

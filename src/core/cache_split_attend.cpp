@@ -30,14 +30,13 @@ bool Cache::attend_split(const Representation& s, uint32_t layer, size_t n_rows,
   size_t n_parts = 0;
   for (uint32_t g = 0; g < n_kv; ++g) {
     const size_t tokens = s.head_tokens(layer, g), parts = parts_of(tokens);
-    const size_t chunk = (tokens + parts - 1) / parts;
-    const size_t step = std::max<size_t>((chunk + 63) / 64 * 64, 1);
-    // A head with no rows still gets one (empty) part: its rows see nothing and get zeros.
-    for (size_t first = 0; first < tokens || first == 0; first += step) {
+    const size_t step = ((tokens + parts - 1) / parts + 63) / 64 * 64;
+    // A head with no rows still gets one (empty) range: its rows see nothing and get zeros.
+    const size_t ranges = tokens == 0 ? 1 : (tokens + step - 1) / step;
+    for (size_t r = 0; r < ranges; ++r) {
       float* m = mem + n_parts * state_floats;
       sc.states[n_parts] = {m, m + n_rows, m + 2 * n_rows};
-      sc.parts[n_parts++] = {g, first, std::min(step, tokens - first)};
-      if (tokens == 0) break;
+      sc.parts[n_parts++] = {g, r * step, std::min(step, tokens - r * step)};
     }
   }
   const auto range = [&](size_t i) {
