@@ -4,6 +4,7 @@
 // -ffp-contract=off, and std::fma is never called), no long double, no table lookups that differ
 // by platform.
 #include "portable_math.h"
+#include "portable_exp.h"
 
 #include <cmath>
 #include <cstdint>
@@ -19,7 +20,6 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 constexpr double kLn2Hi = 6.93147180369123816490e-01;  // high 32 bits of ln 2: k * kLn2Hi exact
 constexpr double kLn2Lo = 1.90821492927058770002e-10;  // ln 2 - kLn2Hi
-constexpr double kInvLn2 = 1.44269504088896338700e+00;
 
 // Rounds to the nearest integer (halves up), exactly.
 double nearest(double x) { return std::floor(x + 0.5); }
@@ -71,29 +71,9 @@ int reduce_pio2(double x, double* hi, double* lo) {
 
 }  // namespace
 
-double exp(double x) {
-  constexpr double P1 = 1.66666666666666019037e-01, P2 = -2.77777777770155933842e-03,
-                   P3 = 6.61375632143793436117e-05, P4 = -1.65339022054652515390e-06,
-                   P5 = 4.13813679705723846039e-08;
-  if (x != x) return x;
-  if (x > 7.09782712893383973096e+02) return kInf;
-  if (x < -7.45133219101941108420e+02) return 0.0;
-  if (std::fabs(x) < 0x1p-28) return 1.0 + x;
-  double hi = x, lo = 0.0, k = 0.0;
-  if (std::fabs(x) > 0.5 * kLn2Hi) {
-    k = nearest(x * kInvLn2);
-    hi = x - k * kLn2Hi;  // exact: k * kLn2Hi has at most 43 bits
-    lo = k * kLn2Lo;
-  }
-  const double r = hi - lo;
-  const double t = r * r;
-  const double c = r - t * (P1 + t * (P2 + t * (P3 + t * (P4 + t * P5))));
-  if (k == 0.0) return 1.0 - ((r * c) / (c - 2.0) - r);
-  const double y = 1.0 - ((lo - (r * c) / (2.0 - c)) - hi);
-  return std::ldexp(y, int(k));  // exact scaling (one correct rounding for subnormal results)
-}
+double exp(double x) { return detail::exp_body(x); }  // (portable_exp.h: host and device)
 
-float exp_f32(float x) { return float(exp(double(x))); }
+float exp_f32(float x) { return detail::exp_f32_body(x); }
 
 double log(double x) {
   constexpr double Lg1 = 6.666666666666735130e-01, Lg2 = 3.999999999940941908e-01,

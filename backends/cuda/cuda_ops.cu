@@ -9,6 +9,7 @@
 #include <new>
 
 #include "cuda_check.h"
+#include "cuda_column_sums.h"
 #include "cuda_convert.h"
 #include "cuda_decode_attention.h"
 #include "cuda_kivi_quant.h"
@@ -24,6 +25,9 @@ namespace {
 struct CudaWorkspace {
   void* partials = nullptr;
   size_t bytes = 0;
+  // The scoring kernel's logits block and row statistics (column_sums_rows), grown likewise.
+  float* scores = nullptr;
+  size_t score_floats = 0;
 };
 
 CudaWorkspace& cuda_workspace(backend::Workspace& ws) {
@@ -47,6 +51,7 @@ void workspace_destroy(backend::Workspace* ws) {
   if (!ws) return;
   CudaWorkspace* w = &cuda_workspace(*ws);
   if (w->partials) cudaFree(w->partials);
+  if (w->scores) cudaFree(w->scores);
   delete w;
 }
 
@@ -121,6 +126,34 @@ void attend_kivi_tier(const backend::QueryRows& q, const backend::KiviTier& tier
   attend_tiers(q, &view, exact_view(residual), ws, out);
 }
 
+// Logits held at once by the device scoring (16 MiB of working memory at most: a block of query
+// rows at a time, which never changes a result, as on the CPU).
+constexpr size_t kMaxScoreLogits = size_t(4) << 20;
+
+// The eviction presets' scores over a device store's rows (and an append's incoming rows), with
+// the CPU's bits (cuda_column_sums.h), on the compute stream.
+void column_sums_rows(const backend::QueryRows& q, const backend::F16Rows& held, const float* tail,
+                      const int32_t* tail_pos, size_t n_tail, backend::Workspace& ws,
+                      float* col_sums) {
+  ColumnSumsShape shape;
+  shape.rows = q.n_rows;
+  shape.dim = q.dim;
+  shape.scale = q.scale;
+  shape.held = held.n_tokens;
+  shape.tail = n_tail;
+  CudaWorkspace& w = cuda_workspace(ws);
+  const size_t need = column_sums_workspace(shape, kMaxScoreLogits);
+  if (need > w.score_floats) {
+    void* grown = nullptr;
+    check_cuda(cudaMalloc(&grown, need * sizeof(float)), "cudaMalloc (scoring workspace)");
+    if (w.scores) cudaFree(w.scores);
+    w.scores = static_cast<float*>(grown);
+    w.score_floats = need;
+  }
+  column_sums(q.q, q.positions, held.k, held.positions, tail, tail_pos, shape, kMaxScoreLogits,
+              w.scores, col_sums, compute_stream());
+}
+
 // Conversion and KIVI quantization over device buffers, on the compute stream: a device KIVI
 // store quantizes the residual rows it flushes where they are (src/repr/device_kivi.h). The
 // kernels give the CPU's bits (cuda_kivi_quant.h); one key block per call, as the CPU entry.
@@ -186,6 +219,7 @@ backend::Ops make_ops() {
   ops.workspace_destroy = workspace_destroy;
   ops.attend_f16 = attend_f16;
   ops.attend_kivi_tier = attend_kivi_tier;
+  ops.column_sums_rows = column_sums_rows;
   ops.f16_to_f32 = f16_to_f32_entry;
   ops.kivi_quantize_keys = kivi_quantize_keys_entry;
   ops.kivi_quantize_values = kivi_quantize_values_entry;

@@ -101,6 +101,23 @@ uint64_t Cache::slack_rows(uint64_t cap) const {
   return uint64_t(double(policy_.evict_slack) * double(cap));
 }
 
+namespace {
+
+// Lets one layer's scoring run where the row store keeps the rows (a device store scores its keys
+// there: Representation::column_sums_here), for the guard's lifetime.
+struct RowsScoring {
+  RowsScoring(ScoreScratch& s, const Representation& rows, uint32_t layer) : scratch(s) {
+    scratch.rows_store = &rows;
+    scratch.rows_layer = layer;
+  }
+  ~RowsScoring() { scratch.rows_store = nullptr; }
+  RowsScoring(const RowsScoring&) = delete;
+  RowsScoring& operator=(const RowsScoring&) = delete;
+  ScoreScratch& scratch;
+};
+
+}  // namespace
+
 void Cache::begin_pass() {
   if (select_.scores.size() != geometry_.n_layers) select_.scores.resize(geometry_.n_layers);
   for (HeadScores& h : select_.scores) h.computed = false;
@@ -155,6 +172,7 @@ void Cache::score_layer(uint32_t layer, const Append* in) {
                  dst);
       }
     };
+    const RowsScoring on_rows(scratch_.sums, *rows_, layer);
     policy::window_scores(window, geometry_, h, load, pos, n, raw, scratch_.sums);
     // Pool the context part (everything before the observation window); the window itself is
     // always kept, so its scores are never compared.
@@ -621,6 +639,7 @@ void Cache::observe(uint32_t layer, size_t n_queries, const void* q, const int32
       const size_t n = store->head_tokens(layer, h);
       reserve_for_growth(added[h], n);  // (the layer grows by a row per decode step)
       added[h].assign(n, 0.0f);
+      const RowsScoring on_rows(scratch_.sums, *store, layer);
       policy::h2o_accumulate(qb, geometry_, h, load, store->row_positions(layer, h), n,
                              added[h].data(), scratch_.sums);
     }

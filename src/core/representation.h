@@ -166,6 +166,17 @@ class Representation {
   // Keys of rows [first, first + count) of one head as attention sees them, f32 [count][head_dim].
   virtual void load_keys(uint32_t layer, uint32_t kv_head, size_t first, size_t count,
                          float* dst) const;
+  // The scoring kernel (backend_ops.h column_sums) run where a device store's rows are, so that
+  // their keys never leave the device: col_sums[n_keys] (host, overwritten) for the host query
+  // rows `q` over the head's rows [0, head_tokens) and then `keys`' rows [head_tokens, n_keys)
+  // (an append's incoming rows, positions key_pos[head_tokens...]). Returns false (nothing done)
+  // where the caller scores on the host through load_keys (host stores, KIVI overlays).
+  virtual bool column_sums_here(uint32_t /*layer*/, uint32_t /*kv_head*/,
+                                const backend::QueryRows& /*q*/,
+                                const cpu::KeyChunkLoader& /*keys*/, const int32_t* /*key_pos*/,
+                                size_t /*n_keys*/, float* /*col_sums*/) const {
+    return false;
+  }
   // The rows of an append that the selection stage may keep: k, v [n][n_kv_heads][head_dim] in the
   // geometry's host dtype, read in place from the caller's buffers.
   struct IncomingRows {

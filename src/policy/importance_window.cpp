@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "policy/importance.h"
+#include "core/representation.h"
 
 namespace kvsdk::policy {
 
@@ -61,7 +62,10 @@ void group_column_sums(const QueryBlock& queries, const Geometry& g, uint32_t kv
   std::fill_n(sums.begin(), n_keys, 0.0f);
   const backend::QueryRows rows{scratch.rows.data(), scratch.pos.data(), scratch.pos.size(),
                                 g.head_dim, g.attn_scale};
-  scratch.ops->column_sums(rows, keys, key_pos, n_keys, scratch.workspace(), sums.data());
+  const bool here = scratch.rows_store &&
+                    scratch.rows_store->column_sums_here(scratch.rows_layer, kv_head, rows, keys,
+                                                         key_pos, n_keys, sums.data());
+  if (!here) scratch.ops->column_sums(rows, keys, key_pos, n_keys, scratch.workspace(), sums.data());
   // Sum over queries (inside the kernel), average over the group's query heads.
   const float inv_group = 1.0f / float(g.group_size());
   for (size_t t = 0; t < n_keys; ++t) scores[t] += sums[t] * inv_group;

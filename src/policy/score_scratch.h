@@ -13,6 +13,8 @@
 
 namespace kvsdk {
 
+class Representation;
+
 struct ScoreScratch {
   std::vector<float> rows, sums;
   std::vector<int32_t> pos;
@@ -20,6 +22,11 @@ struct ScoreScratch {
   // working memory (created on first use).
   const backend::Ops* ops = &backend::cpu_optimized();
   backend::WorkspaceHandle ws;
+
+  // Set by the cache for one layer's scoring when its rows may live in a device backend's
+  // memory: the store's column_sums_here() runs first, ops->column_sums when it declines.
+  const Representation* rows_store = nullptr;
+  uint32_t rows_layer = 0;
 
   void set_ops(const backend::Ops& o) {
     ops = &o;

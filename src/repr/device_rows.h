@@ -72,6 +72,12 @@ class DeviceRows final : public Representation, private ArenaOwner {
   }
   void load_keys(uint32_t layer, uint32_t kv_head, size_t first, size_t count,
                  float* dst) const override;
+  // The selection's scores on the device (the backend's column_sums_rows, the CPU's bits): the
+  // query rows, the incoming rows' keys and positions go in, n_keys floats come out; the head's
+  // keys stay in the arena.
+  bool column_sums_here(uint32_t layer, uint32_t kv_head, const backend::QueryRows& q,
+                        const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
+                        float* col_sums) const override;
   uint64_t plan_keep(uint32_t layer, const std::vector<std::vector<uint32_t>>& keep,
                      const IncomingRows* incoming) override;
   // A device failure half-way (the driver's error) cannot be reported from here: the store then
@@ -139,6 +145,9 @@ class DeviceRows final : public Representation, private ArenaOwner {
   const backend::Ops& device_;
   ArenaRegions& regions_;
   mutable DeviceQueries queries_;  // attention's queries and output on the device
+  // column_sums_here()'s inputs and output on the device, and its incoming keys on the host.
+  mutable DeviceScratch score_io_;
+  mutable std::vector<float> score_tail_;
   cuda::ArenaPartition layout_;
   std::vector<uint64_t> capacity_;                            // [layer] rows per head
   std::vector<std::vector<std::vector<int32_t>>> positions_;  // [layer][head] host mirror

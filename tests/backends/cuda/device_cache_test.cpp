@@ -495,6 +495,48 @@ TEST(DeviceCacheStaging, TheShimRefusesCopiesThatBreakTheMemoryRules) {
   EXPECT_EQ(cudaFreeHost(static_cast<char*>(pinned) + 1), cudaErrorInvalidValue);
   EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
 }
+
+// The eviction presets score where the rows are: an h2o observe and a snapkv selection pass
+// send the queries (and an append's incoming keys) to the device and bring back one f32 score
+// per row and KV head, never the keys (64x fewer bytes at head_dim 64; the rows are still the
+// CPU's, DeviceEviction checks that).
+TEST(DeviceCacheScoring, KeysStayOnTheDevice) {
+  const kvsdk_geometry g = kvsdk_test::make_geometry(2, 8, 2, 64);
+  const size_t n = 2000;
+  const unsigned long long cols = g.n_kv_heads * n * sizeof(float);  // one layer's scores
+  for (const char* spec : {"h2o", "snapkv"}) {
+    SCOPED_TRACE(spec);
+    CUDA_CONTEXT_OR_SKIP(gpu, 16u << 20);
+    kvsdk_policy p;
+    ASSERT_EQ(kvsdk_policy_parse(&p, spec), KVSDK_OK);
+    CachePtr c = kvsdk_test::make_cache(gpu.get(), g, &p);
+    ASSERT_TRUE(c) << kvsdk_last_error();
+    for (uint32_t l = 0; l < g.n_layers; ++l) append(c.get(), g, l, 0, n, 30 + l);
+    const auto q = kvsdk_test::random_floats(size_t(g.n_q_heads) * g.head_dim, 31);
+    const int32_t qpos = int32_t(n) - 1;
+    const auto out_bytes = [] {
+      const kvsdk::cuda_host::TransferBytes t = kvsdk::cuda_host::transfer_bytes();
+      return t.to_host_pinned + t.to_host_pageable;
+    };
+    unsigned long long before = out_bytes();
+    ASSERT_EQ(kvsdk_cache_observe(c.get(), 1, 1, q.data(), &qpos, q.size() * sizeof(float)),
+              KVSDK_OK)
+        << kvsdk_last_error();
+    const unsigned long long observed = out_bytes() - before;
+    if (std::string(spec) == "h2o") {
+      EXPECT_EQ(observed, cols) << "the observe's scores, not the layer's keys";
+    } else {
+      EXPECT_EQ(observed, 0u) << "snapkv keeps the window until it selects";
+      // Half the rows go: one selection pass per layer.
+      const kvsdk_cache_stats s = stats(c.get());
+      before = out_bytes();
+      ASSERT_EQ(kvsdk_cache_set_budget(c.get(), s.bytes / 2), KVSDK_OK) << kvsdk_last_error();
+      ASSERT_EQ(kvsdk_cache_compress(c.get()), KVSDK_OK) << kvsdk_last_error();
+      EXPECT_LE(out_bytes() - before, g.n_layers * cols) << "scores, not keys";
+      EXPECT_LT(stats(c.get()).tokens, uint64_t(n) * g.n_layers * g.n_kv_heads) << "it evicted";
+    }
+  }
+}
 #endif
 
 // What does not run on CUDA yet is refused with KVSDK_E_UNSUPPORTED and a message, and a refused

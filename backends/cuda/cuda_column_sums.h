@@ -1,0 +1,43 @@
+// The scoring kernel of the eviction presets on the device: for each query row, the causal f32
+// softmax probabilities over a KV head's keys, summed into one column per key. The same bits as
+// the CPU backends' column_sums (backends/cpu/attention_scores.h), so a device cache keeps the
+// rows a CPU cache keeps, and snapshots resume alike on either: the logits are dot_f32's four
+// partial sums (channel c into sum c mod 4, then (s0 + s1) + (s2 + s3), times the scale), the
+// exponentials pmath::exp_f32 (backends/cpu/portable_exp.h), each row's sum of them in key order,
+// and the columns add p * (1 / sum) row after row. The file compiles with --fmad=false: nothing is
+// fused into an FMA. This is the window scoring of SnapKV, PyramidKV and XKV and H2O's
+// accumulated attention (src/policy/importance.h); cuda_window_scoring.h is the cuBLAS variant
+// with f16 queries, which does not keep the CPU's bits.
+//
+// Device pointers; work is enqueued on `stream`, nothing synchronises. Throws kvsdk::Error
+// (KVSDK_E_BACKEND) when a launch fails.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvsdk::cuda {
+
+struct ColumnSumsShape {
+  size_t rows = 0;     // query rows
+  size_t dim = 0;      // head_dim
+  float scale = 1.0f;  // the logits' scale
+  size_t held = 0;     // keys of `held_k` (f16), then
+  size_t tail = 0;     // keys of `tail_k` (f32): n_keys = held + tail
+};
+
+// Floats of working memory `column_sums` needs for `max_logits` logits at once (rows are taken
+// in blocks of at most max_logits / n_keys, at least one): the block's logits plus 3 per row.
+size_t column_sums_workspace(const ColumnSumsShape& shape, size_t max_logits);
+
+// q [rows][dim] f32 with q_pos [rows] (a key at a position after its row's is masked); held_k
+// [held][dim] f16 bits with held_pos [held]; tail_k [tail][dim] f32 with tail_pos [tail].
+// Overwrites col_sums [held + tail]. `work` holds column_sums_workspace(shape, max_logits) floats.
+void column_sums(const float* q, const int32_t* q_pos, const uint16_t* held_k,
+                 const int32_t* held_pos, const float* tail_k, const int32_t* tail_pos,
+                 const ColumnSumsShape& shape, size_t max_logits, float* work, float* col_sums,
+                 cudaStream_t stream);
+
+}  // namespace kvsdk::cuda
