@@ -253,14 +253,16 @@ struct Ops {
   void (*merge_partials)(const PartialState* parts, size_t n_parts, size_t n_rows, size_t dim,
                          float* out) = nullptr;
 
-  // --- window scoring where a device store's rows are (src/repr/device_rows.h) -----------------
-  // column_sums with the same bits over keys in backend memory: the f16 rows `held` (k and
-  // positions; v unused), then `tail` (f32 [n_tail][q.dim], positions tail_pos: an append's
-  // incoming rows); q too. Overwrites col_sums [held.n_tokens + n_tail] (backend memory). Null
-  // (the CPU tables): their stores are scored through column_sums over a loader.
-  void (*column_sums_rows)(const QueryRows& q, const F16Rows& held, const float* tail,
-                           const int32_t* tail_pos, size_t n_tail, Workspace& ws,
-                           float* col_sums) = nullptr;
+  // --- window scoring where a device store's rows are (src/repr/device_rows.h, device_kivi.h) ---
+  // column_sums with the same bits over keys in backend memory, in this order: a KIVI tier's
+  // quantized keys as attention dequantizes them (`quant`, null: none; its values unused), the
+  // f16 rows `held` (k and positions; v unused), then `tail` (f32 [n_tail][q.dim], positions
+  // tail_pos: an append's incoming rows); q too. Overwrites col_sums [quant tokens +
+  // held.n_tokens + n_tail] (backend memory). Null (the CPU tables): their stores are scored
+  // through column_sums over a loader.
+  void (*column_sums_rows)(const QueryRows& q, const KiviTier* quant, const F16Rows& held,
+                           const float* tail, const int32_t* tail_pos, size_t n_tail,
+                           Workspace& ws, float* col_sums) = nullptr;
 };
 
 // The copies through ops.to_backend_many where the backend has it, else one by one.

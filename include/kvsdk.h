@@ -239,10 +239,11 @@ KVSDK_API kvsdk_status (kvsdk_context_options_init)(kvsdk_context_options *optio
  *  arena is laid out per layer and re-laid (live rows moved on the device) when the allocation
  *  stage plans new per-layer caps, so each layer's share follows XKV's, PyramidKV's or the
  *  host's allocation; the
- *  eviction presets score on the device with the CPU's bits (an h2o observe or a selection
- *  pass sends the queries and an append's incoming keys in and takes one float per row and KV
- *  head out; under a '+kiviN' overlay the keys are still copied out once per selection pass,
- *  which kvsdk_policy.evict_slack makes rare). Each CUDA context also has its own compute
+ *  eviction presets and their '+kiviN' overlays score on the device with the CPU's bits (an
+ *  h2o observe or a selection pass sends the queries and an append's incoming keys in and
+ *  takes one float per row and KV head out; an overlay's eviction then still plans the kept
+ *  heads on a host copy, once per selection pass, which kvsdk_policy.evict_slack makes rare).
+ *  Each CUDA context also has its own compute
  *  and copy streams (non-blocking: the app's work on the default stream is not ordered with
  *  them) and 2 MiB of pinned host memory that every transfer of its caches goes through; both
  *  are released with the context. Besides the arena, attention uses device working memory of about 8 bytes per query

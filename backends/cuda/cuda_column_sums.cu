@@ -17,21 +17,53 @@ namespace {
 
 constexpr unsigned kThreads = 256;
 
-__device__ __forceinline__ float key_at(const uint16_t* held_k, const float* tail_k, size_t held,
-                                        size_t dim, size_t t, size_t c) {
-  return t < held ? detail::f16_bits_to_f32(held_k[t * dim + c]) : tail_k[(t - held) * dim + c];
+// Where key t is: its source and row, and for a quantized key its block.
+struct KeyRef {
+  int src;  // 0: quant, 1: held, 2: tail
+  size_t row, block;
+};
+
+__device__ __forceinline__ KeyRef key_ref(const QuantKeys& qk, size_t held, size_t t) {
+  if (t < qk.tokens) {
+    size_t block = t / qk.group;
+    if (qk.block_starts) {  // ragged blocks: the last block starting at or before t
+      size_t lo = 0, hi = qk.blocks;
+      while (hi - lo > 1) {
+        const size_t mid = (lo + hi) / 2;
+        if (qk.block_starts[mid] <= t) lo = mid; else hi = mid;
+      }
+      block = lo;
+    }
+    return {0, t, block};
+  }
+  t -= qk.tokens;
+  return t < held ? KeyRef{1, t, 0} : KeyRef{2, t - held, 0};
+}
+
+__device__ __forceinline__ float key_at(const QuantKeys& qk, const uint16_t* held_k,
+                                        const float* tail_k, size_t dim, const KeyRef& k,
+                                        size_t c) {
+  if (k.src == 0) {
+    const uint32_t code = detail::kivi_unpack_code(qk.codes + k.row * qk.row_bytes,
+                                                   uint32_t(c), qk.bits);
+    return detail::kivi_dequant(code, detail::f16_bits_to_f32(qk.scale[k.block * dim + c]),
+                                detail::f16_bits_to_f32(qk.zero[k.block * dim + c]));
+  }
+  return k.src == 1 ? detail::f16_bits_to_f32(held_k[k.row * dim + c]) : tail_k[k.row * dim + c];
 }
 
 // One thread per (row of the block, key): dot_f32's partial sums, times scale; -inf where the
 // key is in the row's future.
 __global__ void logits_kernel(const float* q, const int32_t* q_pos, size_t r0, size_t nr,
-                              const uint16_t* held_k, const int32_t* held_pos,
+                              QuantKeys qk, const uint16_t* held_k, const int32_t* held_pos,
                               const float* tail_k, const int32_t* tail_pos, size_t held,
                               size_t n_keys, size_t dim, float scale, float* logits) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= nr * n_keys) return;
   const size_t r = i / n_keys, t = i % n_keys;
-  const int32_t key_pos = t < held ? held_pos[t] : tail_pos[t - held];
+  const KeyRef k = key_ref(qk, held, t);
+  const int32_t key_pos =
+      k.src == 0 ? qk.positions[k.row] : k.src == 1 ? held_pos[k.row] : tail_pos[k.row];
   if (key_pos > q_pos[r0 + r]) {
     logits[i] = -INFINITY;
     return;
@@ -40,12 +72,12 @@ __global__ void logits_kernel(const float* q, const int32_t* q_pos, size_t r0, s
   float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
   size_t c = 0;
   for (; c + 4 <= dim; c += 4) {
-    s0 = s0 + qr[c] * key_at(held_k, tail_k, held, dim, t, c);
-    s1 = s1 + qr[c + 1] * key_at(held_k, tail_k, held, dim, t, c + 1);
-    s2 = s2 + qr[c + 2] * key_at(held_k, tail_k, held, dim, t, c + 2);
-    s3 = s3 + qr[c + 3] * key_at(held_k, tail_k, held, dim, t, c + 3);
+    s0 = s0 + qr[c] * key_at(qk, held_k, tail_k, dim, k, c);
+    s1 = s1 + qr[c + 1] * key_at(qk, held_k, tail_k, dim, k, c + 1);
+    s2 = s2 + qr[c + 2] * key_at(qk, held_k, tail_k, dim, k, c + 2);
+    s3 = s3 + qr[c + 3] * key_at(qk, held_k, tail_k, dim, k, c + 3);
   }
-  for (; c < dim; ++c) s0 = s0 + qr[c] * key_at(held_k, tail_k, held, dim, t, c);
+  for (; c < dim; ++c) s0 = s0 + qr[c] * key_at(qk, held_k, tail_k, dim, k, c);
   logits[i] = ((s0 + s1) + (s2 + s3)) * scale;
 }
 
@@ -98,7 +130,7 @@ __global__ void columns_kernel(const float* probs, const float* row_max, const f
 }
 
 size_t block_rows(const ColumnSumsShape& s, size_t max_logits) {
-  const size_t n_keys = s.held + s.tail;
+  const size_t n_keys = s.quant + s.held + s.tail;
   return std::max<size_t>(1, std::min(s.rows, max_logits / std::max<size_t>(1, n_keys)));
 }
 
@@ -106,15 +138,18 @@ size_t block_rows(const ColumnSumsShape& s, size_t max_logits) {
 
 size_t column_sums_workspace(const ColumnSumsShape& shape, size_t max_logits) {
   const size_t nr = block_rows(shape, max_logits);
-  return nr * (shape.held + shape.tail) + 2 * nr;
+  return nr * (shape.quant + shape.held + shape.tail) + 2 * nr;
 }
 
-void column_sums(const float* q, const int32_t* q_pos, const uint16_t* held_k,
+void column_sums(const float* q, const int32_t* q_pos, const QuantKeys& quant,
+                 const uint16_t* held_k,
                  const int32_t* held_pos, const float* tail_k, const int32_t* tail_pos,
                  const ColumnSumsShape& shape, size_t max_logits, float* work, float* col_sums,
                  cudaStream_t stream) {
-  const size_t n_keys = shape.held + shape.tail;
+  const size_t n_keys = shape.quant + shape.held + shape.tail;
   if (n_keys == 0) return;
+  QuantKeys qk = quant;
+  qk.tokens = shape.quant;
   const size_t rows_per_block = block_rows(shape, max_logits);
   float* logits = work;
   float* row_max = work + rows_per_block * n_keys;
@@ -128,7 +163,7 @@ void column_sums(const float* q, const int32_t* q_pos, const uint16_t* held_k,
   for (size_t r0 = 0; r0 < shape.rows; r0 += rows_per_block) {
     const size_t nr = std::min(rows_per_block, shape.rows - r0);
     KVSDK_LAUNCH(logits_kernel, blocks_for(nr * n_keys, kThreads), kThreads, 0, stream, q, q_pos,
-                 r0, nr, held_k, held_pos, tail_k, tail_pos, shape.held, n_keys, shape.dim,
+                 r0, nr, qk, held_k, held_pos, tail_k, tail_pos, shape.held, n_keys, shape.dim,
                  shape.scale, logits);
     check_launch("logits_kernel");
     KVSDK_LAUNCH(row_max_kernel, blocks_for(nr, kThreads), kThreads, 0, stream, logits, nr,

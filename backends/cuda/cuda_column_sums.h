@@ -20,22 +20,38 @@
 
 namespace kvsdk::cuda {
 
+// A KIVI store's quantized keys (backend_ops.h KiviTier's key buffers): `tokens` rows of packed
+// codes, in key blocks of `group` tokens or, with block_starts, `blocks` ragged ones; each key is
+// zero + code * scale of its block and channel, as the CPU's kivi_dequantize_keys widens it.
+struct QuantKeys {
+  const uint8_t* codes = nullptr;      // [tokens][row_bytes]
+  const uint16_t* scale = nullptr;     // [blocks][dim] f16
+  const uint16_t* zero = nullptr;
+  const int32_t* positions = nullptr;  // [tokens]
+  const uint32_t* block_starts = nullptr;  // [blocks]; null: tokens / group full blocks
+  size_t tokens = 0, blocks = 0, row_bytes = 0;
+  uint32_t bits = 2, group = 32;
+};
+
 struct ColumnSumsShape {
   size_t rows = 0;     // query rows
   size_t dim = 0;      // head_dim
   float scale = 1.0f;  // the logits' scale
+  size_t quant = 0;    // keys of `quant` (KIVI codes), then
   size_t held = 0;     // keys of `held_k` (f16), then
-  size_t tail = 0;     // keys of `tail_k` (f32): n_keys = held + tail
+  size_t tail = 0;     // keys of `tail_k` (f32): n_keys = quant + held + tail
 };
 
 // Floats of working memory `column_sums` needs for `max_logits` logits at once (rows are taken
 // in blocks of at most max_logits / n_keys, at least one): the block's logits plus 3 per row.
 size_t column_sums_workspace(const ColumnSumsShape& shape, size_t max_logits);
 
-// q [rows][dim] f32 with q_pos [rows] (a key at a position after its row's is masked); held_k
-// [held][dim] f16 bits with held_pos [held]; tail_k [tail][dim] f32 with tail_pos [tail].
-// Overwrites col_sums [held + tail]. `work` holds column_sums_workspace(shape, max_logits) floats.
-void column_sums(const float* q, const int32_t* q_pos, const uint16_t* held_k,
+// q [rows][dim] f32 with q_pos [rows] (a key at a position after its row's is masked); `quant`
+// (shape.quant = quant.tokens keys; ignored when 0); held_k [held][dim] f16 bits with held_pos
+// [held]; tail_k [tail][dim] f32 with tail_pos [tail]. Overwrites col_sums [quant + held + tail].
+// `work` holds column_sums_workspace(shape, max_logits) floats.
+void column_sums(const float* q, const int32_t* q_pos, const QuantKeys& quant,
+                 const uint16_t* held_k,
                  const int32_t* held_pos, const float* tail_k, const int32_t* tail_pos,
                  const ColumnSumsShape& shape, size_t max_logits, float* work, float* col_sums,
                  cudaStream_t stream);

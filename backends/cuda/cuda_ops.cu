@@ -132,13 +132,26 @@ constexpr size_t kMaxScoreLogits = size_t(4) << 20;
 
 // The eviction presets' scores over a device store's rows (and an append's incoming rows), with
 // the CPU's bits (cuda_column_sums.h), on the compute stream.
-void column_sums_rows(const backend::QueryRows& q, const backend::F16Rows& held, const float* tail,
-                      const int32_t* tail_pos, size_t n_tail, backend::Workspace& ws,
-                      float* col_sums) {
+void column_sums_rows(const backend::QueryRows& q, const backend::KiviTier* tier,
+                      const backend::F16Rows& held, const float* tail, const int32_t* tail_pos,
+                      size_t n_tail, backend::Workspace& ws, float* col_sums) {
   ColumnSumsShape shape;
   shape.rows = q.n_rows;
   shape.dim = q.dim;
   shape.scale = q.scale;
+  QuantKeys quant;
+  if (tier) {
+    quant.codes = tier->k_codes;
+    quant.scale = tier->k_scale;
+    quant.zero = tier->k_zero;
+    quant.positions = tier->positions;
+    quant.block_starts = tier->block_starts;
+    quant.blocks = tier->blocks;
+    quant.row_bytes = (q.dim * tier->bits + 7) / 8;  // kivi_packed_bytes
+    quant.bits = tier->bits;
+    quant.group = tier->group;
+    shape.quant = tier->tokens;
+  }
   shape.held = held.n_tokens;
   shape.tail = n_tail;
   CudaWorkspace& w = cuda_workspace(ws);
@@ -150,7 +163,7 @@ void column_sums_rows(const backend::QueryRows& q, const backend::F16Rows& held,
     w.scores = static_cast<float*>(grown);
     w.score_floats = need;
   }
-  column_sums(q.q, q.positions, held.k, held.positions, tail, tail_pos, shape, kMaxScoreLogits,
+  column_sums(q.q, q.positions, quant, held.k, held.positions, tail, tail_pos, shape, kMaxScoreLogits,
               w.scores, col_sums, compute_stream());
 }
 

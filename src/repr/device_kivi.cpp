@@ -33,6 +33,7 @@ DeviceKivi::DeviceKivi(const Geometry& g, const kvsdk_policy& p, Context& ctx)
       device_(ctx.ops()),
       regions_(*ctx.regions()),
       queries_(ctx.ops()),
+      scoring_(ctx.ops()),
       flush_(ctx.ops()),
       config_(kivi_config(p)),
       overlay_(kivi_overlay(p)),
@@ -530,38 +531,43 @@ void DeviceKivi::attend_range(uint32_t layer, uint32_t first_head, uint32_t n_he
   queries_.attend_heads(
       query_rows(q_rows, row_positions, n_rows), first_head, n_heads, geometry_.group_size(), out,
       [&](uint32_t kv_head, const backend::QueryRows& q, float* device_out) {
-        const auto u8 = [&](Part p) {
-          return reinterpret_cast<const uint8_t*>(slice(layer, kv_head, p));
-        };
-        const auto u16 = [&](Part p) {
-          return reinterpret_cast<const uint16_t*>(slice(layer, kv_head, p));
-        };
-        const auto i32 = [&](Part p) {
-          return reinterpret_cast<const int32_t*>(slice(layer, kv_head, p));
-        };
-        const Head& head = heads_[layer][kv_head];
-        backend::KiviTier tier;
-        tier.k_codes = u8(kKeyCodes);
-        tier.v_codes = u8(kValueCodes);
-        tier.k_scale = u16(kKeyScales);
-        tier.k_zero = u16(kKeyZeros);
-        tier.v_scale = u16(kValueScales);
-        tier.v_zero = u16(kValueZeros);
-        tier.positions = i32(kQuantPositions);
-        tier.tokens = head.quantized;
-        tier.bits = config_.bits;
-        tier.group = config_.group;
-        tier.residual = config_.residual;
-        tier.weight_bits = config_.weight_bits;
-        if (head.ragged()) {
-          tier.block_starts =
-              reinterpret_cast<const uint32_t*>(slice(layer, kv_head, kBlockStarts));
-          tier.blocks = head.block_tokens.size();
-        }
-        const backend::F16Rows rows{u16(kResidualKeys), u16(kResidualValues),
-                                    i32(kResidualPositions), head.residual()};
-        device_.attend_kivi_tier(q, tier, rows, workspace(), device_out);
+        const DeviceView view = device_view(layer, kv_head);
+        device_.attend_kivi_tier(q, view.tier, view.residual, workspace(), device_out);
       });
+}
+
+DeviceKivi::DeviceView DeviceKivi::device_view(uint32_t layer, uint32_t kv_head) const {
+  const auto u8 = [&](Part p) {
+    return reinterpret_cast<const uint8_t*>(slice(layer, kv_head, p));
+  };
+  const auto u16 = [&](Part p) {
+    return reinterpret_cast<const uint16_t*>(slice(layer, kv_head, p));
+  };
+  const auto i32 = [&](Part p) {
+    return reinterpret_cast<const int32_t*>(slice(layer, kv_head, p));
+  };
+  const Head& head = heads_[layer][kv_head];
+  DeviceView view;
+  backend::KiviTier& tier = view.tier;
+  tier.k_codes = u8(kKeyCodes);
+  tier.v_codes = u8(kValueCodes);
+  tier.k_scale = u16(kKeyScales);
+  tier.k_zero = u16(kKeyZeros);
+  tier.v_scale = u16(kValueScales);
+  tier.v_zero = u16(kValueZeros);
+  tier.positions = i32(kQuantPositions);
+  tier.tokens = head.quantized;
+  tier.bits = config_.bits;
+  tier.group = config_.group;
+  tier.residual = config_.residual;
+  tier.weight_bits = config_.weight_bits;
+  if (head.ragged()) {
+    tier.block_starts = reinterpret_cast<const uint32_t*>(slice(layer, kv_head, kBlockStarts));
+    tier.blocks = head.block_tokens.size();
+  }
+  view.residual = {u16(kResidualKeys), u16(kResidualValues), i32(kResidualPositions),
+                   head.residual()};
+  return view;
 }
 
 cpu::KiviHeadStore DeviceKivi::stage_head(uint32_t layer, uint32_t kv_head) const {
@@ -695,6 +701,23 @@ void DeviceKivi::truncate(uint32_t layer, int32_t position) noexcept {
 }
 
 // --- Eviction (the '+kiviN' overlays) ----------------------------------------------------------
+
+bool DeviceKivi::column_sums_here(uint32_t layer, uint32_t kv_head, const backend::QueryRows& q,
+                                  const cpu::KeyChunkLoader& keys, const int32_t* key_pos,
+                                  size_t n_keys, float* col_sums) const {
+  if (!device_.column_sums_rows) return false;
+  check_usable();
+  const Context::DeviceScope on_device(ctx_);
+  const DeviceView view = device_view(layer, kv_head);
+  const size_t held = view.tier.tokens + view.residual.n_tokens;
+  scoring_.score(q, keys, key_pos, held, n_keys, col_sums,
+                 [&](const backend::QueryRows& dq, const float* tail, const int32_t* tail_pos,
+                     size_t n_tail, float* cols) {
+                   device_.column_sums_rows(dq, &view.tier, view.residual, tail, tail_pos, n_tail,
+                                            workspace(), cols);
+                 });
+  return true;
+}
 
 void DeviceKivi::load_keys(uint32_t layer, uint32_t kv_head, size_t first, size_t count,
                            float* dst) const {

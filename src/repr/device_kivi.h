@@ -99,6 +99,12 @@ class DeviceKivi final : public Representation, private ArenaOwner {
   }
   void load_keys(uint32_t layer, uint32_t kv_head, size_t first, size_t count,
                  float* dst) const override;
+  // The selection's scores on the device over the head's keys as attention dequantizes them
+  // (the backend's column_sums_rows, the CPU's bits): an h2o observe or a selection pass copies
+  // no key out (load_keys stays for the CPU's plan of the kept rows).
+  bool column_sums_here(uint32_t layer, uint32_t kv_head, const backend::QueryRows& q,
+                        const cpu::KeyChunkLoader& keys, const int32_t* key_pos, size_t n_keys,
+                        float* col_sums) const override;
   uint64_t plan_keep(uint32_t layer, const std::vector<std::vector<uint32_t>>& keep,
                      const IncomingRows* incoming) override;
   void commit_keep() noexcept override;
@@ -108,6 +114,12 @@ class DeviceKivi final : public Representation, private ArenaOwner {
   // attend() of heads [first_head, first_head + n_heads): q_rows and out [n_heads][n_rows][dim].
   void attend_range(uint32_t layer, uint32_t first_head, uint32_t n_heads, const float* q_rows,
                     const int32_t* row_positions, size_t n_rows, float* out) const;
+  // One head's quantized tier and exact residual rows in the arena, as the kernels read them.
+  struct DeviceView {
+    backend::KiviTier tier;
+    backend::F16Rows residual;
+  };
+  DeviceView device_view(uint32_t layer, uint32_t kv_head) const;
   enum Part : size_t {
     kKeyCodes, kValueCodes, kKeyScales, kKeyZeros, kValueScales, kValueZeros, kQuantPositions,
     kBlockStarts, kResidualKeys, kResidualValues, kResidualPositions, kParts
@@ -183,6 +195,7 @@ class DeviceKivi final : public Representation, private ArenaOwner {
   const backend::Ops& device_;
   ArenaRegions& regions_;
   mutable DeviceQueries queries_;  // attention's queries and output on the device
+  mutable DeviceScoring scoring_;  // column_sums_here()'s transfers
   DeviceScratch flush_;            // the f32 rows of a block a device flush quantizes
   cpu::KiviConfig config_;
   bool overlay_;        // an eviction preset's '+kiviN' overlay

@@ -1,6 +1,7 @@
 #include "repr/device_queries.h"
 
 #include "util/error.h"
+#include "util/growth.h"
 
 namespace kvsdk {
 
@@ -41,5 +42,36 @@ backend::QueryRows DeviceQueries::to_device(const backend::QueryRows& host, size
 }
 
 void DeviceQueries::to_host(float* out) const { device_.to_host(out, out_, out_bytes_); }
+
+DeviceScoring::Buffers DeviceScoring::upload(const backend::QueryRows& q,
+                                             const cpu::KeyChunkLoader& keys,
+                                             const int32_t* key_pos, size_t held, size_t n_keys) {
+  KVSDK_REQUIRE(n_keys >= held, "column sums over ", n_keys, " keys of a head holding ", held);
+  const size_t n_tail = n_keys - held, dim = q.dim;
+  reserve_for_growth(tail_, n_tail * dim);
+  tail_.resize(n_tail * dim);
+  if (n_tail) keys(held, n_tail, tail_.data());
+  // Device layout: queries, tail keys, columns (floats), then query and tail positions.
+  const size_t q_floats = q.n_rows * dim, floats = q_floats + n_tail * dim + n_keys;
+  char* at = static_cast<char*>(
+      scratch_.at_least(floats * sizeof(float) + (q.n_rows + n_tail) * sizeof(int32_t)));
+  Buffers b;
+  float* dq = reinterpret_cast<float*>(at);
+  b.tail = dq + q_floats;
+  b.cols = b.tail + n_tail * dim;
+  int32_t* dqpos = reinterpret_cast<int32_t*>(at + floats * sizeof(float));
+  b.tail_pos = dqpos + q.n_rows;
+  const backend::HostCopy in[] = {
+      {dq, q.q, q_floats * sizeof(float)},
+      {dqpos, q.positions, q.n_rows * sizeof(int32_t)},
+      {b.tail, tail_.data(), n_tail * dim * sizeof(float)},
+      {b.tail_pos, key_pos + held, n_tail * sizeof(int32_t)},
+  };
+  backend::to_backend_all(device_, in, n_tail ? 4 : 2);
+  b.q = q;
+  b.q.q = dq;
+  b.q.positions = dqpos;
+  return b;
+}
 
 }  // namespace kvsdk

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "backend_ops.h"
 
@@ -67,6 +68,39 @@ class DeviceQueries {
   DeviceScratch scratch_;
   float* out_ = nullptr;
   size_t out_bytes_ = 0;
+};
+
+// The transfers of a device store's column_sums_here() (core/representation.h): the host query
+// rows and the incoming rows' keys (f32, from the loader: keys [held, n_keys)) with their
+// positions go in, n_keys column sums come out; the held rows' keys stay where they are.
+class DeviceScoring {
+ public:
+  explicit DeviceScoring(const backend::Ops& device) : device_(device), scratch_(device) {}
+
+  // Uploads, then run(q on the device, tail keys, tail positions, n_tail, device columns) enqueues
+  // the backend's column_sums_rows, then downloads the columns to col_sums [n_keys]. Throws
+  // KVSDK_E_NO_MEMORY / KVSDK_E_BACKEND (nothing kept).
+  template <class Run>
+  void score(const backend::QueryRows& q, const cpu::KeyChunkLoader& keys, const int32_t* key_pos,
+             size_t held, size_t n_keys, float* col_sums, Run&& run) {
+    const Buffers b = upload(q, keys, key_pos, held, n_keys);
+    run(b.q, b.tail, b.tail_pos, n_keys - held, b.cols);
+    device_.to_host(col_sums, b.cols, n_keys * sizeof(float));
+  }
+
+ private:
+  struct Buffers {
+    backend::QueryRows q;
+    float* tail;
+    int32_t* tail_pos;
+    float* cols;
+  };
+  Buffers upload(const backend::QueryRows& q, const cpu::KeyChunkLoader& keys,
+                 const int32_t* key_pos, size_t held, size_t n_keys);
+
+  const backend::Ops& device_;
+  DeviceScratch scratch_;
+  std::vector<float> tail_;  // the incoming keys on the host (reused)
 };
 
 }  // namespace kvsdk

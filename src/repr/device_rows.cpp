@@ -16,7 +16,7 @@ DeviceRows::DeviceRows(const Geometry& g, const kvsdk_policy& p, Context& ctx)
       device_(ctx.ops()),
       regions_(*ctx.regions()),
       queries_(ctx.ops()),
-      score_io_(ctx.ops()),
+      scoring_(ctx.ops()),
       capacity_(g.n_layers, 0),
       positions_(g.n_layers, std::vector<std::vector<int32_t>>(g.n_kv_heads)),
       plans_(g.n_layers),
@@ -359,39 +359,17 @@ bool DeviceRows::column_sums_here(uint32_t layer, uint32_t kv_head, const backen
                                   size_t n_keys, float* col_sums) const {
   if (!device_.column_sums_rows) return false;
   check_usable();
-  const size_t held = positions_[layer][kv_head].size(), dim = geometry_.head_dim;
-  KVSDK_REQUIRE(n_keys >= held, "column sums over ", n_keys, " keys of a head holding ", held);
-  const size_t n_tail = n_keys - held;
-  // The incoming rows' keys as the host scores them (f32 from the app's dtype).
-  reserve_for_growth(score_tail_, n_tail * dim);
-  score_tail_.resize(n_tail * dim);
-  if (n_tail) keys(held, n_tail, score_tail_.data());
   const Context::DeviceScope on_device(ctx_);
-  // Device layout: queries, tail keys, columns (floats), then query and tail positions.
-  const size_t q_floats = q.n_rows * q.dim, floats = q_floats + n_tail * dim + n_keys;
-  char* at = static_cast<char*>(
-      score_io_.at_least(floats * sizeof(float) + (q.n_rows + n_tail) * sizeof(int32_t)));
-  float* dq = reinterpret_cast<float*>(at);
-  float* dtail = dq + q_floats;
-  float* dcols = dtail + n_tail * dim;
-  int32_t* dqpos = reinterpret_cast<int32_t*>(at + floats * sizeof(float));
-  int32_t* dtail_pos = dqpos + q.n_rows;
-  const backend::HostCopy in[] = {
-      {dq, q.q, q_floats * sizeof(float)},
-      {dqpos, q.positions, q.n_rows * sizeof(int32_t)},
-      {dtail, score_tail_.data(), n_tail * dim * sizeof(float)},
-      {dtail_pos, key_pos + held, n_tail * sizeof(int32_t)},
-  };
-  backend::to_backend_all(device_, in, n_tail ? 4 : 2);
-  backend::QueryRows dev_q = q;
-  dev_q.q = dq;
-  dev_q.positions = dqpos;
-  const backend::F16Rows rows{reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kKeys)),
-                              nullptr,
-                              reinterpret_cast<const int32_t*>(slice(layer, kv_head, kPositions)),
-                              held};
-  device_.column_sums_rows(dev_q, rows, dtail, dtail_pos, n_tail, workspace(), dcols);
-  device_.to_host(col_sums, dcols, n_keys * sizeof(float));
+  const size_t held = positions_[layer][kv_head].size();
+  scoring_.score(q, keys, key_pos, held, n_keys, col_sums,
+                 [&](const backend::QueryRows& dq, const float* tail, const int32_t* tail_pos,
+                     size_t n_tail, float* cols) {
+                   const backend::F16Rows rows{
+                       reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kKeys)), nullptr,
+                       reinterpret_cast<const int32_t*>(slice(layer, kv_head, kPositions)), held};
+                   device_.column_sums_rows(dq, nullptr, rows, tail, tail_pos, n_tail,
+                                            workspace(), cols);
+                 });
   return true;
 }
 

@@ -145,9 +145,7 @@ class DeviceRows final : public Representation, private ArenaOwner {
   const backend::Ops& device_;
   ArenaRegions& regions_;
   mutable DeviceQueries queries_;  // attention's queries and output on the device
-  // column_sums_here()'s inputs and output on the device, and its incoming keys on the host.
-  mutable DeviceScratch score_io_;
-  mutable std::vector<float> score_tail_;
+  mutable DeviceScoring scoring_;  // column_sums_here()'s transfers
   cuda::ArenaPartition layout_;
   std::vector<uint64_t> capacity_;                            // [layer] rows per head
   std::vector<std::vector<std::vector<int32_t>>> positions_;  // [layer][head] host mirror

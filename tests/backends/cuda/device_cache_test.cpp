@@ -498,13 +498,14 @@ TEST(DeviceCacheStaging, TheShimRefusesCopiesThatBreakTheMemoryRules) {
 
 // The eviction presets score where the rows are: an h2o observe and a snapkv selection pass
 // send the queries (and an append's incoming keys) to the device and bring back one f32 score
-// per row and KV head, never the keys (64x fewer bytes at head_dim 64; the rows are still the
-// CPU's, DeviceEviction checks that).
+// per row and KV head, never the keys (64x fewer bytes than f16 keys at head_dim 64; a KIVI
+// overlay's observe no longer copies its heads out either). The rows are still the CPU's:
+// DeviceEviction and DeviceKiviEviction check that.
 TEST(DeviceCacheScoring, KeysStayOnTheDevice) {
   const kvsdk_geometry g = kvsdk_test::make_geometry(2, 8, 2, 64);
   const size_t n = 2000;
   const unsigned long long cols = g.n_kv_heads * n * sizeof(float);  // one layer's scores
-  for (const char* spec : {"h2o", "snapkv"}) {
+  for (const char* spec : {"h2o", "h2o+kivi4", "snapkv"}) {
     SCOPED_TRACE(spec);
     CUDA_CONTEXT_OR_SKIP(gpu, 16u << 20);
     kvsdk_policy p;
@@ -523,7 +524,7 @@ TEST(DeviceCacheScoring, KeysStayOnTheDevice) {
               KVSDK_OK)
         << kvsdk_last_error();
     const unsigned long long observed = out_bytes() - before;
-    if (std::string(spec) == "h2o") {
+    if (std::string(spec) != "snapkv") {
       EXPECT_EQ(observed, cols) << "the observe's scores, not the layer's keys";
     } else {
       EXPECT_EQ(observed, 0u) << "snapkv keeps the window until it selects";
