@@ -4,6 +4,9 @@
 //  - decode attention over a KIVI-2 cache (+ 128-token exact residual) vs dense FP16 decode
 //    attention (the same flash-decoding kernel over f16 rows), Llama-3-8B-like geometry (32 query
 //    heads, 8 KV heads, head_dim 128), 4k / 32k / 128k tokens, batch 1 and 16;
+//  - the eviction presets' scoring kernel (cuda_column_sums.h) over one KV head's f16 keys at 4k /
+//    32k tokens, for an h2o observe (4 query rows: one token's GQA group) and a SnapKV window
+//    (128 rows: 32 queries x 4), against one KV head's share of the dense f16 decode above;
 //  - one decode step of a 'full' cache on a CUDA context through the C API (append one token,
 //    attend one query: the host staging and copies included), one layer of the same geometry at
 //    4k / 32k tokens, against the kernel-only dense decode of the same size (batch 1) and
@@ -24,6 +27,7 @@
 #include <chrono>
 #include <vector>
 
+#include "cuda_column_sums.h"
 #include "cuda_decode_attention.h"
 #include "cuda_kivi_quant.h"
 #include "kvsdk.h"
@@ -179,6 +183,39 @@ void BM_Decode(benchmark::State& state, bool kivi) {
   }
 }
 
+// The scoring kernel over one KV head of `tokens` f16 keys for `rows` query rows (every key
+// visible), with the CPU's bits (so plain CUDA-core loops: its cost is what keeping the device's
+// selection identical to the CPU's costs).
+void BM_ColumnSums(benchmark::State& state) {
+  const size_t tokens = size_t(state.range(0)), rows = size_t(state.range(1));
+  ColumnSumsShape shape;
+  shape.rows = rows, shape.dim = kDim, shape.scale = 0.08838834764f, shape.held = tokens;
+  constexpr size_t kMaxLogits = size_t(4) << 20;  // as the CUDA backend's table
+  Buf k(tokens * kDim * 2), pos(tokens * 4), q(rows * kDim * 4), qpos(rows * 4),
+      work(column_sums_workspace(shape, kMaxLogits) * 4), cols(tokens * 4);
+  if (!k.p || !pos.p || !q.p || !qpos.p || !work.p || !cols.p) {
+    return state.SkipWithError("cudaMalloc failed");
+  }
+  CHECK_CUDA(cudaMemset(k.p, 0x3c, tokens * kDim * 2));
+  CHECK_CUDA(cudaMemset(q.p, 0x3c, rows * kDim * 4));
+  CHECK_CUDA(cudaMemset(pos.p, 0, tokens * 4));
+  CHECK_CUDA(cudaMemset(qpos.p, 0x7f, rows * 4));  // a large position: every key visible
+  for (auto _ : state) {
+    const double s = time_s(
+        [&] {
+          column_sums(q.as<float>(), qpos.as<int32_t>(), QuantKeys{}, k.as<uint16_t>(),
+                      pos.as<int32_t>(), nullptr, nullptr, shape, kMaxLogits, work.as<float>(),
+                      cols.as<float>(), nullptr);
+        },
+        10);
+    state.SetIterationTime(s);
+    state.counters["keys_GBps"] = double(tokens * kDim * 2) / s / 1e9;
+    if (g_dense_s.count({tokens, 1})) {
+      state.counters["x_decode_head"] = s / (g_dense_s[{tokens, 1}] / double(kKvHeads));
+    }
+  }
+}
+
 // One decode step of a cache of policy `spec` ("full", "kivi") through the C API, on `backend`
 // (wall clock: every call is synchronous). The cache holds `tokens` tokens of one layer before
 // the timed steps.
@@ -283,6 +320,10 @@ int main(int argc, char** argv) {
           ->Args({tokens, batch})->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(30);
     }
   }
+  // After the dense decode rows: the scoring reports its time per KV head against theirs.
+  benchmark::RegisterBenchmark("ColumnSums/tokens/rows", BM_ColumnSums)
+      ->ArgsProduct({{4096, 32768}, {4, 128}})->UseManualTime()->Unit(benchmark::kMicrosecond)
+      ->Iterations(5);
   for (int64_t tokens : {4096, 32768}) {
     // The CPU first: the CUDA run reports its speed-up over it; 'full' before 'kivi' (KIVI-2),
     // which reports its time against full's on the device.
