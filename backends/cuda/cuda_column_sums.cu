@@ -23,8 +23,9 @@ struct KeyRef {
   size_t row, block;
 };
 
-__device__ __forceinline__ KeyRef key_ref(const QuantKeys& qk, size_t held, size_t t) {
-  if (t < qk.tokens) {
+__device__ __forceinline__ KeyRef key_ref(const QuantKeys& qk, size_t n_quant, size_t held,
+                                          size_t t) {
+  if (t < n_quant) {
     size_t block = t / qk.group;
     if (qk.block_starts) {  // ragged blocks: the last block starting at or before t
       size_t lo = 0, hi = qk.blocks;
@@ -36,7 +37,7 @@ __device__ __forceinline__ KeyRef key_ref(const QuantKeys& qk, size_t held, size
     }
     return {0, t, block};
   }
-  t -= qk.tokens;
+  t -= n_quant;
   return t < held ? KeyRef{1, t, 0} : KeyRef{2, t - held, 0};
 }
 
@@ -44,8 +45,9 @@ __device__ __forceinline__ float key_at(const QuantKeys& qk, const uint16_t* hel
                                         const float* tail_k, size_t dim, const KeyRef& k,
                                         size_t c) {
   if (k.src == 0) {
-    const uint32_t code = detail::kivi_unpack_code(qk.codes + k.row * qk.row_bytes,
-                                                   uint32_t(c), qk.bits);
+    const size_t row_bytes = (dim * qk.bits + 7) / 8;  // kivi_packed_bytes
+    const uint32_t code = detail::kivi_unpack_code(qk.codes + k.row * row_bytes, uint32_t(c),
+                                                   qk.bits);
     return detail::kivi_dequant(code, detail::f16_bits_to_f32(qk.scale[k.block * dim + c]),
                                 detail::f16_bits_to_f32(qk.zero[k.block * dim + c]));
   }
@@ -55,13 +57,13 @@ __device__ __forceinline__ float key_at(const QuantKeys& qk, const uint16_t* hel
 // One thread per (row of the block, key): dot_f32's partial sums, times scale; -inf where the
 // key is in the row's future.
 __global__ void logits_kernel(const float* q, const int32_t* q_pos, size_t r0, size_t nr,
-                              QuantKeys qk, const uint16_t* held_k, const int32_t* held_pos,
-                              const float* tail_k, const int32_t* tail_pos, size_t held,
-                              size_t n_keys, size_t dim, float scale, float* logits) {
+                              QuantKeys qk, size_t n_quant, const uint16_t* held_k,
+                              const int32_t* held_pos, const float* tail_k,
+                              const int32_t* tail_pos, size_t held, size_t n_keys, size_t dim, float scale, float* logits) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= nr * n_keys) return;
   const size_t r = i / n_keys, t = i % n_keys;
-  const KeyRef k = key_ref(qk, held, t);
+  const KeyRef k = key_ref(qk, n_quant, held, t);
   const int32_t key_pos =
       k.src == 0 ? qk.positions[k.row] : k.src == 1 ? held_pos[k.row] : tail_pos[k.row];
   if (key_pos > q_pos[r0 + r]) {
@@ -148,8 +150,6 @@ void column_sums(const float* q, const int32_t* q_pos, const QuantKeys& quant,
                  cudaStream_t stream) {
   const size_t n_keys = shape.quant + shape.held + shape.tail;
   if (n_keys == 0) return;
-  QuantKeys qk = quant;
-  qk.tokens = shape.quant;
   const size_t rows_per_block = block_rows(shape, max_logits);
   float* logits = work;
   float* row_max = work + rows_per_block * n_keys;
@@ -163,7 +163,7 @@ void column_sums(const float* q, const int32_t* q_pos, const QuantKeys& quant,
   for (size_t r0 = 0; r0 < shape.rows; r0 += rows_per_block) {
     const size_t nr = std::min(rows_per_block, shape.rows - r0);
     KVSDK_LAUNCH(logits_kernel, blocks_for(nr * n_keys, kThreads), kThreads, 0, stream, q, q_pos,
-                 r0, nr, qk, held_k, held_pos, tail_k, tail_pos, shape.held, n_keys, shape.dim,
+                 r0, nr, quant, shape.quant, held_k, held_pos, tail_k, tail_pos, shape.held, n_keys, shape.dim,
                  shape.scale, logits);
     check_launch("logits_kernel");
     KVSDK_LAUNCH(row_max_kernel, blocks_for(nr, kThreads), kThreads, 0, stream, logits, nr,

@@ -20,16 +20,17 @@
 
 namespace kvsdk::cuda {
 
-// A KIVI store's quantized keys (backend_ops.h KiviTier's key buffers): `tokens` rows of packed
-// codes, in key blocks of `group` tokens or, with block_starts, `blocks` ragged ones; each key is
-// zero + code * scale of its block and channel, as the CPU's kivi_dequantize_keys widens it.
+// A KIVI store's quantized keys (backend_ops.h KiviTier's key buffers): ColumnSumsShape::quant
+// rows of packed codes (ceil(dim * bits / 8) bytes a row), in key blocks of `group` tokens or,
+// with block_starts, `blocks` ragged ones; each key is zero + code * scale of its block and
+// channel, as the CPU's kivi_dequantize_keys widens it.
 struct QuantKeys {
-  const uint8_t* codes = nullptr;      // [tokens][row_bytes]
+  const uint8_t* codes = nullptr;      // [tokens][row bytes]
   const uint16_t* scale = nullptr;     // [blocks][dim] f16
   const uint16_t* zero = nullptr;
   const int32_t* positions = nullptr;  // [tokens]
   const uint32_t* block_starts = nullptr;  // [blocks]; null: tokens / group full blocks
-  size_t tokens = 0, blocks = 0, row_bytes = 0;
+  size_t blocks = 0;
   uint32_t bits = 2, group = 32;
 };
 
@@ -37,7 +38,7 @@ struct ColumnSumsShape {
   size_t rows = 0;     // query rows
   size_t dim = 0;      // head_dim
   float scale = 1.0f;  // the logits' scale
-  size_t quant = 0;    // keys of `quant` (KIVI codes), then
+  size_t quant = 0;    // keys of `quant` (KIVI codes, its tokens), then
   size_t held = 0;     // keys of `held_k` (f16), then
   size_t tail = 0;     // keys of `tail_k` (f32): n_keys = quant + held + tail
 };

@@ -147,7 +147,6 @@ void column_sums_rows(const backend::QueryRows& q, const backend::KiviTier* tier
     quant.positions = tier->positions;
     quant.block_starts = tier->block_starts;
     quant.blocks = tier->blocks;
-    quant.row_bytes = (q.dim * tier->bits + 7) / 8;  // kivi_packed_bytes
     quant.bits = tier->bits;
     quant.group = tier->group;
     shape.quant = tier->tokens;

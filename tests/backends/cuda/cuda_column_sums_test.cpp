@@ -128,7 +128,6 @@ std::vector<float> on_device(const Case& c, const Inputs& in, size_t max_logits)
   quant.positions = qpos_d.get();
   quant.block_starts = c.blocks.empty() ? nullptr : starts.get();
   quant.blocks = in.block_starts.size();
-  quant.row_bytes = in.row_bytes;
   quant.bits = c.bits;
   quant.group = kGroup;
   test::DeviceBuffer<float> q(in.q), tail(at_least_one(in.tail_k));
