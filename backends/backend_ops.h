@@ -263,6 +263,29 @@ struct Ops {
   void (*column_sums_rows)(const QueryRows& q, const KiviTier* quant, const F16Rows& held,
                            const float* tail, const int32_t* tail_pos, size_t n_tail,
                            Workspace& ws, float* col_sums) = nullptr;
+
+  // --- SpeCache over raw buffers (device stores: src/repr/device_specache.h) ------------------
+  // The low-bit copy is the KiviHeadStore of `tier`'s quantized tokens followed by `residual`'s
+  // exact rows (as attend_kivi_tier). attend_specache of that copy with `fetched` substituted:
+  // the tokens fetched_tokens[0 .. fetched.n_tokens) (strictly ascending indices into the copy's
+  // tokens) leave the low-bit part and fetched.k / fetched.v (f16 [n][dim], fetched.positions:
+  // those tokens' positions) join the same softmax in their place. Everything in backend memory.
+  // The CPU tables rebuild the copy and a SpeCacheFetched on the host and run their own
+  // attend_specache (tests and tools; it puts each fetched row at its token's position in the
+  // copy, so they do not read fetched.positions), and throw kvsdk::Error (KVSDK_E_INVALID_ARG)
+  // for tokens that are not strictly ascending or not in the copy; a device table reads the
+  // buffers where they are (and trusts the order of tokens it cannot see).
+  void (*attend_specache_tier)(const QueryRows& q, const KiviTier& tier, const F16Rows& residual,
+                               const F16Rows& fetched, const uint32_t* fetched_tokens,
+                               Workspace& ws, float* out) = nullptr;
+  // The selection's scores over that copy (no row substituted): scores [q.n_rows][tier.tokens +
+  // residual.n_tokens] (backend memory, row-major) = each row's dot product with each key as
+  // attention dequantizes it, times q.scale; -inf for a key after the row's position. The bits
+  // of the reference's SpeCache scoring (cpu::specache_score_chunk: dot_f32 over
+  // kivi_dequantize_keys' keys) in the reference and device tables; the optimized table gives
+  // its own kernel's (fast::kivi_scores), as its specache_select ranks them.
+  void (*specache_scores_tier)(const QueryRows& q, const KiviTier& tier, const F16Rows& residual,
+                               Workspace& ws, float* scores) = nullptr;
 };
 
 // The copies through ops.to_backend_many where the backend has it, else one by one.

@@ -1,6 +1,7 @@
 #include "kivi_tier.h"
 
 #include "kivi_quant.h"
+#include "util/error.h"
 
 namespace kvsdk::cpu {
 
@@ -31,6 +32,23 @@ KiviHeadStore kivi_store_from_tier(const backend::KiviTier& tier, const backend:
   b.residual_keys.assign(residual.k, residual.k + nr * dim);
   b.residual_values.assign(residual.v, residual.v + nr * dim);
   return KiviHeadStore::restore(dim, config, std::move(b));
+}
+
+SpeCacheFetched specache_fetched_from_rows(const backend::F16Rows& fetched,
+                                           const uint32_t* fetched_tokens, size_t copy_tokens,
+                                           size_t dim) {
+  const size_t n = fetched.n_tokens;
+  for (size_t i = 0; i < n; ++i) {
+    KVSDK_REQUIRE(fetched_tokens[i] < copy_tokens, "fetched token ", fetched_tokens[i],
+                  " is beyond the ", copy_tokens, " tokens of the low-bit copy");
+    KVSDK_REQUIRE(i == 0 || fetched_tokens[i] > fetched_tokens[i - 1],
+                  "fetched tokens must be strictly ascending");
+  }
+  SpeCacheFetched f;
+  f.tokens.assign(fetched_tokens, fetched_tokens + n);
+  f.k.assign(fetched.k, fetched.k + n * dim);
+  f.v.assign(fetched.v, fetched.v + n * dim);
+  return f;
 }
 
 }  // namespace kvsdk::cpu

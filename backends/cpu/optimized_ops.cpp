@@ -205,6 +205,26 @@ void attend_kivi_tier(const QueryRows& q, const KiviTier& tier, const F16Rows& r
   attend_kivi(q, cpu::kivi_store_from_tier(tier, residual, q.dim), ws, out);
 }
 
+// SpeCache over raw buffers: the copy and the fetched rows rebuilt on the host (fetched.positions
+// unused: the rows take their tokens' positions in the copy), then this table's attend_specache.
+void attend_specache_tier(const QueryRows& q, const KiviTier& tier, const F16Rows& residual,
+                          const F16Rows& fetched, const uint32_t* fetched_tokens, Workspace& ws,
+                          float* out) {
+  const cpu::KiviHeadStore copy = cpu::kivi_store_from_tier(tier, residual, q.dim);
+  attend_specache(q, copy,
+                  cpu::specache_fetched_from_rows(fetched, fetched_tokens, copy.size(), q.dim), ws,
+                  out);
+}
+
+// The fused KIVI kernel's scores over the rebuilt copy: the bits this table's specache_select
+// ranks (specache_scores_fast), not the reference's.
+void specache_scores_tier(const QueryRows& q, const KiviTier& tier, const F16Rows& residual,
+                          Workspace& ws, float* scores) {
+  const cpu::KiviHeadStore copy = cpu::kivi_store_from_tier(tier, residual, q.dim);
+  if (copy.size() == 0 || q.n_rows == 0) return;  // no score to write
+  cpu::specache_scores_fast(queries(q), copy, ws.specache, ws.fast, scores);
+}
+
 // --- split-K: the fused kernels over one token range (fast_attention.h) --------------------------
 void attend_f16_range(const QueryRows& q, const F16Rows& r, size_t first, size_t count,
                       Workspace& ws, const PartialState& out) {
@@ -238,6 +258,8 @@ Ops make_optimized() {
   ops.attend_f16_range = attend_f16_range;  // split-K
   ops.attend_kivi_range = attend_kivi_range;
   ops.merge_partials = cpu::fast::merge_partials;
+  ops.attend_specache_tier = attend_specache_tier;
+  ops.specache_scores_tier = specache_scores_tier;
   return ops;
 }
 

@@ -203,6 +203,32 @@ void attend_kivi_tier(const QueryRows& q, const KiviTier& tier, const F16Rows& r
   attend_kivi(q, cpu::kivi_store_from_tier(tier, residual, q.dim), ws, out);
 }
 
+// SpeCache over raw buffers: the copy and the fetched rows rebuilt on the host (fetched.positions
+// unused: the rows take their tokens' positions in the copy), then attend_specache.
+void attend_specache_tier(const QueryRows& q, const KiviTier& tier, const F16Rows& residual,
+                          const F16Rows& fetched, const uint32_t* fetched_tokens, Workspace& ws,
+                          float* out) {
+  const cpu::KiviHeadStore copy = cpu::kivi_store_from_tier(tier, residual, q.dim);
+  attend_specache(q, copy,
+                  cpu::specache_fetched_from_rows(fetched, fetched_tokens, copy.size(), q.dim), ws,
+                  out);
+}
+
+// specache_select's scoring (the same chunks of dequantized keys, cpu::specache_score_chunk) for
+// every row at its own position.
+void specache_scores_tier(const QueryRows& q, const KiviTier& tier, const F16Rows& residual,
+                          Workspace& ws, float* scores) {
+  const cpu::KiviHeadStore copy = cpu::kivi_store_from_tier(tier, residual, q.dim);
+  const size_t n = copy.size();
+  float* k = at_least(ws.specache.k_chunk, std::min(cpu::kSpeCacheChunk, n) * q.dim).data();
+  for (size_t first = 0; first < n; first += cpu::kSpeCacheChunk) {
+    const size_t c = std::min(cpu::kSpeCacheChunk, n - first);
+    copy.read_rows(first, c, k, nullptr);  // keys only
+    cpu::specache_score_chunk(q.q, q.positions, q.n_rows, k, copy.positions().data() + first, c,
+                              q.dim, q.scale, scores + first, n);
+  }
+}
+
 // --- split-K --------------------------------------------------------------------------------------
 // An OnlineAttention over the range's rows, handing out its unnormalised state.
 template <class Feed>
@@ -246,6 +272,8 @@ Ops make_reference() {
   ops.attend_f16_range = attend_f16_range;  // split-K
   ops.attend_kivi_range = attend_kivi_range;
   ops.merge_partials = cpu::merge_attention_states;
+  ops.attend_specache_tier = attend_specache_tier;
+  ops.specache_scores_tier = specache_scores_tier;
   return ops;
 }
 

@@ -55,7 +55,7 @@ __device__ __forceinline__ float key_at(const QuantKeys& qk, const uint16_t* hel
 }
 
 // One thread per (row of the block, key): dot_f32's partial sums, times scale; -inf where the
-// key is in the row's future.
+// key is in the row's future (q_pos null: every key is seen).
 __global__ void logits_kernel(const float* q, const int32_t* q_pos, size_t r0, size_t nr,
                               QuantKeys qk, size_t n_quant, const uint16_t* held_k,
                               const int32_t* held_pos, const float* tail_k,
@@ -66,7 +66,7 @@ __global__ void logits_kernel(const float* q, const int32_t* q_pos, size_t r0, s
   const KeyRef k = key_ref(qk, n_quant, held, t);
   const int32_t key_pos =
       k.src == 0 ? qk.positions[k.row] : k.src == 1 ? held_pos[k.row] : tail_pos[k.row];
-  if (key_pos > q_pos[r0 + r]) {
+  if (q_pos && key_pos > q_pos[r0 + r]) {
     logits[i] = -INFINITY;
     return;
   }
@@ -138,6 +138,10 @@ size_t block_rows(const ColumnSumsShape& s, size_t max_logits) {
 
 }  // namespace
 
+// Logits of one key_scores launch at most (rows per launch: this over the keys, at least one),
+// which keeps its grid far inside the limit for any row count.
+constexpr size_t kMaxLaunchLogits = size_t(1) << 26;
+
 size_t column_sums_workspace(const ColumnSumsShape& shape, size_t max_logits) {
   const size_t nr = block_rows(shape, max_logits);
   return nr * (shape.quant + shape.held + shape.tail) + 2 * nr;
@@ -178,6 +182,22 @@ void column_sums(const float* q, const int32_t* q_pos, const QuantKeys& quant,
     KVSDK_LAUNCH(columns_kernel, blocks_for(n_keys, kThreads), kThreads, 0, stream, logits,
                  row_max, row_inv, nr, n_keys, r0 == 0, col_sums);
     check_launch("columns_kernel");
+  }
+}
+
+void key_scores(const float* q, const int32_t* q_pos, const QuantKeys& quant,
+                const uint16_t* held_k, const int32_t* held_pos, const float* tail_k,
+                const int32_t* tail_pos, const ColumnSumsShape& shape, float* scores,
+                cudaStream_t stream) {
+  const size_t n_keys = shape.quant + shape.held + shape.tail;
+  if (n_keys == 0 || shape.rows == 0) return;
+  const size_t rows_per_launch = std::max<size_t>(1, kMaxLaunchLogits / n_keys);
+  for (size_t r0 = 0; r0 < shape.rows; r0 += rows_per_launch) {
+    const size_t nr = std::min(rows_per_launch, shape.rows - r0);
+    KVSDK_LAUNCH(logits_kernel, blocks_for(nr * n_keys, kThreads), kThreads, 0, stream, q, q_pos,
+                 r0, nr, quant, shape.quant, held_k, held_pos, tail_k, tail_pos, shape.held,
+                 n_keys, shape.dim, shape.scale, scores + r0 * n_keys);
+    check_launch("logits_kernel");
   }
 }
 

@@ -57,4 +57,15 @@ void column_sums(const float* q, const int32_t* q_pos, const QuantKeys& quant,
                  const ColumnSumsShape& shape, size_t max_logits, float* work, float* col_sums,
                  cudaStream_t stream);
 
+// The logits alone, the first step of column_sums with its bits: scores [rows][quant + held +
+// tail] (row-major, caller's memory: no working memory, no limit on rows) = each row's dot_f32
+// with each key (quantized keys as kivi_dequantize_keys widens them) times shape.scale, -inf
+// where the key's position is after the row's. Arguments as column_sums' (q_pos may be null:
+// every key is seen). SpeCache's selection scores: the reference's cpu::specache_score_chunk,
+// bit for bit (backend_ops.h specache_scores_tier).
+void key_scores(const float* q, const int32_t* q_pos, const QuantKeys& quant,
+                const uint16_t* held_k, const int32_t* held_pos, const float* tail_k,
+                const int32_t* tail_pos, const ColumnSumsShape& shape, float* scores,
+                cudaStream_t stream);
+
 }  // namespace kvsdk::cuda

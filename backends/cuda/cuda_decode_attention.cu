@@ -198,6 +198,33 @@ KiviLoader make_kivi_loader(const KiviTierView& t, size_t dim) {
   return l;
 }
 
+// A warp's walk through a tier's TokenExclusion: its tokens come in ascending order, so the list
+// is searched once (for the warp's first token of the split) and then only stepped forward.
+// Every lane reads the same entries: the answers are uniform over the warp.
+struct ExclusionCursor {
+  const uint32_t* list;  // null: nothing excluded
+  size_t n, at;
+  uint32_t base;
+  __device__ ExclusionCursor(const TokenExclusion& x, size_t first)
+      : list(x.exclude), n(x.n_exclude), at(0), base(x.exclude_base) {
+    if (!list) return;
+    const uint32_t key = uint32_t(first) + base;
+    size_t hi = n;  // the first entry >= key
+    while (at < hi) {
+      const size_t mid = (at + hi) / 2;
+      if (list[mid] < key) at = mid + 1;
+      else hi = mid;
+    }
+  }
+  // Whether token `tok` is left out; tokens must be asked in ascending order.
+  __device__ bool skips(size_t tok) {
+    if (!list) return false;
+    const uint32_t key = uint32_t(tok) + base;
+    while (at < n && list[at] < key) ++at;
+    return at < n && list[at] == key;
+  }
+};
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -210,11 +237,12 @@ __device__ __forceinline__ float warp_sum(float v) {
 // MaxG (4 or 8) bounds the query heads per KV head the registers hold: with 8 for every group the
 // dim-128 kernels needed 128 (f16) / 154 (KIVI) registers a thread, which leaves room for three
 // or four blocks an SM; Llama-like models have groups of 4.
+// Tokens in `skip` are seen by no query row (a pair of them is not even loaded).
 template <int EPL, int MaxG, class Loader>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_split_kernel(const float* q, const int32_t* q_pos, Loader loader, size_t kv_heads,
                         int group, bool shared_rows, size_t tokens, size_t split_tokens,
-                        size_t split_base, float scale, Partials part) {
+                        size_t split_base, float scale, TokenExclusion skip, Partials part) {
   constexpr int kDim = EPL * 32;
   __shared__ float s_m[kWarps][MaxG], s_l[kWarps][MaxG];
   __shared__ float s_acc[kWarps][MaxG][kDim];
@@ -238,9 +266,12 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   typename Loader::template Cursor<EPL> cursor;
+  ExclusionCursor excluded(skip, first + warp);
   for (size_t tok = first + warp; tok < last; tok += 2 * kWarps) {
     const size_t tok1 = tok + kWarps;
     const bool two = tok1 < last;  // the same for every lane of the warp
+    const bool skip0 = excluded.skips(tok), skip1 = two && excluded.skips(tok1);
+    if (skip0 && (skip1 || !two)) continue;
     float k0[EPL], v0[EPL], k1[EPL], v1[EPL];
     loader.template key<EPL>(head, tok, lane, cursor, k0);
     loader.template value<EPL>(head, tok, lane, v0);
@@ -256,7 +287,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int g = 0; g < MaxG; ++g) {
       if (g >= group) break;
-      const bool see0 = pos0 <= qp[g], see1 = two && pos1 <= qp[g];  // uniform over the warp
+      // (Uniform over the warp.)
+      const bool see0 = !skip0 && pos0 <= qp[g], see1 = two && !skip1 && pos1 <= qp[g];
       if (!see0 && !see1) continue;
       float d0 = 0.0f, d1 = 0.0f;
 #pragma unroll
@@ -335,7 +367,7 @@ __global__ void decode_reduce_kernel(Partials part, size_t dim, float* out) {
 
 template <class Loader>
 using SplitKernel = void (*)(const float*, const int32_t*, Loader, size_t, int, bool, size_t,
-                             size_t, size_t, float, Partials);
+                             size_t, size_t, float, TokenExclusion, Partials);
 
 // The instance for a head dim and group size (MaxG 4 up to groups of 4, else 8).
 template <class Loader>
@@ -357,8 +389,11 @@ void launch_splits(const float* q, const int32_t* q_pos, const DecodeShape& sh,
   const dim3 grid(unsigned(splits), unsigned(sh.kv_heads), unsigned(sh.batch));
   // (A named pointer: a template instance with several arguments is not one macro argument.)
   const SplitKernel<Loader> kernel = split_kernel<Loader>(sh.dim, sh.group);
+  TokenExclusion skip = loader.t.skip;
+  if (skip.n_exclude == 0) skip.exclude = nullptr;  // an empty list: the kernel's no-list path
   KVSDK_LAUNCH(kernel, grid, kWarps * 32, 0, stream, q, q_pos, loader, sh.kv_heads,
-               int(sh.group), sh.shared_rows, tokens, split_tokens, split_base, sh.scale, part);
+               int(sh.group), sh.shared_rows, tokens, split_tokens, split_base, sh.scale, skip,
+               part);
   check_launch("decode_split_kernel");
 }
 
@@ -384,12 +419,26 @@ void check_shape(const DecodeShape& s) {
 
 size_t div_up(size_t a, size_t b) { return (a + b - 1) / b; }
 
+// A tier's exclusion list: one list for every head, so only over shared rows; its indices
+// (tokens + base) within 32 bits.
+void check_exclusion(const DecodeShape& s, const TokenExclusion& x, size_t tokens,
+                     const char* tier) {
+  if (x.n_exclude == 0) return;
+  KVSDK_REQUIRE(x.exclude, "decode attention: the ", tier, " tier excludes ", x.n_exclude,
+                " tokens without a list");
+  KVSDK_REQUIRE(s.shared_rows || s.batch * s.kv_heads == 1, "decode attention: the ", tier,
+                " tier's exclusion list needs rows shared by every sequence (or one head)");
+  KVSDK_REQUIRE(tokens + x.exclude_base <= UINT32_MAX, "decode attention: the ", tier,
+                " tier's excluded indices (base ", x.exclude_base, " + ", tokens,
+                " tokens) exceed 32 bits");
+}
+
 }  // namespace
 
 DecodePlan plan_decode(const DecodeShape& shape, size_t kivi_tokens, size_t exact_tokens,
-                       size_t split_tokens) {
+                       size_t split_tokens, size_t extra_tokens) {
   check_shape(shape);
-  const size_t tokens = kivi_tokens + exact_tokens;
+  const size_t tokens = kivi_tokens + exact_tokens + extra_tokens;
   if (split_tokens == 0) {
     int device = 0, sms = 1;
     check_cuda(cudaGetDevice(&device), "cudaGetDevice");
@@ -398,21 +447,24 @@ DecodePlan plan_decode(const DecodeShape& shape, size_t kivi_tokens, size_t exac
     // One wave of as many blocks as the SMs hold (the tier with more tokens decides which
     // kernel). With two blocks an SM (an estimate: ~4 KB of rows in flight per SM) the kernel
     // read 11-19% of the H200's bandwidth.
-    const int per_sm = kivi_tokens >= exact_tokens ? resident_blocks<KiviLoader>(shape)
-                                                   : resident_blocks<ExactLoader>(shape);
+    const int per_sm = kivi_tokens >= exact_tokens + extra_tokens
+                           ? resident_blocks<KiviLoader>(shape)
+                           : resident_blocks<ExactLoader>(shape);
     const size_t heads = shape.batch * shape.kv_heads;
     const size_t want_splits =
         std::max<size_t>(1, div_up(size_t(per_sm) * size_t(sms), heads));
     split_tokens = std::max<size_t>(64, div_up(std::max<size_t>(tokens, 1), want_splits));
   }
   DecodePlan p;
-  p.kivi_split_tokens = p.exact_split_tokens = split_tokens;
+  p.kivi_split_tokens = p.exact_split_tokens = p.extra_split_tokens = split_tokens;
   p.kivi_splits = div_up(kivi_tokens, split_tokens);
   p.exact_splits = div_up(exact_tokens, split_tokens);
-  KVSDK_REQUIRE(p.kivi_splits + p.exact_splits < 65536, "decode attention: ",
-                p.kivi_splits + p.exact_splits, " splits exceed the grid; use longer splits");
+  p.extra_splits = div_up(extra_tokens, split_tokens);
+  const size_t all_splits = p.kivi_splits + p.exact_splits + p.extra_splits;
+  KVSDK_REQUIRE(all_splits < 65536, "decode attention: ", all_splits,
+                " splits exceed the grid; use longer splits");
   const size_t rows = shape.batch * shape.kv_heads * shape.group;
-  const size_t splits = std::max<size_t>(1, p.kivi_splits + p.exact_splits);
+  const size_t splits = std::max<size_t>(1, all_splits);
   const size_t ml = div_up(rows * splits, 4) * 4;  // keep acc 16-byte aligned
   p.workspace_bytes = sizeof(float) * (2 * ml + rows * splits * shape.dim);
   return p;
@@ -420,14 +472,18 @@ DecodePlan plan_decode(const DecodeShape& shape, size_t kivi_tokens, size_t exac
 
 void decode_attention(const float* q, const DecodeShape& shape, const KiviTierView* kivi,
                       const ExactTierView* exact, const DecodePlan& plan, void* workspace,
-                      float* out, cudaStream_t stream, const int32_t* q_positions) {
+                      float* out, cudaStream_t stream, const int32_t* q_positions,
+                      const ExactTierView* extra) {
   check_shape(shape);
-  KVSDK_REQUIRE(kivi || exact, "decode attention needs at least one tier");
+  KVSDK_REQUIRE(kivi || exact || extra, "decode attention needs at least one tier");
   const size_t kivi_tokens = kivi ? kivi->tokens : 0, exact_tokens = exact ? exact->tokens : 0;
+  const size_t extra_tokens = extra ? extra->tokens : 0;
   KVSDK_REQUIRE(div_up(kivi_tokens, std::max<size_t>(plan.kivi_split_tokens, 1)) ==
                         plan.kivi_splits &&
                     div_up(exact_tokens, std::max<size_t>(plan.exact_split_tokens, 1)) ==
-                        plan.exact_splits,
+                        plan.exact_splits &&
+                    div_up(extra_tokens, std::max<size_t>(plan.extra_split_tokens, 1)) ==
+                        plan.extra_splits,
                 "decode attention: the plan was made for other token counts");
   if (kivi) {
     KVSDK_REQUIRE(kivi->bits == 1 || kivi->bits == 2 || kivi->bits == 4 || kivi->bits == 8,
@@ -446,18 +502,23 @@ void decode_attention(const float* q, const DecodeShape& shape, const KiviTierVi
                     kivi->group);
     }
   }
-  if (exact) {
-    KVSDK_REQUIRE(exact->capacity >= exact->tokens, "decode attention: exact capacity ",
-                  exact->capacity, " < tokens ", exact->tokens);
+  for (const ExactTierView* e : {exact, extra}) {
+    if (!e) continue;
+    KVSDK_REQUIRE(e->capacity >= e->tokens, "decode attention: exact capacity ", e->capacity,
+                  " < tokens ", e->tokens);
   }
+  if (kivi) check_exclusion(shape, kivi->skip, kivi_tokens, "KIVI");
+  if (exact) check_exclusion(shape, exact->skip, exact_tokens, "exact");
+  if (extra) check_exclusion(shape, extra->skip, extra_tokens, "extra exact");
   const size_t rows = shape.batch * shape.kv_heads * shape.group;
+  const size_t all_splits = plan.kivi_splits + plan.exact_splits + plan.extra_splits;
   Partials part;
-  part.splits = std::max<size_t>(1, plan.kivi_splits + plan.exact_splits);
+  part.splits = std::max<size_t>(1, all_splits);
   const size_t ml = div_up(rows * part.splits, 4) * 4;
   part.m = static_cast<float*>(workspace);
   part.l = part.m + ml;
   part.acc = part.l + ml;
-  if (plan.kivi_splits + plan.exact_splits == 0) {  // no token at all: zeros (all-zero bits)
+  if (all_splits == 0) {  // no token at all: zeros (all-zero bits)
     check_cuda(cudaMemsetAsync(out, 0, rows * shape.dim * sizeof(float), stream),
                "cudaMemsetAsync");
     return;
@@ -471,6 +532,11 @@ void decode_attention(const float* q, const DecodeShape& shape, const KiviTierVi
     launch_splits(q, q_positions, shape, ExactLoader{*exact, shape.dim}, exact_tokens,
                   plan.exact_splits,
                   plan.exact_split_tokens, plan.kivi_splits, part, stream);
+  }
+  if (extra && plan.extra_splits) {
+    launch_splits(q, q_positions, shape, ExactLoader{*extra, shape.dim}, extra_tokens,
+                  plan.extra_splits, plan.extra_split_tokens,
+                  plan.kivi_splits + plan.exact_splits, part, stream);
   }
   KVSDK_LAUNCH(decode_reduce_kernel, unsigned(rows), 128, 0, stream, part, shape.dim, out);
   check_launch("decode_reduce_kernel");

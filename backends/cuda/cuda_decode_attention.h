@@ -36,6 +36,20 @@ struct DecodeShape {
   bool shared_rows = false;
 };
 
+// Tokens a tier leaves out (SpeCache (docs/papers.md) §3.3: the low-bit rows whose full-precision
+// rows are attended instead): tier token `tok` is skipped, by every query row as if masked, when
+// tok + exclude_base is in exclude[0 .. n_exclude) (device memory, strictly ascending). One list
+// can so index the tokens of several tiers laid end to end (a KIVI tier with base 0, its residual
+// exact tier with base = the KIVI tier's tokens). The same list applies to every head, so it is
+// only accepted when the heads' rows are shared (DecodeShape::shared_rows, or one head). Each
+// warp walks its tokens in ascending order with a cursor into the list (one binary search per
+// split), so excluding costs one comparison per token, and nothing without a list.
+struct TokenExclusion {
+  const uint32_t* exclude = nullptr;
+  size_t n_exclude = 0;
+  uint32_t exclude_base = 0;
+};
+
 // Rows of head (b, h) start at row (b * kv_heads + h) * capacity:
 // k/v f16 [batch*kv][capacity][dim], 16-byte aligned (rows are read with vector loads).
 struct ExactTierView {
@@ -45,6 +59,7 @@ struct ExactTierView {
   size_t capacity = 0;  // row stride between heads (>= tokens)
   // Positions of the rows, [head][capacity] like the rows, or null: no causal mask for this tier.
   const int32_t* positions = nullptr;
+  TokenExclusion skip;  // none by default
 };
 
 // Per head (b, h) = index i: k_codes/v_codes [i][capacity][packed_bytes(dim)],
@@ -68,29 +83,37 @@ struct KiviTierView {
   const uint32_t* block_starts = nullptr;  // null: every key block holds G tokens
   size_t blocks = 0;                       // key blocks per head (with block_starts)
   size_t block_stride = 0;                 // >= blocks
+  TokenExclusion skip;                     // none by default
 };
 
 // How the tokens are split, and the f32 workspace the partials need.
 struct DecodePlan {
   size_t kivi_splits = 0, kivi_split_tokens = 0;
   size_t exact_splits = 0, exact_split_tokens = 0;
+  size_t extra_splits = 0, extra_split_tokens = 0;  // the second exact tier (decode_attention)
   size_t workspace_bytes = 0;  // for [batch*q_heads][splits] maxima and sums + [..][splits][dim]
 };
 
 // split_tokens 0 picks a size that gives the current device about two blocks per SM (at least
-// 64 tokens per split). Throws kvsdk::Error: KVSDK_E_INVALID_ARG for a bad shape (zero sizes,
-// group > kDecodeMaxGroup, unsupported dim), KVSDK_E_BACKEND when the device cannot be queried.
+// 64 tokens per split). `extra_tokens`: the rows of decode_attention's second exact tier (0:
+// none; the plan is then the one without it). Throws kvsdk::Error: KVSDK_E_INVALID_ARG for a bad
+// shape (zero sizes, group > kDecodeMaxGroup, unsupported dim), KVSDK_E_BACKEND when the device
+// cannot be queried.
 DecodePlan plan_decode(const DecodeShape& shape, size_t kivi_tokens, size_t exact_tokens,
-                       size_t split_tokens = 0);
+                       size_t split_tokens = 0, size_t extra_tokens = 0);
 
 // q f32 [batch][kv_heads * group][dim] (query head h*group + g belongs to KV head h) -> out f32
-// [batch][kv_heads * group][dim]. Either tier may be null (not both), and must match the plan's
-// token counts. `workspace` has plan.workspace_bytes bytes, 16-byte aligned. `q_positions`
-// [batch][kv_heads * group] (one per query row, like q) masks the rows of tiers that carry
-// positions; null: no mask. A query row that sees no token yields zeros. Throws
-// KVSDK_E_INVALID_ARG for a mismatch, KVSDK_E_BACKEND for launch failures.
+// [batch][kv_heads * group][dim]. Any tier may be null (not all), and each must match the plan's
+// token counts. `extra`: a second exact tier in the same softmax (SpeCache's fetched
+// full-precision rows, at their own positions), its splits after the exact tier's. `workspace`
+// has plan.workspace_bytes bytes, 16-byte aligned. `q_positions` [batch][kv_heads * group] (one
+// per query row, like q) masks the rows of tiers that carry positions; null: no mask. A tier's
+// `skip` leaves tokens out (TokenExclusion). A query row that sees no token yields zeros. Throws
+// KVSDK_E_INVALID_ARG for a mismatch (also an exclusion list over rows that are not shared),
+// KVSDK_E_BACKEND for launch failures.
 void decode_attention(const float* q, const DecodeShape& shape, const KiviTierView* kivi,
                       const ExactTierView* exact, const DecodePlan& plan, void* workspace,
-                      float* out, cudaStream_t stream, const int32_t* q_positions = nullptr);
+                      float* out, cudaStream_t stream, const int32_t* q_positions = nullptr,
+                      const ExactTierView* extra = nullptr);
 
 }  // namespace kvsdk::cuda

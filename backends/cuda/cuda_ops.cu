@@ -58,9 +58,9 @@ void workspace_destroy(backend::Workspace* ws) {
 // One KV head's tiers against query rows of one conversation: each run of q.group rows (one
 // token's query heads) is a "sequence" of the decode kernel reading the same rows, masked by
 // position. Long prefill chunks go in pieces within the kernel's grid limit. `kivi` null: the
-// exact rows alone.
+// exact rows alone. `extra`: a second exact tier in the same softmax (null: none).
 void attend_tiers(const backend::QueryRows& q, const KiviTierView* kivi, const ExactTierView& exact,
-                  backend::Workspace& ws, float* out) {
+                  backend::Workspace& ws, float* out, const ExactTierView* extra = nullptr) {
   const size_t group =
       q.group >= 1 && q.group <= kDecodeMaxGroup && q.n_rows % q.group == 0 ? q.group : 1;
   KVSDK_REQUIRE(q.dim == 64 || q.dim == 128 || q.dim == 256, "cuda: attention over head_dim ",
@@ -76,7 +76,8 @@ void attend_tiers(const backend::QueryRows& q, const KiviTierView* kivi, const E
     shape.dim = q.dim;
     shape.scale = q.scale;
     shape.shared_rows = true;
-    const DecodePlan plan = plan_decode(shape, kivi ? kivi->tokens : 0, exact.tokens);
+    const DecodePlan plan =
+        plan_decode(shape, kivi ? kivi->tokens : 0, exact.tokens, 0, extra ? extra->tokens : 0);
     if (plan.workspace_bytes > w.bytes) {
       void* grown = nullptr;
       check_cuda(cudaMalloc(&grown, plan.workspace_bytes), "cudaMalloc (attention workspace)");
@@ -86,7 +87,7 @@ void attend_tiers(const backend::QueryRows& q, const KiviTierView* kivi, const E
     }
     const size_t row0 = first * group;
     decode_attention(q.q + row0 * q.dim, shape, kivi, &exact, plan, w.partials,
-                     out + row0 * q.dim, compute_stream(), q.positions + row0);
+                     out + row0 * q.dim, compute_stream(), q.positions + row0, extra);
   }
   // No synchronisation: the caller's next transfer (to_host) waits for the kernels and reports a
   // fault in them.
@@ -106,10 +107,8 @@ void attend_f16(const backend::QueryRows& q, const backend::F16Rows& rows, backe
   attend_tiers(q, nullptr, exact_view(rows), ws, out);
 }
 
-// A device KIVI store's head (src/repr/device_kivi.h): its quantized blocks and exact residual
-// rows in one softmax, the split-K kernel dequantizing the codes as it loads them.
-void attend_kivi_tier(const backend::QueryRows& q, const backend::KiviTier& tier,
-                      const backend::F16Rows& residual, backend::Workspace& ws, float* out) {
+// A KIVI tier's buffers as the decode kernel's view of one head (nothing excluded).
+KiviTierView kivi_view(const backend::KiviTier& tier) {
   KiviTierView view;
   view.k_codes = tier.k_codes;
   view.v_codes = tier.v_codes;
@@ -123,12 +122,55 @@ void attend_kivi_tier(const backend::QueryRows& q, const backend::KiviTier& tier
   view.positions = tier.positions;
   view.block_starts = tier.block_starts;
   view.blocks = view.block_stride = tier.blocks;
+  return view;
+}
+
+// A device KIVI store's head (src/repr/device_kivi.h): its quantized blocks and exact residual
+// rows in one softmax, the split-K kernel dequantizing the codes as it loads them.
+void attend_kivi_tier(const backend::QueryRows& q, const backend::KiviTier& tier,
+                      const backend::F16Rows& residual, backend::Workspace& ws, float* out) {
+  const KiviTierView view = kivi_view(tier);
   attend_tiers(q, &view, exact_view(residual), ws, out);
+}
+
+// A device SpeCache head (SpeCache (docs/papers.md) §3.3): attend_kivi_tier's two tiers with the
+// fetched tokens left out of both (one list over the copy's tokens: the residual's indices start
+// at tier.tokens), and the fetched full-precision rows as a third tier at their own positions,
+// all in one softmax. The list stays on the device (the kernel walks it); its order is the
+// caller's promise, as the contract states.
+void attend_specache_tier(const backend::QueryRows& q, const backend::KiviTier& tier,
+                          const backend::F16Rows& residual, const backend::F16Rows& fetched,
+                          const uint32_t* fetched_tokens, backend::Workspace& ws, float* out) {
+  KVSDK_REQUIRE(fetched.n_tokens <= tier.tokens + residual.n_tokens, "cuda: ", fetched.n_tokens,
+                " fetched rows for a low-bit copy of ", tier.tokens + residual.n_tokens,
+                " tokens");
+  const TokenExclusion skip{fetched_tokens, fetched.n_tokens, 0};
+  KiviTierView lowbit = kivi_view(tier);
+  lowbit.skip = skip;
+  ExactTierView exact = exact_view(residual);
+  exact.skip = skip;
+  exact.skip.exclude_base = uint32_t(tier.tokens);
+  const ExactTierView rows = exact_view(fetched);
+  attend_tiers(q, &lowbit, exact, ws, out, &rows);
 }
 
 // Logits held at once by the device scoring (16 MiB of working memory at most: a block of query
 // rows at a time, which never changes a result, as on the CPU).
 constexpr size_t kMaxScoreLogits = size_t(4) << 20;
+
+// A KIVI tier's key buffers as the scoring kernel reads them.
+QuantKeys quant_keys(const backend::KiviTier& tier) {
+  QuantKeys quant;
+  quant.codes = tier.k_codes;
+  quant.scale = tier.k_scale;
+  quant.zero = tier.k_zero;
+  quant.positions = tier.positions;
+  quant.block_starts = tier.block_starts;
+  quant.blocks = tier.blocks;
+  quant.bits = tier.bits;
+  quant.group = tier.group;
+  return quant;
+}
 
 // The eviction presets' scores over a device store's rows (and an append's incoming rows), with
 // the CPU's bits (cuda_column_sums.h), on the compute stream.
@@ -141,14 +183,7 @@ void column_sums_rows(const backend::QueryRows& q, const backend::KiviTier* tier
   shape.scale = q.scale;
   QuantKeys quant;
   if (tier) {
-    quant.codes = tier->k_codes;
-    quant.scale = tier->k_scale;
-    quant.zero = tier->k_zero;
-    quant.positions = tier->positions;
-    quant.block_starts = tier->block_starts;
-    quant.blocks = tier->blocks;
-    quant.bits = tier->bits;
-    quant.group = tier->group;
+    quant = quant_keys(*tier);
     shape.quant = tier->tokens;
   }
   shape.held = held.n_tokens;
@@ -164,6 +199,20 @@ void column_sums_rows(const backend::QueryRows& q, const backend::KiviTier* tier
   }
   column_sums(q.q, q.positions, quant, held.k, held.positions, tail, tail_pos, shape, kMaxScoreLogits,
               w.scores, col_sums, compute_stream());
+}
+
+// SpeCache's selection scores over a device copy (cuda_column_sums.h key_scores: the logits of
+// column_sums_rows, the reference's bits) straight into the caller's [rows][n] buffer.
+void specache_scores_tier(const backend::QueryRows& q, const backend::KiviTier& tier,
+                          const backend::F16Rows& residual, backend::Workspace&, float* scores) {
+  ColumnSumsShape shape;
+  shape.rows = q.n_rows;
+  shape.dim = q.dim;
+  shape.scale = q.scale;
+  shape.quant = tier.tokens;
+  shape.held = residual.n_tokens;
+  key_scores(q.q, q.positions, quant_keys(tier), residual.k, residual.positions, nullptr, nullptr,
+             shape, scores, compute_stream());
 }
 
 // Conversion and KIVI quantization over device buffers, on the compute stream: a device KIVI
@@ -232,6 +281,8 @@ backend::Ops make_ops() {
   ops.attend_f16 = attend_f16;
   ops.attend_kivi_tier = attend_kivi_tier;
   ops.column_sums_rows = column_sums_rows;
+  ops.attend_specache_tier = attend_specache_tier;
+  ops.specache_scores_tier = specache_scores_tier;
   ops.f16_to_f32 = f16_to_f32_entry;
   ops.kivi_quantize_keys = kivi_quantize_keys_entry;
   ops.kivi_quantize_values = kivi_quantize_values_entry;

@@ -652,11 +652,17 @@ void DeviceKivi::mirror_head(uint32_t layer, uint32_t kv_head, const cpu::KiviHe
 
 void DeviceKivi::restore(uint32_t layer, const std::vector<TierRecord>& records) {
   check_usable();
+  restore_heads(layer, kivi_layer_from_records(geometry_, config_, layer, records));
+}
+
+void DeviceKivi::restore_heads(uint32_t layer, const std::vector<cpu::KiviHeadStore>& heads) {
+  check_usable();
   for (const Head& h : heads_[layer]) {
     KVSDK_REQUIRE(h.positions.empty(), "restore into a layer that holds rows");
   }
-  const std::vector<cpu::KiviHeadStore> heads =
-      kivi_layer_from_records(geometry_, config_, layer, records);
+  if (heads.size() != geometry_.n_kv_heads) {
+    fail(KVSDK_E_INTERNAL, "restore_heads: ", heads.size(), " heads for ", geometry_.n_kv_heads);
+  }
   const Context::DeviceScope on_device(ctx_);
   std::vector<Capacity> need(geometry_.n_kv_heads);
   size_t most_blocks = 0;

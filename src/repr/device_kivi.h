@@ -110,16 +110,30 @@ class DeviceKivi final : public Representation, private ArenaOwner {
   void commit_keep() noexcept override;
   void drop_keep() noexcept override;
 
- private:
-  // attend() of heads [first_head, first_head + n_heads): q_rows and out [n_heads][n_rows][dim].
-  void attend_range(uint32_t layer, uint32_t first_head, uint32_t n_heads, const float* q_rows,
-                    const int32_t* row_positions, size_t n_rows, float* out) const;
-  // One head's quantized tier and exact residual rows in the arena, as the kernels read them.
+  // --- For a store built on this one (DeviceSpeCache: SpeCache's low-bit copy) ----------------
+  // One head's quantized tier and exact residual rows in the arena, as the kernels read them:
+  // device pointers, valid until the store next changes (an append, restore, truncation or
+  // another cache's growth, which may move the region). Call under a Context::DeviceScope.
   struct DeviceView {
     backend::KiviTier tier;
     backend::F16Rows residual;
   };
   DeviceView device_view(uint32_t layer, uint32_t kv_head) const;
+  // The host copy of one head (reads, snapshots, eviction plans). Throws KVSDK_E_BACKEND when
+  // the device fails or the store has failed.
+  cpu::KiviHeadStore stage_head(uint32_t layer, uint32_t kv_head) const;
+  // restore() from stores already parsed and validated (one per KV head, for an empty layer).
+  void restore_heads(uint32_t layer, const std::vector<cpu::KiviHeadStore>& heads);
+  size_t quantized_tokens(uint32_t layer, uint32_t kv_head) const {
+    return heads_[layer][kv_head].quantized;
+  }
+  // Throws KVSDK_E_BACKEND when a device failure lost rows (every call refuses from then on).
+  void check_usable() const;
+
+ private:
+  // attend() of heads [first_head, first_head + n_heads): q_rows and out [n_heads][n_rows][dim].
+  void attend_range(uint32_t layer, uint32_t first_head, uint32_t n_heads, const float* q_rows,
+                    const int32_t* row_positions, size_t n_rows, float* out) const;
   enum Part : size_t {
     kKeyCodes, kValueCodes, kKeyScales, kKeyZeros, kValueScales, kValueZeros, kQuantPositions,
     kBlockStarts, kResidualKeys, kResidualValues, kResidualPositions, kParts
@@ -173,10 +187,7 @@ class DeviceKivi final : public Representation, private ArenaOwner {
   // (0 without a plan).
   std::vector<Capacity> with_plans(std::vector<Capacity> capacity) const;
   uint64_t bytes_after_plans() const;
-  void check_usable() const;
   void changed() { ++version_; }  // invalidates the staged copy of load_keys
-  // The host copy of one head (reads, snapshots, eviction plans).
-  cpu::KiviHeadStore stage_head(uint32_t layer, uint32_t kv_head) const;
   // Writes the buffers of `store` into the head's slices (which must hold them).
   void upload_head(uint32_t layer, uint32_t kv_head, const cpu::KiviHeadStore& store);
   // Sets the head's mirror to `store`'s shape (no allocation where plan_keep reserved).

@@ -6,6 +6,7 @@
 #include "core/method_traits.h"
 #include "repr/device_kivi.h"
 #include "repr/device_rows.h"
+#include "repr/device_specache.h"
 #include "repr/exact_rows.h"
 #include "repr/kivi_repr.h"
 #include "repr/minicache_repr.h"
@@ -58,7 +59,8 @@ constexpr MethodTraits kTable[] = {
     {KVSDK_METHOD_SMALLKV, "smallkv",
      S::kNone, A::kUniform, Q::kNone, 0, true, false, make<SmallKvRepresentation>},
     {KVSDK_METHOD_SPECACHE, "specache",
-     S::kNone, A::kUniform, Q::kShadow, 2, false, true, make<SpeCacheRepresentation>},
+     S::kNone, A::kUniform, Q::kShadow, 2, false, true, make<SpeCacheRepresentation>, true,
+     make_device<DeviceSpeCache>},
 };
 static_assert(std::size(kTable) == KVSDK_METHOD_COUNT, "one row per kvsdk_method");
 constexpr bool rows_in_enum_order() {

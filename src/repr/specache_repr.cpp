@@ -257,28 +257,90 @@ void SpeCacheRepresentation::truncate(uint32_t layer, int32_t position) noexcept
   for (AttendScores& a : attend_scores_) a.valid = a.valid && a.layer != layer;
 }
 
+TierRecord specache_head_record(uint32_t layer, uint32_t kv_head, const cpu::KiviHeadStore& lowbit,
+                                const cpu::SpeCacheBackingStore& backing,
+                                const std::vector<uint32_t>& fetched_tokens,
+                                std::vector<uint16_t> fetched_k, std::vector<uint16_t> fetched_v) {
+  const size_t dim = lowbit.head_dim();
+  TierRecord r;
+  r.layer = layer;
+  r.kv_head = kv_head;
+  r.kind = "specache.head";
+  kivi_store_to_record(lowbit, "lowbit.", r);
+  std::vector<uint16_t> bk(backing.size() * dim), bv(backing.size() * dim);
+  for (size_t t = 0; t < backing.size(); ++t) {
+    std::copy_n(backing.key_row(t), dim, &bk[t * dim]);
+    std::copy_n(backing.value_row(t), dim, &bv[t * dim]);
+  }
+  // "backing.*": left out of snapshots unless kvsdk_save_options.include_backing (formats/).
+  r.add("backing.keys").u16 = std::move(bk);
+  r.add("backing.values").u16 = std::move(bv);
+  r.add("fetched_tokens").u32 = fetched_tokens;
+  r.add("fetched_keys").u16 = std::move(fetched_k);
+  r.add("fetched_values").u16 = std::move(fetched_v);
+  return r;
+}
+
+cpu::SpeCacheHead specache_head_from_record(const Geometry& g, const cpu::KiviConfig& config,
+                                            size_t fetch_tokens,
+                                            const std::shared_ptr<cpu::BackingArena>& arena,
+                                            uint32_t layer, uint32_t h, const TierRecord& r) {
+  const size_t dim = g.head_dim;
+  if (r.kind != "specache.head" || r.kv_head != h) {
+    fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " record ", h, " is '", r.kind,
+         "' for KV head ", r.kv_head, ", expected 'specache.head' for KV head ", h);
+  }
+  cpu::KiviHeadStore lowbit = kivi_store_from_record(dim, config, "lowbit.", r);
+  const size_t n = lowbit.size();
+  // Saved without its backing store (include_backing = 0): rebuilt from the low-bit copy, so
+  // every later fetch of these tokens carries low-bit precision (tokens appended after the load
+  // get their f16 rows): the cache is identical to the saved one only until its next prefetch.
+  std::vector<uint16_t> rebuilt_k, rebuilt_v;
+  const bool with_backing = r.has("backing.keys") || r.has("backing.values");
+  if (!with_backing) {
+    std::vector<float> kf(n * dim), vf(n * dim);
+    lowbit.read_rows(0, n, kf.data(), vf.data());
+    rebuilt_k.resize(n * dim);
+    rebuilt_v.resize(n * dim);
+    for (size_t i = 0; i < n * dim; ++i) {
+      rebuilt_k[i] = f32_to_f16(kf[i]);
+      rebuilt_v[i] = f32_to_f16(vf[i]);
+    }
+  }
+  const std::vector<uint16_t>& bk = with_backing ? r.get("backing.keys").u16 : rebuilt_k;
+  const std::vector<uint16_t>& bv = with_backing ? r.get("backing.values").u16 : rebuilt_v;
+  if (bk.size() != n * dim || bv.size() != n * dim) {
+    fail(KVSDK_E_CORRUPT, "snapshot SpeCache layer ", layer, " head ", h, ": backing rows hold ",
+         bk.size(), "/", bv.size(), " values, expected ", n * dim, " (", n, " tokens)");
+  }
+  cpu::SpeCacheFetched f;
+  f.tokens = r.get("fetched_tokens").u32;
+  f.k = r.get("fetched_keys").u16;
+  f.v = r.get("fetched_values").u16;
+  if (f.k.size() != f.tokens.size() * dim || f.v.size() != f.tokens.size() * dim ||
+      f.tokens.size() > std::min(fetch_tokens, n)) {
+    fail(KVSDK_E_CORRUPT, "snapshot SpeCache layer ", layer, " head ", h, ": ", f.tokens.size(),
+         " fetched tokens with ", f.k.size(), "/", f.v.size(), " values do not fit ", n,
+         " tokens and fetch_tokens ", fetch_tokens);
+  }
+  for (size_t i = 0; i < f.tokens.size(); ++i) {
+    if (f.tokens[i] >= n || (i > 0 && f.tokens[i] <= f.tokens[i - 1])) {
+      fail(KVSDK_E_CORRUPT, "snapshot SpeCache layer ", layer, " head ", h,
+           ": fetched token indices are not ascending below ", n);
+    }
+  }
+  cpu::SpeCacheBackingStore backing(dim, arena);
+  backing.append_f16(bk.data(), bv.data(), n);
+  return cpu::SpeCacheHead(std::move(lowbit), std::move(backing), std::move(f));
+}
+
 std::vector<TierRecord> SpeCacheRepresentation::save(uint32_t layer) const {
-  std::vector<TierRecord> out(geometry_.n_kv_heads);
-  const size_t dim = geometry_.head_dim;
+  std::vector<TierRecord> out;
+  out.reserve(geometry_.n_kv_heads);
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     const cpu::SpeCacheHead& s = heads_[layer][h];
-    TierRecord& r = out[h];
-    r.layer = layer;
-    r.kv_head = h;
-    r.kind = "specache.head";
-    kivi_store_to_record(s.lowbit(), "lowbit.", r);
-    const cpu::SpeCacheBackingStore& b = s.backing();
-    std::vector<uint16_t> bk(b.size() * dim), bv(b.size() * dim);
-    for (size_t t = 0; t < b.size(); ++t) {
-      std::copy_n(b.key_row(t), dim, &bk[t * dim]);
-      std::copy_n(b.value_row(t), dim, &bv[t * dim]);
-    }
-    // "backing.*": left out of snapshots unless kvsdk_save_options.include_backing (formats/).
-    r.add("backing.keys").u16 = std::move(bk);
-    r.add("backing.values").u16 = std::move(bv);
-    r.add("fetched_tokens").u32 = s.fetched().tokens;
-    r.add("fetched_keys").u16 = s.fetched().k;
-    r.add("fetched_values").u16 = s.fetched().v;
+    out.push_back(specache_head_record(layer, h, s.lowbit(), s.backing(), s.fetched().tokens,
+                                       s.fetched().k, s.fetched().v));
   }
   return out;
 }
@@ -288,56 +350,10 @@ void SpeCacheRepresentation::restore(uint32_t layer, const std::vector<TierRecor
     fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " has ", records.size(),
          " SpeCache head records, expected ", geometry_.n_kv_heads);
   }
-  const size_t dim = geometry_.head_dim;
   std::vector<cpu::SpeCacheHead> heads;
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-    const TierRecord& r = records[h];
-    if (r.kind != "specache.head" || r.kv_head != h) {
-      fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " record ", h, " is '", r.kind,
-           "' for KV head ", r.kv_head, ", expected 'specache.head' for KV head ", h);
-    }
-    cpu::KiviHeadStore lowbit = kivi_store_from_record(dim, config_, "lowbit.", r);
-    const size_t n = lowbit.size();
-    // Saved without its backing store (include_backing = 0): rebuilt from the low-bit copy, so
-    // every later fetch of these tokens carries low-bit precision (tokens appended after the load
-    // get their f16 rows): the cache is identical to the saved one only until its next prefetch.
-    std::vector<uint16_t> rebuilt_k, rebuilt_v;
-    const bool with_backing = r.has("backing.keys") || r.has("backing.values");
-    if (!with_backing) {
-      std::vector<float> kf(n * dim), vf(n * dim);
-      lowbit.read_rows(0, n, kf.data(), vf.data());
-      rebuilt_k.resize(n * dim);
-      rebuilt_v.resize(n * dim);
-      for (size_t i = 0; i < n * dim; ++i) {
-        rebuilt_k[i] = f32_to_f16(kf[i]);
-        rebuilt_v[i] = f32_to_f16(vf[i]);
-      }
-    }
-    const std::vector<uint16_t>& bk = with_backing ? r.get("backing.keys").u16 : rebuilt_k;
-    const std::vector<uint16_t>& bv = with_backing ? r.get("backing.values").u16 : rebuilt_v;
-    if (bk.size() != n * dim || bv.size() != n * dim) {
-      fail(KVSDK_E_CORRUPT, "snapshot SpeCache layer ", layer, " head ", h, ": backing rows hold ",
-           bk.size(), "/", bv.size(), " values, expected ", n * dim, " (", n, " tokens)");
-    }
-    cpu::SpeCacheFetched f;
-    f.tokens = r.get("fetched_tokens").u32;
-    f.k = r.get("fetched_keys").u16;
-    f.v = r.get("fetched_values").u16;
-    if (f.k.size() != f.tokens.size() * dim || f.v.size() != f.tokens.size() * dim ||
-        f.tokens.size() > std::min(fetch_tokens_, n)) {
-      fail(KVSDK_E_CORRUPT, "snapshot SpeCache layer ", layer, " head ", h, ": ",
-           f.tokens.size(), " fetched tokens with ", f.k.size(), "/", f.v.size(),
-           " values do not fit ", n, " tokens and fetch_tokens ", fetch_tokens_);
-    }
-    for (size_t i = 0; i < f.tokens.size(); ++i) {
-      if (f.tokens[i] >= n || (i > 0 && f.tokens[i] <= f.tokens[i - 1])) {
-        fail(KVSDK_E_CORRUPT, "snapshot SpeCache layer ", layer, " head ", h,
-             ": fetched token indices are not ascending below ", n);
-      }
-    }
-    cpu::SpeCacheBackingStore backing(dim, arena_);
-    backing.append_f16(bk.data(), bv.data(), n);
-    heads.emplace_back(std::move(lowbit), std::move(backing), std::move(f));
+    heads.push_back(specache_head_from_record(geometry_, config_, fetch_tokens_, arena_, layer, h,
+                                              records[h]));
   }
   heads_[layer] = std::move(heads);
   std::fill(pending_[layer].begin(), pending_[layer].end(), 0);

@@ -107,4 +107,18 @@ class SpeCacheRepresentation final : public Representation {
   mutable std::vector<AttendScores> attend_scores_;  // [kv_head]
 };
 
+// One head's "specache.head" snapshot record: the same bytes from the host store and the device
+// one (src/repr/device_specache.h).
+TierRecord specache_head_record(uint32_t layer, uint32_t kv_head, const cpu::KiviHeadStore& lowbit,
+                                const cpu::SpeCacheBackingStore& backing,
+                                const std::vector<uint32_t>& fetched_tokens,
+                                std::vector<uint16_t> fetched_k, std::vector<uint16_t> fetched_v);
+// The head a "specache.head" record holds, validated (KVSDK_E_CORRUPT: kind, KV head, sizes,
+// fetched tokens ascending below the copy's and at most fetch_tokens), its backing rows in
+// `arena` (rebuilt from the low-bit copy when the record was saved without them).
+cpu::SpeCacheHead specache_head_from_record(const Geometry& geometry, const cpu::KiviConfig& config,
+                                            size_t fetch_tokens,
+                                            const std::shared_ptr<cpu::BackingArena>& arena,
+                                            uint32_t layer, uint32_t kv_head, const TierRecord& r);
+
 }  // namespace kvsdk

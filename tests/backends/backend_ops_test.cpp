@@ -39,6 +39,7 @@
 #include "fast_attention.h"
 #include "kivi_quant.h"
 #include "kivi_store.h"
+#include "kivi_tier.h"
 #include "minicache_kivi.h"
 #include "minicache_merge.h"
 #include "specache.h"
@@ -756,6 +757,242 @@ TEST(BackendOps, AttendOverCodebookMergedAndSpeculativeTiers) {
         check_specache_select(c, r, lowbit, 0, what + " k=0");  // probabilities only (hit rate)
       }
       check_specache_scored(c, sel, group, dim, lowbit, fetched, d);
+    }
+  });
+}
+
+// ---- SpeCache over raw buffers ---------------------------------------------------------------
+// attend_specache_tier / specache_scores_tier: a device SpeCache store's low-bit copy as a KIVI
+// tier and its residual rows, the fetched rows and their tokens as buffers. Over every KIVI bit
+// width, head dims 64/128/256, full and ragged key blocks, with and without residual rows, with
+// fetched tokens in both parts of the copy or none, and query rows that see everything, a prefix
+// or nothing. Attention: the reference entry is the reference's attend_specache of the same copy
+// and rows bit for bit; the optimized one is within the KIVI tolerance (it is its own
+// attend_specache, the fused KIVI kernel). Scores: the reference's are its
+// attend_specache_scored's bit for bit (cpu::specache_score_chunk); the optimized table's are its
+// own attend_specache_scored's bit for bit (fast::kivi_scores) and within kSpeCacheScoreRel of
+// the row's largest |score| of the reference's, with -inf in the same places.
+
+// A store's buffers as a tier (`with_residual` false: the quantized tokens alone are the copy).
+struct TierBuffers {
+  KiviTier tier;
+  F16Rows residual;
+  std::vector<uint32_t> starts;  // each key block's first quantized token (ragged stores)
+};
+void tier_buffers(const cpu::KiviHeadStore& s, bool with_residual, TierBuffers& b) {
+  const size_t nq = s.quantized_tokens();
+  b.starts.clear();
+  uint32_t start = 0;
+  for (uint32_t n : s.block_token_counts()) b.starts.push_back(start), start += n;
+  KiviTier& t = b.tier;
+  t.k_codes = s.key_codes().data(), t.v_codes = s.value_codes().data();
+  t.k_scale = s.key_scales().data(), t.k_zero = s.key_zeros().data();
+  t.v_scale = s.value_scales().data(), t.v_zero = s.value_zeros().data();
+  t.positions = s.positions().data(), t.tokens = nq;
+  t.bits = s.config().bits, t.group = s.config().group, t.residual = s.config().residual;
+  t.weight_bits = s.config().weight_bits;
+  t.block_starts = s.ragged() ? b.starts.data() : nullptr;
+  t.blocks = s.ragged() ? b.starts.size() : 0;
+  b.residual = with_residual ? F16Rows{s.residual_keys().data(), s.residual_values().data(),
+                                       s.positions().data() + nq, s.residual_tokens()}
+                             : F16Rows{};
+}
+
+// One SpeCache case: the store, the copy its tier makes, the fetched rows (as buffers and as the
+// CPU's SpeCacheFetched) and query rows.
+struct SpeCacheTierCase {
+  cpu::KiviHeadStore store{64, cpu::KiviConfig{}};  // (replaced by make_specache_tier_case)
+  TierBuffers b;
+  cpu::SpeCacheFetched fetched;
+  std::vector<int32_t> fetched_pos;  // the fetched tokens' positions in the copy
+  Queries qs;
+  float max_v = 0.0f;
+  size_t copy_tokens() const { return b.tier.tokens + b.residual.n_tokens; }
+  F16Rows fetched_rows() const {
+    return {fetched.k.data(), fetched.v.data(), fetched_pos.data(), fetched.tokens.size()};
+  }
+};
+
+void make_specache_tier_case(size_t dim, uint32_t bits, bool ragged, bool with_residual,
+                             bool with_fetch, SpeCacheTierCase& c) {
+  const uint32_t seed = uint32_t(11 * dim + bits);
+  const uint32_t wbits = bits == 2 ? 7 : 14;  // 7: what a 'specache' policy resolves for 2 bits
+  const size_t n = 170, group = 4;
+  c.store = cpu::KiviHeadStore(dim, cpu::KiviConfig{bits, 32, 64, wbits});
+  const std::vector<float> k = gaussian(n * dim, seed), v = gaussian(n * dim, seed + 1);
+  const std::vector<int32_t> pos = iota_positions(n);
+  c.store.append(k.data(), v.data(), pos.data(), n);
+  if (ragged) {
+    std::vector<uint32_t> keep;
+    for (uint32_t t = 0; t < n; ++t) {
+      if (t % 4 != 2) keep.push_back(t);
+    }
+    c.store.retain(keep);
+  }
+  tier_buffers(c.store, with_residual, c.b);
+  const size_t copy = c.copy_tokens();
+  c.fetched = cpu::SpeCacheFetched{};
+  c.fetched_pos.clear();
+  if (with_fetch) {
+    // Rows unlike the low-bit ones (other values, larger keys), so a substitution shows.
+    const std::vector<float> fk = gaussian(copy * dim, seed + 2, 2.0f);
+    const std::vector<float> fv = gaussian(copy * dim, seed + 3, 3.0f);
+    for (uint32_t t = 3; t < copy; t += 13) {
+      c.fetched.tokens.push_back(t);
+      c.fetched_pos.push_back(c.store.positions()[t]);
+      std::vector<uint16_t> row(dim);
+      cpu_reference().f32_to_f16(&fk[t * dim], dim, row.data());
+      c.fetched.k.insert(c.fetched.k.end(), row.begin(), row.end());
+      cpu_reference().f32_to_f16(&fv[t * dim], dim, row.data());
+      c.fetched.v.insert(c.fetched.v.end(), row.begin(), row.end());
+    }
+    c.max_v = max_abs(fv);
+  }
+  c.max_v = std::max(c.max_v, max_abs(v));
+  // Query rows: the group at the end (decode), at the copy's middle token, and before every
+  // token (sees nothing).
+  c.qs.q = gaussian(3 * group * dim, seed + 4);
+  c.qs.pos.clear();
+  for (int32_t p : {INT32_MAX, c.store.positions()[copy / 2], -1}) {
+    c.qs.pos.insert(c.qs.pos.end(), group, p);
+  }
+}
+
+std::string specache_tier_name(size_t dim, uint32_t bits, bool ragged, bool with_residual,
+                               bool with_fetch) {
+  return "dim " + std::to_string(dim) + " bits " + std::to_string(bits) +
+         (ragged ? " ragged" : "") + (with_residual ? " residual" : " no residual") +
+         (with_fetch ? " fetched" : " none fetched");
+}
+
+TEST(BackendOps, AttendSpecacheTierIsAttendSpecacheOfTheSameBuffers) {
+  for_each_backend([](const Candidate& c) {
+    SpeCacheTierCase sc;
+    for (size_t dim : kDims) {
+      for (uint32_t bits : kBits) {
+        for (bool ragged : {false, true}) {
+          for (bool with_residual : {true, false}) {
+            for (bool with_fetch : {true, false}) {
+              make_specache_tier_case(dim, bits, ragged, with_residual, with_fetch, sc);
+              const std::string what = "attend_specache_tier " +
+                                       specache_tier_name(dim, bits, ragged, with_residual,
+                                                          with_fetch);
+              ASSERT_GT(sc.b.tier.tokens, 0u) << what;
+              if (with_fetch) {  // fetched tokens in the quantized part, and in the residual
+                ASSERT_LT(sc.fetched.tokens.front(), sc.b.tier.tokens) << what;
+                if (with_residual) ASSERT_GE(sc.fetched.tokens.back(), sc.b.tier.tokens) << what;
+              }
+              const QueryRows rows = sc.qs.rows(dim);
+              const F16Rows fetched = sc.fetched_rows();
+              // The reference's entry: its attend_specache of the copy the buffers make.
+              const cpu::KiviHeadStore copy =
+                  with_residual ? cpu::KiviHeadStore::restore(dim, sc.store.config(),
+                                                              sc.store.buffers())
+                                : cpu::kivi_store_from_tier(sc.b.tier, F16Rows{}, dim);
+              std::vector<float> tier_out(sc.qs.q.size()), store_out(sc.qs.q.size());
+              WorkspaceHandle ws(cpu_reference());
+              cpu_reference().attend_specache_tier(rows, sc.b.tier, sc.b.residual, fetched,
+                                                   sc.fetched.tokens.data(), ws.get(),
+                                                   tier_out.data());
+              cpu_reference().attend_specache(rows, copy, sc.fetched, ws.get(), store_out.data());
+              expect_bits(tier_out, store_out, what + " (reference: attend_specache's bits)");
+              for (size_t i = 2 * 4 * dim; i < tier_out.size(); ++i) {  // sees nothing: zeros
+                ASSERT_EQ(tier_out[i], 0.0f) << what;
+              }
+              check_attend(c, sc.qs.q.size(), sc.max_v, false, what,
+                           [&](const Ops& o, Workspace& w, float* out) {
+                             o.attend_specache_tier(rows, sc.b.tier, sc.b.residual, fetched,
+                                                    sc.fetched.tokens.data(), w, out);
+                           },
+                           attend_kivi_abs(sc.store.config().weight_bits));
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+// The CPU tables check the fetched tokens (a device table cannot read them): strictly
+// ascending, within the copy.
+TEST(BackendOps, AttendSpecacheTierRejectsBadFetchedTokens) {
+  SpeCacheTierCase sc;
+  make_specache_tier_case(64, 2, false, true, true, sc);
+  const size_t copy = sc.copy_tokens();
+  for (const Ops* ops : {&cpu_reference(), &cpu_optimized()}) {
+    for (const std::vector<uint32_t>& tokens :
+         {std::vector<uint32_t>{5, 3}, std::vector<uint32_t>{3, 3},
+          std::vector<uint32_t>{3, uint32_t(copy)}}) {
+      std::vector<uint16_t> rows(tokens.size() * 64, 0x3c00);
+      const std::vector<int32_t> pos(tokens.size(), 0);
+      const F16Rows fetched{rows.data(), rows.data(), pos.data(), tokens.size()};
+      std::vector<float> out(sc.qs.q.size());
+      WorkspaceHandle ws(*ops);
+      kvsdk_status status = KVSDK_OK;
+      try {
+        ops->attend_specache_tier(sc.qs.rows(64), sc.b.tier, sc.b.residual, fetched,
+                                  tokens.data(), ws.get(), out.data());
+      } catch (const Error& e) {
+        status = e.status();
+      }
+      EXPECT_EQ(status, KVSDK_E_INVALID_ARG) << ops->name << " tokens " << tokens[0] << ", "
+                                             << tokens[1];
+    }
+  }
+}
+
+TEST(BackendOps, SpecacheScoresTierAreTheSelectionsScores) {
+  for_each_backend([](const Candidate& c) {
+    SpeCacheTierCase sc;
+    for (size_t dim : kDims) {
+      for (uint32_t bits : kBits) {
+        for (bool ragged : {false, true}) {
+          for (bool with_residual : {true, false}) {
+            make_specache_tier_case(dim, bits, ragged, with_residual, false, sc);
+            const std::string what =
+                "specache_scores_tier " +
+                specache_tier_name(dim, bits, ragged, with_residual, false);
+            const QueryRows rows = sc.qs.rows(dim);
+            const size_t n = sc.copy_tokens(), nr = rows.n_rows;
+            const cpu::KiviHeadStore copy =
+                cpu::kivi_store_from_tier(sc.b.tier, sc.b.residual, dim);
+            // Each table's scores over the copy: its attend_specache_scored's.
+            const auto scores_of = [&](const Ops& o, bool tier) {
+              WorkspaceHandle ws(o);
+              std::vector<float> s(nr * n, NAN), out(nr * dim);
+              if (tier) {
+                o.specache_scores_tier(rows, sc.b.tier, sc.b.residual, ws.get(), s.data());
+              } else {
+                o.attend_specache_scored(rows, copy, sc.fetched, ws.get(), out.data(), s.data(),
+                                         nullptr);
+              }
+              return s;
+            };
+            const std::vector<float> got = scores_of(*c.ops, true);
+            expect_bits(got, scores_of(*c.ops, false), what + " (= attend_specache_scored's)");
+            const std::vector<float> want = scores_of(cpu_reference(), true);
+            for (size_t r = 0; r < nr; ++r) {
+              float largest = 0.0f;
+              size_t visible = 0;
+              for (size_t t = 0; t < n; ++t) {
+                const float w = want[r * n + t];
+                if (std::isfinite(w)) largest = std::max(largest, std::fabs(w)), ++visible;
+              }
+              if (sc.qs.pos[r] == INT32_MAX) ASSERT_EQ(visible, n) << what << " row " << r;
+              if (sc.qs.pos[r] < 0) ASSERT_EQ(visible, 0u) << what << " row " << r;
+              for (size_t t = 0; t < n; ++t) {
+                const float w = want[r * n + t], g = got[r * n + t];
+                if (std::isinf(w)) {
+                  ASSERT_EQ(g, w) << what << " score " << r << "," << t;
+                } else {
+                  ASSERT_NEAR(g, w, kSpeCacheScoreRel * largest)
+                      << what << " score " << r << "," << t;
+                }
+              }
+            }
+          }
+        }
+      }
     }
   });
 }

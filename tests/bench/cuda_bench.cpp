@@ -216,7 +216,8 @@ void BM_ColumnSums(benchmark::State& state) {
   }
 }
 
-// One decode step of a cache of policy `spec` ("full", "kivi") through the C API, on `backend`
+// One decode step of a cache of policy `spec` ("full", "kivi", "specache") through the C API, on
+// `backend`
 // (wall clock: every call is synchronous). The cache holds `tokens` tokens of one layer before
 // the timed steps.
 std::map<std::pair<std::string, size_t>, double> g_cpu_step_s;   // (spec, tokens) -> s per step
@@ -253,11 +254,22 @@ void BM_CacheDecodeStep(benchmark::State& state, kvsdk_backend backend, const ch
     kvsdk_cache_append(cache, 0, n, kv.data(), kv.data(), pos.data(), n * row * sizeof(float));
     done += n;
   }
+  // SpeCache's step (§3.3): the output token and the speculative one attended in one call, then
+  // the speculative token's prefetch for the next step.
+  const bool specache = std::string(spec) == "specache";
+  std::vector<float> q2(2 * q.size(), 0.5f), out2(q2.size());
   const auto step = [&] {
     const int32_t p = next++;
     kvsdk_cache_append(cache, 0, 1, kv.data(), kv.data(), &p, row * sizeof(float));
-    kvsdk_cache_attend(cache, 0, 1, q.data(), &p, q.size() * sizeof(float), out.data(),
-                       out.size() * sizeof(float));
+    if (!specache) {
+      kvsdk_cache_attend(cache, 0, 1, q.data(), &p, q.size() * sizeof(float), out.data(),
+                         out.size() * sizeof(float));
+      return;
+    }
+    const int32_t both[2] = {p, p + 1};
+    kvsdk_cache_attend(cache, 0, 2, q2.data(), both, q2.size() * sizeof(float), out2.data(),
+                       out2.size() * sizeof(float));
+    kvsdk_cache_prefetch(cache, 0, 1, q.data(), &both[1], q.size() * sizeof(float));
   };
   step();  // warm-up: scratch grows once
   for (auto _ : state) {
@@ -325,9 +337,10 @@ int main(int argc, char** argv) {
       ->ArgsProduct({{4096, 32768}, {4, 128}})->UseManualTime()->Unit(benchmark::kMicrosecond)
       ->Iterations(5);
   for (int64_t tokens : {4096, 32768}) {
-    // The CPU first: the CUDA run reports its speed-up over it; 'full' before 'kivi' (KIVI-2),
-    // which reports its time against full's on the device.
-    for (const char* spec : {"full", "kivi"}) {
+    // The CPU first: the CUDA run reports its speed-up over it; 'full' before 'kivi' (KIVI-2)
+    // and 'specache' (its decode step: two queries attended, a prefetch), which report their
+    // time against full's on the device.
+    for (const char* spec : {"full", "kivi", "specache"}) {
       const std::string name = std::string("CacheDecodeStep/") + spec;
       benchmark::RegisterBenchmark((name + "/cpu/tokens").c_str(), [spec](benchmark::State& s) {
         BM_CacheDecodeStep(s, KVSDK_BACKEND_CPU, spec);
