@@ -1409,9 +1409,12 @@ KVSDK_API kvsdk_status kvsdk_cache_set_backing_file(kvsdk_cache *cache, const ch
  *  Errors: KVSDK_E_INVALID_ARG (NULL cache/q, n_queries != 1, q_bytes mismatch, a position
  *          outside 0 .. KVSDK_MAX_POSITION and not INT32_MAX),
  *          KVSDK_E_OUT_OF_RANGE (layer), KVSDK_E_UNSUPPORTED (policy other than 'specache'),
- *          KVSDK_E_BUDGET (the fetched rows would not fit), KVSDK_E_NO_MEMORY.
- *  On error the cache is unchanged, except that KVSDK_E_NO_MEMORY part-way through may leave
- *  the KV heads that finished with their new fetch (bytes and budget charge match).
+ *          KVSDK_E_BUDGET (the fetched rows would not fit), KVSDK_E_NO_MEMORY, KVSDK_E_BACKEND
+ *          (a CUDA context's device failed).
+ *  On error the cache is unchanged, except that KVSDK_E_NO_MEMORY or KVSDK_E_BACKEND part-way
+ *  through may leave the KV heads that finished with their new fetch, and KVSDK_E_BACKEND the
+ *  failing head with none (attention then uses its low-bit rows alone); bytes and budget charge
+ *  match either way.
  *  Threading: like every cache call, one thread at a time per cache; on long caches the KV
  *  heads are selected and fetched on the context's threads (kvsdk_context_options.n_threads),
  *  with the same rows at any n_threads. */

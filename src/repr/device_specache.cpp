@@ -29,8 +29,7 @@ DeviceSpeCache::DeviceSpeCache(const Geometry& g, const kvsdk_policy& p, Context
       queries_(ctx.ops()),
       fetched_pos_(ctx.ops()),
       scores_device_(ctx.ops()),
-      pending_(size_t(g.n_layers) * g.n_kv_heads, 0),
-      staged_(g.n_kv_heads) {
+      hits_(g.n_layers, g.n_kv_heads) {
   KVSDK_REQUIRE(p.quant_bits == 1 || p.quant_bits == 2,
                 "method 'specache' keeps a 1- or 2-bit copy (got quant_bits ", p.quant_bits, ")");
   if (!device_.attend_specache_tier || !device_.specache_scores_tier) {
@@ -200,14 +199,7 @@ void DeviceSpeCache::measure(uint32_t layer, uint32_t h, const float* q_rows,
                                fetched_[index(layer, h)], shares_.data());
   double share = 0;
   for (size_t r = 0; r < group; ++r) share += shares_[r];
-  share /= double(group);
-  if (staging_) {
-    staged_[h] = StagedHit{true, layer, share};
-  } else {
-    hit_sum_ += share;
-    ++hit_count_;
-    pending_[index(layer, h)] = 0;
-  }
+  hits_.measured(layer, h, share / double(group));
 }
 
 void DeviceSpeCache::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
@@ -227,7 +219,7 @@ void DeviceSpeCache::attend_range(uint32_t layer, uint32_t first, uint32_t n_hea
   const Context::DeviceScope on_device(ctx_);
   const size_t group = geometry_.group_size(), per_head = n_rows * geometry_.head_dim;
   for (uint32_t i = 0; i < n_heads; ++i) {
-    if (pending_[index(layer, first + i)] && n_rows >= group) {
+    if (hits_.pending(layer, first + i) && n_rows >= group) {
       measure(layer, first + i, q_rows + i * per_head, row_positions);
     }
   }
@@ -261,30 +253,10 @@ void DeviceSpeCache::attend_range(uint32_t layer, uint32_t first, uint32_t n_hea
       });
 }
 
-void DeviceSpeCache::begin_attend() const noexcept {
-  abort_attend();
-  staging_ = true;
-}
-
-void DeviceSpeCache::commit_attend() const noexcept {
-  for (size_t h = 0; h < staged_.size(); ++h) {
-    const StagedHit& s = staged_[h];
-    if (!s.measured) continue;
-    hit_sum_ += s.share;
-    ++hit_count_;
-    pending_[index(s.layer, uint32_t(h))] = 0;
-  }
-  abort_attend();
-}
-
-void DeviceSpeCache::abort_attend() const noexcept {
-  for (StagedHit& s : staged_) s.measured = false;
-  staging_ = false;
-}
-
-double DeviceSpeCache::hit_rate() const {
-  return hit_count_ ? hit_sum_ / double(hit_count_) : -1.0;
-}
+void DeviceSpeCache::begin_attend() const noexcept { hits_.begin(); }
+void DeviceSpeCache::commit_attend() const noexcept { hits_.commit(); }
+void DeviceSpeCache::abort_attend() const noexcept { hits_.abort(); }
+double DeviceSpeCache::hit_rate() const { return hits_.rate(); }
 
 // --- Prefetch -------------------------------------------------------------------------------------
 
@@ -313,7 +285,7 @@ void DeviceSpeCache::prefetch(uint32_t layer, uint32_t kv_head, const float* q_r
   cpu::specache_fetch(backing_[layer][kv_head], selected_, staged_fetch_);
   reserve_rows(layer, kv_head, selected_.size());
   upload_fetch(layer, kv_head, staged_fetch_);
-  pending_[index(layer, kv_head)] = 1;
+  hits_.prefetched(layer, kv_head);
 }
 
 void DeviceSpeCache::upload_fetch(uint32_t layer, uint32_t kv_head,
@@ -374,15 +346,8 @@ std::vector<TierRecord> DeviceSpeCache::save(uint32_t layer) const {
 }
 
 void DeviceSpeCache::restore(uint32_t layer, const std::vector<TierRecord>& records) {
-  if (records.size() != geometry_.n_kv_heads) {
-    fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " has ", records.size(),
-         " SpeCache head records, expected ", geometry_.n_kv_heads);
-  }
-  std::vector<cpu::SpeCacheHead> heads;
-  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-    heads.push_back(specache_head_from_record(geometry_, config_, fetch_tokens_, arena_, layer, h,
-                                              records[h]));
-  }
+  std::vector<cpu::SpeCacheHead> heads =
+      specache_layer_from_records(geometry_, config_, fetch_tokens_, arena_, layer, records);
   std::vector<cpu::KiviHeadStore> copies;
   for (const cpu::SpeCacheHead& s : heads) copies.push_back(s.lowbit());
   const Context::DeviceScope on_device(ctx_);
@@ -393,7 +358,7 @@ void DeviceSpeCache::restore(uint32_t layer, const std::vector<TierRecord>& reco
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     upload_fetch(layer, h, heads[h].fetched());
     backing_[layer][h] = std::move(heads[h].backing());
-    pending_[index(layer, h)] = 0;
+    hits_.forget(layer, h);
   }
 }
 
@@ -414,7 +379,7 @@ void DeviceSpeCache::truncate(uint32_t layer, int32_t position) noexcept {
   // The fetched rows were chosen for a step that no longer exists (specache_repr.cpp explains).
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     fetched_[index(layer, h)].clear();
-    pending_[index(layer, h)] = 0;
+    hits_.forget(layer, h);
   }
 }
 

@@ -36,6 +36,7 @@
 #include "device_arena_plan.h"
 #include "repr/device_kivi.h"
 #include "repr/device_queries.h"
+#include "repr/specache_hit_rate.h"
 #include "specache.h"
 
 namespace kvsdk {
@@ -73,7 +74,7 @@ class DeviceSpeCache final : public Representation, private ArenaOwner {
   void prefetch(uint32_t layer, uint32_t kv_head, const float* q_rows,
                 const int32_t* row_positions, size_t n_rows) override;
   double hit_rate() const override;
-  uint64_t hit_rate_samples() const override { return hit_count_; }
+  uint64_t hit_rate_samples() const override { return hits_.samples(); }
   void set_backing_file(const std::string& path) override;
   // The device KIVI store's rule (the newest rows, and only residual rows appended since the
   // last flush); the backing rows go with them and the layer's fetched rows are dropped.
@@ -134,17 +135,7 @@ class DeviceSpeCache final : public Representation, private ArenaOwner {
   std::vector<uint32_t> selected_;
   cpu::SpeCacheFetched staged_fetch_;  // a prefetch's rows on their way in
   std::vector<float> append_k_, append_v_;  // one head's appended rows
-  // Hit rate (a measurement, not saved), staged inside attend transactions as the host store's.
-  mutable std::vector<char> pending_;  // [layer * heads + head]: prefetched since its attend
-  mutable double hit_sum_ = 0;
-  mutable uint64_t hit_count_ = 0;
-  struct StagedHit {
-    bool measured = false;
-    uint32_t layer = 0;
-    double share = 0;
-  };
-  mutable bool staging_ = false;
-  mutable std::vector<StagedHit> staged_;  // [kv_head]
+  mutable SpeCacheHitRate hits_;  // (a measurement: not saved)
   mutable std::vector<float> shares_;
 };
 

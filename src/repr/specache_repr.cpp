@@ -11,7 +11,10 @@
 namespace kvsdk {
 
 SpeCacheRepresentation::SpeCacheRepresentation(const Geometry& g, const kvsdk_policy& p)
-    : Representation(g, p), config_(kivi_config(p)), fetch_tokens_(size_t(p.fetch_tokens)) {
+    : Representation(g, p),
+      config_(kivi_config(p)),
+      fetch_tokens_(size_t(p.fetch_tokens)),
+      hits_(g.n_layers, g.n_kv_heads) {
   KVSDK_REQUIRE(p.quant_bits == 1 || p.quant_bits == 2,
                 "method 'specache' keeps a 1- or 2-bit copy (got quant_bits ", p.quant_bits, ")");
   arena_ = cpu::make_host_backing(cpu::SpeCacheBackingStore::block_elems(g.head_dim));
@@ -22,8 +25,7 @@ void SpeCacheRepresentation::make_heads() {
   heads_.clear();
   heads_.resize(geometry_.n_layers);
   attend_scores_.assign(geometry_.n_kv_heads, AttendScores{});
-  staged_.assign(geometry_.n_kv_heads, StagedHit{});
-  pending_.assign(geometry_.n_layers, std::vector<char>(geometry_.n_kv_heads, 0));
+  hits_ = SpeCacheHitRate(geometry_.n_layers, geometry_.n_kv_heads);
   for (auto& layer : heads_) {
     for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
       layer.emplace_back(geometry_.head_dim, config_, arena_);
@@ -90,7 +92,7 @@ void SpeCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const floa
   backend::Workspace& ws = workspace();
   const backend::QueryRows rows = query_rows(q_rows, row_positions, n_rows);
   const size_t group = geometry_.group_size(), dim = geometry_.head_dim, n = h.lowbit().size();
-  const bool measure = pending_[layer][kv_head] != 0;
+  const bool measure = hits_.pending(layer, kv_head);
   AttendScores& kept = attend_scores_[kv_head];
   kept.valid = false;
   // The last query (its group's rows share one position) may be the speculative token that
@@ -116,14 +118,7 @@ void SpeCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const floa
     // Its rows share one position, so they all see tokens or none do (then the share is 0).
     double share = 0;
     for (size_t r = 0; r < group; ++r) share += shares[r];
-    share /= double(group);
-    if (staging_) {
-      staged_[kv_head] = StagedHit{true, layer, share};
-    } else {
-      hit_sum_ += share;
-      ++hit_count_;
-      pending_[layer][kv_head] = 0;
-    }
+    hits_.measured(layer, kv_head, share / double(group));
   }
   if (keep) {
     kept.layer = layer;
@@ -136,26 +131,9 @@ void SpeCacheRepresentation::attend(uint32_t layer, uint32_t kv_head, const floa
   }
 }
 
-void SpeCacheRepresentation::begin_attend() const noexcept {
-  abort_attend();
-  staging_ = true;
-}
-
-void SpeCacheRepresentation::commit_attend() const noexcept {
-  for (size_t h = 0; h < staged_.size(); ++h) {
-    const StagedHit& s = staged_[h];
-    if (!s.measured) continue;
-    hit_sum_ += s.share;
-    ++hit_count_;
-    pending_[s.layer][h] = 0;
-  }
-  abort_attend();
-}
-
-void SpeCacheRepresentation::abort_attend() const noexcept {
-  for (StagedHit& s : staged_) s.measured = false;
-  staging_ = false;
-}
+void SpeCacheRepresentation::begin_attend() const noexcept { hits_.begin(); }
+void SpeCacheRepresentation::commit_attend() const noexcept { hits_.commit(); }
+void SpeCacheRepresentation::abort_attend() const noexcept { hits_.abort(); }
 
 size_t SpeCacheRepresentation::head_tokens(uint32_t layer, uint32_t kv_head) const {
   return heads_[layer][kv_head].lowbit().size();
@@ -208,12 +186,10 @@ void SpeCacheRepresentation::prefetch(uint32_t layer, uint32_t kv_head, const fl
                           kept.selected, nullptr);
   }
   heads_[layer][kv_head].fetch(kept.selected);
-  pending_[layer][kv_head] = 1;
+  hits_.prefetched(layer, kv_head);
 }
 
-double SpeCacheRepresentation::hit_rate() const {
-  return hit_count_ ? hit_sum_ / double(hit_count_) : -1.0;
-}
+double SpeCacheRepresentation::hit_rate() const { return hits_.rate(); }
 
 // Truncation. What a SpeCache layer holds per KV head, and what each part needs:
 //  - the low-bit KIVI copy: KIVI's streaming rule. A flush quantized its block from the f16
@@ -252,7 +228,7 @@ void SpeCacheRepresentation::truncate(uint32_t layer, int32_t position) noexcept
   if (removed == 0) return;  // the layer's current step still exists: its fetch stays
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     heads_[layer][h].drop_fetch();
-    pending_[layer][h] = 0;  // no prefetch to measure until the next one
+    hits_.forget(layer, h);  // no prefetch to measure until the next one
   }
   for (AttendScores& a : attend_scores_) a.valid = a.valid && a.layer != layer;
 }
@@ -280,6 +256,8 @@ TierRecord specache_head_record(uint32_t layer, uint32_t kv_head, const cpu::Kiv
   r.add("fetched_values").u16 = std::move(fetched_v);
   return r;
 }
+
+namespace {
 
 cpu::SpeCacheHead specache_head_from_record(const Geometry& g, const cpu::KiviConfig& config,
                                             size_t fetch_tokens,
@@ -334,6 +312,8 @@ cpu::SpeCacheHead specache_head_from_record(const Geometry& g, const cpu::KiviCo
   return cpu::SpeCacheHead(std::move(lowbit), std::move(backing), std::move(f));
 }
 
+}  // namespace
+
 std::vector<TierRecord> SpeCacheRepresentation::save(uint32_t layer) const {
   std::vector<TierRecord> out;
   out.reserve(geometry_.n_kv_heads);
@@ -345,18 +325,26 @@ std::vector<TierRecord> SpeCacheRepresentation::save(uint32_t layer) const {
   return out;
 }
 
-void SpeCacheRepresentation::restore(uint32_t layer, const std::vector<TierRecord>& records) {
-  if (records.size() != geometry_.n_kv_heads) {
+std::vector<cpu::SpeCacheHead> specache_layer_from_records(
+    const Geometry& g, const cpu::KiviConfig& config, size_t fetch_tokens,
+    const std::shared_ptr<cpu::BackingArena>& arena, uint32_t layer,
+    const std::vector<TierRecord>& records) {
+  if (records.size() != g.n_kv_heads) {
     fail(KVSDK_E_CORRUPT, "snapshot layer ", layer, " has ", records.size(),
-         " SpeCache head records, expected ", geometry_.n_kv_heads);
+         " SpeCache head records, expected ", g.n_kv_heads);
   }
   std::vector<cpu::SpeCacheHead> heads;
-  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
-    heads.push_back(specache_head_from_record(geometry_, config_, fetch_tokens_, arena_, layer, h,
-                                              records[h]));
+  for (uint32_t h = 0; h < g.n_kv_heads; ++h) {
+    heads.push_back(
+        specache_head_from_record(g, config, fetch_tokens, arena, layer, h, records[h]));
   }
-  heads_[layer] = std::move(heads);
-  std::fill(pending_[layer].begin(), pending_[layer].end(), 0);
+  return heads;
+}
+
+void SpeCacheRepresentation::restore(uint32_t layer, const std::vector<TierRecord>& records) {
+  heads_[layer] =
+      specache_layer_from_records(geometry_, config_, fetch_tokens_, arena_, layer, records);
+  for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) hits_.forget(layer, h);
   for (AttendScores& a : attend_scores_) a.valid = a.valid && a.layer != layer;
 }
 

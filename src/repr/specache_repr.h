@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/representation.h"
+#include "repr/specache_hit_rate.h"
 #include "specache.h"
 
 namespace kvsdk {
@@ -51,7 +52,7 @@ class SpeCacheRepresentation final : public Representation {
   void prefetch(uint32_t layer, uint32_t kv_head, const float* q_rows,
                 const int32_t* row_positions, size_t n_rows) override;
   double hit_rate() const override;
-  uint64_t hit_rate_samples() const override { return hit_count_; }
+  uint64_t hit_rate_samples() const override { return hits_.samples(); }
   void set_backing_file(const std::string& path) override;
   // Truncation: the low-bit copy's KIVI rule (only residual rows appended since its last flush
   // can go; cpu::KiviHeadStore::can_remove_from); the backing rows go with them, and the layer's
@@ -72,20 +73,7 @@ class SpeCacheRepresentation final : public Representation {
   size_t fetch_tokens_;
   std::shared_ptr<cpu::BackingArena> arena_;           // shared by every head
   std::vector<std::vector<cpu::SpeCacheHead>> heads_;  // [layer][kv_head]
-  // Hit-rate bookkeeping (measurement only; not saved): which heads prefetched since their last
-  // attend, and the running sum over measured attends.
-  mutable std::vector<std::vector<char>> pending_;
-  mutable double hit_sum_ = 0;
-  mutable uint64_t hit_count_ = 0;
-  // Attend transaction: each KV head's measurement (one slot per head, so heads attending on
-  // different threads write different slots), applied in head order by commit_attend().
-  struct StagedHit {
-    bool measured = false;
-    uint32_t layer = 0;
-    double share = 0;
-  };
-  mutable bool staging_ = false;
-  mutable std::vector<StagedHit> staged_;  // [kv_head]
+  mutable SpeCacheHitRate hits_;  // (a measurement: not saved)
   // Working memory reused across calls (one thread per cache): append()'s per-head rows.
   std::vector<float> append_k_, append_v_;
   // The low-bit selection scores of each KV head's latest single-query attend (SpeCache §3.3:
@@ -113,12 +101,12 @@ TierRecord specache_head_record(uint32_t layer, uint32_t kv_head, const cpu::Kiv
                                 const cpu::SpeCacheBackingStore& backing,
                                 const std::vector<uint32_t>& fetched_tokens,
                                 std::vector<uint16_t> fetched_k, std::vector<uint16_t> fetched_v);
-// The head a "specache.head" record holds, validated (KVSDK_E_CORRUPT: kind, KV head, sizes,
-// fetched tokens ascending below the copy's and at most fetch_tokens), its backing rows in
-// `arena` (rebuilt from the low-bit copy when the record was saved without them).
-cpu::SpeCacheHead specache_head_from_record(const Geometry& geometry, const cpu::KiviConfig& config,
-                                            size_t fetch_tokens,
-                                            const std::shared_ptr<cpu::BackingArena>& arena,
-                                            uint32_t layer, uint32_t kv_head, const TierRecord& r);
+// The heads a layer's "specache.head" records hold, validated (KVSDK_E_CORRUPT: count, kind, KV
+// head, sizes, fetched tokens ascending below the copy's and at most fetch_tokens), their backing
+// rows in `arena` (rebuilt from the low-bit copy when saved without them).
+std::vector<cpu::SpeCacheHead> specache_layer_from_records(
+    const Geometry& geometry, const cpu::KiviConfig& config, size_t fetch_tokens,
+    const std::shared_ptr<cpu::BackingArena>& arena, uint32_t layer,
+    const std::vector<TierRecord>& records);
 
 }  // namespace kvsdk
