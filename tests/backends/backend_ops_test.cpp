@@ -868,45 +868,49 @@ std::string specache_tier_name(size_t dim, uint32_t bits, bool ragged, bool with
 TEST(BackendOps, AttendSpecacheTierIsAttendSpecacheOfTheSameBuffers) {
   for_each_backend([](const Candidate& c) {
     SpeCacheTierCase sc;
+    // Every head_dim and width; the corners (ragged key blocks, no residual rows, nothing
+    // fetched) one at a time, for the test's time (each case runs every SIMD target).
+    const struct {
+      bool ragged, with_residual, with_fetch;
+    } corners[] = {{false, true, true}, {true, true, true}, {false, false, true},
+                   {false, true, false}};
     for (size_t dim : kDims) {
       for (uint32_t bits : kBits) {
-        for (bool ragged : {false, true}) {
-          for (bool with_residual : {true, false}) {
-            for (bool with_fetch : {true, false}) {
-              make_specache_tier_case(dim, bits, ragged, with_residual, with_fetch, sc);
-              const std::string what = "attend_specache_tier " +
-                                       specache_tier_name(dim, bits, ragged, with_residual,
-                                                          with_fetch);
-              ASSERT_GT(sc.b.tier.tokens, 0u) << what;
-              if (with_fetch) {  // fetched tokens in the quantized part, and in the residual
-                ASSERT_LT(sc.fetched.tokens.front(), sc.b.tier.tokens) << what;
-                if (with_residual) ASSERT_GE(sc.fetched.tokens.back(), sc.b.tier.tokens) << what;
-              }
-              const QueryRows rows = sc.qs.rows(dim);
-              const F16Rows fetched = sc.fetched_rows();
-              // The reference's entry: its attend_specache of the copy the buffers make.
-              const cpu::KiviHeadStore copy =
-                  with_residual ? cpu::KiviHeadStore::restore(dim, sc.store.config(),
-                                                              sc.store.buffers())
-                                : cpu::kivi_store_from_tier(sc.b.tier, F16Rows{}, dim);
-              std::vector<float> tier_out(sc.qs.q.size()), store_out(sc.qs.q.size());
-              WorkspaceHandle ws(cpu_reference());
-              cpu_reference().attend_specache_tier(rows, sc.b.tier, sc.b.residual, fetched,
-                                                   sc.fetched.tokens.data(), ws.get(),
-                                                   tier_out.data());
-              cpu_reference().attend_specache(rows, copy, sc.fetched, ws.get(), store_out.data());
-              expect_bits(tier_out, store_out, what + " (reference: attend_specache's bits)");
-              for (size_t i = 2 * 4 * dim; i < tier_out.size(); ++i) {  // sees nothing: zeros
-                ASSERT_EQ(tier_out[i], 0.0f) << what;
-              }
-              check_attend(c, sc.qs.q.size(), sc.max_v, false, what,
-                           [&](const Ops& o, Workspace& w, float* out) {
-                             o.attend_specache_tier(rows, sc.b.tier, sc.b.residual, fetched,
-                                                    sc.fetched.tokens.data(), w, out);
-                           },
-                           attend_kivi_abs(sc.store.config().weight_bits));
-            }
+        for (const auto& corner : corners) {
+          const bool ragged = corner.ragged, with_residual = corner.with_residual;
+          const bool with_fetch = corner.with_fetch;
+          make_specache_tier_case(dim, bits, ragged, with_residual, with_fetch, sc);
+          const std::string what = "attend_specache_tier " +
+                                   specache_tier_name(dim, bits, ragged, with_residual,
+                                                      with_fetch);
+          ASSERT_GT(sc.b.tier.tokens, 0u) << what;
+          if (with_fetch) {  // fetched tokens in the quantized part, and in the residual
+            ASSERT_LT(sc.fetched.tokens.front(), sc.b.tier.tokens) << what;
+            if (with_residual) ASSERT_GE(sc.fetched.tokens.back(), sc.b.tier.tokens) << what;
           }
+          const QueryRows rows = sc.qs.rows(dim);
+          const F16Rows fetched = sc.fetched_rows();
+          // The reference's entry: its attend_specache of the copy the buffers make.
+          const cpu::KiviHeadStore copy =
+              with_residual ? cpu::KiviHeadStore::restore(dim, sc.store.config(),
+                                                          sc.store.buffers())
+                            : cpu::kivi_store_from_tier(sc.b.tier, F16Rows{}, dim);
+          std::vector<float> tier_out(sc.qs.q.size()), store_out(sc.qs.q.size());
+          WorkspaceHandle ws(cpu_reference());
+          cpu_reference().attend_specache_tier(rows, sc.b.tier, sc.b.residual, fetched,
+                                               sc.fetched.tokens.data(), ws.get(),
+                                               tier_out.data());
+          cpu_reference().attend_specache(rows, copy, sc.fetched, ws.get(), store_out.data());
+          expect_bits(tier_out, store_out, what + " (reference: attend_specache's bits)");
+          for (size_t i = 2 * 4 * dim; i < tier_out.size(); ++i) {  // sees nothing: zeros
+            ASSERT_EQ(tier_out[i], 0.0f) << what;
+          }
+          check_attend(c, sc.qs.q.size(), sc.max_v, false, what,
+                       [&](const Ops& o, Workspace& w, float* out) {
+                         o.attend_specache_tier(rows, sc.b.tier, sc.b.residual, fetched,
+                                                sc.fetched.tokens.data(), w, out);
+                       },
+                       attend_kivi_abs(sc.store.config().weight_bits));
         }
       }
     }
@@ -944,50 +948,52 @@ TEST(BackendOps, AttendSpecacheTierRejectsBadFetchedTokens) {
 TEST(BackendOps, SpecacheScoresTierAreTheSelectionsScores) {
   for_each_backend([](const Candidate& c) {
     SpeCacheTierCase sc;
+    const struct {
+      bool ragged, with_residual;
+    } corners[] = {{false, true}, {true, true}, {false, false}};  // (for the test's time)
     for (size_t dim : kDims) {
       for (uint32_t bits : kBits) {
-        for (bool ragged : {false, true}) {
-          for (bool with_residual : {true, false}) {
-            make_specache_tier_case(dim, bits, ragged, with_residual, false, sc);
-            const std::string what =
-                "specache_scores_tier " +
-                specache_tier_name(dim, bits, ragged, with_residual, false);
-            const QueryRows rows = sc.qs.rows(dim);
-            const size_t n = sc.copy_tokens(), nr = rows.n_rows;
-            const cpu::KiviHeadStore copy =
-                cpu::kivi_store_from_tier(sc.b.tier, sc.b.residual, dim);
-            // Each table's scores over the copy: its attend_specache_scored's.
-            const auto scores_of = [&](const Ops& o, bool tier) {
-              WorkspaceHandle ws(o);
-              std::vector<float> s(nr * n, NAN), out(nr * dim);
-              if (tier) {
-                o.specache_scores_tier(rows, sc.b.tier, sc.b.residual, ws.get(), s.data());
+        for (const auto& corner : corners) {
+          const bool ragged = corner.ragged, with_residual = corner.with_residual;
+          make_specache_tier_case(dim, bits, ragged, with_residual, false, sc);
+          const std::string what =
+              "specache_scores_tier " +
+              specache_tier_name(dim, bits, ragged, with_residual, false);
+          const QueryRows rows = sc.qs.rows(dim);
+          const size_t n = sc.copy_tokens(), nr = rows.n_rows;
+          const cpu::KiviHeadStore copy =
+              cpu::kivi_store_from_tier(sc.b.tier, sc.b.residual, dim);
+          // Each table's scores over the copy: its attend_specache_scored's.
+          const auto scores_of = [&](const Ops& o, bool tier) {
+            WorkspaceHandle ws(o);
+            std::vector<float> s(nr * n, NAN), out(nr * dim);
+            if (tier) {
+              o.specache_scores_tier(rows, sc.b.tier, sc.b.residual, ws.get(), s.data());
+            } else {
+              o.attend_specache_scored(rows, copy, sc.fetched, ws.get(), out.data(), s.data(),
+                                       nullptr);
+            }
+            return s;
+          };
+          const std::vector<float> got = scores_of(*c.ops, true);
+          expect_bits(got, scores_of(*c.ops, false), what + " (= attend_specache_scored's)");
+          const std::vector<float> want = scores_of(cpu_reference(), true);
+          for (size_t r = 0; r < nr; ++r) {
+            float largest = 0.0f;
+            size_t visible = 0;
+            for (size_t t = 0; t < n; ++t) {
+              const float w = want[r * n + t];
+              if (std::isfinite(w)) largest = std::max(largest, std::fabs(w)), ++visible;
+            }
+            if (sc.qs.pos[r] == INT32_MAX) ASSERT_EQ(visible, n) << what << " row " << r;
+            if (sc.qs.pos[r] < 0) ASSERT_EQ(visible, 0u) << what << " row " << r;
+            for (size_t t = 0; t < n; ++t) {
+              const float w = want[r * n + t], g = got[r * n + t];
+              if (std::isinf(w)) {
+                ASSERT_EQ(g, w) << what << " score " << r << "," << t;
               } else {
-                o.attend_specache_scored(rows, copy, sc.fetched, ws.get(), out.data(), s.data(),
-                                         nullptr);
-              }
-              return s;
-            };
-            const std::vector<float> got = scores_of(*c.ops, true);
-            expect_bits(got, scores_of(*c.ops, false), what + " (= attend_specache_scored's)");
-            const std::vector<float> want = scores_of(cpu_reference(), true);
-            for (size_t r = 0; r < nr; ++r) {
-              float largest = 0.0f;
-              size_t visible = 0;
-              for (size_t t = 0; t < n; ++t) {
-                const float w = want[r * n + t];
-                if (std::isfinite(w)) largest = std::max(largest, std::fabs(w)), ++visible;
-              }
-              if (sc.qs.pos[r] == INT32_MAX) ASSERT_EQ(visible, n) << what << " row " << r;
-              if (sc.qs.pos[r] < 0) ASSERT_EQ(visible, 0u) << what << " row " << r;
-              for (size_t t = 0; t < n; ++t) {
-                const float w = want[r * n + t], g = got[r * n + t];
-                if (std::isinf(w)) {
-                  ASSERT_EQ(g, w) << what << " score " << r << "," << t;
-                } else {
-                  ASSERT_NEAR(g, w, kSpeCacheScoreRel * largest)
-                      << what << " score " << r << "," << t;
-                }
+                ASSERT_NEAR(g, w, kSpeCacheScoreRel * largest)
+                    << what << " score " << r << "," << t;
               }
             }
           }
