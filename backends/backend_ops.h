@@ -286,6 +286,16 @@ struct Ops {
   // its own kernel's (fast::kivi_scores), as its specache_select ranks them.
   void (*specache_scores_tier)(const QueryRows& q, const KiviTier& tier, const F16Rows& residual,
                                Workspace& ws, float* scores) = nullptr;
+  // The reference's selection (cpu::specache_select_from_scores, bit for bit) where the scores
+  // are: scores [group][n] (overwritten: working memory) -> tokens [min(k, n)], the top k of the
+  // group-averaged probabilities, ascending. And the hit rate's measurement
+  // (cpu::specache_fetched_shares, bit for bit): shares [rows] = each row's softmax over scores
+  // [rows][n] summed over tokens [n_tokens]. Backend memory throughout. Null in the CPU tables
+  // (their stores select through specache_select_scored on the host).
+  void (*specache_select_tier)(float* scores, size_t group, size_t n, size_t k, Workspace& ws,
+                               uint32_t* tokens) = nullptr;
+  void (*specache_shares_tier)(const float* scores, size_t rows, size_t n, const uint32_t* tokens,
+                               size_t n_tokens, float* shares) = nullptr;
 };
 
 // The copies through ops.to_backend_many where the backend has it, else one by one.

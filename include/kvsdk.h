@@ -232,9 +232,8 @@ KVSDK_API kvsdk_status (kvsdk_context_options_init)(kvsdk_context_options *optio
  *  outputs differ from the CPU's by rounding only. In this version a CUDA context's caches are
  *  of policy full, streaming_llm, h2o, snapkv, pyramidkv or xkv (with or without a KIVI overlay),
  *  kivi or specache (its low-bit copy and fetched rows in the arena, its backing store in host
- *  memory or a file as on the CPU, the fetched tokens the reference CPU backend's: a prefetch
- *  scores the low-bit keys on the GPU and brings 4 bytes per token and query head of the group
- *  back to the host, which selects), with head_dim 64, 128 or 256;
+ *  memory or a file as on the CPU; a prefetch scores and selects on the GPU, with the reference
+ *  CPU backend's bits, so it fetches the same tokens), with head_dim 64, 128 or 256;
  *  kvsdk_cache_create refuses the rest with KVSDK_E_UNSUPPORTED
  *  (docs/gpu.md lists what runs on CUDA). Each cache (forks and conversations on a shared
  *  prefix included) holds a region of the arena; a region that must grow moves the others on

@@ -15,6 +15,7 @@
 #include "cuda_kivi_quant.h"
 #include "cuda_ops.h"
 #include "cuda_queue.h"
+#include "cuda_specache_select.h"
 #include "util/error.h"
 
 namespace kvsdk::cuda {
@@ -28,6 +29,9 @@ struct CudaWorkspace {
   // The scoring kernel's logits block and row statistics (column_sums_rows), grown likewise.
   float* scores = nullptr;
   size_t score_floats = 0;
+  // SpeCache's selection: the averaged probabilities and the rows' sums, grown likewise.
+  void* select = nullptr;
+  size_t select_bytes = 0;
 };
 
 CudaWorkspace& cuda_workspace(backend::Workspace& ws) {
@@ -52,6 +56,7 @@ void workspace_destroy(backend::Workspace* ws) {
   CudaWorkspace* w = &cuda_workspace(*ws);
   if (w->partials) cudaFree(w->partials);
   if (w->scores) cudaFree(w->scores);
+  if (w->select) cudaFree(w->select);
   delete w;
 }
 
@@ -215,6 +220,28 @@ void specache_scores_tier(const backend::QueryRows& q, const backend::KiviTier& 
              shape, scores, compute_stream());
 }
 
+// SpeCache's selection and hit-rate share over device scores (cuda_specache_select.h: the
+// reference's bits), on the compute stream.
+void specache_select_tier(float* scores, size_t group, size_t n, size_t k, backend::Workspace& ws,
+                          uint32_t* tokens) {
+  CudaWorkspace& w = cuda_workspace(ws);
+  const size_t work = specache_select_work_bytes(group);
+  const size_t need = work + std::max<size_t>(n, 1) * sizeof(float);
+  if (need > w.select_bytes) {
+    void* grown = nullptr;
+    check_cuda(cudaMalloc(&grown, need), "cudaMalloc (SpeCache selection workspace)");
+    if (w.select) cudaFree(w.select);
+    w.select = grown;
+    w.select_bytes = need;
+  }
+  float* avg = reinterpret_cast<float*>(static_cast<char*>(w.select) + work);
+  specache_select_tokens(scores, group, n, k, w.select, avg, tokens, compute_stream());
+}
+void specache_shares_tier(const float* scores, size_t rows, size_t n, const uint32_t* tokens,
+                          size_t n_tokens, float* shares) {
+  specache_fetched_shares(scores, rows, n, tokens, n_tokens, shares, compute_stream());
+}
+
 // Conversion and KIVI quantization over device buffers, on the compute stream: a device KIVI
 // store quantizes the residual rows it flushes where they are (src/repr/device_kivi.h). The
 // kernels give the CPU's bits (cuda_kivi_quant.h); one key block per call, as the CPU entry.
@@ -283,6 +310,8 @@ backend::Ops make_ops() {
   ops.column_sums_rows = column_sums_rows;
   ops.attend_specache_tier = attend_specache_tier;
   ops.specache_scores_tier = specache_scores_tier;
+  ops.specache_select_tier = specache_select_tier;
+  ops.specache_shares_tier = specache_shares_tier;
   ops.f16_to_f32 = f16_to_f32_entry;
   ops.kivi_quantize_keys = kivi_quantize_keys_entry;
   ops.kivi_quantize_values = kivi_quantize_values_entry;

@@ -32,7 +32,8 @@ DeviceSpeCache::DeviceSpeCache(const Geometry& g, const kvsdk_policy& p, Context
       hits_(g.n_layers, g.n_kv_heads) {
   KVSDK_REQUIRE(p.quant_bits == 1 || p.quant_bits == 2,
                 "method 'specache' keeps a 1- or 2-bit copy (got quant_bits ", p.quant_bits, ")");
-  if (!device_.attend_specache_tier || !device_.specache_scores_tier) {
+  if (!device_.attend_specache_tier || !device_.specache_scores_tier ||
+      !device_.specache_select_tier || !device_.specache_shares_tier) {
     fail(KVSDK_E_UNSUPPORTED, "the ", device_.name, " backend has no SpeCache kernels");
   }
   lowbit_ = std::make_unique<DeviceKivi>(g, p, ctx);  // (head_dim checks)
@@ -174,29 +175,32 @@ void DeviceSpeCache::append(uint32_t layer, size_t n, const float* k, const floa
 
 // --- Scores, attention and the hit rate --------------------------------------------------------
 
-void DeviceSpeCache::score_head(uint32_t layer, uint32_t kv_head,
-                                const backend::QueryRows& host_q) const {
+float* DeviceSpeCache::score_head(uint32_t layer, uint32_t kv_head,
+                                  const backend::QueryRows& host_q) const {
   const size_t n = lowbit_->head_tokens(layer, kv_head);
-  const size_t floats = host_q.n_rows * n;
-  float* d_scores = static_cast<float*>(scores_device_.at_least(std::max<size_t>(floats, 1) * 4));
-  reserve_for_growth(scores_, floats);
-  scores_.resize(floats);
+  // The scores, then room for the selection's tokens or the rows' shares (4 bytes each).
+  const size_t floats = host_q.n_rows * n, extra = std::max<size_t>(fetch_tokens_, host_q.n_rows);
+  float* d_scores = static_cast<float*>(scores_device_.at_least((floats + extra) * sizeof(float)));
   const backend::QueryRows q = queries_.to_device(host_q);
   const DeviceKivi::DeviceView view = lowbit_->device_view(layer, kv_head);
   device_.specache_scores_tier(q, view.tier, view.residual, workspace(), d_scores);
-  if (floats) device_.to_host(scores_.data(), d_scores, floats * sizeof(float));
+  return d_scores;
 }
 
 void DeviceSpeCache::measure(uint32_t layer, uint32_t h, const float* q_rows,
                              const int32_t* row_positions) const {
   // The real query's low-bit attention on the fetched tokens: the first query (its group's rows)
-  // of the first attend after a prefetch, as the host store measures it.
-  const size_t group = geometry_.group_size();
-  score_head(layer, h, query_rows(q_rows, row_positions, group));
+  // of the first attend after a prefetch, as the host store measures it; one float per row
+  // comes back.
+  const size_t group = geometry_.group_size(), n = lowbit_->head_tokens(layer, h);
+  float* d_scores = score_head(layer, h, query_rows(q_rows, row_positions, group));
+  float* d_shares = d_scores + group * n;
+  device_.specache_shares_tier(d_scores, group, n,
+                               reinterpret_cast<const uint32_t*>(slice(layer, h, kTokens)),
+                               fetched_[index(layer, h)].size(), d_shares);
   reserve_for_growth(shares_, group);
   shares_.resize(group);
-  cpu::specache_fetched_shares(scores_.data(), group, lowbit_->head_tokens(layer, h),
-                               fetched_[index(layer, h)], shares_.data());
+  device_.to_host(shares_.data(), d_shares, group * sizeof(float));
   double share = 0;
   for (size_t r = 0; r < group; ++r) share += shares_[r];
   hits_.measured(layer, h, share / double(group));
@@ -279,9 +283,15 @@ void DeviceSpeCache::prefetch(uint32_t layer, uint32_t kv_head, const float* q_r
   const size_t n = lowbit_->head_tokens(layer, kv_head);
   reserve_for_growth(fetched_pos_host_, group);
   fetched_pos_host_.assign(group, row_positions[0]);
-  score_head(layer, kv_head, query_rows(q_rows, fetched_pos_host_.data(), group));
-  cpu::specache_select_from_scores(scores_.data(), group, n, fetch_tokens_, select_, selected_,
-                                   nullptr);
+  float* d_scores =
+      score_head(layer, kv_head, query_rows(q_rows, fetched_pos_host_.data(), group));
+  // The selection where the scores are; the k token indices come back.
+  uint32_t* d_tokens = reinterpret_cast<uint32_t*>(d_scores + group * n);
+  device_.specache_select_tier(d_scores, group, n, fetch_tokens_, workspace(), d_tokens);
+  const size_t kept = std::min(fetch_tokens_, n);
+  reserve_for_growth(selected_, kept);
+  selected_.resize(kept);
+  if (kept) device_.to_host(selected_.data(), d_tokens, kept * sizeof(uint32_t));
   cpu::specache_fetch(backing_[layer][kv_head], selected_, staged_fetch_);
   reserve_rows(layer, kv_head, selected_.size());
   upload_fetch(layer, kv_head, staged_fetch_);

@@ -11,18 +11,18 @@
 //  - Attention (§3.3, C' ∪ C_K): the backend's attend_specache_tier over the copy's buffers, the
 //    fetched tokens left out of the low-bit part and their f16 rows in the same softmax.
 //  - A prefetch (§3.3: the speculative token's group-averaged top-k): the backend's
-//    specache_scores_tier scores the low-bit keys on the device with the reference's bits; the
-//    scores ([group][tokens] f32) come back to the host, where the reference's own selection
-//    (cpu::specache_select_from_scores) picks the tokens, whose rows are copied from the
-//    backing store into the arena. So a device cache fetches the tokens a reference CPU cache
-//    fetches, and its snapshots load into either.
+//    specache_scores_tier scores the low-bit keys and specache_select_tier picks the tokens on
+//    the device, both with the reference's bits (cpu::specache_score_chunk,
+//    cpu::specache_select_from_scores); the k token indices come back, and those rows are copied
+//    from the backing store into the arena. So a device cache fetches the tokens a reference CPU
+//    cache fetches, and its snapshots load into either.
 //  - The fetch hit rate (kvsdk_cache_fetch_stats): the first attend after a prefetch scores the
-//    real query's rows the same way and measures, on the host, the share of their low-bit
-//    attention on the fetched tokens (the reference's cpu::specache_fetched_shares).
+//    real query's rows the same way and specache_shares_tier measures the share of their low-bit
+//    attention on the fetched tokens (cpu::specache_fetched_shares' bits): a float per row back.
 //  - Reads and snapshots copy a head out (the low-bit copy and the fetched rows).
 //
 // Device memory outside the arena (like attention's): the queries, the fetched rows' positions
-// of one attention call and one head's scores.
+// of one attention call, one head's scores and the selection's working memory.
 #pragma once
 
 #include <cstddef>
@@ -101,9 +101,9 @@ class DeviceSpeCache final : public Representation, private ArenaOwner {
   // The hit-rate measurement of one head's attend after its prefetch (q_rows: that head's).
   void measure(uint32_t layer, uint32_t kv_head, const float* q_rows,
                const int32_t* row_positions) const;
-  // The low-bit scores of host query rows q (positions shared by the caller's QueryRows) over
-  // the head's copy into scores_ [q.n_rows][tokens] (host).
-  void score_head(uint32_t layer, uint32_t kv_head, const backend::QueryRows& q) const;
+  // The low-bit scores of host query rows q over the head's copy, on the device: [q.n_rows]
+  // [tokens] floats, followed by room for max(fetch_tokens, q.n_rows) 4-byte results.
+  float* score_head(uint32_t layer, uint32_t kv_head, const backend::QueryRows& q) const;
   // Writes `fetched` into the head's slices and mirror (which must hold them).
   void upload_fetch(uint32_t layer, uint32_t kv_head, const cpu::SpeCacheFetched& fetched);
   // The fetched rows of a head, copied out (reads, snapshots).
@@ -128,10 +128,9 @@ class DeviceSpeCache final : public Representation, private ArenaOwner {
   mutable DeviceQueries queries_;
   mutable DeviceScratch fetched_pos_;
   mutable std::vector<int32_t> fetched_pos_host_;
-  // Scoring: the device scores of one head and their host copy; the selection's working memory.
+  // Scoring: the device scores of one head and the selection's or measurement's results; the
+  // selected tokens and the rows' shares on the host.
   mutable DeviceScratch scores_device_;
-  mutable std::vector<float> scores_;
-  mutable cpu::SpeCacheSelectScratch select_;
   std::vector<uint32_t> selected_;
   cpu::SpeCacheFetched staged_fetch_;  // a prefetch's rows on their way in
   std::vector<float> append_k_, append_v_;  // one head's appended rows

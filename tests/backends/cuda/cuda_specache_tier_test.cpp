@@ -10,7 +10,9 @@
 //    from the low-bit ones by far more than that, so attending a fetched token twice (exclusion
 //    ignored) or not at full precision (fetched tier dropped) fails;
 //  - specache_scores_tier: cuda_column_sums.h's key_scores, the reference's bits (memcmp),
-//    -inf included.
+//    -inf included;
+//  - specache_select_tier / specache_shares_tier: the selection and the hit rate's share on the
+//    device, the reference's tokens, probabilities and shares bit for bit.
 // Also: decode_attention refuses an exclusion list over rows that are not shared.
 #include <gtest/gtest.h>
 
@@ -23,8 +25,11 @@
 #include "backend_ops.h"
 #include "cuda_decode_attention.h"
 #include "cuda_ops.h"
+#include "cuda_specache_select.h"
 #include "cuda_test_util.h"
 #include "kivi_store.h"
+#include "specache.h"
+#include "test_util.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -264,6 +269,70 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaSpeCacheTier,
                            return "dim" + std::to_string(c.dim) + "_group" +
                                   std::to_string(c.group) + "_bits" + std::to_string(c.bits);
                          });
+
+// The selection and the hit rate's share where the scores are (cuda_specache_select.h) against
+// the reference backend's own functions: specache_select_scored (cpu::specache_select_from_scores)
+// gives the same tokens and averaged probabilities bit for bit (memcmp), specache_fetched_shares
+// the same shares. Scores with masked tokens (-inf), a row that sees nothing, ties of equal
+// scores (the lower index wins), k above the token count, and lengths that are not multiples of
+// a block.
+TEST(CudaSpeCacheSelect, TheReferenceBackendsTokensAndShares) {
+  KVSDK_REQUIRE_CUDA_DEVICE();
+  const backend::Ops& ref = backend::cpu_reference();
+  const backend::Ops& ops = *device_backend().ops;
+  uint32_t seed = 5;
+  for (size_t group : {1u, 4u, 8u})
+  for (size_t n : {1u, 37u, 300u, 1100u})
+  for (size_t k : {1u, 16u, 2000u}) {
+    SCOPED_TRACE("group " + std::to_string(group) + " n " + std::to_string(n) + " k " +
+                 std::to_string(k));
+    std::vector<float> scores = kvsdk_test::random_floats(group * n, seed++);
+    for (size_t i = 0; i < scores.size(); ++i) {
+      scores[i] *= 8.0f;
+      if (i % 7 == 3) scores[i] = -INFINITY;   // masked tokens
+      if (i % 11 == 5) scores[i] = 1.5f;       // ties
+    }
+    if (group > 1) std::fill_n(scores.begin() + ptrdiff_t(n), n, -INFINITY);  // sees nothing
+    // The reference: the table's entry over a copy (it overwrites its scores).
+    std::vector<float> work = scores, want_avg;
+    std::vector<uint32_t> want;
+    backend::WorkspaceHandle ref_ws(ref);
+    ref.specache_select_scored(work.data(), group, n, k, ref_ws.get(), want, &want_avg);
+    ASSERT_EQ(want.size(), std::min(k, n));
+
+    DeviceBuffer<float> d_scores(scores);
+    DeviceBuffer<uint32_t> d_tokens(std::max<size_t>(want.size(), 1));
+    backend::WorkspaceHandle ws(ops);
+    ops.specache_select_tier(d_scores.get(), group, n, k, ws.get(), d_tokens.get());
+    std::vector<uint32_t> got = d_tokens.download();
+    got.resize(want.size());
+    EXPECT_EQ(got, want);
+    // The exponentials it left in the scores are the reference's too.
+    const std::vector<float> left = d_scores.download();
+    ASSERT_EQ(std::memcmp(left.data(), work.data(), left.size() * sizeof(float)), 0);
+    // And the averaged probabilities it ranked (the kernel's own entry, which hands them out).
+    DeviceBuffer<float> d_again(scores), d_avg(n);
+    DeviceBuffer<uint8_t> d_work(specache_select_work_bytes(group));
+    specache_select_tokens(d_again.get(), group, n, k, d_work.get(), d_avg.get(), d_tokens.get(),
+                           nullptr);
+    const std::vector<float> avg = d_avg.download();
+    ASSERT_EQ(want_avg.size(), n);
+    ASSERT_EQ(std::memcmp(avg.data(), want_avg.data(), n * sizeof(float)), 0);
+
+    // The share of each row's softmax on some tokens (the hit rate), scores unchanged.
+    std::vector<uint32_t> fetched;
+    for (uint32_t t = 0; t < n; t += 3) fetched.push_back(t);
+    std::vector<float> want_shares(group);
+    cpu::specache_fetched_shares(scores.data(), group, n, fetched, want_shares.data());
+    DeviceBuffer<float> d_plain(scores), d_shares(group);
+    DeviceBuffer<uint32_t> d_fetched(some(fetched));
+    ops.specache_shares_tier(d_plain.get(), group, n, d_fetched.get(), fetched.size(),
+                             d_shares.get());
+    const std::vector<float> got_shares = d_shares.download();
+    ASSERT_EQ(std::memcmp(got_shares.data(), want_shares.data(), group * sizeof(float)), 0);
+    if (group > 1) EXPECT_EQ(got_shares[1], 0.0f) << "a row that sees nothing";
+  }
+}
 
 // One exclusion list serves every head only when they read the same rows.
 TEST(CudaSpeCacheTierArgs, ExclusionNeedsSharedRows) {
