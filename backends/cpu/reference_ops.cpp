@@ -214,19 +214,11 @@ void attend_specache_tier(const QueryRows& q, const KiviTier& tier, const F16Row
                   out);
 }
 
-// specache_select's scoring (the same chunks of dequantized keys, cpu::specache_score_chunk) for
-// every row at its own position.
+// specache_select's scoring (cpu::specache_scores) for every row at its own position.
 void specache_scores_tier(const QueryRows& q, const KiviTier& tier, const F16Rows& residual,
                           Workspace& ws, float* scores) {
-  const cpu::KiviHeadStore copy = cpu::kivi_store_from_tier(tier, residual, q.dim);
-  const size_t n = copy.size();
-  float* k = at_least(ws.specache.k_chunk, std::min(cpu::kSpeCacheChunk, n) * q.dim).data();
-  for (size_t first = 0; first < n; first += cpu::kSpeCacheChunk) {
-    const size_t c = std::min(cpu::kSpeCacheChunk, n - first);
-    copy.read_rows(first, c, k, nullptr);  // keys only
-    cpu::specache_score_chunk(q.q, q.positions, q.n_rows, k, copy.positions().data() + first, c,
-                              q.dim, q.scale, scores + first, n);
-  }
+  cpu::specache_scores(cpu::kivi_store_from_tier(tier, residual, q.dim), q.q, q.positions,
+                       q.n_rows, q.scale, ws.specache.k_chunk, scores);
 }
 
 // --- split-K --------------------------------------------------------------------------------------

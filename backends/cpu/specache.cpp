@@ -184,26 +184,32 @@ void specache_select_from_scores(float* scores, size_t group, size_t n, size_t k
   if (k > 0 && n > 0) smallkv_topk(avg.data(), n, k, sc.order, tokens);
 }
 
+void specache_scores(const KiviHeadStore& lowbit, const float* q, const int32_t* q_positions,
+                     size_t rows, float scale, std::vector<float>& k_chunk, float* scores) {
+  const size_t n = lowbit.size(), dim = lowbit.head_dim();
+  float* kr = at_least(k_chunk, std::min(kChunk, n) * dim).data();
+  for (size_t first = 0; first < n; first += kChunk) {
+    const size_t c = std::min(kChunk, n - first);
+    lowbit.read_rows(first, c, kr, nullptr);  // keys only: values are never used here
+    specache_score_chunk(q, q_positions, rows, kr, lowbit.positions().data() + first, c, dim,
+                         scale, scores + first, n);
+  }
+}
+
 void specache_select(const KiviHeadStore& lowbit, const float* q, size_t group,
                      int32_t q_position, float scale, size_t k, SpeCacheSelectScratch& sc,
                      std::vector<uint32_t>& tokens, std::vector<float>* avg_probs) {
-  const size_t n = lowbit.size(), dim = lowbit.head_dim();
+  const size_t n = lowbit.size();
   tokens.clear();
   if (n == 0) {  // nothing stored yet: nothing to select
     if (avg_probs) avg_probs->clear();
     return;
   }
   std::vector<float>& scores = at_least(sc.scores, group * n);
-  std::vector<float>& kr = at_least(sc.k_chunk, std::min(kChunk, n) * dim);
   // Every row of the group at the query's position (one speculative query).
   int32_t* q_pos = at_least(sc.q_positions, group).data();
   std::fill_n(q_pos, group, q_position);
-  for (size_t first = 0; first < n; first += kChunk) {
-    const size_t c = std::min(kChunk, n - first);
-    lowbit.read_rows(first, c, kr.data(), nullptr);  // keys only: values are never used here
-    specache_score_chunk(q, q_pos, group, kr.data(), lowbit.positions().data() + first, c, dim,
-                         scale, scores.data() + first, n);
-  }
+  specache_scores(lowbit, q, q_pos, group, scale, sc.k_chunk, scores.data());
   specache_select_from_scores(scores.data(), group, n, k, sc, tokens, avg_probs);
 }
 

@@ -99,6 +99,10 @@ void specache_topk(const float* scores, size_t n, size_t k, SpeCacheSelectScratc
 void specache_score_chunk(const float* q, const int32_t* q_positions, size_t rows,
                           const float* k, const int32_t* key_positions, size_t count, size_t dim,
                           float scale, float* scores, size_t stride);
+// specache_score_chunk over every token of the copy (keys dequantized in chunks into k_chunk,
+// reused): scores [rows][lowbit.size()]. What specache_select ranks.
+void specache_scores(const KiviHeadStore& lowbit, const float* q, const int32_t* q_positions,
+                     size_t rows, float scale, std::vector<float>& k_chunk, float* scores);
 
 // The second half of specache_select (reference): from scores [group][n] (overwritten: they
 // become each head's exp(score - max)), each head's softmax averaged over the group into

@@ -59,7 +59,8 @@ __device__ __forceinline__ float key_at(const QuantKeys& qk, const uint16_t* hel
 __global__ void logits_kernel(const float* q, const int32_t* q_pos, size_t r0, size_t nr,
                               QuantKeys qk, size_t n_quant, const uint16_t* held_k,
                               const int32_t* held_pos, const float* tail_k,
-                              const int32_t* tail_pos, size_t held, size_t n_keys, size_t dim, float scale, float* logits) {
+                              const int32_t* tail_pos, size_t held, size_t n_keys, size_t dim,
+                              float scale, float* logits) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= nr * n_keys) return;
   const size_t r = i / n_keys, t = i % n_keys;
@@ -167,8 +168,8 @@ void column_sums(const float* q, const int32_t* q_pos, const QuantKeys& quant,
   for (size_t r0 = 0; r0 < shape.rows; r0 += rows_per_block) {
     const size_t nr = std::min(rows_per_block, shape.rows - r0);
     KVSDK_LAUNCH(logits_kernel, blocks_for(nr * n_keys, kThreads), kThreads, 0, stream, q, q_pos,
-                 r0, nr, quant, shape.quant, held_k, held_pos, tail_k, tail_pos, shape.held, n_keys, shape.dim,
-                 shape.scale, logits);
+                 r0, nr, quant, shape.quant, held_k, held_pos, tail_k, tail_pos, shape.held, n_keys,
+                 shape.dim, shape.scale, logits);
     check_launch("logits_kernel");
     KVSDK_LAUNCH(row_max_kernel, blocks_for(nr, kThreads), kThreads, 0, stream, logits, nr,
                  n_keys, row_max);

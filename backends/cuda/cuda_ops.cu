@@ -202,8 +202,8 @@ void column_sums_rows(const backend::QueryRows& q, const backend::KiviTier* tier
     w.scores = static_cast<float*>(grown);
     w.score_floats = need;
   }
-  column_sums(q.q, q.positions, quant, held.k, held.positions, tail, tail_pos, shape, kMaxScoreLogits,
-              w.scores, col_sums, compute_stream());
+  column_sums(q.q, q.positions, quant, held.k, held.positions, tail, tail_pos, shape,
+              kMaxScoreLogits, w.scores, col_sums, compute_stream());
 }
 
 // SpeCache's selection scores over a device copy (cuda_column_sums.h key_scores: the logits of

@@ -68,7 +68,7 @@ void DeviceSpeCache::set_backing_file(const std::string& path) {
       path, cpu::SpeCacheBackingStore::block_elems(geometry_.head_dim)));
 }
 
-// --- Layout of the fetched rows -----------------------------------------------------------------
+// --- Layout of the fetched rows ------------------------------------------------------------------
 
 cuda::ArenaPartition DeviceSpeCache::layout_for(const std::vector<uint64_t>& capacity) const {
   cuda::ArenaPartition p;
@@ -130,7 +130,7 @@ uint64_t DeviceSpeCache::shrink_to_fit() {
   return layout_.reserved;
 }
 
-// --- Bytes ----------------------------------------------------------------------------------------
+// --- Bytes ---------------------------------------------------------------------------------------
 
 void DeviceSpeCache::add_bytes(uint32_t layer, uint64_t by_tier[KVSDK_TIER_SLOTS]) const {
   lowbit_->add_bytes(layer, by_tier);
@@ -155,7 +155,7 @@ size_t DeviceSpeCache::head_tokens(uint32_t layer, uint32_t kv_head) const {
   return lowbit_->head_tokens(layer, kv_head);
 }
 
-// --- Append ---------------------------------------------------------------------------------------
+// --- Append --------------------------------------------------------------------------------------
 
 void DeviceSpeCache::append(uint32_t layer, size_t n, const float* k, const float* v,
                             const int32_t* positions) {
@@ -173,7 +173,7 @@ void DeviceSpeCache::append(uint32_t layer, size_t n, const float* k, const floa
   }
 }
 
-// --- Scores, attention and the hit rate --------------------------------------------------------
+// --- Scores, attention and the hit rate ----------------------------------------------------------
 
 float* DeviceSpeCache::score_head(uint32_t layer, uint32_t kv_head,
                                   const backend::QueryRows& host_q) const {
@@ -262,12 +262,13 @@ void DeviceSpeCache::commit_attend() const noexcept { hits_.commit(); }
 void DeviceSpeCache::abort_attend() const noexcept { hits_.abort(); }
 double DeviceSpeCache::hit_rate() const { return hits_.rate(); }
 
-// --- Prefetch -------------------------------------------------------------------------------------
+// --- Prefetch ------------------------------------------------------------------------------------
 
 uint64_t DeviceSpeCache::prefetch_bound(uint32_t layer, uint32_t kv_head) const {
   const uint64_t rows = std::min<uint64_t>(fetch_tokens_, lowbit_->head_tokens(layer, kv_head));
   const uint64_t most = rows * (4 + 2 * 2 * uint64_t(geometry_.head_dim));  // index + f16 k, v
-  const uint64_t now = fetched_[index(layer, kv_head)].size() * (4 + 4 * uint64_t(geometry_.head_dim));
+  const uint64_t now =
+      fetched_[index(layer, kv_head)].size() * (4 + 4 * uint64_t(geometry_.head_dim));
   return most > now ? most - now : 0;
 }
 
@@ -321,7 +322,7 @@ void DeviceSpeCache::download_fetch(uint32_t layer, uint32_t kv_head, std::vecto
   device_.to_host(v.data(), slice(layer, kv_head, kValues), elems * sizeof(uint16_t));
 }
 
-// --- Reads, snapshots, truncation --------------------------------------------------------------
+// --- Reads, snapshots, truncation ----------------------------------------------------------------
 
 void DeviceSpeCache::read(uint32_t layer, uint32_t kv_head, float* k, float* v,
                           int32_t* positions) const {

@@ -183,7 +183,8 @@ TEST(DeviceSpeCacheSnapshot, SavesLoadsAndTruncatesLikeTheCpu) {
     kvsdk_save_options opt;
     kvsdk_save_options_init(&opt);
     opt.include_backing = backing_rows;
-    const auto x = kvsdk_test::save_buffer(a.get(), &opt), y = kvsdk_test::save_buffer(b.get(), &opt);
+    const auto x = kvsdk_test::save_buffer(a.get(), &opt);
+    const auto y = kvsdk_test::save_buffer(b.get(), &opt);
     ASSERT_FALSE(x.empty());
     EXPECT_TRUE(x == y) << "snapshot bytes";
     kvsdk_cache* loaded = nullptr;
@@ -272,7 +273,8 @@ TEST(DeviceSpeCacheApi, EveryCallMatchesTheCpuReference) {
     return kvsdk_cache_observe(c, 0, 1, q2.data(), q_pos, q_elems * sizeof(float));
   });
   same("compress", [](kvsdk_cache* c) { return kvsdk_cache_compress(c); });
-  same("truncate: into a quantized block", [](kvsdk_cache* c) { return kvsdk_cache_truncate(c, 3); });
+  same("truncate: into a quantized block",
+       [](kvsdk_cache* c) { return kvsdk_cache_truncate(c, 3); });
   EXPECT_TRUE(kvsdk_test::snapshot(a.get()) == before) << "the failed calls changed nothing";
   // Prefetch with NULL positions (the query sees every token), then attend and fork.
   same("prefetch: NULL positions", [&](kvsdk_cache* c) {
