@@ -231,9 +231,13 @@ KVSDK_API kvsdk_status (kvsdk_context_options_init)(kvsdk_context_options *optio
  *  same as on the CPU (a snapshot saved on either backend loads on the other), and attention
  *  outputs differ from the CPU's by rounding only. In this version a CUDA context's caches are
  *  of policy full, streaming_llm, h2o, snapkv, pyramidkv or xkv (with or without a KIVI overlay),
- *  kivi or specache (its low-bit copy and fetched rows in the arena, its backing store in host
+ *  kivi, specache (its low-bit copy and fetched rows in the arena, its backing store in host
  *  memory or a file as on the CPU; a prefetch scores and selects on the GPU, with the reference
- *  CPU backend's bits, so it fetches the same tokens), with head_dim 64, 128 or 256;
+ *  CPU backend's bits, so it fetches the same tokens) or smallkv (its full and value-only rows
+ *  in the arena; the proxy cache, on any backend, is linked as on the CPU; the proxy's
+ *  probabilities are computed on the host with the reference CPU backend's bits, so the rows'
+ *  scores and evictions are a reference cache's; an eviction rebuilds the heads it shrinks on a
+ *  host copy, which kvsdk_policy.evict_slack makes rare), with head_dim 64, 128 or 256;
  *  kvsdk_cache_create refuses the rest with KVSDK_E_UNSUPPORTED
  *  (docs/gpu.md lists what runs on CUDA). Each cache (forks and conversations on a shared
  *  prefix included) holds a region of the arena; a region that must grow moves the others on
@@ -328,9 +332,8 @@ KVSDK_API kvsdk_status (kvsdk_geometry_init)(kvsdk_geometry *geometry);
 
 /** Compression methods: one preset per method, each from its paper (titles and arXiv ids in
  *  docs/papers.md). Numbers are never renumbered. Every method is implemented on the CPU backend
- *  (on KVSDK_BACKEND_CUDA: full, streaming_llm, h2o, snapkv, pyramidkv, xkv, their KIVI overlays and
- *  kivi in this version;
- *  see kvsdk_context_create). Not
+ *  (on KVSDK_BACKEND_CUDA: full, streaming_llm, h2o, snapkv, pyramidkv, xkv, their KIVI
+ *  overlays, kivi, specache and smallkv in this version; see kvsdk_context_create). Not
  *  implemented: a KIVI overlay (quant_bits != 0, e.g. "full+kivi2") on full, spindlekv or smallkv,
  *  for which kvsdk_cache_create returns KVSDK_E_UNSUPPORTED. Methods that "never evict" fail an
  *  append that does not fit the budget with KVSDK_E_BUDGET. */

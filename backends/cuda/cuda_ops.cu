@@ -15,6 +15,7 @@
 #include "cuda_kivi_quant.h"
 #include "cuda_ops.h"
 #include "cuda_queue.h"
+#include "cuda_smallkv.h"
 #include "cuda_specache_select.h"
 #include "util/error.h"
 
@@ -242,6 +243,33 @@ void specache_shares_tier(const float* scores, size_t rows, size_t n, const uint
   specache_fetched_shares(scores, rows, n, tokens, n_tokens, shares, compute_stream());
 }
 
+// SmallKV (docs/papers.md) Eq. 6 over device buffers (cuda_smallkv.h), on the compute stream.
+// The proxy's probabilities: the reference's bits (cpu::smallkv_softmax_rows), out [rows][n].
+void smallkv_softmax_entry(const backend::QueryRows& q, const uint16_t* k,
+                           const int32_t* positions, size_t n, backend::Workspace&, float* out) {
+  cuda::smallkv_softmax(q.q, q.positions, q.n_rows, k, positions, n, q.dim, q.scale, out,
+                        compute_stream());
+}
+
+// The marginal term alone on `out` (the full rows' attention): the reference's bits for the
+// same `out` (cpu::smallkv_add_marginal).
+void smallkv_add_marginal_entry(const backend::QueryRows& q, const backend::SmallKvMarginal& m,
+                                backend::Workspace&, float* out) {
+  cuda::smallkv_add_marginal(q.positions, q.n_rows, q.dim, m.v, m.positions, m.n_tokens,
+                             m.weights, m.weights_stride, out, compute_stream());
+}
+
+// The large model's attention over its full rows (attend_f16's split-K kernel: the reference's
+// one-chunk OnlineAttention within the decode kernel's tolerance, not its bits), then the
+// marginal term. So attend_smallkv with marginal rows is bit for bit attend_smallkv without them
+// followed by smallkv_add_marginal, as the contract requires; with none it is plain attention
+// over the full rows (the reference skips the rescale by 1 likewise).
+void attend_smallkv(const backend::QueryRows& q, const backend::F16Rows& full,
+                    const backend::SmallKvMarginal& m, backend::Workspace& ws, float* out) {
+  attend_tiers(q, nullptr, exact_view(full), ws, out);
+  if (m.n_tokens > 0) smallkv_add_marginal_entry(q, m, ws, out);
+}
+
 // Conversion and KIVI quantization over device buffers, on the compute stream: a device KIVI
 // store quantizes the residual rows it flushes where they are (src/repr/device_kivi.h). The
 // kernels give the CPU's bits (cuda_kivi_quant.h); one key block per call, as the CPU entry.
@@ -315,6 +343,9 @@ backend::Ops make_ops() {
   ops.f16_to_f32 = f16_to_f32_entry;
   ops.kivi_quantize_keys = kivi_quantize_keys_entry;
   ops.kivi_quantize_values = kivi_quantize_values_entry;
+  ops.smallkv_softmax = smallkv_softmax_entry;  // SmallKV (Eq. 6)
+  ops.attend_smallkv = attend_smallkv;
+  ops.smallkv_add_marginal = smallkv_add_marginal_entry;
   refuse(ops.f32_to_f16);
   refuse(ops.kivi_dequantize_keys), refuse(ops.kivi_dequantize_values);
   refuse(ops.attend_kivi), refuse(ops.attend_spindle), refuse(ops.attend_minicache);
@@ -322,8 +353,7 @@ backend::Ops make_ops() {
   refuse(ops.column_sums), refuse(ops.pool), refuse(ops.select_keep), refuse(ops.gather_rows);
   refuse(ops.codebook_reconstruct), refuse(ops.merge_slerp), refuse(ops.restore_row);
   refuse(ops.specache_select), refuse(ops.attend_specache_scored);
-  refuse(ops.specache_select_scored), refuse(ops.smallkv_softmax), refuse(ops.attend_smallkv);
-  refuse(ops.smallkv_add_marginal);
+  refuse(ops.specache_select_scored);
   return ops;
 }
 

@@ -24,8 +24,8 @@ DeviceRows::DeviceRows(const Geometry& g, const kvsdk_policy& p, Context& ctx)
       present_(g.n_layers, std::vector<char>(g.n_kv_heads, 0)) {
   if (!method_traits(p).on_device || kivi_overlay(p)) {
     fail(KVSDK_E_UNSUPPORTED, "policy '", policy_spec(p), "' does not run on ", device_.name,
-         " in this version (full, streaming_llm, h2o, snapkv, pyramidkv, xkv, their '+kiviN' overlays ",
-         "and kivi do: docs/gpu.md)");
+         " in this version (full, streaming_llm, h2o, snapkv, pyramidkv, xkv, their '+kiviN' overlays, ",
+         "kivi, specache and smallkv do: docs/gpu.md)");
   }
   if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) {
     fail(KVSDK_E_UNSUPPORTED, "a ", device_.name, " cache needs head_dim 64, 128 or 256 (the ",

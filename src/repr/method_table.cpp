@@ -6,6 +6,7 @@
 #include "core/method_traits.h"
 #include "repr/device_kivi.h"
 #include "repr/device_rows.h"
+#include "repr/device_smallkv.h"
 #include "repr/device_specache.h"
 #include "repr/exact_rows.h"
 #include "repr/kivi_repr.h"
@@ -57,7 +58,8 @@ constexpr MethodTraits kTable[] = {
     {KVSDK_METHOD_MINICACHE, "minicache",
      S::kNone, A::kUniform, Q::kOptional, 0, false, false, make<MiniCacheRepresentation>},
     {KVSDK_METHOD_SMALLKV, "smallkv",
-     S::kNone, A::kUniform, Q::kNone, 0, true, false, make<SmallKvRepresentation>},
+     S::kNone, A::kUniform, Q::kNone, 0, true, false, make<SmallKvRepresentation>, true,
+     make_device<DeviceSmallKv>},
     {KVSDK_METHOD_SPECACHE, "specache",
      S::kNone, A::kUniform, Q::kShadow, 2, false, true, make<SpeCacheRepresentation>, true,
      make_device<DeviceSpeCache>},

@@ -130,7 +130,7 @@ void SmallKvRepresentation::on_all_matched() const noexcept {
     for (const Layer& L : layers_) {
       for (uint32_t m : L.mapping) heads[m] = 1;  // (< proxy_heads(): checked by set_proxy)
     }
-    link_->set_read_heads(ops(), heads);
+    link_->set_read_heads(proxy_ops(), heads);
   } catch (...) {
     // (allocation) Nothing lost: the large cache's attend computes the probabilities itself.
   }
@@ -138,38 +138,52 @@ void SmallKvRepresentation::on_all_matched() const noexcept {
 
 void SmallKvRepresentation::append(uint32_t layer, size_t n, const float* k, const float* v,
                                    const int32_t* positions) {
-  const size_t dim = geometry_.head_dim, row = geometry_.kv_elems_per_token();
   Layer& L = layers_[layer];
-  // Reserve everything first so that the copy below cannot fail half-way.
+  // Reserve everything first so that the bookkeeping below cannot fail half-way.
   // Amortized growth (exact-fit reserves would copy every row on every decode step).
   for (Head& h : L.heads) {
     reserve_for_growth(h.full_pos, h.full_pos.size() + n);
-    reserve_for_growth(h.full_k, (h.full_pos.size() + n) * dim);
-    reserve_for_growth(h.full_v, (h.full_pos.size() + n) * dim);
     reserve_for_growth(h.full_score, h.full_pos.size() + n);
   }
   const int32_t lo = *std::min_element(positions, positions + n);
   const int32_t hi = *std::max_element(positions, positions + n);
+  const bool all_heads_matched =
+      std::all_of(L.heads.begin(), L.heads.end(), [](const Head& h) { return h.matched; });
+  std::vector<float> stats;  // the layer's first append: its matching statistics
+  if (!L.started && !all_heads_matched) {
+    stats.assign(size_t(geometry_.n_q_heads) * match_tokens_, 0.0f);
+  }
+  rows_append(layer, n, k, v, positions);  // (the rows' home; nothing counts them yet)
   if (!L.started) {
-    const bool matched =
-        std::all_of(L.heads.begin(), L.heads.end(), [](const Head& h) { return h.matched; });
-    if (!matched) L.match_stats.assign(size_t(geometry_.n_q_heads) * match_tokens_, 0.0f);
+    L.match_stats.swap(stats);
     L.started = true;
     L.first_min = lo;  // a cut at or below it undoes the start (truncate())
   }
   // Only this layer's bytes may change here (the Cache charges this layer's change).
-  if (std::all_of(L.heads.begin(), L.heads.end(), [](const Head& h) { return h.matched; })) {
+  if (all_heads_matched) {
     // The statistics' values are gone: a cut that removes this whole append cannot bring them
     // back (one that keeps part of it leaves an append that frees them too).
     if (!L.match_stats.empty()) L.frozen_through = std::max(L.frozen_through, lo);
     std::vector<float>().swap(L.match_stats);
   }
   L.newest_held = std::max(L.newest_held, hi);
+  for (Head& h : L.heads) {
+    h.full_pos.insert(h.full_pos.end(), positions, positions + n);
+    h.full_score.resize(h.full_pos.size(), 0.0f);
+  }
+}
+
+void SmallKvRepresentation::rows_append(uint32_t layer, size_t n, const float* k, const float* v,
+                                        const int32_t*) {
+  const size_t dim = geometry_.head_dim, row = geometry_.kv_elems_per_token();
+  Layer& L = layers_[layer];
+  for (Head& h : L.heads) {  // (every head's room first: the copy below cannot fail half-way)
+    reserve_for_growth(h.full_k, (h.full_pos.size() + n) * dim);
+    reserve_for_growth(h.full_v, (h.full_pos.size() + n) * dim);
+  }
   for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
     Head& h = L.heads[g];
     const size_t old = h.full_pos.size();
-    h.full_pos.insert(h.full_pos.end(), positions, positions + n);
-    h.full_score.resize(old + n, 0.0f);
     h.full_k.resize((old + n) * dim);
     h.full_v.resize((old + n) * dim);
     for (size_t t = 0; t < n; ++t) {
@@ -177,6 +191,35 @@ void SmallKvRepresentation::append(uint32_t layer, size_t n, const float* k, con
       store_f32(KVSDK_DTYPE_F16, v + t * row + g * dim, dim, h.full_v.data(), (old + t) * dim);
     }
   }
+}
+
+void SmallKvRepresentation::rows_full_keys(uint32_t layer, uint32_t kv_head, size_t count,
+                                           float* out) const {
+  load_f32(KVSDK_DTYPE_F16, layers_[layer].heads[kv_head].full_k.data(), 0,
+           count * geometry_.head_dim, out);
+}
+
+void SmallKvRepresentation::rows_attend_full(uint32_t layer, uint32_t kv_head,
+                                             const backend::QueryRows& q, float* out) const {
+  const Head& H = layers_[layer].heads[kv_head];
+  const backend::F16Rows full{H.full_k.data(), H.full_v.data(), H.full_pos.data(),
+                              H.full_pos.size()};
+  ops().attend_smallkv(q, full, backend::SmallKvMarginal{}, workspace(), out);
+}
+
+void SmallKvRepresentation::rows_add_marginal(uint32_t layer, uint32_t kv_head,
+                                              const backend::QueryRows& q, const float* weights,
+                                              size_t stride, float* out) const {
+  const Head& H = layers_[layer].heads[kv_head];
+  const backend::SmallKvMarginal marginal{H.marg_v.data(), H.marg_pos.data(), H.marg_pos.size(),
+                                          weights, stride};
+  ops().smallkv_add_marginal(q, marginal, workspace(), out);
+}
+
+const SmallKvRepresentation::Head& SmallKvRepresentation::host_head(uint32_t layer,
+                                                                    uint32_t kv_head,
+                                                                    Head&) const {
+  return layers_[layer].heads[kv_head];
 }
 
 void SmallKvRepresentation::accumulate_match_stats(uint32_t layer, uint32_t kv_head,
@@ -197,7 +240,7 @@ void SmallKvRepresentation::accumulate_match_stats(uint32_t layer, uint32_t kv_h
   u.stats.assign(src, src + slice);
   u.has_stats = true;
   std::vector<float> k(m * dim), q, acc(m);
-  load_f32(KVSDK_DTYPE_F16, H.full_k.data(), 0, m * dim, k.data());
+  rows_full_keys(layer, kv_head, m, k.data());
   std::vector<int32_t> qpos;
   for (uint32_t j = 0; j < group; ++j) {
     q.clear();
@@ -362,8 +405,7 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
   // this step on another thread (kvsdk_cache_set_proxy_wait), and the wait for its queries below
   // then overlaps this work instead of preceding it.
   const backend::QueryRows q{q_rows, row_positions, n_rows, dim, geometry_.attn_scale};
-  const backend::F16Rows full{H.full_k.data(), H.full_v.data(), H.full_pos.data(), nf};
-  ops().attend_smallkv(q, full, backend::SmallKvMarginal{}, workspace(), out);
+  rows_attend_full(layer, kv_head, q, out);
   // The matched proxy heads' attention of this step over every held row (Eq. 6 and scores), in
   // reused scratch (one thread per cache).
   float* w = at_least(attend_w_, proxied ? n_rows * n : 0).data();
@@ -384,7 +426,7 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
         }
       }
       float* part = at_least(attend_part_, attend_rows_.size() * n).data();
-      link_->weights(ops(), workspace(), map[j], attend_rpos_.data(), attend_rows_.size(),
+      link_->weights(proxy_ops(), proxy_workspace(), map[j], attend_rpos_.data(), attend_rows_.size(),
                      wanted.data(), n, part);
       for (size_t i = 0; i < attend_rows_.size(); ++i) {
         std::copy_n(part + i * n, n, w + attend_rows_[i] * n);
@@ -394,8 +436,7 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
   // Then the marginal rows weighted by the proxy's probabilities, and the full rows' share
   // rescaled (the same bits as one attend_smallkv with both).
   if (nm > 0) {
-    const backend::SmallKvMarginal marginal{H.marg_v.data(), H.marg_pos.data(), nm, w + nf, n};
-    ops().smallkv_add_marginal(q, marginal, workspace(), out);
+    rows_add_marginal(layer, kv_head, q, w + nf, n, out);
   }
   // Saliency-shift compensation: rows accumulate the proxy's attention of every later step.
   if (proxied) {
@@ -459,7 +500,8 @@ void merged_rows(const std::vector<int32_t>& full_pos, const std::vector<int32_t
 
 void SmallKvRepresentation::read(uint32_t layer, uint32_t kv_head, float* k, float* v,
                                  int32_t* positions) const {
-  const Head& H = layers_[layer].heads[kv_head];
+  Head copy;
+  const Head& H = host_head(layer, kv_head, copy);
   const size_t dim = geometry_.head_dim;
   std::vector<MergedRow> rows;
   merged_rows(H.full_pos, H.marg_pos, rows);
@@ -583,7 +625,6 @@ uint64_t SmallKvRepresentation::plan_shrink(uint64_t bytes, uint32_t append_laye
                                             size_t append_tokens) {
   EvictionPlan& plan = plan_;
   const uint32_t group = geometry_.group_size(), kv = geometry_.n_kv_heads;
-  const size_t dim = geometry_.head_dim;
   const uint64_t before = total_bytes();
   // The budget cannot wait for match_tokens tokens: match every head with what it has seen.
   const int64_t through = link_->matched_through();
@@ -655,7 +696,7 @@ uint64_t SmallKvRepresentation::plan_shrink(uint64_t bytes, uint32_t append_laye
         const int mi = matched_at[size_t(l) * kv + g];
         Head& out = L.spare[g];
         plan.shrunk.push_back({l, g});
-        shrunk_to_cap(h,
+        shrunk_to_cap(host_head(l, g, host_copy_),
                       mi >= 0 ? plan.matched[size_t(mi)].full_score.data() : h.full_score.data(),
                       lo, l == append_layer ? append_tokens : 0, out);
         if (mi >= 0) {
@@ -672,21 +713,36 @@ uint64_t SmallKvRepresentation::plan_shrink(uint64_t bytes, uint32_t append_laye
   if (append_layer < geometry_.n_layers) {
     Layer& L = layers_[append_layer];
     for (uint32_t g = 0; g < kv; ++g) {
-      const bool shrunk =
-          std::any_of(plan.shrunk.begin(), plan.shrunk.end(), [&](const ShrunkHead& sh) {
-            return sh.layer == append_layer && sh.kv_head == g;
-          });
-      if (shrunk) continue;
+      if (shrunk_in_plan(append_layer, g)) continue;
       Head& h = L.heads[g];
       const size_t n = h.full_pos.size() + append_tokens;
       reserve_for_growth(h.full_pos, n);
-      reserve_for_growth(h.full_k, n * dim);
-      reserve_for_growth(h.full_v, n * dim);
       reserve_for_growth(h.full_score, n);
     }
   }
+  if (!rows_in_heads()) host_copy_ = Head();  // (the copies' memory goes)
+  rows_plan(append_layer, append_tokens);
   plan.active = true;
   return before - after;
+}
+
+bool SmallKvRepresentation::shrunk_in_plan(uint32_t layer, uint32_t kv_head) const {
+  return std::any_of(plan_.shrunk.begin(), plan_.shrunk.end(), [&](const ShrunkHead& sh) {
+    return sh.layer == layer && sh.kv_head == kv_head;
+  });
+}
+
+void SmallKvRepresentation::rows_plan(uint32_t append_layer, size_t append_tokens) {
+  if (append_layer >= geometry_.n_layers) return;
+  const size_t dim = geometry_.head_dim;
+  Layer& L = layers_[append_layer];
+  for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
+    if (shrunk_in_plan(append_layer, g)) continue;  // (shrunk_to_cap gave it the room)
+    Head& h = L.heads[g];
+    const size_t n = h.full_pos.size() + append_tokens;
+    reserve_for_growth(h.full_k, n * dim);
+    reserve_for_growth(h.full_v, n * dim);
+  }
 }
 
 void SmallKvRepresentation::commit_eviction() noexcept {
@@ -706,6 +762,7 @@ void SmallKvRepresentation::commit_eviction() noexcept {
     Layer& L = layers_[sh.layer];
     std::swap(L.heads[sh.kv_head], L.spare[sh.kv_head]);
   }
+  rows_commit();
   // Which rows stayed (and every head's matching) depended on every row of every layer (the
   // Cache records the same floor for its own check).
   for (Layer& L : layers_) L.frozen_through = std::max(L.frozen_through, L.newest_held);
@@ -714,6 +771,7 @@ void SmallKvRepresentation::commit_eviction() noexcept {
 }
 
 void SmallKvRepresentation::drop_eviction() noexcept {
+  if (plan_.active) rows_drop();
   plan_.matched.clear();
   plan_.shrunk.clear();  // (plain indices: the capacity stays)
   plan_.active = false;
@@ -798,9 +856,10 @@ void SmallKvRepresentation::truncate(uint32_t layer, int32_t position) noexcept 
     }
   };
   int32_t newest = -1;
+  const bool here = rows_in_heads();  // (elsewhere, rows_truncated() follows the counts)
   for (Head& h : L.heads) {
-    compact(h.full_pos, h.full_score, &h.full_k, &h.full_v);
-    compact(h.marg_pos, h.marg_score, &h.marg_v, nullptr);
+    compact(h.full_pos, h.full_score, here ? &h.full_k : nullptr, here ? &h.full_v : nullptr);
+    compact(h.marg_pos, h.marg_score, here ? &h.marg_v : nullptr, nullptr);
     for (int32_t p : h.full_pos) newest = std::max(newest, p);
     for (int32_t p : h.marg_pos) newest = std::max(newest, p);
   }
@@ -812,6 +871,7 @@ void SmallKvRepresentation::truncate(uint32_t layer, int32_t position) noexcept 
     L.first_min = kNotStarted;
     std::vector<float>().swap(L.match_stats);  // (freeing only)
   }
+  rows_truncated(layer);
 }
 
 std::vector<TierRecord> SmallKvRepresentation::save(uint32_t layer) const {
@@ -823,8 +883,9 @@ std::vector<TierRecord> SmallKvRepresentation::save(uint32_t layer) const {
   lr.set_scalar("started", L.started ? 1 : 0);
   lr.add("mapping").u32 = L.mapping;
   lr.add("match_stats").f32 = L.match_stats;
+  Head copy;
   for (uint32_t g = 0; g < geometry_.n_kv_heads; ++g) {
-    const Head& h = L.heads[g];
+    const Head& h = host_head(layer, g, copy);
     TierRecord& r = out[g + 1];
     r.layer = layer;
     r.kv_head = g;
@@ -925,6 +986,7 @@ void SmallKvRepresentation::restore(uint32_t layer, const std::vector<TierRecord
   // Cache's restored floor says too).
   L.frozen_through = L.newest_held;
   L.first_min = L.started ? kUnknown : kNotStarted;
+  rows_restore(layer, L.heads);
   layers_[layer] = std::move(L);
 }
 

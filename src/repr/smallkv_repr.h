@@ -29,6 +29,9 @@
 //  - Failures change nothing: an eviction (matching included) is planned aside and committed by
 //    the Cache only once the call's bytes are reserved; attend() inside an attend transaction
 //    stages its importance updates per KV head and commit_attend() applies them together.
+//  - Where the f16 rows live is this class's one seam (the rows_* hooks below): here in each
+//    Head's vectors; a device store (src/repr/device_smallkv.h) overrides the hooks to keep them
+//    in its arena and leaves everything else (matching, scores, selection, records) to this code.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +47,7 @@ namespace kvsdk {
 
 class Cache;
 
-class SmallKvRepresentation final : public Representation {
+class SmallKvRepresentation : public Representation {
  public:
   SmallKvRepresentation(const Geometry& geometry, const kvsdk_policy& policy);
   ~SmallKvRepresentation() override;
@@ -96,7 +99,7 @@ class SmallKvRepresentation final : public Representation {
     return layers_[layer].heads[kv_head].marg_pos.size();
   }
 
- private:
+ protected:
   struct Head {
     std::vector<int32_t> full_pos;     // critical + recent rows, position order
     std::vector<uint16_t> full_k, full_v;  // f16 [n_full][head_dim]
@@ -164,6 +167,51 @@ class SmallKvRepresentation final : public Representation {
     std::vector<ShrunkHead> shrunk;
   };
 
+  // --- The seam: where the heads' f16 rows live --------------------------------------------------
+  // Here the rows (full_k, full_v, marg_v) sit in each Head's vectors. A store that keeps them
+  // elsewhere overrides every hook, and then Head's row vectors are empty except in a host copy
+  // (host_head()) or while an eviction or a restore hands it new contents.
+  //
+  // The layer's heads as they are (the counts: full_pos and marg_pos) and their bookkeeping.
+  const Layer& layer_state(uint32_t layer) const { return layers_[layer]; }
+  Layer& layer_state(uint32_t layer) { return layers_[layer]; }
+  // Whether the rows are in the heads' vectors (true here).
+  virtual bool rows_in_heads() const { return true; }
+  // Writes `n` appended rows of every head of `layer` (k, v [n][n_kv_heads][head_dim] f32; the
+  // positions) after each head's full rows, before the bookkeeping counts them: on a throw the
+  // heads are as before.
+  virtual void rows_append(uint32_t layer, size_t n, const float* k, const float* v,
+                           const int32_t* positions);
+  // The first `count` full keys of a head, as f32 (Eq. 1 of the matching).
+  virtual void rows_full_keys(uint32_t layer, uint32_t kv_head, size_t count, float* out) const;
+  // Eq. 6's halves (the backend's attend_smallkv over the full rows; smallkv_add_marginal with
+  // the proxy's probabilities of the marginal rows, weights row r at weights + r * stride).
+  virtual void rows_attend_full(uint32_t layer, uint32_t kv_head, const backend::QueryRows& q,
+                                float* out) const;
+  virtual void rows_add_marginal(uint32_t layer, uint32_t kv_head, const backend::QueryRows& q,
+                                 const float* weights, size_t stride, float* out) const;
+  // The head with its row vectors filled: the head itself here; elsewhere a copy into `scratch`.
+  virtual const Head& host_head(uint32_t layer, uint32_t kv_head, Head& scratch) const;
+  // An eviction was planned (plan_: the shrunk heads' new contents in their layers' spare
+  // heads): make room now for them and for `append_tokens` more full rows in every head of
+  // `append_layer` (kNoAppend: none), so that neither the commit nor that append lacks room.
+  virtual void rows_plan(uint32_t append_layer, size_t append_tokens);
+  // The planned eviction was committed: the shrunk heads (now in `heads`) hold their new rows.
+  virtual void rows_commit() noexcept {}
+  // The eviction planned was dropped (rows_plan's room may go).
+  virtual void rows_drop() noexcept {}
+  // A restore's heads of `layer` (their vectors filled), before they replace the layer's.
+  virtual void rows_restore(uint32_t layer, std::vector<Head>& heads) { (void)layer, (void)heads; }
+  // truncate() cut the layer's heads to the rows before a position (their counts say how many).
+  virtual void rows_truncated(uint32_t layer) noexcept { (void)layer; }
+  // The host table (and its working memory) that computes the proxy's probabilities over the
+  // proxy's rows, which are on the host: ops() here.
+  virtual const backend::Ops& proxy_ops() const { return ops(); }
+  virtual backend::Workspace& proxy_workspace() const { return workspace(); }
+  const EvictionPlan& eviction_plan() const { return plan_; }
+  Cache* linked_proxy() const { return link_->proxy(); }
+
+ private:
   uint64_t full_row_bytes() const;      // K + V + position + score
   uint64_t marginal_row_bytes() const;  // V + position + score
   uint64_t head_bytes(const Head& h) const;
@@ -195,6 +243,7 @@ class SmallKvRepresentation final : public Representation {
                      Head& out);
   // plan_eviction() once the proxy is checked (it drops what this planned if this throws).
   uint64_t plan_shrink(uint64_t bytes, uint32_t append_layer, size_t append_tokens);
+  bool shrunk_in_plan(uint32_t layer, uint32_t kv_head) const;
 
   uint32_t match_tokens_;
   // Attention is where SmallKV observes both models, so matching and scores change in attend().
@@ -215,6 +264,7 @@ class SmallKvRepresentation final : public Representation {
     uint32_t index;
   };
   std::vector<int> matched_at_;
+  Head host_copy_;  // a head's rows on the host while plan_eviction() shrinks it (rows elsewhere)
   std::vector<MergedRow> evict_rows_;
   std::vector<float> evict_scores_;
   std::vector<uint8_t> evict_has_key_;

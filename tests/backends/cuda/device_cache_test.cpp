@@ -546,7 +546,7 @@ TEST(DeviceCacheScoring, KeysStayOnTheDevice) {
 TEST(DeviceCacheRefusals, UnsupportedCallsSayWhy) {
   const kvsdk_geometry g = kvsdk_test::make_geometry(2, 4, 2, 64);
   CUDA_CONTEXT_OR_SKIP(gpu, 4u << 20);
-  for (const char* spec : {"minicache", "minicache+kivi4", "spindlekv", "smallkv"}) {
+  for (const char* spec : {"minicache", "minicache+kivi4", "spindlekv"}) {
     kvsdk_policy p;
     ASSERT_EQ(kvsdk_policy_parse(&p, spec), KVSDK_OK);
     kvsdk_cache* c = nullptr;
