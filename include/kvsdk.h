@@ -235,9 +235,10 @@ KVSDK_API kvsdk_status (kvsdk_context_options_init)(kvsdk_context_options *optio
  *  memory or a file as on the CPU; a prefetch scores and selects on the GPU, with the reference
  *  CPU backend's bits, so it fetches the same tokens) or smallkv (its full and value-only rows
  *  in the arena; the proxy cache, on any backend, is linked as on the CPU; the proxy's
- *  probabilities are computed on the host with the reference CPU backend's bits, so the rows'
- *  scores and evictions are a reference cache's; an eviction rebuilds the heads it shrinks on a
- *  host copy, which kvsdk_policy.evict_slack makes rare), with head_dim 64, 128 or 256;
+ *  probabilities are computed with the reference CPU backend's bits where the proxy's rows are
+ *  (on the GPU for a CUDA proxy), so the rows' scores and evictions are a reference cache's; an
+ *  eviction rebuilds the heads it shrinks on a host copy, which kvsdk_policy.evict_slack makes
+ *  rare), with head_dim 64, 128 or 256;
  *  kvsdk_cache_create refuses the rest with KVSDK_E_UNSUPPORTED
  *  (docs/gpu.md lists what runs on CUDA). Each cache (forks and conversations on a shared
  *  prefix included) holds a region of the arena; a region that must grow moves the others on

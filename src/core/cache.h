@@ -52,6 +52,12 @@ class Cache final : public StoreView {
   // The exact rows of one head (empty for layers another store holds); snapshots write them.
   const ExactStore& exact_rows(uint32_t layer, uint32_t kv_head) const override;
   std::vector<int32_t> row_positions(uint32_t layer, uint32_t kv_head) const override;
+  // The exact rows of one head where a device store keeps them (Representation::device_rows);
+  // false when they are on the host or in another store.
+  bool device_rows(uint32_t layer, uint32_t kv_head, backend::F16Rows& rows,
+                   const int32_t*& host_positions) const {
+    return !covered(layer) && rows_->device_rows(layer, kv_head, rows, host_positions);
+  }
   uint64_t context_budget() const override { return ctx_->budget(); }
   // Frees the host copies of device-resident rows that a snapshot staged (exact_rows()).
   void release_host_staging() const noexcept {

@@ -215,6 +215,13 @@ class Representation {
   // Frees host copies that exact_rows() made of rows kept elsewhere (a device store stages them
   // for a snapshot); the snapshot calls end with it. Host stores have none.
   virtual void release_host_staging() const noexcept {}
+  // A device store's exact f16 rows of one head where they are (`rows`: backend memory) with
+  // their positions' host mirror, for kernels that read them in place (SmallKV's proxy); false
+  // for host stores and stores without plain f16 rows. Valid until the store changes.
+  virtual bool device_rows(uint32_t /*layer*/, uint32_t /*kv_head*/, backend::F16Rows& /*rows*/,
+                           const int32_t*& /*host_positions*/) const {
+    return false;
+  }
 
   // --- Truncation (Cache::truncate, kvsdk_cache_truncate): removing every row of `layer` whose
   // position is >= `position`, so that the store holds exactly what it would hold had those rows

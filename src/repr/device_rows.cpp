@@ -296,6 +296,17 @@ void DeviceRows::stage_head(uint32_t layer, uint32_t kv_head, ExactStore& into) 
   device_.to_host(into.v.data(), slice(layer, kv_head, kValues), elems * sizeof(uint16_t));
 }
 
+bool DeviceRows::device_rows(uint32_t layer, uint32_t kv_head, backend::F16Rows& rows,
+                             const int32_t*& host_positions) const {
+  check_usable();
+  const std::vector<int32_t>& p = positions_[layer][kv_head];
+  rows = {reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kKeys)),
+          reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kValues)),
+          reinterpret_cast<const int32_t*>(slice(layer, kv_head, kPositions)), p.size()};
+  host_positions = p.data();
+  return true;
+}
+
 const ExactStore* DeviceRows::exact_rows(uint32_t layer, uint32_t kv_head) const {
   std::lock_guard<std::mutex> lock(staged_lock_);
   ExactStore& s = staged_[layer][kv_head];

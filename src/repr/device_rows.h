@@ -95,6 +95,8 @@ class DeviceRows final : public Representation, private ArenaOwner {
   // release_host_staging() or a change of the store, so a save holds at most one host copy of
   // the rows while it runs.
   const ExactStore* exact_rows(uint32_t layer, uint32_t kv_head) const override;
+  bool device_rows(uint32_t layer, uint32_t kv_head, backend::F16Rows& rows,
+                   const int32_t*& host_positions) const override;
   void release_host_staging() const noexcept override;
   void restore_exact(uint32_t layer, std::vector<ExactStore> heads) override;
   std::vector<TierRecord> save(uint32_t) const override { return {}; }

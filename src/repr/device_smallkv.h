@@ -8,9 +8,10 @@
 //
 // What runs where:
 //  - Attention (Eq. 6): the backend's attend_smallkv over the full rows and smallkv_add_marginal
-//    over the marginal rows, on the device; the proxy's probabilities of the step (computed on
-//    the host over the proxy cache's rows, by the reference table: the bits of the CUDA table's
-//    smallkv_softmax) go up, one float per marginal row and query row.
+//    over the marginal rows, on the device; the proxy's probabilities of the step go up, one
+//    float per marginal row and query row. The proxy link computes them where the proxy cache's
+//    rows are (src/repr/smallkv_proxy.h): a CUDA proxy's on the device, a CPU proxy's on the
+//    host by the reference table (proxy_ops()); both the reference's bits.
 //  - Appends: converted to f16 on the host (the host store's rounding) and copied in.
 //  - An eviction copies the heads it shrinks to the host, selects and rebuilds them there with
 //    the host store's code, and copies the kept rows back at the commit; the arena is re-laid
@@ -65,8 +66,8 @@ class DeviceSmallKv final : public SmallKvRepresentation, private ArenaOwner {
   void rows_commit() noexcept override;
   void rows_drop() noexcept override { planned_ = false; }
   void rows_restore(uint32_t layer, std::vector<Head>& heads) override;
-  // The proxy's rows are on the host (a device proxy's are staged there): the reference table
-  // computes their probabilities, in this store's host workspace.
+  // A proxy on the host: the reference table computes its probabilities (the bits of the CUDA
+  // table's smallkv_softmax, which a device proxy's run), in this store's host workspace.
   const backend::Ops& proxy_ops() const override;
   backend::Workspace& proxy_workspace() const override;
 

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/cache.h"
+#include "repr/device_queries.h"
 #include "smallkv.h"
 #include "util/dtype.h"
 #include "util/error.h"
@@ -23,8 +24,23 @@ struct SmallKvTapHandle {
     link->latest_.clear();
     link->probs_.clear();
     link->newest_.clear();
+    link->large_side_.reset();
+    link->proxy_side_.reset();
   }
 };
+
+// The device buffers of softmax() on one thread: the queries and positions going up, the
+// probabilities coming down, and a workspace of the proxy context's table.
+struct SmallKvProxyLink::DeviceSoftmax {
+  explicit DeviceSoftmax(const backend::Ops& device)
+      : ws(device), queries(device), probs(device) {}
+  backend::WorkspaceHandle ws;
+  DeviceQueries queries;
+  DeviceScratch probs;
+};
+
+SmallKvProxyLink::SmallKvProxyLink(uint32_t match_tokens) : match_tokens_(match_tokens) {}
+SmallKvProxyLink::~SmallKvProxyLink() = default;
 
 namespace {
 
@@ -65,6 +81,8 @@ void SmallKvProxyLink::attach(const std::shared_ptr<SmallKvProxyLink>& self, Cac
 void SmallKvProxyLink::detach() noexcept {
   if (proxy_) proxy_->set_attention_tap({});  // the handle's destructor clears proxy_
   proxy_ = nullptr;
+  large_side_.reset();
+  proxy_side_.reset();
   read_ops_ = nullptr;
   latest_.clear();
   probs_.clear();
@@ -151,16 +169,17 @@ void SmallKvProxyLink::on_proxy_queries(uint32_t layer, uint32_t n_kv_heads,
     latest[kv_head].positions.assign(row_positions, row_positions + n_rows);
     if (dropped) continue;
     // Eq. 1 over the first match_tokens rows, for the queries among those tokens.
-    const ExactStore& s = proxy_->exact_rows(layer, kv_head);
-    const size_t m = std::min<size_t>(s.size(), match_tokens_);
+    const ProxyRows held = rows_of(layer, kv_head);
+    const size_t m = std::min<size_t>(held.n, match_tokens_);
     if (m == 0) continue;
-    const int32_t limit = s.size() >= match_tokens_ ? s.positions[match_tokens_ - 1]
-                                                    : std::numeric_limits<int32_t>::max();
+    const int32_t limit = held.n >= match_tokens_ ? held.positions[match_tokens_ - 1]
+                                                  : std::numeric_limits<int32_t>::max();
     // Once the queries are past the matched tokens (every decode step after matching), Eq. 1 has
-    // nothing to add: return before touching any buffer.
+    // nothing to add: return before touching any buffer (or copying a device proxy's keys out).
     bool any = false;
     for (size_t r = 0; r < n_rows && !any; ++r) any = row_positions[r] <= limit;
     if (!any) continue;
+    const ExactStore& s = proxy_->exact_rows(layer, kv_head);  // (a device proxy's: staged)
     std::vector<float>& k = match_keys_;
     std::vector<float> q;
     std::vector<int32_t> qpos;
@@ -257,15 +276,15 @@ bool SmallKvProxyLink::precompute_probs(uint32_t layer, uint32_t n_kv_heads, con
         any = any || proxy_read_heads_[size_t(layer) * g.n_q_heads + h0 + j];
       }
       if (!any) continue;
-      const ExactStore& st = proxy_->exact_rows(layer, kv_head);
-      const size_t n = st.size();
+      const ProxyRows st = rows_of(layer, kv_head);
+      const size_t n = st.n;
       // Every query row of the KV head in one call, so its keys are read (and converted) once:
       // each row's probabilities are those of a call for that row alone (smallkv_softmax's
       // contract), i.e. weights()' own bits. Rows no large head reads are computed and dropped.
       std::vector<float>& all = at_least(proxy_probs_, size_t(group) * n);
       const backend::QueryRows qr{q_rows + size_t(kv_head) * n_rows * dim, row_positions, group,
                                   dim, g.attn_scale};
-      ops->smallkv_softmax(qr, st.k.data(), st.positions.data(), n, proxy_ws_.get(), all.data());
+      softmax(*ops, proxy_ws_.get(), proxy_side_, st, qr, all.data());
       for (uint32_t j = 0; j < group; ++j) {
         if (!proxy_read_heads_[size_t(layer) * g.n_q_heads + h0 + j]) continue;
         StepProbs& sp = staged_probs_[h0 + j];
@@ -287,8 +306,8 @@ void SmallKvProxyLink::match_scores(uint32_t head, const int32_t* positions, siz
   std::lock_guard<std::mutex> lock(mu_);
   const Geometry& g = proxy_->geometry();
   const uint32_t layer = head / g.n_q_heads, kv_head = (head % g.n_q_heads) / g.group_size();
-  const ExactStore& s = proxy_->exact_rows(layer, kv_head);
-  const size_t m = std::min<size_t>(s.size(), match_tokens_);
+  const ProxyRows s = rows_of(layer, kv_head);
+  const size_t m = std::min<size_t>(s.n, match_tokens_);
   for (size_t i = 0; i < n; ++i) {
     out[i] = 0.0f;
     if (match_stats_.empty()) continue;
@@ -359,18 +378,18 @@ void SmallKvProxyLink::weights(const backend::Ops& ops, backend::Workspace& ws, 
   // First the queries (waiting for the proxy's thread, if it runs on one): only once they are
   // published has the proxy finished appending this step's rows to the layer read below.
   await_queries(head, row_positions, n_rows);
-  const ExactStore& s = proxy_->exact_rows(layer, kv_head);
-  const size_t n = s.size();
+  const ProxyRows s = rows_of(layer, kv_head);
+  const size_t n = s.n;
   // Each wanted position's proxy row. A 'full' proxy that appended one token per position from
   // some start holds position p at row p - start; otherwise binary search over its rows in
   // position order.
   row_of_.resize(n_wanted);
   const bool consecutive =
-      n > 0 && int64_t(s.positions.back()) - s.positions.front() == int64_t(n) - 1 &&
-      std::adjacent_find(s.positions.begin(), s.positions.end(),
-                         [](int32_t a, int32_t b) { return b <= a; }) == s.positions.end();
+      n > 0 && int64_t(s.positions[n - 1]) - s.positions[0] == int64_t(n) - 1 &&
+      std::adjacent_find(s.positions, s.positions + n,
+                         [](int32_t a, int32_t b) { return b <= a; }) == s.positions + n;
   if (consecutive) {
-    const int64_t first = s.positions.front();
+    const int64_t first = s.positions[0];
     for (size_t i = 0; i < n_wanted; ++i) {
       const int64_t row = int64_t(wanted[i]) - first;
       row_of_[i] = row >= 0 && row < int64_t(n) ? row : -1;
@@ -396,7 +415,7 @@ void SmallKvProxyLink::weights(const backend::Ops& ops, backend::Workspace& ws, 
       reserve_for_growth(sp.p, n);
       sp.p.resize(n);
       const backend::QueryRows qr{q, row_positions + r, 1, g.head_dim, g.attn_scale};
-      ops.smallkv_softmax(qr, s.k.data(), s.positions.data(), n, ws, sp.p.data());
+      softmax(ops, ws, large_side_, s, qr, sp.p.data());
       sp.valid = true;
       sp.position = row_positions[r];
       sp.n = n;
@@ -404,6 +423,38 @@ void SmallKvProxyLink::weights(const backend::Ops& ops, backend::Workspace& ws, 
     float* o = out + r * n_wanted;
     for (size_t i = 0; i < n_wanted; ++i) o[i] = row_of_[i] < 0 ? 0.0f : sp.p[size_t(row_of_[i])];
   }
+}
+
+}  // namespace kvsdk
+
+namespace kvsdk {
+
+SmallKvProxyLink::ProxyRows SmallKvProxyLink::rows_of(uint32_t layer, uint32_t kv_head) const {
+  ProxyRows r;
+  if (proxy_->device_rows(layer, kv_head, r.device, r.positions)) {
+    r.n = r.device.n_tokens;
+    r.on_device = true;
+    return r;
+  }
+  const ExactStore& s = proxy_->exact_rows(layer, kv_head);
+  r.positions = s.positions.data();
+  r.n = s.size();
+  r.k = s.k.data();
+  return r;
+}
+
+void SmallKvProxyLink::softmax(const backend::Ops& ops, backend::Workspace& ws,
+                               std::unique_ptr<DeviceSoftmax>& side, const ProxyRows& rows,
+                               const backend::QueryRows& qr, float* out) const {
+  if (!rows.on_device) return ops.smallkv_softmax(qr, rows.k, rows.positions, rows.n, ws, out);
+  const Context& ctx = proxy_->context();
+  const Context::DeviceScope on_device(ctx);
+  if (!side) side = std::make_unique<DeviceSoftmax>(ctx.ops());
+  const backend::QueryRows qd = side->queries.to_device(qr);
+  const size_t bytes = qr.n_rows * rows.n * sizeof(float);
+  float* const p = static_cast<float*>(side->probs.at_least(std::max<size_t>(bytes, 1)));
+  ctx.ops().smallkv_softmax(qd, rows.device.k, rows.device.positions, rows.n, side->ws.get(), p);
+  if (bytes) ctx.ops().to_host(out, p, bytes);
 }
 
 }  // namespace kvsdk

@@ -6,6 +6,11 @@
 //  - Eq. 1 of every proxy head over the first match_tokens tokens (for the head matching, Eq. 2/3).
 // Proxy heads are numbered across layers: layer * n_q_heads + head.
 //
+// A proxy cache on a device (its rows in a device arena, Cache::device_rows): the probabilities
+// are computed there by the proxy context's own smallkv_softmax (the reference's bits), the
+// query rows going up and one float per proxy row coming back; only Eq. 1's statistics, while
+// some large head is not matched, read the proxy's first rows through a host copy.
+//
 // Lifetime: the representation owns the link through a shared_ptr; the tap installed on the proxy
 // holds a handle whose destructor clears the link's proxy pointer, so destroying the proxy cache
 // (or replacing its tap) detaches it, and the representation removes its tap when it dies.
@@ -46,7 +51,8 @@ class Cache;
 
 class SmallKvProxyLink {
  public:
-  explicit SmallKvProxyLink(uint32_t match_tokens) : match_tokens_(match_tokens) {}
+  explicit SmallKvProxyLink(uint32_t match_tokens);
+  ~SmallKvProxyLink();
 
   // Installs the tap on `proxy` (which must be a 'full' cache without a tap; checked by the
   // caller) and resets the per-proxy state. `self` is the shared_ptr that owns this link. On
@@ -125,6 +131,29 @@ class SmallKvProxyLink {
   // into staged_probs_ (false: none computed, e.g. a prefill chunk or no wait set).
   bool precompute_probs(uint32_t layer, uint32_t n_kv_heads, const float* q_rows,
                         const int32_t* row_positions, size_t n_rows);
+
+  // One proxy KV head's rows as the softmax reads them: the positions on the host, the keys on
+  // the host (k) or, for a proxy cache on a device, where its store keeps them (device: the
+  // backend memory of the proxy's context; nothing is copied out).
+  struct ProxyRows {
+    const int32_t* positions = nullptr;
+    size_t n = 0;
+    const uint16_t* k = nullptr;
+    bool on_device = false;
+    backend::F16Rows device;
+  };
+  ProxyRows rows_of(uint32_t layer, uint32_t kv_head) const;
+  // The softmax of `qr` (host rows) over `rows` into out [qr.n_rows][rows.n] (host): by `ops` in
+  // `ws` for host rows; on the device with the proxy context's own table for device rows (the
+  // reference's bits there: the CUDA table's smallkv_softmax), only the probabilities coming
+  // back. `side`: the calling thread's device buffers (made on first use).
+  struct DeviceSoftmax;
+  void softmax(const backend::Ops& ops, backend::Workspace& ws,
+               std::unique_ptr<DeviceSoftmax>& side, const ProxyRows& rows,
+               const backend::QueryRows& qr, float* out) const;
+  // The device buffers of the large cache's thread (weights()) and of the proxy's
+  // (precompute_probs()), released with the proxy.
+  mutable std::unique_ptr<DeviceSoftmax> large_side_, proxy_side_;
 
   // set_read_heads(): written by the large cache's thread under mu_, read by the proxy's.
   const backend::Ops* read_ops_ = nullptr;
