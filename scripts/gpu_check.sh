@@ -2,7 +2,8 @@
 # Runs, in one go on a machine with an NVIDIA GPU, everything the CUDA backend (issue 7) still
 # needs measured: builds the 'cuda' preset (with benchmarks), runs the whole test suite (the CUDA
 # tests no longer skip: every kernel against the CPU reference, and whole caches of every policy
-# that runs on CUDA (full, the eviction presets and their +kiviN overlays, kivi, specache) on a CUDA context
+# that runs on CUDA (full, the eviction presets and their +kiviN overlays, kivi, specache, smallkv
+# with its proxy on the CPU or on the GPU) on a CUDA context
 # through the C API against the CPU reference backend, snapshots resumed across the two backends
 # both ways), runs
 # the CUDA benchmarks (kernels, and a 'full' and a 'kivi' cache's decode step through the C API),

@@ -426,8 +426,8 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
         }
       }
       float* part = at_least(attend_part_, attend_rows_.size() * n).data();
-      link_->weights(proxy_ops(), proxy_workspace(), map[j], attend_rpos_.data(), attend_rows_.size(),
-                     wanted.data(), n, part);
+      link_->weights(proxy_ops(), proxy_workspace(), map[j], attend_rpos_.data(),
+                     attend_rows_.size(), wanted.data(), n, part);
       for (size_t i = 0; i < attend_rows_.size(); ++i) {
         std::copy_n(part + i * n, n, w + attend_rows_[i] * n);
       }

@@ -216,10 +216,11 @@ void BM_ColumnSums(benchmark::State& state) {
   }
 }
 
-// One decode step of a cache of policy `spec` ("full", "kivi", "specache") through the C API, on
-// `backend`
-// (wall clock: every call is synchronous). The cache holds `tokens` tokens of one layer before
-// the timed steps.
+// One decode step of a cache of policy `spec` ("full", "kivi", "specache", "smallkv") through the
+// C API, on `backend` (wall clock: every call is synchronous). The cache holds `tokens` tokens of
+// one layer before the timed steps. 'smallkv' runs with its proxy (a 'full' cache of 4 query
+// heads over 1 KV head on the same context, stepped first) under a cache budget of half the
+// tokens' full rows, so that its heads hold marginal rows (Eq. 6) and evict as the steps go.
 std::map<std::pair<std::string, size_t>, double> g_cpu_step_s;   // (spec, tokens) -> s per step
 std::map<size_t, double> g_full_cuda_step_s;                      // tokens -> s per step, 'full'
 void BM_CacheDecodeStep(benchmark::State& state, kvsdk_backend backend, const char* spec) {
@@ -245,13 +246,43 @@ void BM_CacheDecodeStep(benchmark::State& state, kvsdk_backend backend, const ch
     kvsdk_context_destroy(ctx);
     return state.SkipWithError(kvsdk_last_error());
   }
-  std::vector<float> kv(4096 * row, 0.25f), q(kQHeads * kDim, 0.5f), out(q.size());
+  const bool smallkv = std::string(spec) == "smallkv";
+  kvsdk_geometry pg = g;
+  pg.n_q_heads = 4, pg.n_kv_heads = 1;
+  kvsdk_cache* proxy = nullptr;
+  if (smallkv) {
+    if (kvsdk_cache_create(&proxy, ctx, &pg, nullptr) != KVSDK_OK ||
+        kvsdk_cache_set_proxy(cache, proxy) != KVSDK_OK ||
+        kvsdk_cache_set_budget(cache, uint64_t(tokens) * kKvHeads * (kDim * 4 + 8) / 2) !=
+            KVSDK_OK) {
+      state.SkipWithError(kvsdk_last_error());
+      kvsdk_cache_destroy(cache);
+      kvsdk_cache_destroy(proxy);
+      kvsdk_context_destroy(ctx);
+      return;
+    }
+  }
+  // Every call's status: the first failure ends the benchmark with its message.
+  std::string error;
+  const auto check = [&](kvsdk_status st) {
+    if (st != KVSDK_OK && error.empty()) error = kvsdk_last_error();
+  };
+  // (Varied rows, so that the proxy's attention and the large cache's selection see differences.)
+  std::vector<float> kv(4096 * row), q(kQHeads * kDim, 0.5f), out(q.size());
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = 0.25f + 0.001f * float(i % 977);
+  std::vector<float> pq(pg.n_q_heads * kDim, 0.5f), pout(pq.size());
   std::vector<int32_t> pos(4096);
   int32_t next = 0;
   for (size_t done = 0; done < tokens;) {
-    const size_t n = std::min<size_t>(4096, tokens - done);
+    // (SmallKV evicts as it prefills, and one append must fit its budget: 64-token chunks.)
+    const size_t n = std::min<size_t>(smallkv ? 64 : 4096, tokens - done);
     for (size_t i = 0; i < n; ++i) pos[i] = next++;
-    kvsdk_cache_append(cache, 0, n, kv.data(), kv.data(), pos.data(), n * row * sizeof(float));
+    if (proxy) {
+      check(kvsdk_cache_append(proxy, 0, n, kv.data(), kv.data(), pos.data(),
+                               n * kDim * sizeof(float)));
+    }
+    check(kvsdk_cache_append(cache, 0, n, kv.data(), kv.data(), pos.data(),
+                             n * row * sizeof(float)));
     done += n;
   }
   // SpeCache's step (§3.3): the output token and the speculative one attended in one call, then
@@ -260,19 +291,28 @@ void BM_CacheDecodeStep(benchmark::State& state, kvsdk_backend backend, const ch
   std::vector<float> q2(2 * q.size(), 0.5f), out2(q2.size());
   const auto step = [&] {
     const int32_t p = next++;
-    kvsdk_cache_append(cache, 0, 1, kv.data(), kv.data(), &p, row * sizeof(float));
+    if (proxy) {  // SmallKV's proxy model runs the token first (its attention weights Eq. 6)
+      check(kvsdk_cache_append(proxy, 0, 1, kv.data(), kv.data(), &p, kDim * sizeof(float)));
+      check(kvsdk_cache_attend(proxy, 0, 1, pq.data(), &p, pq.size() * sizeof(float),
+                               pout.data(), pout.size() * sizeof(float)));
+    }
+    check(kvsdk_cache_append(cache, 0, 1, kv.data(), kv.data(), &p, row * sizeof(float)));
     if (!specache) {
-      kvsdk_cache_attend(cache, 0, 1, q.data(), &p, q.size() * sizeof(float), out.data(),
-                         out.size() * sizeof(float));
+      check(kvsdk_cache_attend(cache, 0, 1, q.data(), &p, q.size() * sizeof(float), out.data(),
+                               out.size() * sizeof(float)));
       return;
     }
     const int32_t both[2] = {p, p + 1};
-    kvsdk_cache_attend(cache, 0, 2, q2.data(), both, q2.size() * sizeof(float), out2.data(),
-                       out2.size() * sizeof(float));
-    kvsdk_cache_prefetch(cache, 0, 1, q.data(), &both[1], q.size() * sizeof(float));
+    check(kvsdk_cache_attend(cache, 0, 2, q2.data(), both, q2.size() * sizeof(float),
+                             out2.data(), out2.size() * sizeof(float)));
+    check(kvsdk_cache_prefetch(cache, 0, 1, q.data(), &both[1], q.size() * sizeof(float)));
   };
   step();  // warm-up: scratch grows once
   for (auto _ : state) {
+    if (!error.empty()) {
+      state.SkipWithError(error.c_str());
+      break;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t i = 0; i < steps; ++i) step();
     const double s =
@@ -293,7 +333,9 @@ void BM_CacheDecodeStep(benchmark::State& state, kvsdk_backend backend, const ch
       }
     }
   }
+  if (!error.empty() && !state.error_occurred()) state.SkipWithError(error.c_str());
   kvsdk_cache_destroy(cache);
+  kvsdk_cache_destroy(proxy);
   kvsdk_context_destroy(ctx);
 }
 
@@ -337,10 +379,10 @@ int main(int argc, char** argv) {
       ->ArgsProduct({{4096, 32768}, {4, 128}})->UseManualTime()->Unit(benchmark::kMicrosecond)
       ->Iterations(5);
   for (int64_t tokens : {4096, 32768}) {
-    // The CPU first: the CUDA run reports its speed-up over it; 'full' before 'kivi' (KIVI-2)
-    // and 'specache' (its decode step: two queries attended, a prefetch), which report their
-    // time against full's on the device.
-    for (const char* spec : {"full", "kivi", "specache"}) {
+    // The CPU first: the CUDA run reports its speed-up over it; 'full' before 'kivi' (KIVI-2),
+    // 'specache' (its decode step: two queries attended, a prefetch) and 'smallkv' (its proxy's
+    // step and its own), which report their time against full's on the device.
+    for (const char* spec : {"full", "kivi", "specache", "smallkv"}) {
       const std::string name = std::string("CacheDecodeStep/") + spec;
       benchmark::RegisterBenchmark((name + "/cpu/tokens").c_str(), [spec](benchmark::State& s) {
         BM_CacheDecodeStep(s, KVSDK_BACKEND_CPU, spec);
