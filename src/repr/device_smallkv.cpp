@@ -232,42 +232,69 @@ const SmallKvRepresentation::Head& DeviceSmallKv::host_head(uint32_t layer, uint
 
 // --- Attention (Eq. 6) ---------------------------------------------------------------------------
 
-void DeviceSmallKv::rows_attend_full(uint32_t layer, uint32_t kv_head,
-                                     const backend::QueryRows& q, float* out) const {
+void DeviceSmallKv::rows_attend_full(uint32_t layer, uint32_t first, uint32_t n,
+                                     const float* q_rows, const int32_t* row_positions,
+                                     size_t n_rows, float* out) const {
   check_usable();
   const Context::DeviceScope on_device(ctx_);
-  const backend::QueryRows qd = queries_.to_device(q);
-  const backend::F16Rows full{reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kFullK)),
-                              reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kFullV)),
-                              reinterpret_cast<const int32_t*>(slice(layer, kv_head, kFullPos)),
-                              size_t(held(layer, kv_head).full)};
-  device_.attend_smallkv(qd, full, backend::SmallKvMarginal{}, workspace(), queries_.device_out());
-  queries_.to_host(out);
+  queries_.attend_heads(
+      query_rows(q_rows, row_positions, n_rows), first, n, geometry_.group_size(), out,
+      [&](uint32_t h, const backend::QueryRows& q, float* device_out) {
+        const backend::F16Rows full{
+            reinterpret_cast<const uint16_t*>(slice(layer, h, kFullK)),
+            reinterpret_cast<const uint16_t*>(slice(layer, h, kFullV)),
+            reinterpret_cast<const int32_t*>(slice(layer, h, kFullPos)),
+            size_t(held(layer, h).full)};
+        device_.attend_smallkv(q, full, backend::SmallKvMarginal{}, workspace(), device_out);
+      });
 }
 
-void DeviceSmallKv::rows_add_marginal(uint32_t layer, uint32_t kv_head,
-                                      const backend::QueryRows& q, const float* weights,
-                                      size_t stride, float* out) const {
+void DeviceSmallKv::rows_add_marginal(uint32_t layer, uint32_t first, uint32_t n,
+                                      const float* /*q_rows*/, const int32_t* row_positions,
+                                      size_t n_rows, const HeadWeights* weights,
+                                      float* out) const {
   check_usable();
   const Context::DeviceScope on_device(ctx_);
-  const size_t nm = size_t(held(layer, kv_head).marg), rows = q.n_rows, dim = q.dim;
-  // The weights packed (the host's rows are `stride` apart) and the output so far go up with
-  // the queries' positions; the output comes back.
-  std::vector<float>& w = at_least(weights_, rows * nm);
-  for (size_t r = 0; r < rows; ++r) std::copy_n(weights + r * stride, nm, w.data() + r * nm);
-  const backend::QueryRows qd = queries_.to_device(q);
-  float* const buf = static_cast<float*>(marginal_.at_least((rows * nm + rows * dim) *
-                                                            sizeof(float)));
-  float* const w_dev = buf;
-  float* const out_dev = buf + rows * nm;
-  const backend::HostCopy up[] = {{w_dev, w.data(), rows * nm * sizeof(float)},
-                                  {out_dev, out, rows * dim * sizeof(float)}};
-  backend::to_backend_all(device_, up, 2);
-  const backend::SmallKvMarginal marginal{
-      reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kMargV)),
-      reinterpret_cast<const int32_t*>(slice(layer, kv_head, kMargPos)), nm, w_dev, nm};
-  device_.smallkv_add_marginal(qd, marginal, workspace(), out_dev);
-  device_.to_host(out, out_dev, rows * dim * sizeof(float));
+  const size_t dim = geometry_.head_dim, elems = n_rows * dim;
+  // Every head's weights packed (the host's rows are `stride` apart), the outputs so far and the
+  // queries' positions go up in one batch (the kernel reads no query row); the outputs come
+  // back in one copy.
+  size_t packed = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (weights[i].marginal) packed += n_rows * size_t(held(layer, first + i).marg);
+  }
+  std::vector<float>& w = at_least(weights_, packed);
+  float* const w_dev = static_cast<float*>(marginal_.at_least(
+      (packed + n * elems) * sizeof(float) + n_rows * sizeof(int32_t)));
+  float* const out_dev = w_dev + packed;
+  int32_t* const pos_dev = reinterpret_cast<int32_t*>(out_dev + n * elems);
+  size_t at = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!weights[i].marginal) continue;
+    const size_t nm = size_t(held(layer, first + i).marg);
+    for (size_t r = 0; r < n_rows; ++r) {
+      std::copy_n(weights[i].marginal + r * weights[i].stride, nm, w.data() + at + r * nm);
+    }
+    at += n_rows * nm;
+  }
+  const backend::HostCopy up[] = {{w_dev, w.data(), packed * sizeof(float)},
+                                  {out_dev, out, n * elems * sizeof(float)},
+                                  {pos_dev, row_positions, n_rows * sizeof(int32_t)}};
+  backend::to_backend_all(device_, up, 3);
+  // (The marginal term reads the rows' positions and count; q stays null: nothing reads it.)
+  backend::QueryRows qd = query_rows(nullptr, pos_dev, n_rows);
+  at = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!weights[i].marginal) continue;
+    const uint32_t h = first + i;
+    const size_t nm = size_t(held(layer, h).marg);
+    const backend::SmallKvMarginal marginal{
+        reinterpret_cast<const uint16_t*>(slice(layer, h, kMargV)),
+        reinterpret_cast<const int32_t*>(slice(layer, h, kMargPos)), nm, w_dev + at, nm};
+    device_.smallkv_add_marginal(qd, marginal, workspace(), out_dev + i * elems);
+    at += n_rows * nm;
+  }
+  device_.to_host(out, out_dev, n * elems * sizeof(float));
 }
 
 const backend::Ops& DeviceSmallKv::proxy_ops() const {
@@ -290,6 +317,8 @@ void DeviceSmallKv::rows_plan(uint32_t append_layer, size_t append_tokens) {
   const EvictionPlan& plan = eviction_plan();
   std::vector<char> fresh(capacity_.size(), 0);
   std::vector<Capacity> next = capacity_;
+  // The shrunk heads get exactly their new rows (and the append's): an eviction gives the
+  // budget's bytes back, and the region with them.
   for (const ShrunkHead& sh : plan.shrunk) {
     const Head& out = layer_state(sh.layer).spare[sh.kv_head];
     const size_t i = index(sh.layer, sh.kv_head);
@@ -330,7 +359,7 @@ void DeviceSmallKv::rows_commit() noexcept {
   planned_ = false;
   try {
     const Context::DeviceScope on_device(ctx_);
-    relayout(planned_capacity_, &planned_fresh_);
+    if (!(planned_capacity_ == capacity_)) relayout(planned_capacity_, &planned_fresh_);
     for (const ShrunkHead& sh : eviction_plan().shrunk) {
       const Head& h = layer_state(sh.layer).heads[sh.kv_head];
       upload_head(sh.layer, sh.kv_head, h);

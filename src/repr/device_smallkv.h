@@ -55,10 +55,12 @@ class DeviceSmallKv final : public SmallKvRepresentation, private ArenaOwner {
   void rows_append(uint32_t layer, size_t n, const float* k, const float* v,
                    const int32_t* positions) override;
   void rows_full_keys(uint32_t layer, uint32_t kv_head, size_t count, float* out) const override;
-  void rows_attend_full(uint32_t layer, uint32_t kv_head, const backend::QueryRows& q,
-                        float* out) const override;
-  void rows_add_marginal(uint32_t layer, uint32_t kv_head, const backend::QueryRows& q,
-                         const float* weights, size_t stride, float* out) const override;
+  // One upload of the heads' queries, their kernels back to back, one download (of each half).
+  void rows_attend_full(uint32_t layer, uint32_t first, uint32_t n, const float* q_rows,
+                        const int32_t* row_positions, size_t n_rows, float* out) const override;
+  void rows_add_marginal(uint32_t layer, uint32_t first, uint32_t n, const float* q_rows,
+                         const int32_t* row_positions, size_t n_rows, const HeadWeights* weights,
+                         float* out) const override;
   const Head& host_head(uint32_t layer, uint32_t kv_head, Head& scratch) const override;
   void rows_plan(uint32_t append_layer, size_t append_tokens) override;
   // A device failure here (the driver's error) cannot be reported: the store then refuses every
@@ -111,7 +113,7 @@ class DeviceSmallKv final : public SmallKvRepresentation, private ArenaOwner {
   std::vector<backend::HostCopy> copies_;
   mutable DeviceQueries queries_;
   mutable DeviceScratch marginal_;  // smallkv_add_marginal's weights and output
-  mutable std::vector<float> weights_;  // the weights packed (one row per query row)
+  mutable std::vector<float> weights_;  // the heads' weights packed (one row per query row)
   mutable std::mutex copy_out_;  // host_head() may run on the context's pool (snapshots)
   mutable backend::WorkspaceHandle proxy_ws_;  // (the reference table's, made on first use)
 };

@@ -199,21 +199,33 @@ void SmallKvRepresentation::rows_full_keys(uint32_t layer, uint32_t kv_head, siz
            count * geometry_.head_dim, out);
 }
 
-void SmallKvRepresentation::rows_attend_full(uint32_t layer, uint32_t kv_head,
-                                             const backend::QueryRows& q, float* out) const {
-  const Head& H = layers_[layer].heads[kv_head];
-  const backend::F16Rows full{H.full_k.data(), H.full_v.data(), H.full_pos.data(),
-                              H.full_pos.size()};
-  ops().attend_smallkv(q, full, backend::SmallKvMarginal{}, workspace(), out);
+void SmallKvRepresentation::rows_attend_full(uint32_t layer, uint32_t first, uint32_t n,
+                                             const float* q_rows, const int32_t* row_positions,
+                                             size_t n_rows, float* out) const {
+  const size_t elems = n_rows * geometry_.head_dim;
+  for (uint32_t i = 0; i < n; ++i) {
+    const Head& H = layers_[layer].heads[first + i];
+    const backend::F16Rows full{H.full_k.data(), H.full_v.data(), H.full_pos.data(),
+                                H.full_pos.size()};
+    ops().attend_smallkv(query_rows(q_rows + i * elems, row_positions, n_rows), full,
+                         backend::SmallKvMarginal{}, workspace(), out + i * elems);
+  }
 }
 
-void SmallKvRepresentation::rows_add_marginal(uint32_t layer, uint32_t kv_head,
-                                              const backend::QueryRows& q, const float* weights,
-                                              size_t stride, float* out) const {
-  const Head& H = layers_[layer].heads[kv_head];
-  const backend::SmallKvMarginal marginal{H.marg_v.data(), H.marg_pos.data(), H.marg_pos.size(),
-                                          weights, stride};
-  ops().smallkv_add_marginal(q, marginal, workspace(), out);
+void SmallKvRepresentation::rows_add_marginal(uint32_t layer, uint32_t first, uint32_t n,
+                                              const float* q_rows, const int32_t* row_positions,
+                                              size_t n_rows, const HeadWeights* weights,
+                                              float* out) const {
+  const size_t elems = n_rows * geometry_.head_dim;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!weights[i].marginal) continue;
+    const Head& H = layers_[layer].heads[first + i];
+    const backend::SmallKvMarginal marginal{H.marg_v.data(), H.marg_pos.data(),
+                                            H.marg_pos.size(), weights[i].marginal,
+                                            weights[i].stride};
+    ops().smallkv_add_marginal(query_rows(q_rows + i * elems, row_positions, n_rows), marginal,
+                               workspace(), out + i * elems);
+  }
 }
 
 const SmallKvRepresentation::Head& SmallKvRepresentation::host_head(uint32_t layer,
@@ -352,70 +364,107 @@ void SmallKvRepresentation::abort_attend() const noexcept {
 void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float* q_rows,
                                    const int32_t* row_positions, size_t n_rows,
                                    float* out) const {
-  // Everything is computed into `u` first; the state changes only in apply(), which cannot fail
-  // (at once, or in commit_attend() inside a transaction).
+  attend_range(layer, kv_head, 1, q_rows, row_positions, n_rows, out);
+}
+
+void SmallKvRepresentation::attend_heads(uint32_t layer, uint32_t n_kv, const float* q_rows,
+                                         const int32_t* row_positions, size_t n_rows,
+                                         float* out) const {
+  attend_range(layer, 0, n_kv, q_rows, row_positions, n_rows, out);
+}
+
+// The heads [first, first + n) of a layer (q_rows and out [n][n_rows][head_dim]) in five steps,
+// so that the rows' two kernels run for every head at once (a device store makes one round trip
+// of each per layer, not one per head): each head's matching, the full rows' attention of every
+// head, each head's proxy weights, the marginal rows of every head, each head's scores. Every
+// update is computed into its head's AttendUpdate first; the state changes only in apply(),
+// which cannot fail (once every head succeeded, or in commit_attend() inside a transaction).
+void SmallKvRepresentation::attend_range(uint32_t layer, uint32_t first, uint32_t n,
+                                         const float* q_rows, const int32_t* row_positions,
+                                         size_t n_rows, float* out) const {
   const Layer& L = layers_[layer];
-  const Head& H = L.heads[kv_head];
   const uint32_t dim = geometry_.head_dim, group = geometry_.group_size();
-  AttendUpdate u;
-  if (!spare_.empty()) {  // (its buffers' capacity, not their contents)
-    u = std::move(spare_.back());
-    spare_.pop_back();
-    u.has_stats = u.stats_done = u.matched_now = u.has_scores = false;
-  }
+  const size_t elems = n_rows * dim;
   // One spare per KV head of the whole cache covers a transaction; reserved once.
   if (spare_.capacity() == 0) spare_.reserve(size_t(geometry_.n_layers) * geometry_.n_kv_heads);
-  u.layer = layer;
-  u.kv_head = kv_head;
-  u.held_through = L.newest_held;
-  u.stats_done = H.stats_done;
-  if (!H.matched && !H.stats_done) {
-    accumulate_match_stats(layer, kv_head, q_rows, row_positions, n_rows, u);
-  }
-  const uint32_t* map = L.mapping.data() + size_t(kv_head) * group;
-  int64_t scores_from = H.scores_from;
-  if (!H.matched && u.stats_done && link_->proxy()) {
-    // Matching reads the proxy's statistics of every layer: its whole step must be done.
-    int64_t newest = -1;
-    for (size_t r = 0; r < n_rows; ++r) newest = std::max<int64_t>(newest, row_positions[r]);
-    link_->await_step(newest);
-    const float* stats = u.has_stats ? u.stats.data()
-                         : L.match_stats.empty()
-                             ? nullptr
-                             : L.match_stats.data() + size_t(kv_head) * group * match_tokens_;
-    const Match m = compute_match(layer, kv_head, stats);
-    u.matched_now = true;
-    u.map = m.map;
-    u.scores_from = scores_from = link_->matched_through();
-    u.full_score = H.full_score;
-    add_match_scores(m, u.full_score.data());
-    u.marg_score = H.marg_score;
-    u.has_scores = true;
-    map = u.map.data();
-  }
-  const size_t nf = H.full_pos.size(), nm = H.marg_pos.size(), n = nf + nm;
-  const bool proxied = (H.matched || u.matched_now) && link_->proxy() != nullptr;
-  if (nm > 0 && !proxied) {
-    fail(KVSDK_E_STATE, "layer ", layer, " KV head ", kv_head, " holds ", nm,
-         " marginal (value-only) tokens whose attention weights come from the proxy: attach it "
-         "with kvsdk_cache_set_proxy");
+  // (Both grow once to a layer's heads; each keeps its size if the other's growth fails.)
+  if (head_weights_.size() < n) head_weights_.resize(n);
+  if (heads_.size() < n) heads_.resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    HeadAttend& ha = heads_[i];
+    AttendUpdate& u = ha.u;
+    if (!spare_.empty()) {  // (its buffers' capacity, not their contents)
+      u = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    u.has_stats = u.stats_done = u.matched_now = u.has_scores = false;
+    const uint32_t kv_head = first + i;
+    const Head& H = L.heads[kv_head];
+    const float* q = q_rows + i * elems;
+    u.layer = layer;
+    u.kv_head = kv_head;
+    u.held_through = L.newest_held;
+    u.stats_done = H.stats_done;
+    if (!H.matched && !H.stats_done) {
+      accumulate_match_stats(layer, kv_head, q, row_positions, n_rows, u);
+    }
+    ha.scores_from = H.scores_from;
+    if (!H.matched && u.stats_done && link_->proxy()) {
+      // Matching reads the proxy's statistics of every layer: its whole step must be done.
+      int64_t newest = -1;
+      for (size_t r = 0; r < n_rows; ++r) newest = std::max<int64_t>(newest, row_positions[r]);
+      link_->await_step(newest);
+      const float* stats = u.has_stats ? u.stats.data()
+                           : L.match_stats.empty()
+                               ? nullptr
+                               : L.match_stats.data() + size_t(kv_head) * group * match_tokens_;
+      const Match m = compute_match(layer, kv_head, stats);
+      u.matched_now = true;
+      u.map = m.map;
+      u.scores_from = ha.scores_from = link_->matched_through();
+      u.full_score = H.full_score;
+      add_match_scores(m, u.full_score.data());
+      u.marg_score = H.marg_score;
+      u.has_scores = true;
+    }
+    ha.proxied = (H.matched || u.matched_now) && link_->proxy() != nullptr;
+    if (!H.marg_pos.empty() && !ha.proxied) {
+      fail(KVSDK_E_STATE, "layer ", layer, " KV head ", kv_head, " holds ", H.marg_pos.size(),
+           " marginal (value-only) tokens whose attention weights come from the proxy: attach "
+           "it with kvsdk_cache_set_proxy");
+    }
   }
   // Eq. 6 in two halves, by the backend. First the large model's own softmax over the full rows
   // (f16, as stored), which needs nothing from the proxy: the proxy model may still be running
   // this step on another thread (kvsdk_cache_set_proxy_wait), and the wait for its queries below
   // then overlaps this work instead of preceding it.
-  const backend::QueryRows q{q_rows, row_positions, n_rows, dim, geometry_.attn_scale};
-  rows_attend_full(layer, kv_head, q, out);
+  rows_attend_full(layer, first, n, q_rows, row_positions, n_rows, out);
   // The matched proxy heads' attention of this step over every held row (Eq. 6 and scores), in
   // reused scratch (one thread per cache).
-  float* w = at_least(attend_w_, proxied ? n_rows * n : 0).data();
-  if (proxied) {
-    std::vector<int32_t>& wanted = at_least(attend_wanted_, n);
+  bool marginal = false;
+  for (uint32_t i = 0; i < n; ++i) {
+    HeadAttend& ha = heads_[i];
+    const uint32_t kv_head = first + i;
+    const Head& H = L.heads[kv_head];
+    const size_t nf = H.full_pos.size(), nm = H.marg_pos.size(), rows = nf + nm;
+    ha.weights = nullptr;
+    ha.stride = rows;
+    head_weights_[i] = {};
+    if (!ha.proxied) continue;
+    const uint32_t* map =
+        ha.u.matched_now ? ha.u.map.data() : L.mapping.data() + size_t(kv_head) * group;
+    float* w = at_least(ha.w, n_rows * rows).data();
+    ha.weights = w;
+    if (nm > 0) {
+      head_weights_[i] = {w + nf, rows};
+      marginal = true;
+    }
+    std::vector<int32_t>& wanted = at_least(attend_wanted_, rows);
     std::copy(H.full_pos.begin(), H.full_pos.end(), wanted.begin());
     std::copy(H.marg_pos.begin(), H.marg_pos.end(), wanted.begin() + long(nf));
     for (uint32_t j = 0; j < group; ++j) {
       bool seen = false;  // one call per distinct proxy head
-      for (uint32_t i = 0; i < j; ++i) seen = seen || map[i] == map[j];
+      for (uint32_t k = 0; k < j; ++k) seen = seen || map[k] == map[j];
       if (seen) continue;
       attend_rows_.clear();
       attend_rpos_.clear();
@@ -425,38 +474,47 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
           attend_rpos_.push_back(row_positions[r]);
         }
       }
-      float* part = at_least(attend_part_, attend_rows_.size() * n).data();
+      float* part = at_least(attend_part_, attend_rows_.size() * rows).data();
       link_->weights(proxy_ops(), proxy_workspace(), map[j], attend_rpos_.data(),
-                     attend_rows_.size(), wanted.data(), n, part);
-      for (size_t i = 0; i < attend_rows_.size(); ++i) {
-        std::copy_n(part + i * n, n, w + attend_rows_[i] * n);
+                     attend_rows_.size(), wanted.data(), rows, part);
+      for (size_t r = 0; r < attend_rows_.size(); ++r) {
+        std::copy_n(part + r * rows, rows, w + attend_rows_[r] * rows);
       }
     }
   }
   // Then the marginal rows weighted by the proxy's probabilities, and the full rows' share
   // rescaled (the same bits as one attend_smallkv with both).
-  if (nm > 0) {
-    rows_add_marginal(layer, kv_head, q, w + nf, n, out);
+  if (marginal) {
+    rows_add_marginal(layer, first, n, q_rows, row_positions, n_rows, head_weights_.data(), out);
   }
   // Saliency-shift compensation: rows accumulate the proxy's attention of every later step.
-  if (proxied) {
-    if (!u.has_scores) {
-      u.full_score = H.full_score;
-      u.marg_score = H.marg_score;
-      u.has_scores = true;
-    }
-    for (size_t r = 0; r < n_rows; ++r) {
-      if (row_positions[r] <= scores_from) continue;
-      const float* wr = w + r * n;
-      for (size_t t = 0; t < nf; ++t) u.full_score[t] += wr[t];
-      for (size_t t = 0; t < nm; ++t) u.marg_score[t] += wr[nf + t];
+  for (uint32_t i = 0; i < n; ++i) {
+    HeadAttend& ha = heads_[i];
+    AttendUpdate& u = ha.u;
+    const Head& H = L.heads[first + i];
+    if (ha.proxied) {
+      const size_t nf = H.full_pos.size(), nm = H.marg_pos.size();
+      if (!u.has_scores) {
+        u.full_score = H.full_score;
+        u.marg_score = H.marg_score;
+        u.has_scores = true;
+      }
+      for (size_t r = 0; r < n_rows; ++r) {
+        if (row_positions[r] <= ha.scores_from) continue;
+        const float* wr = ha.weights + r * ha.stride;
+        for (size_t t = 0; t < nf; ++t) u.full_score[t] += wr[t];
+        for (size_t t = 0; t < nm; ++t) u.marg_score[t] += wr[nf + t];
+      }
     }
   }
-  if (staging_) {
-    staged_.push_back(std::move(u));
-  } else {
-    apply(u);
-    if (spare_.size() < spare_.capacity()) spare_.push_back(std::move(u));
+  for (uint32_t i = 0; i < n; ++i) {
+    AttendUpdate& u = heads_[i].u;
+    if (staging_) {
+      staged_.push_back(std::move(u));
+    } else {
+      apply(u);
+      if (spare_.size() < spare_.capacity()) spare_.push_back(std::move(u));
+    }
   }
 }
 

@@ -69,6 +69,9 @@ class SmallKvRepresentation : public Representation {
   // change. Inside an attend transaction the updates wait for commit_attend().
   void attend(uint32_t layer, uint32_t kv_head, const float* q_rows, const int32_t* row_positions,
               size_t n_rows, float* out) const override;
+  // The same for every KV head of the layer, the rows' kernels of all heads together.
+  void attend_heads(uint32_t layer, uint32_t n_kv, const float* q_rows,
+                    const int32_t* row_positions, size_t n_rows, float* out) const override;
   void begin_attend() const noexcept override;
   void commit_attend() const noexcept override;
   void abort_attend() const noexcept override;
@@ -184,12 +187,20 @@ class SmallKvRepresentation : public Representation {
                            const int32_t* positions);
   // The first `count` full keys of a head, as f32 (Eq. 1 of the matching).
   virtual void rows_full_keys(uint32_t layer, uint32_t kv_head, size_t count, float* out) const;
-  // Eq. 6's halves (the backend's attend_smallkv over the full rows; smallkv_add_marginal with
-  // the proxy's probabilities of the marginal rows, weights row r at weights + r * stride).
-  virtual void rows_attend_full(uint32_t layer, uint32_t kv_head, const backend::QueryRows& q,
-                                float* out) const;
-  virtual void rows_add_marginal(uint32_t layer, uint32_t kv_head, const backend::QueryRows& q,
-                                 const float* weights, size_t stride, float* out) const;
+  // Eq. 6's halves for the KV heads [first, first + n) of a layer (q_rows and out [n][n_rows]
+  // [head_dim], the heads' rows as attend() takes them; row_positions shared): the backend's
+  // attend_smallkv over each head's full rows into out, then smallkv_add_marginal on out with
+  // the proxy's probabilities of each head's marginal rows (weights[i]; a head without marginal
+  // rows has none and is left as it is).
+  struct HeadWeights {
+    const float* marginal = nullptr;  // row r's weights at marginal + r * stride
+    size_t stride = 0;
+  };
+  virtual void rows_attend_full(uint32_t layer, uint32_t first, uint32_t n, const float* q_rows,
+                                const int32_t* row_positions, size_t n_rows, float* out) const;
+  virtual void rows_add_marginal(uint32_t layer, uint32_t first, uint32_t n, const float* q_rows,
+                                 const int32_t* row_positions, size_t n_rows,
+                                 const HeadWeights* weights, float* out) const;
   // The head with its row vectors filled: the head itself here; elsewhere a copy into `scratch`.
   virtual const Head& host_head(uint32_t layer, uint32_t kv_head, Head& scratch) const;
   // An eviction was planned (plan_: the shrunk heads' new contents in their layers' spare
@@ -270,10 +281,24 @@ class SmallKvRepresentation : public Representation {
   std::vector<uint8_t> evict_has_key_;
   cpu::SmallKvSelectScratch select_scratch_;
   cpu::SmallKvSelection selection_;
-  // attend()'s working memory, reused: the proxy's weights over the head's rows [n_rows][rows]
-  // and one proxy head's part of them, the rows' positions, and which query rows map to the
-  // proxy head at hand (with their positions).
-  mutable std::vector<float> attend_w_, attend_part_;
+  // attend_range() of the heads [first, first + n) of a layer (attend, attend_heads).
+  void attend_range(uint32_t layer, uint32_t first, uint32_t n, const float* q_rows,
+                    const int32_t* row_positions, size_t n_rows, float* out) const;
+  // Its working memory, reused: per head of the call, its update, whether its proxy weights it,
+  // from which query position its scores grow, and the proxy's weights over its rows
+  // [n_rows][rows] (stride rows); one proxy head's part of them, the rows' positions, and which
+  // query rows map to the proxy head at hand (with their positions).
+  struct HeadAttend {
+    AttendUpdate u;
+    bool proxied = false;
+    int64_t scores_from = 0;
+    std::vector<float> w;
+    const float* weights = nullptr;
+    size_t stride = 0;
+  };
+  mutable std::vector<HeadAttend> heads_;
+  mutable std::vector<HeadWeights> head_weights_;
+  mutable std::vector<float> attend_part_;
   mutable std::vector<int32_t> attend_wanted_, attend_rpos_;
   mutable std::vector<size_t> attend_rows_;
 };

@@ -475,6 +475,57 @@ TEST(DeviceCacheStaging, ADecodeStepWaitsForTheDeviceAsOftenWhateverTheHeads) {
   }
 }
 
+// The same for a 'smallkv' cache's attention with marginal rows (SmallKV's Eq. 6): its layer's
+// full rows are attended for every head in one round trip and its marginal rows in another (the
+// weights, outputs and positions up in one batch), whatever the number of KV heads (the proxy,
+// on the CPU, weights the rows in between).
+TEST(DeviceCacheStaging, ASmallKvAttendWaitsForTheDeviceAsOftenWhateverTheHeads) {
+  unsigned long long waits[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t kv = i == 0 ? 2 : 8;
+    SCOPED_TRACE(std::to_string(kv) + " KV heads");
+    const kvsdk_geometry g = kvsdk_test::make_geometry(2, 2 * kv, kv, 64);
+    const kvsdk_geometry pg = kvsdk_test::make_geometry(2, 2, 1, 64);
+    CUDA_CONTEXT_OR_SKIP(gpu, 8u << 20);
+    ContextPtr cpu = kvsdk_test::make_context(1u << 20, KVSDK_BACKEND_CPU_REFERENCE);
+    kvsdk_policy p;
+    ASSERT_EQ(kvsdk_policy_parse(&p, "smallkv"), KVSDK_OK);
+    p.match_tokens = 8;
+    CachePtr c = kvsdk_test::make_cache(gpu.get(), g, &p);
+    CachePtr proxy = kvsdk_test::make_cache(cpu.get(), pg);
+    ASSERT_TRUE(c && proxy) << kvsdk_last_error();
+    ASSERT_EQ(kvsdk_cache_set_proxy(c.get(), proxy.get()), KVSDK_OK) << kvsdk_last_error();
+    // A budget of 24 tokens' full rows: 40 tokens evict into marginal rows (and match every head).
+    ASSERT_EQ(kvsdk_cache_set_budget(c.get(), 2ull * kv * 24 * (64 * 4 + 8) + 4096), KVSDK_OK)
+        << kvsdk_last_error();
+    const auto q = kvsdk_test::random_floats(size_t(g.n_q_heads) * g.head_dim, 6);
+    const auto pq = kvsdk_test::random_floats(size_t(pg.n_q_heads) * pg.head_dim, 7);
+    for (int32_t t = 0; t < 42; ++t) {
+      for (uint32_t l = 0; l < g.n_layers; ++l) {
+        append(proxy.get(), pg, l, t, 1, 30 + l);
+        attend(proxy.get(), pg, l, pq, {t});
+        append(c.get(), g, l, t, 1, 5 + l);
+        if (t < 41) {
+          attend(c.get(), g, l, q, {t});
+          continue;
+        }
+        const unsigned long long before = kvsdk::cuda_host::host_waits();
+        attend(c.get(), g, l, q, {t});
+        waits[i] += kvsdk::cuda_host::host_waits() - before;
+      }
+    }
+    kvsdk_layer_stats ls;
+    kvsdk_layer_stats_init(&ls);
+    ASSERT_EQ(kvsdk_cache_layer_stats_get(c.get(), 0, &ls), KVSDK_OK);
+    EXPECT_GT(ls.bytes_by_tier[KVSDK_TIER_VALUE_ONLY], 0u) << "no marginal rows to attend";
+  }
+  EXPECT_EQ(waits[0], waits[1]) << "2 and 8 KV heads";
+  // Per layer: the queries up and the outputs down (the full rows), one batch up and the outputs
+  // down (the marginal rows); the shim counts a copy up as two waits (the compute stream's work
+  // before it, then the copy).
+  EXPECT_LE(waits[1], 2u * 8u) << "waits in the attention of 2 layers";
+}
+
 // The shim holds copies to the device's memory rules: a device side outside every cudaMalloc
 // block, or a host side inside one, is refused as a GPU would fault.
 TEST(DeviceCacheStaging, TheShimRefusesCopiesThatBreakTheMemoryRules) {
