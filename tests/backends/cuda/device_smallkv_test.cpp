@@ -16,10 +16,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <ostream>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "device_cache_util.h"
@@ -178,41 +183,52 @@ struct StepOut {
   kvsdk_status status = KVSDK_OK;
 };
 
-// The host's step on one side: the proxy's append and attend of every layer (when `proxy_attend`;
-// with `proxy` only), then per layer the large cache's append and, when `attend`, its attend.
-StepOut run_step(Side& s, const kvsdk_geometry& g, const StepInput& in, bool attend = true,
-                 bool proxy_step = true, bool proxy_attend = true) {
-  StepOut r;
+// The proxy's part of a step: its append and, when `attend`, its attend of every layer.
+void run_proxy_step(kvsdk_cache* proxy, const StepInput& in, bool attend, StepOut& r) {
   const size_t n = in.pos.size();
-  if (proxy_step && s.proxy) {
-    for (uint32_t l = 0; l < kLayers; ++l) {
-      EXPECT_EQ(kvsdk_cache_append(s.proxy.get(), l, n, in.pk[l].data(), in.pv[l].data(),
-                                   in.pos.data(), in.pk[l].size() * sizeof(float)),
-                KVSDK_OK)
-          << kvsdk_last_error();
-      if (!proxy_attend) continue;
-      std::vector<float> o(in.pq[l].size());
-      EXPECT_EQ(kvsdk_cache_attend(s.proxy.get(), l, n, in.pq[l].data(), in.pos.data(),
-                                   in.pq[l].size() * sizeof(float), o.data(),
-                                   o.size() * sizeof(float)),
-                KVSDK_OK)
-          << kvsdk_last_error();
-      r.proxy_out.push_back(std::move(o));
-    }
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    EXPECT_EQ(kvsdk_cache_append(proxy, l, n, in.pk[l].data(), in.pv[l].data(), in.pos.data(),
+                                 in.pk[l].size() * sizeof(float)),
+              KVSDK_OK)
+        << kvsdk_last_error();
+    if (!attend) continue;
+    std::vector<float> o(in.pq[l].size());
+    EXPECT_EQ(kvsdk_cache_attend(proxy, l, n, in.pq[l].data(), in.pos.data(),
+                                 in.pq[l].size() * sizeof(float), o.data(),
+                                 o.size() * sizeof(float)),
+              KVSDK_OK)
+        << kvsdk_last_error();
+    r.proxy_out.push_back(std::move(o));
   }
+}
+
+// The large cache's part: per layer its append and, when `attend`, its attend (every layer, also
+// after a failure, so that a proxy on another thread is never left waiting).
+void run_large_step(kvsdk_cache* large, const kvsdk_geometry& g, const StepInput& in, bool attend,
+                    StepOut& r) {
+  const size_t n = in.pos.size();
   for (uint32_t l = 0; l < g.n_layers; ++l) {
-    kvsdk_status st = kvsdk_cache_append(s.large.get(), l, n, in.k[l].data(), in.v[l].data(),
+    kvsdk_status st = kvsdk_cache_append(large, l, n, in.k[l].data(), in.v[l].data(),
                                          in.pos.data(), in.k[l].size() * sizeof(float));
     std::vector<float> o;
     if (st == KVSDK_OK && attend) {
       o.resize(in.q[l].size());
-      st = kvsdk_cache_attend(s.large.get(), l, n, in.q[l].data(), in.pos.data(),
+      st = kvsdk_cache_attend(large, l, n, in.q[l].data(), in.pos.data(),
                               in.q[l].size() * sizeof(float), o.data(), o.size() * sizeof(float));
       if (st != KVSDK_OK) o.clear();
     }
     r.out.push_back(std::move(o));
     if (st != KVSDK_OK && r.status == KVSDK_OK) r.status = st;
   }
+}
+
+// The host's step on one side: the proxy's append and attend of every layer (when `attend`;
+// with `proxy` only), then per layer the large cache's append and, when `attend`, its attend.
+StepOut run_step(Side& s, const kvsdk_geometry& g, const StepInput& in, bool attend = true,
+                 bool proxy_step = true, bool proxy_attend = true) {
+  StepOut r;
+  if (proxy_step && s.proxy) run_proxy_step(s.proxy.get(), in, proxy_attend, r);
+  run_large_step(s.large.get(), g, in, attend, r);
   return r;
 }
 
@@ -948,6 +964,232 @@ TEST(DeviceSmallKvBudget, TooSmallABudgetRefusesLikeTheCpu) {
     EXPECT_LE(kvsdk_test::used(r.gpu.get()), room);
   }
   expect_same_state(r.d, r.c, g);
+}
+
+// ---- The proxy on its own thread (kvsdk_cache_set_proxy_wait), with the proxy on a CUDA
+// context: the link's softmax then runs on the device over the proxy's device rows, on the large
+// cache's thread (weights()) or, once every head is matched, on the proxy's thread in its attend
+// (precompute_probs()), each with its own device buffers. Named outside DeviceSmallKv* so that
+// the tsan preset runs it: the two threads' device calls are what it is there for.
+
+// The proxy's thread of a run: one std::thread for all its steps, handed each step's part and
+// waited for as a join would (the header's rules: the proxy's thread starts a step only after the
+// large cache's previous one returned, and the large cache's step ends only after the proxy's).
+// One thread rather than one per step: the shim keeps its block fibers per thread, and under
+// TSan every new thread's fibers slow every later synchronisation (this suite took two to three
+// times as long with a thread per step).
+class ProxyThread {
+ public:
+  ProxyThread() : thread_([this] { loop(); }) {}
+  ~ProxyThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void start(std::function<void()> work) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      work_ = std::move(work);
+    }
+    cv_.notify_all();
+  }
+  void finish() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return !work_; });
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || work_; });
+      if (!work_) return;
+      lock.unlock();
+      work_();  // (work_ is not touched elsewhere until it is cleared below)
+      lock.lock();
+      work_ = nullptr;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> work_;
+  bool stop_ = false;
+  std::thread thread_;  // (last: started once the members above exist)
+};
+
+// A step with the proxy's part on `proxy_thread` while this thread runs the large cache's part
+// over the same positions.
+StepOut run_step_parallel(ProxyThread& proxy_thread, Side& s, const kvsdk_geometry& g,
+                          const StepInput& in) {
+  StepOut r, p;
+  proxy_thread.start([&] { run_proxy_step(s.proxy.get(), in, true, p); });
+  run_large_step(s.large.get(), g, in, true, r);
+  proxy_thread.finish();
+  r.proxy_out = std::move(p.proxy_out);
+  return r;
+}
+
+// A large smallkv cache on `lctx` with its 'full' proxy on `pctx`, a per-cache budget and the
+// proxy wait `wait_ms` (0: none).
+void make_threads_side(Side& s, kvsdk_context* lctx, kvsdk_context* pctx, const kvsdk_geometry& g,
+                       const kvsdk_policy& p, uint64_t budget, uint32_t wait_ms) {
+  s.lctx = lctx;
+  s.pctx = pctx;
+  s.large = kvsdk_test::make_cache(lctx, g, &p);
+  ASSERT_TRUE(s.large) << kvsdk_last_error();
+  s.proxy = kvsdk_test::make_cache(pctx, proxy_geometry());
+  ASSERT_TRUE(s.proxy) << kvsdk_last_error();
+  ASSERT_EQ(kvsdk_cache_set_budget(s.large.get(), budget), KVSDK_OK) << kvsdk_last_error();
+  ASSERT_EQ(kvsdk_cache_set_proxy(s.large.get(), s.proxy.get()), KVSDK_OK) << kvsdk_last_error();
+  if (wait_ms) {
+    ASSERT_EQ(kvsdk_cache_set_proxy_wait(s.large.get(), wait_ms), KVSDK_OK) << kvsdk_last_error();
+  }
+}
+
+// The bytes the calls of the proxy's part of a step, run first on this thread, brought back from
+// the device beyond the proxy's own attention outputs: the link's probabilities when the proxy's
+// attend computed them (precompute_probs()), 0 otherwise. Counted by the shim; 0 on a GPU.
+unsigned long long proxy_step_extra_down(kvsdk_cache* proxy, const StepInput& in, StepOut& r) {
+#ifdef KVSDK_CUDA_HOST_SHIM
+  const auto down = [] {
+    const kvsdk::cuda_host::TransferBytes t = kvsdk::cuda_host::transfer_bytes();
+    return t.to_host_pinned + t.to_host_pageable;
+  };
+  const unsigned long long before = down();
+  run_proxy_step(proxy, in, true, r);
+  unsigned long long outputs = 0;
+  for (const auto& o : r.proxy_out) outputs += o.size() * sizeof(float);
+  return down() - before - outputs;
+#else
+  run_proxy_step(proxy, in, true, r);
+  return 0;
+#endif
+}
+
+// The same inputs on CUDA run sequentially (the proxy first on this thread, no wait: the large
+// cache's attend computes every proxy softmax itself): the large cache's outputs of every step,
+// the snapshot at the end and proxy_step_extra_down() of the last step.
+struct SequentialRun {
+  std::vector<std::vector<float>> out;  // [step * kLayers + layer]
+  std::vector<uint8_t> snapshot;
+  unsigned long long extra_down = 0;
+};
+
+void run_sequential(SequentialRun& run, kvsdk_context* lctx, kvsdk_context* pctx,
+                    const kvsdk_geometry& g, const kvsdk_policy& p, uint64_t budget,
+                    const std::vector<StepInput>& steps) {
+  Side s;
+  make_threads_side(s, lctx, pctx, g, p, budget, 0);
+  if (::testing::Test::HasFatalFailure()) return;
+  for (const StepInput& in : steps) {
+    StepOut r;
+    run.extra_down = proxy_step_extra_down(s.proxy.get(), in, r);
+    run_large_step(s.large.get(), g, in, true, r);
+    ASSERT_EQ(r.status, KVSDK_OK) << kvsdk_last_error();
+    for (auto& o : r.out) run.out.push_back(std::move(o));
+  }
+  run.snapshot = kvsdk_test::snapshot(s.large.get());
+}
+
+// Prefill chunks within the budget, then decode steps: the first eviction (and with it the head
+// matching) comes during decode, and every later step evicts into marginal rows. The large cache
+// on CUDA with its proxy on the same CUDA context or on a second one, the wait set and the
+// proxy's part of each step on its own thread, against the CPU reference run sequentially (proxy
+// first, no wait): attention within 2e-4, rows and accounting bit for bit after every step, and
+// the snapshots. The last step runs the proxy first on this thread (the wait still set), where
+// the shim shows that the proxy's attend computed the probabilities on the device (what the
+// parallel steps since the matching did on the proxy's thread); without the wait it brings back
+// nothing but its outputs. Then the same inputs on CUDA sequentially without the wait (every
+// proxy softmax on the large cache's thread): the parallel run's outputs and snapshot bit for bit.
+void proxy_threads_case(bool second_context) {
+  const kvsdk_geometry g = kvsdk_test::make_geometry(kLayers, 4, 2, 64);
+  const kvsdk_policy p = smallkv_policy(16, 0.0f);
+  const uint64_t budget = 14 * full_token_bytes(g) + fixed_bytes(g, 16);
+  std::vector<StepInput> steps;
+  int32_t pos = 0;
+  for (uint32_t i = 0; i < 2; ++i, pos += 6) steps.push_back(make_step(g, pos, 6, 600 + i));
+  const size_t prefill = steps.size();
+  for (uint32_t i = 0; i < 7; ++i, ++pos) steps.push_back(make_step(g, pos, 1, 610 + i));
+
+  CUDA_CONTEXT_OR_SKIP(gpu, 1u << 20);
+  ContextPtr gpu2;
+  if (second_context) {
+    ASSERT_EQ(cuda_context(1u << 20, gpu2), KVSDK_OK) << kvsdk_last_error();
+  }
+  kvsdk_context* const dp = second_context ? gpu2.get() : gpu.get();
+  ContextPtr cpu = kvsdk_test::make_context(1u << 20, KVSDK_BACKEND_CPU_REFERENCE);
+  ContextPtr cpu2 = kvsdk_test::make_context(1u << 20, KVSDK_BACKEND_CPU_REFERENCE);
+  ASSERT_TRUE(cpu && cpu2);
+  kvsdk_context* const cp = second_context ? cpu2.get() : cpu.get();
+
+  std::vector<std::vector<float>> parallel_out;
+  std::vector<uint8_t> parallel_snapshot;
+  {
+    Side d, c;
+    ProxyThread proxy_thread;
+    make_threads_side(d, gpu.get(), dp, g, p, budget, 10000);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    make_threads_side(c, cpu.get(), cp, g, p, budget, 0);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    for (size_t i = 0; i < steps.size(); ++i) {
+      SCOPED_TRACE("step " + std::to_string(i) + " at " + std::to_string(steps[i].pos[0]));
+      StepOut x;
+      if (i + 1 < steps.size()) {
+        x = run_step_parallel(proxy_thread, d, g, steps[i]);
+      } else {
+        const unsigned long long extra = proxy_step_extra_down(d.proxy.get(), steps[i], x);
+        run_large_step(d.large.get(), g, steps[i], true, x);
+#ifdef KVSDK_CUDA_HOST_SHIM
+        EXPECT_GT(extra, 0u) << "the proxy's attend computed the probabilities (wait set)";
+#else
+        (void)extra;
+#endif
+      }
+      const std::string why = kvsdk_last_error();
+      const StepOut y = run_step(c, g, steps[i]);
+      ASSERT_EQ(x.status, KVSDK_OK) << why;
+      ASSERT_EQ(y.status, KVSDK_OK) << kvsdk_last_error();
+      for (uint32_t l = 0; l < kLayers; ++l) {
+        expect_close(x.out[l], y.out[l], ("attention, layer " + std::to_string(l)).c_str());
+        expect_close(x.proxy_out[l], y.proxy_out[l],
+                     ("proxy attention, layer " + std::to_string(l)).c_str());
+      }
+      expect_same_state(d, c, g);
+      ASSERT_FALSE(::testing::Test::HasFailure());
+      if (i + 1 == prefill) {
+        ASSERT_EQ(stats(c.large.get()).bytes_by_tier[KVSDK_TIER_VALUE_ONLY], 0u)
+            << "no eviction (and no matching) before the decode steps";
+      }
+      for (const auto& o : x.out) parallel_out.push_back(o);
+    }
+    ASSERT_GT(stats(c.large.get()).bytes_by_tier[KVSDK_TIER_VALUE_ONLY], 0u)
+        << "the decode steps evicted into marginal rows";
+    parallel_snapshot = kvsdk_test::snapshot(d.large.get());
+  }
+  SequentialRun plain;
+  run_sequential(plain, gpu.get(), dp, g, p, budget, steps);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  EXPECT_EQ(plain.extra_down, 0u) << "without the wait the proxy's attend computes nothing more";
+  ASSERT_EQ(plain.out.size(), parallel_out.size());
+  for (size_t i = 0; i < plain.out.size(); ++i) {
+    ASSERT_EQ(plain.out[i].size(), parallel_out[i].size());
+    EXPECT_EQ(0, std::memcmp(plain.out[i].data(), parallel_out[i].data(),
+                             plain.out[i].size() * sizeof(float)))
+        << "attention, sequential vs parallel: step " << i / kLayers << " layer " << i % kLayers;
+  }
+  EXPECT_TRUE(plain.snapshot == parallel_snapshot) << "snapshot bytes, sequential vs parallel";
+}
+
+TEST(DeviceProxyThreads, ProxyOnTheSameCudaContextOnItsOwnThreadMatchesTheCpu) {
+  proxy_threads_case(false);
+}
+
+TEST(DeviceProxyThreads, ProxyOnASecondCudaContextOnItsOwnThreadMatchesTheCpu) {
+  proxy_threads_case(true);
 }
 
 }  // namespace
