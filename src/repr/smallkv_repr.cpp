@@ -370,7 +370,23 @@ void SmallKvRepresentation::attend(uint32_t layer, uint32_t kv_head, const float
 void SmallKvRepresentation::attend_heads(uint32_t layer, uint32_t n_kv, const float* q_rows,
                                          const int32_t* row_positions, size_t n_rows,
                                          float* out) const {
-  attend_range(layer, 0, n_kv, q_rows, row_positions, n_rows, out);
+  // Heads in runs whose proxy weights ([n_rows][rows] floats a head, kept until the run's
+  // marginal rows are attended) stay within kRunWeights, one head at least: a decode step's
+  // heads go together, a long prefill's one by one (one head's weights are large already).
+  constexpr size_t kRunWeights = size_t(1) << 20;
+  const size_t elems = n_rows * geometry_.head_dim;
+  const Layer& L = layers_[layer];
+  for (uint32_t first = 0; first < n_kv;) {
+    uint32_t n = 1;
+    size_t weights = n_rows * L.heads[first].size();
+    while (first + n < n_kv && weights + n_rows * L.heads[first + n].size() <= kRunWeights) {
+      weights += n_rows * L.heads[first + n].size();
+      ++n;
+    }
+    attend_range(layer, first, n, q_rows + first * elems, row_positions, n_rows,
+                 out + first * elems);
+    first += n;
+  }
 }
 
 // The heads [first, first + n) of a layer (q_rows and out [n][n_rows][head_dim]) in five steps,

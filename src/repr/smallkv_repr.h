@@ -69,7 +69,8 @@ class SmallKvRepresentation : public Representation {
   // change. Inside an attend transaction the updates wait for commit_attend().
   void attend(uint32_t layer, uint32_t kv_head, const float* q_rows, const int32_t* row_positions,
               size_t n_rows, float* out) const override;
-  // The same for every KV head of the layer, the rows' kernels of all heads together.
+  // The same for every KV head of the layer, the rows' kernels of several heads together (every
+  // head of a decode step; a long prefill's heads one by one, bounding the proxy weights kept).
   void attend_heads(uint32_t layer, uint32_t n_kv, const float* q_rows,
                     const int32_t* row_positions, size_t n_rows, float* out) const override;
   void begin_attend() const noexcept override;
