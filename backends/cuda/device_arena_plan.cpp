@@ -9,8 +9,6 @@ namespace kvsdk::cuda {
 
 namespace {
 
-uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
-
 void push_move(std::vector<ArenaCopy>& ops, uint64_t dst, uint64_t src, uint64_t bytes) {
   move_in_chunks(dst, src, bytes,
                  [&](uint64_t d, uint64_t s, uint64_t n) { ops.push_back({d, s, n}); });

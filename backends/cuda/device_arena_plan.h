@@ -13,6 +13,9 @@ namespace kvsdk::cuda {
 // Bytes every slice starts on: 256 keeps 16-byte vector loads and cuBLAS' preferred alignment.
 constexpr uint64_t kArenaAlignment = 256;
 
+// `x` rounded up to a multiple of `to` (> 0).
+inline uint64_t align_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
+
 // The allocation plan: bytes[layer][tier] requested for each slice (a tier that a layer does not
 // use asks for 0 bytes). All layers must have the same number of tiers.
 struct ArenaPlan {

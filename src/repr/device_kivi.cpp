@@ -16,8 +16,6 @@ namespace kvsdk {
 
 namespace {
 
-uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
-
 template <class T>
 T* grown(std::vector<T>& v, size_t n) {
   reserve_for_growth(v, n);
@@ -113,7 +111,7 @@ cuda::ArenaPartition DeviceKivi::layout_for(const std::vector<Capacity>& capacit
       offset += bytes;
     }
   }
-  p.reserved = round_up(offset, 16);
+  p.reserved = cuda::align_up(offset, 16);
   return p;
 }
 

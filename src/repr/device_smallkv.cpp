@@ -9,12 +9,6 @@
 
 namespace kvsdk {
 
-namespace {
-
-uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
-
-}  // namespace
-
 DeviceSmallKv::DeviceSmallKv(const Geometry& g, const kvsdk_policy& p, Context& ctx)
     : SmallKvRepresentation(g, p),
       ctx_(ctx),
@@ -62,7 +56,7 @@ cuda::ArenaPartition DeviceSmallKv::layout_for(const std::vector<Capacity>& capa
       p.slices[head * kParts + part] = {offset, bytes[part]};
       offset += bytes[part];
     }
-    offset = round_up(offset, 16);
+    offset = cuda::align_up(offset, 16);
   }
   p.reserved = offset;
   return p;

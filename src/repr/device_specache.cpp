@@ -11,12 +11,6 @@
 
 namespace kvsdk {
 
-namespace {
-
-uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
-
-}  // namespace
-
 DeviceSpeCache::DeviceSpeCache(const Geometry& g, const kvsdk_policy& p, Context& ctx)
     : Representation(g, p),
       ctx_(ctx),
@@ -85,7 +79,7 @@ cuda::ArenaPartition DeviceSpeCache::layout_for(const std::vector<uint64_t>& cap
       offset += bytes;
     }
   }
-  p.reserved = round_up(offset, 16);
+  p.reserved = cuda::align_up(offset, 16);
   return p;
 }
 

@@ -35,13 +35,7 @@ namespace kvsdk::cuda {
 namespace {
 
 using test::DeviceBuffer;
-
-// A buffer of at least one element (a device buffer of none has no pointer to pass).
-template <class T>
-std::vector<T> some(std::vector<T> v) {
-  if (v.empty()) v.resize(1);
-  return v;
-}
+using test::some;
 
 // The same bits (memcmp; nothing to compare is equal: an empty vector's data() may be null).
 bool same_bits(const float* a, const float* b, size_t n) {

@@ -37,13 +37,7 @@ namespace kvsdk::cuda {
 namespace {
 
 using test::DeviceBuffer;
-
-// A buffer of at least one element (a device buffer of none has no pointer to pass).
-template <class T>
-std::vector<T> some(std::vector<T> v) {
-  if (v.empty()) v.resize(1);
-  return v;
-}
+using test::some;
 
 struct Case {
   size_t dim, group;

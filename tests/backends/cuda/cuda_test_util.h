@@ -71,6 +71,13 @@ class DeviceBuffer {
   void* p_ = nullptr;
 };
 
+// `v`, or one element when it is empty: a device buffer of none has no pointer to pass.
+template <class T>
+std::vector<T> some(std::vector<T> v) {
+  if (v.empty()) v.resize(1);
+  return v;
+}
+
 inline std::vector<float> random_floats(size_t n, uint32_t seed, float stddev = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, stddev);
