@@ -41,10 +41,7 @@ DeviceKivi::DeviceKivi(const Geometry& g, const kvsdk_policy& p, Context& ctx)
       planned_need_(size_t(g.n_layers) * g.n_kv_heads),
       planned_active_(g.n_layers, 0) {
   KVSDK_REQUIRE(p.quant_bits != 0, "KIVI stores need quant_bits 1, 2, 4 or 8 (got 0)");
-  if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) {
-    fail(KVSDK_E_UNSUPPORTED, "a ", device_.name, " cache needs head_dim 64, 128 or 256 (the ",
-         "device attention kernel's), not ", g.head_dim);
-  }
+  check_device_head_dim(device_, g.head_dim);
   const cpu::KiviHeadStore check(g.head_dim, config_);  // the host store's validation
   row_bytes_ = cpu::kivi_packed_bytes(g.head_dim, config_.bits);
   groups_ = cpu::kivi_value_groups(g.head_dim, config_.group);

@@ -5,6 +5,13 @@
 
 namespace kvsdk {
 
+void check_device_head_dim(const backend::Ops& device, uint32_t head_dim) {
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
+    fail(KVSDK_E_UNSUPPORTED, "a ", device.name, " cache needs head_dim 64, 128 or 256 (the ",
+         "device attention kernel's), not ", head_dim);
+  }
+}
+
 DeviceScratch::~DeviceScratch() {
   if (buffer_) device_.free(buffer_);
 }

@@ -10,6 +10,10 @@
 
 namespace kvsdk {
 
+// Every device store's first check: throws KVSDK_E_UNSUPPORTED (naming the backend) for a
+// head_dim the device attention kernel lacks (it has 64, 128 and 256).
+void check_device_head_dim(const backend::Ops& device, uint32_t head_dim);
+
 // One buffer of the backend's memory that only grows.
 class DeviceScratch {
  public:

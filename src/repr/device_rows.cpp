@@ -24,13 +24,10 @@ DeviceRows::DeviceRows(const Geometry& g, const kvsdk_policy& p, Context& ctx)
       present_(g.n_layers, std::vector<char>(g.n_kv_heads, 0)) {
   if (!method_traits(p).on_device || kivi_overlay(p)) {
     fail(KVSDK_E_UNSUPPORTED, "policy '", policy_spec(p), "' does not run on ", device_.name,
-         " in this version (full, streaming_llm, h2o, snapkv, pyramidkv, xkv, their '+kiviN' overlays, ",
-         "kivi, specache and smallkv do: docs/gpu.md)");
+         " in this version (full, streaming_llm, h2o, snapkv, pyramidkv, xkv, their '+kiviN' ",
+         "overlays, kivi, specache and smallkv do: docs/gpu.md)");
   }
-  if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) {
-    fail(KVSDK_E_UNSUPPORTED, "a ", device_.name, " cache needs head_dim 64, 128 or 256 (the ",
-         "device attention kernel's), not ", g.head_dim);
-  }
+  check_device_head_dim(device_, g.head_dim);
   layout_ = layout_for(capacity_);
   regions_.join(this);
 }
@@ -276,11 +273,7 @@ void DeviceRows::attend_range(uint32_t layer, uint32_t first_head, uint32_t n_he
   queries_.attend_heads(
       query_rows(q_rows, row_positions, n_rows), first_head, n_heads, geometry_.group_size(), out,
       [&](uint32_t h, const backend::QueryRows& q, float* device_out) {
-        const backend::F16Rows rows{reinterpret_cast<const uint16_t*>(slice(layer, h, kKeys)),
-                                    reinterpret_cast<const uint16_t*>(slice(layer, h, kValues)),
-                                    reinterpret_cast<const int32_t*>(slice(layer, h, kPositions)),
-                                    positions_[layer][h].size()};
-        device_.attend_f16(q, rows, workspace(), device_out);
+        device_.attend_f16(q, head_rows(layer, h), workspace(), device_out);
       });
 }
 
@@ -299,12 +292,16 @@ void DeviceRows::stage_head(uint32_t layer, uint32_t kv_head, ExactStore& into) 
 bool DeviceRows::device_rows(uint32_t layer, uint32_t kv_head, backend::F16Rows& rows,
                              const int32_t*& host_positions) const {
   check_usable();
-  const std::vector<int32_t>& p = positions_[layer][kv_head];
-  rows = {reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kKeys)),
-          reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kValues)),
-          reinterpret_cast<const int32_t*>(slice(layer, kv_head, kPositions)), p.size()};
-  host_positions = p.data();
+  rows = head_rows(layer, kv_head);
+  host_positions = positions_[layer][kv_head].data();
   return true;
+}
+
+backend::F16Rows DeviceRows::head_rows(uint32_t layer, uint32_t kv_head) const {
+  return {reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kKeys)),
+          reinterpret_cast<const uint16_t*>(slice(layer, kv_head, kValues)),
+          reinterpret_cast<const int32_t*>(slice(layer, kv_head, kPositions)),
+          positions_[layer][kv_head].size()};
 }
 
 const ExactStore* DeviceRows::exact_rows(uint32_t layer, uint32_t kv_head) const {

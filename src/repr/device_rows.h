@@ -124,6 +124,7 @@ class DeviceRows final : public Representation, private ArenaOwner {
   void reserve_rows(uint32_t layer, uint64_t rows);
   void relayout(const std::vector<uint64_t>& capacity);
   char* slice(uint32_t layer, uint32_t head, Part part) const;
+  backend::F16Rows head_rows(uint32_t layer, uint32_t kv_head) const;  // (backend memory)
   // Converts row `t` of one head from k, v [n][n_kv_heads][head_dim] of `dtype` into f16 at
   // row `slot` of the host staging.
   void stage_row(kvsdk_dtype dtype, const void* k, const void* v, size_t t, uint32_t head,

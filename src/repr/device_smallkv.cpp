@@ -17,10 +17,7 @@ DeviceSmallKv::DeviceSmallKv(const Geometry& g, const kvsdk_policy& p, Context& 
       capacity_(size_t(g.n_layers) * g.n_kv_heads),
       queries_(ctx.ops()),
       marginal_(ctx.ops()) {
-  if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) {
-    fail(KVSDK_E_UNSUPPORTED, "a ", device_.name, " cache needs head_dim 64, 128 or 256 (the ",
-         "device attention kernel's), not ", g.head_dim);
-  }
+  check_device_head_dim(device_, g.head_dim);
   layout_ = layout_for(capacity_);
   regions_.join(this);
 }
