@@ -181,8 +181,10 @@ typedef struct kvsdk_context_options {
 #define KVSDK_MAX_THREADS 256
 
 /* Threads. A context owns a pool of n_threads - 1 worker threads, started by
- *  kvsdk_context_create and joined when the context's memory is freed. Workers sleep between calls
- *  (no spinning: an idle context costs no CPU). kvsdk_cache_attend splits a layer's KV heads over
+ *  kvsdk_context_create and joined when the context's memory is freed. After a job a worker polls
+ *  for the next one for at most 100 microseconds, then sleeps, so an idle context costs no CPU
+ *  after that (why poll: waking a sleeping thread costs tens to hundreds of microseconds on VMs
+ *  and phones, as much as a decode step's job). kvsdk_cache_attend splits a layer's KV heads over
  *  the pool when the work is large enough (long caches; the exact tier, KIVI and SpeCache
  *  stores; other stores attend on the calling thread) and returns when all are done; the calling
  *  thread works too. On the exact tier and KIVI stores, a call of at most 256 query rows

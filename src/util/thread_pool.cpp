@@ -2,10 +2,23 @@
 
 #include <algorithm>
 
+#include "util/spin_wait.h"
+
 namespace kvsdk {
 
 namespace {
 thread_local size_t t_slot = 0;
+
+// Polls `ready` for at most ThreadPool::kSpin; true when it became ready.
+template <class Ready>
+bool poll_for(const Ready& ready) {
+  const auto until = std::chrono::steady_clock::now() + ThreadPool::kSpin;
+  for (unsigned i = 0;; ++i) {
+    if (ready()) return true;
+    spin_pause();
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() >= until) return false;
+  }
+}
 }  // namespace
 
 size_t ThreadPool::current_slot() { return t_slot; }
@@ -40,6 +53,12 @@ void ThreadPool::worker(size_t slot) {
   size_t seen = 0;
   std::unique_lock<std::mutex> lock(m_);
   for (;;) {
+    lock.unlock();
+    poll_for([&] {
+      return stop_.load(std::memory_order_acquire) ||
+             generation_.load(std::memory_order_acquire) != seen;
+    });
+    lock.lock();
     wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
     if (stop_) return;
     seen = generation_;
@@ -85,6 +104,7 @@ void ThreadPool::run_erased(size_t n_tasks, Trampoline call, const void* fn) {
   wake_.notify_all();
   // The caller works too, in its own slot (0, or whatever slot it already has).
   work_on_job();
+  poll_for([&] { return finished_.load(std::memory_order_acquire) == n_tasks; });
   std::unique_lock<std::mutex> lock(m_);
   done_.wait(lock, [&] { return finished_ == n_tasks_; });
   n_tasks_ = 0;  // workers that wake late find nothing to claim

@@ -1,5 +1,6 @@
 // The context's thread pool: every task runs exactly once, on distinct slots per job, exceptions
-// reach the caller, and a job submitted while the pool is busy runs on its caller's thread.
+// reach the caller, a job submitted while the pool is busy runs on its caller's thread, and
+// workers stop polling for jobs once their spin is over.
 #include "util/thread_pool.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,8 @@
 #include <chrono>
 #include <stdexcept>
 #include <thread>
+
+#include <time.h>
 #include <vector>
 
 namespace kvsdk {
@@ -84,6 +87,29 @@ TEST(ThreadPool, AJobWhileThePoolIsBusyRunsOnItsCallersThread) {
   EXPECT_EQ(elsewhere.load(), 0);
   release = true;
   first.join();
+}
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+// Workers poll for the next job for kSpin only: an idle pool must not burn a core.
+TEST(ThreadPool, IdleWorkersSleepAfterTheirSpin) {
+  ThreadPool pool(3);
+  std::atomic<int> ran{0};
+  pool.run(8, [&](size_t) { ran.fetch_add(1); });
+  ASSERT_EQ(ran.load(), 8);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // far past kSpin
+  const double before = process_cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const double used = process_cpu_seconds() - before;
+  // Two workers polling throughout would use 0.4 s of CPU.
+  EXPECT_LT(used, 0.05) << "the pool used " << used << " s of CPU while idle";
+  // And a job after the sleep still runs everywhere.
+  pool.run(8, [&](size_t) { ran.fetch_add(1); });
+  EXPECT_EQ(ran.load(), 16);
 }
 
 }  // namespace
