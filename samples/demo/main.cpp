@@ -162,7 +162,10 @@ int print_table(const demo::Setup& s, const std::vector<demo::Row>& rows) {
       std::snprintf(hit, sizeof hit, "%.2f", r.hit_rate);
       notes.push_back(r.spec.policy + ": the budget holds the low-bit copy and the fetched rows; the full-precision backing store (" +
                       std::to_string(r.backing_bytes) + " bytes at the suspend point) lives off-budget in host memory and is " +
-                      "inside the snapshot, so that the resumed process continues exactly. Fetch hit rate " + hit + ".");
+                      "inside the snapshot, so that the resumed process continues exactly. Fetch hit rate " + hit + ". " +
+                      "Each step runs the model on two tokens, the output and a speculative next one whose queries " +
+                      "prefetch the rows (SpeCache's decoding): on a model this small the second token's compute " +
+                      "shows in tokens/s; on models whose decode is memory-bound it is nearly free (docs/benchmarks.md).");
       mark = " [" + std::to_string(notes.size()) + "]";
     }
     std::printf("%-16s %-16s %10llu %10llu %5.0f%% %10llu %6.3f %9.0f %7.3f  %s%s\n", r.spec.policy.c_str(),
