@@ -100,6 +100,26 @@ struct KiviTier {
   size_t blocks = 0;
 };
 
+// --- A MiniCache pair's layer as raw buffers ----------------------------------------------------
+// One tensor (keys or values) of one KV head of a MiniCache layer pair, one layer of it, in the
+// backend's memory (backends/cpu/minicache_merge.h's MergedLayerPair layout): token t's slot is
+// slots[t]; a merged slot s is restored as magnitudes[s] * directions[s * dim ..] (the shared f16
+// direction times this layer's f32 magnitude), a retained slot kRetainedBit | j is this layer's
+// f16 row retained[j * dim ..].
+struct MiniCacheTensor {
+  const uint32_t* slots = nullptr;       // [tokens]
+  const uint16_t* directions = nullptr;  // [merged][dim] f16
+  const float* magnitudes = nullptr;     // [merged], this layer's
+  const uint16_t* retained = nullptr;    // [retained_rows][dim] f16, this layer's
+  size_t merged = 0, retained_rows = 0;
+};
+// What a device MiniCache store holds of one layer and KV head (src/repr/device_minicache.h).
+struct MiniCacheTier {
+  MiniCacheTensor k, v;
+  const int32_t* positions = nullptr;  // [tokens]
+  size_t tokens = 0;
+};
+
 // One host -> backend copy of a batch (Ops::to_backend_many).
 struct HostCopy {
   void* dst;            // backend memory
@@ -180,7 +200,7 @@ struct Ops {
   void (*merge_slerp)(const float* a, const float* b, size_t dim, float t, float* out);
   void (*restore_row)(const uint16_t* direction, float magnitude, size_t dim, float* out);
 
-  // --- SpeCache selection -------------------------------------------------------------------------
+  // --- SpeCache selection ------------------------------------------------------------------------
   // Group-averaged top-k over the low-bit keys for `group` query rows at one position (q.n_rows =
   // group); ascending token indices into `tokens`, and the averaged probabilities when non-null.
   // Both reuse their capacity, and the working memory lives in ws: no allocation once grown.
@@ -296,6 +316,15 @@ struct Ops {
                                uint32_t* tokens) = nullptr;
   void (*specache_shares_tier)(const float* scores, size_t rows, size_t n, const uint32_t* tokens,
                                size_t n_tokens, float* shares) = nullptr;
+
+  // --- MiniCache over raw buffers (device stores: src/repr/device_minicache.h) -----------------
+  // attend_minicache of one layer of a pair whose buffers `tier` are, then `pending` (that
+  // layer's exact rows still waiting for the partner layer; n_tokens 0: none), in one softmax.
+  // The CPU tables rebuild the pair on the host (a copy: for tests and tools, not the decode
+  // path; throws kvsdk::Error KVSDK_E_CORRUPT for slots that do not number the buffers' rows);
+  // a device table restores the rows in registers where they are.
+  void (*attend_minicache_tier)(const QueryRows& q, const MiniCacheTier& tier,
+                                const F16Rows& pending, Workspace& ws, float* out) = nullptr;
 };
 
 // The copies through ops.to_backend_many where the backend has it, else one by one.

@@ -196,6 +196,13 @@ void MergedLayerPair::truncate(size_t tokens) noexcept {
   }
 }
 
+void MergedLayerPair::reset(bool threshold_set, float threshold) noexcept {
+  truncate(0);  // (clears every buffer, capacity kept)
+  threshold_set_ = threshold_set;
+  threshold_ = threshold;
+  threshold_tokens_ = 0;
+}
+
 const char* MiniCacheHeadPair::removal_refusal(int32_t position) const {
   const size_t k = minicache_kept_tokens(positions, position);
   if (k == SIZE_MAX) return "it holds tokens from that position before older ones";

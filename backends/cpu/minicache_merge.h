@@ -70,6 +70,13 @@ class MergedLayerPair {
   void append(const float* rows_prev, const float* rows_cur, size_t n);
   void append(const float* rows_prev, const float* rows_cur, size_t n, MiniCacheScratch& scratch);
 
+  // Empties the pair, keeping its buffers' capacity, with the given retention state: what
+  // restore() from that state and empty buffers gives (threshold_tokens_ 0). A device store
+  // (src/repr/device_minicache.h) appends to such a pair to get exactly the appended tokens'
+  // slots (numbered from 0), directions, magnitudes and retained rows, without a host copy of
+  // the tokens it holds.
+  void reset(bool threshold_set, float threshold) noexcept;
+
   // Restores rows [first, first + count) of layer 0 or 1 into out [count][dim].
   void reconstruct(int layer, size_t first, size_t count, float* out) const;
 
@@ -78,6 +85,7 @@ class MergedLayerPair {
   size_t retained() const { return retained_prev_.size() / dim_; }
   size_t merged() const { return mag_prev_.size(); }
   float threshold() const { return threshold_; }
+  bool threshold_set() const { return threshold_set_; }
   bool is_retained(size_t token) const { return (slot_[token] & kRetainedBit) != 0; }
   // The stored f16 direction of a merged token.
   const uint16_t* direction(size_t token) const { return &direction_[(slot_[token]) * dim_]; }

@@ -203,6 +203,29 @@ void attend_kivi_tier(const QueryRows& q, const KiviTier& tier, const F16Rows& r
   attend_kivi(q, cpu::kivi_store_from_tier(tier, residual, q.dim), ws, out);
 }
 
+// MiniCache over raw buffers: one layer's buffers rebuilt into a pair on the host (as both of its
+// layers: the other one is not there), then attend_minicache of layer 0.
+cpu::MergedLayerPair minicache_tensor(const MiniCacheTensor& t, size_t tokens, size_t dim) {
+  cpu::MergedLayerPair::Buffers b;
+  b.threshold_set = tokens > 0;  // (not read by attention)
+  b.slots.assign(t.slots, t.slots + tokens);
+  b.directions.assign(t.directions, t.directions + t.merged * dim);
+  b.magnitudes_prev.assign(t.magnitudes, t.magnitudes + t.merged);
+  b.magnitudes_cur = b.magnitudes_prev;
+  b.retained_prev.assign(t.retained, t.retained + t.retained_rows * dim);
+  b.retained_cur = b.retained_prev;
+  return cpu::MergedLayerPair::restore(dim, cpu::MiniCacheConfig{}, std::move(b));
+}
+
+void attend_minicache_tier(const QueryRows& q, const MiniCacheTier& tier, const F16Rows& pending,
+                           Workspace& ws, float* out) {
+  cpu::MiniCacheHeadPair pair(q.dim, cpu::MiniCacheConfig{});
+  pair.keys = minicache_tensor(tier.k, tier.tokens, q.dim);
+  pair.values = minicache_tensor(tier.v, tier.tokens, q.dim);
+  pair.positions.assign(tier.positions, tier.positions + tier.tokens);
+  attend_minicache(q, pair, 0, pending, ws, out);
+}
+
 // SpeCache over raw buffers: the copy and the fetched rows rebuilt on the host (fetched.positions
 // unused: the rows take their tokens' positions in the copy), then attend_specache.
 void attend_specache_tier(const QueryRows& q, const KiviTier& tier, const F16Rows& residual,
@@ -266,6 +289,7 @@ Ops make_reference() {
   ops.merge_partials = cpu::merge_attention_states;
   ops.attend_specache_tier = attend_specache_tier;
   ops.specache_scores_tier = specache_scores_tier;
+  ops.attend_minicache_tier = attend_minicache_tier;
   return ops;
 }
 

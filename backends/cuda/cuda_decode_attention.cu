@@ -184,6 +184,38 @@ struct KiviLoader {
   }
 };
 
+// MiniCache's rows restored in registers: a retained token's f16 row as ExactLoader loads it, a
+// merged token's f16 direction times its layer's f32 magnitude, the bits of the CPU's
+// MergedLayerPair::reconstruct (exact f16 -> f32, one rounded multiply). The slot is the same for
+// every lane of the warp (one token), so the branch does not diverge. One head's rows only.
+struct MiniCacheLoader {
+  MiniCacheTierView t;
+  size_t dim;
+  template <int EPL>
+  struct Cursor {};
+  __device__ int32_t position(size_t, size_t tok) const { return row_position(t.positions, tok); }
+  template <int EPL>
+  __device__ void row(const MiniCacheTensorView& x, size_t tok, int lane, float (&out)[EPL]) const {
+    const uint32_t s = x.slots[tok];
+    if (s & kMiniCacheRetained) {
+      load_f16<EPL>(x.retained + size_t(s & ~kMiniCacheRetained) * dim, lane, out);
+      return;
+    }
+    load_f16<EPL>(x.directions + size_t(s) * dim, lane, out);
+    const float m = x.magnitudes[s];
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) out[j] *= m;
+  }
+  template <int EPL>
+  __device__ void key(size_t, size_t tok, int lane, Cursor<EPL>&, float (&out)[EPL]) const {
+    row<EPL>(t.k, tok, lane, out);
+  }
+  template <int EPL>
+  __device__ void value(size_t, size_t tok, int lane, float (&out)[EPL]) const {
+    row<EPL>(t.v, tok, lane, out);
+  }
+};
+
 KiviLoader make_kivi_loader(const KiviTierView& t, size_t dim) {
   KiviLoader l;
   l.t = t;
@@ -433,6 +465,29 @@ void check_exclusion(const DecodeShape& s, const TokenExclusion& x, size_t token
                 " tokens) exceed 32 bits");
 }
 
+// The partials of the plan's splits in `workspace`; false (and zeros in `out`, all-zero bits)
+// when the plan has no split: no token at all.
+bool start_partials(const DecodeShape& shape, const DecodePlan& plan, void* workspace, float* out,
+                    cudaStream_t stream, Partials& part) {
+  const size_t rows = shape.batch * shape.kv_heads * shape.group;
+  const size_t all_splits = plan.kivi_splits + plan.exact_splits + plan.extra_splits;
+  part.splits = std::max<size_t>(1, all_splits);
+  const size_t ml = div_up(rows * part.splits, 4) * 4;
+  part.m = static_cast<float*>(workspace);
+  part.l = part.m + ml;
+  part.acc = part.l + ml;
+  if (all_splits > 0) return true;
+  check_cuda(cudaMemsetAsync(out, 0, rows * shape.dim * sizeof(float), stream), "cudaMemsetAsync");
+  return false;
+}
+
+void reduce_partials(const DecodeShape& shape, const Partials& part, float* out,
+                     cudaStream_t stream) {
+  const size_t rows = shape.batch * shape.kv_heads * shape.group;
+  KVSDK_LAUNCH(decode_reduce_kernel, unsigned(rows), 128, 0, stream, part, shape.dim, out);
+  check_launch("decode_reduce_kernel");
+}
+
 }  // namespace
 
 DecodePlan plan_decode(const DecodeShape& shape, size_t kivi_tokens, size_t exact_tokens,
@@ -510,19 +565,8 @@ void decode_attention(const float* q, const DecodeShape& shape, const KiviTierVi
   if (kivi) check_exclusion(shape, kivi->skip, kivi_tokens, "KIVI");
   if (exact) check_exclusion(shape, exact->skip, exact_tokens, "exact");
   if (extra) check_exclusion(shape, extra->skip, extra_tokens, "extra exact");
-  const size_t rows = shape.batch * shape.kv_heads * shape.group;
-  const size_t all_splits = plan.kivi_splits + plan.exact_splits + plan.extra_splits;
   Partials part;
-  part.splits = std::max<size_t>(1, all_splits);
-  const size_t ml = div_up(rows * part.splits, 4) * 4;
-  part.m = static_cast<float*>(workspace);
-  part.l = part.m + ml;
-  part.acc = part.l + ml;
-  if (all_splits == 0) {  // no token at all: zeros (all-zero bits)
-    check_cuda(cudaMemsetAsync(out, 0, rows * shape.dim * sizeof(float), stream),
-               "cudaMemsetAsync");
-    return;
-  }
+  if (!start_partials(shape, plan, workspace, out, stream, part)) return;
   if (kivi && plan.kivi_splits) {
     launch_splits(q, q_positions, shape, make_kivi_loader(*kivi, shape.dim), kivi_tokens,
                   plan.kivi_splits,
@@ -538,8 +582,38 @@ void decode_attention(const float* q, const DecodeShape& shape, const KiviTierVi
                   plan.extra_splits, plan.extra_split_tokens,
                   plan.kivi_splits + plan.exact_splits, part, stream);
   }
-  KVSDK_LAUNCH(decode_reduce_kernel, unsigned(rows), 128, 0, stream, part, shape.dim, out);
-  check_launch("decode_reduce_kernel");
+  reduce_partials(shape, part, out, stream);
+}
+
+void decode_attention_minicache(const float* q, const DecodeShape& shape,
+                                const MiniCacheTierView& merged, const ExactTierView* pending,
+                                const DecodePlan& plan, void* workspace, float* out,
+                                cudaStream_t stream, const int32_t* q_positions) {
+  check_shape(shape);
+  KVSDK_REQUIRE(shape.shared_rows || shape.batch * shape.kv_heads == 1,
+                "decode attention: a MiniCache tier holds one head's rows");
+  const size_t pending_tokens = pending ? pending->tokens : 0;
+  KVSDK_REQUIRE(div_up(merged.tokens, std::max<size_t>(plan.kivi_split_tokens, 1)) ==
+                        plan.kivi_splits &&
+                    div_up(pending_tokens, std::max<size_t>(plan.exact_split_tokens, 1)) ==
+                        plan.exact_splits &&
+                    plan.extra_splits == 0,
+                "decode attention: the plan was made for other token counts");
+  KVSDK_REQUIRE(!pending || pending->capacity >= pending->tokens, "decode attention: exact ",
+                "capacity ", pending ? pending->capacity : 0, " < tokens ", pending_tokens);
+  check_exclusion(shape, merged.skip, merged.tokens, "MiniCache");
+  if (pending) check_exclusion(shape, pending->skip, pending_tokens, "exact");
+  Partials part;
+  if (!start_partials(shape, plan, workspace, out, stream, part)) return;
+  if (plan.kivi_splits) {
+    launch_splits(q, q_positions, shape, MiniCacheLoader{merged, shape.dim}, merged.tokens,
+                  plan.kivi_splits, plan.kivi_split_tokens, 0, part, stream);
+  }
+  if (pending && plan.exact_splits) {
+    launch_splits(q, q_positions, shape, ExactLoader{*pending, shape.dim}, pending_tokens,
+                  plan.exact_splits, plan.exact_split_tokens, plan.kivi_splits, part, stream);
+  }
+  reduce_partials(shape, part, out, stream);
 }
 
 }  // namespace kvsdk::cuda

@@ -86,6 +86,24 @@ struct KiviTierView {
   TokenExclusion skip;                     // none by default
 };
 
+// One tensor of one KV head of a MiniCache layer pair, one layer of it (backend::MiniCacheTensor's
+// layout: MiniCache (docs/papers.md), backends/cpu/minicache_merge.h): slots [tokens], merged
+// slot s = magnitudes[s] * directions[s][dim], retained slot kMiniCacheRetained | j = retained[j].
+constexpr uint32_t kMiniCacheRetained = 0x80000000u;
+struct MiniCacheTensorView {
+  const uint32_t* slots = nullptr;
+  const uint16_t* directions = nullptr;  // f16 [merged][dim], 16-byte aligned
+  const float* magnitudes = nullptr;
+  const uint16_t* retained = nullptr;    // f16 [retained][dim], 16-byte aligned
+};
+// The merged tier of one head (the rows of one head only: shared_rows, or one head).
+struct MiniCacheTierView {
+  MiniCacheTensorView k, v;
+  size_t tokens = 0;
+  const int32_t* positions = nullptr;  // [tokens], or null: no causal mask for this tier
+  TokenExclusion skip;                 // none by default
+};
+
 // How the tokens are split, and the f32 workspace the partials need.
 struct DecodePlan {
   size_t kivi_splits = 0, kivi_split_tokens = 0;
@@ -115,5 +133,16 @@ void decode_attention(const float* q, const DecodeShape& shape, const KiviTierVi
                       const ExactTierView* exact, const DecodePlan& plan, void* workspace,
                       float* out, cudaStream_t stream, const int32_t* q_positions = nullptr,
                       const ExactTierView* extra = nullptr);
+
+// decode_attention with a MiniCache tier in place of the KIVI one: its rows restored in
+// registers as the CPU's MergedLayerPair::reconstruct restores them (one f16->f32 conversion and
+// one f32 multiply per element, so the split-K kernel reads no scratch rows), and `pending`
+// (may be null: the layer's exact rows waiting for its partner) in the same softmax. `plan` is
+// plan_decode(shape, merged.tokens, pending tokens): the merged tier takes the KIVI tier's
+// splits. Throws as decode_attention, and KVSDK_E_INVALID_ARG when the rows are not one head's.
+void decode_attention_minicache(const float* q, const DecodeShape& shape,
+                                const MiniCacheTierView& merged, const ExactTierView* pending,
+                                const DecodePlan& plan, void* workspace, float* out,
+                                cudaStream_t stream, const int32_t* q_positions = nullptr);
 
 }  // namespace kvsdk::cuda

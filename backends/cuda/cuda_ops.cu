@@ -63,10 +63,13 @@ void workspace_destroy(backend::Workspace* ws) {
 
 // One KV head's tiers against query rows of one conversation: each run of q.group rows (one
 // token's query heads) is a "sequence" of the decode kernel reading the same rows, masked by
-// position. Long prefill chunks go in pieces within the kernel's grid limit. `kivi` null: the
-// exact rows alone. `extra`: a second exact tier in the same softmax (null: none).
-void attend_tiers(const backend::QueryRows& q, const KiviTierView* kivi, const ExactTierView& exact,
-                  backend::Workspace& ws, float* out, const ExactTierView* extra = nullptr) {
+// position. Long prefill chunks go in pieces within the kernel's grid limit: launch(shape, plan,
+// partials, first query row) enqueues one piece, planned for the tiers' token counts (a first
+// tier of `first_tokens`: KIVI or MiniCache, the exact rows, `extra_tokens` of a second exact
+// tier).
+template <class Launch>
+void attend_pieces(const backend::QueryRows& q, size_t first_tokens, size_t exact_tokens,
+                   size_t extra_tokens, backend::Workspace& ws, Launch&& launch) {
   const size_t group =
       q.group >= 1 && q.group <= kDecodeMaxGroup && q.n_rows % q.group == 0 ? q.group : 1;
   KVSDK_REQUIRE(q.dim == 64 || q.dim == 128 || q.dim == 256, "cuda: attention over head_dim ",
@@ -82,8 +85,7 @@ void attend_tiers(const backend::QueryRows& q, const KiviTierView* kivi, const E
     shape.dim = q.dim;
     shape.scale = q.scale;
     shape.shared_rows = true;
-    const DecodePlan plan =
-        plan_decode(shape, kivi ? kivi->tokens : 0, exact.tokens, 0, extra ? extra->tokens : 0);
+    const DecodePlan plan = plan_decode(shape, first_tokens, exact_tokens, 0, extra_tokens);
     if (plan.workspace_bytes > w.bytes) {
       void* grown = nullptr;
       check_cuda(cudaMalloc(&grown, plan.workspace_bytes), "cudaMalloc (attention workspace)");
@@ -91,12 +93,21 @@ void attend_tiers(const backend::QueryRows& q, const KiviTierView* kivi, const E
       w.partials = grown;
       w.bytes = plan.workspace_bytes;
     }
-    const size_t row0 = first * group;
-    decode_attention(q.q + row0 * q.dim, shape, kivi, &exact, plan, w.partials,
-                     out + row0 * q.dim, compute_stream(), q.positions + row0, extra);
+    launch(shape, plan, w.partials, first * group);
   }
   // No synchronisation: the caller's next transfer (to_host) waits for the kernels and reports a
   // fault in them.
+}
+
+// `kivi` null: the exact rows alone. `extra`: a second exact tier in the same softmax (null: none).
+void attend_tiers(const backend::QueryRows& q, const KiviTierView* kivi, const ExactTierView& exact,
+                  backend::Workspace& ws, float* out, const ExactTierView* extra = nullptr) {
+  attend_pieces(q, kivi ? kivi->tokens : 0, exact.tokens, extra ? extra->tokens : 0, ws,
+                [&](const DecodeShape& shape, const DecodePlan& plan, void* partials, size_t row0) {
+                  decode_attention(q.q + row0 * q.dim, shape, kivi, &exact, plan, partials,
+                                   out + row0 * q.dim, compute_stream(), q.positions + row0,
+                                   extra);
+                });
 }
 
 ExactTierView exact_view(const backend::F16Rows& rows) {
@@ -158,6 +169,33 @@ void attend_specache_tier(const backend::QueryRows& q, const backend::KiviTier& 
   exact.skip.exclude_base = uint32_t(tier.tokens);
   const ExactTierView rows = exact_view(fetched);
   attend_tiers(q, &lowbit, exact, ws, out, &rows);
+}
+
+// A device MiniCache head (src/repr/device_minicache.h): one layer's merged rows restored in
+// registers by the split-K kernel, and the layer's pending exact rows, in one softmax.
+MiniCacheTensorView minicache_view(const backend::MiniCacheTensor& t) {
+  MiniCacheTensorView view;
+  view.slots = t.slots;
+  view.directions = t.directions;
+  view.magnitudes = t.magnitudes;
+  view.retained = t.retained;
+  return view;
+}
+
+void attend_minicache_tier(const backend::QueryRows& q, const backend::MiniCacheTier& tier,
+                           const backend::F16Rows& pending, backend::Workspace& ws, float* out) {
+  MiniCacheTierView merged;
+  merged.k = minicache_view(tier.k);
+  merged.v = minicache_view(tier.v);
+  merged.tokens = tier.tokens;
+  merged.positions = tier.positions;
+  const ExactTierView rows = exact_view(pending);
+  attend_pieces(q, tier.tokens, pending.n_tokens, 0, ws,
+                [&](const DecodeShape& shape, const DecodePlan& plan, void* partials, size_t row0) {
+                  decode_attention_minicache(q.q + row0 * q.dim, shape, merged, &rows, plan,
+                                             partials, out + row0 * q.dim, compute_stream(),
+                                             q.positions + row0);
+                });
 }
 
 // Logits held at once by the device scoring (16 MiB of working memory at most: a block of query
@@ -337,6 +375,7 @@ backend::Ops make_ops() {
   ops.attend_kivi_tier = attend_kivi_tier;
   ops.column_sums_rows = column_sums_rows;
   ops.attend_specache_tier = attend_specache_tier;
+  ops.attend_minicache_tier = attend_minicache_tier;
   ops.specache_scores_tier = specache_scores_tier;
   ops.specache_select_tier = specache_select_tier;
   ops.specache_shares_tier = specache_shares_tier;

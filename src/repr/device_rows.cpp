@@ -25,7 +25,7 @@ DeviceRows::DeviceRows(const Geometry& g, const kvsdk_policy& p, Context& ctx)
   if (!method_traits(p).on_device || kivi_overlay(p)) {
     fail(KVSDK_E_UNSUPPORTED, "policy '", policy_spec(p), "' does not run on ", device_.name,
          " in this version (full, streaming_llm, h2o, snapkv, pyramidkv, xkv, their '+kiviN' ",
-         "overlays, kivi, specache and smallkv do: docs/gpu.md)");
+         "overlays, kivi, specache, smallkv and minicache do: docs/gpu.md)");
   }
   check_device_head_dim(device_, g.head_dim);
   layout_ = layout_for(capacity_);

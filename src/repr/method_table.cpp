@@ -5,6 +5,7 @@
 
 #include "core/method_traits.h"
 #include "repr/device_kivi.h"
+#include "repr/device_minicache.h"
 #include "repr/device_rows.h"
 #include "repr/device_smallkv.h"
 #include "repr/device_specache.h"
@@ -56,7 +57,8 @@ constexpr MethodTraits kTable[] = {
     {KVSDK_METHOD_SPINDLEKV, "spindlekv",
      S::kObservationWindow, A::kPyramidUncovered, Q::kNone, 0, false, false, make<SpindleKvRepresentation>},
     {KVSDK_METHOD_MINICACHE, "minicache",
-     S::kNone, A::kUniform, Q::kOptional, 0, false, false, make<MiniCacheRepresentation>},
+     S::kNone, A::kUniform, Q::kOptional, 0, false, false, make<MiniCacheRepresentation>, true,
+     make_device<DeviceMiniCache>},  // (its device store refuses '+kivi4')
     {KVSDK_METHOD_SMALLKV, "smallkv",
      S::kNone, A::kUniform, Q::kNone, 0, true, false, make<SmallKvRepresentation>, true,
      make_device<DeviceSmallKv>},

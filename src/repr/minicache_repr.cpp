@@ -16,13 +16,6 @@ namespace {
 
 constexpr size_t kChunk = 256;  // rows of f32 scratch per attention chunk
 
-uint32_t boundary_of(const Geometry& g, const kvsdk_policy& p) {
-  if (p.boundary_layer < 0) return g.n_layers / 2;
-  KVSDK_REQUIRE(uint32_t(p.boundary_layer) < g.n_layers, "policy.boundary_layer is ",
-                p.boundary_layer, " but the geometry has ", g.n_layers, " layers");
-  return uint32_t(p.boundary_layer);
-}
-
 void put_f32_scalar(TierRecord& r, const std::string& name, float x) { r.add(name).f32 = {x}; }
 float get_f32_scalar(const TierRecord& r, const std::string& name) {
   const TierField& f = r.get(name);
@@ -63,9 +56,36 @@ cpu::MergedLayerPair merged_from_record(size_t dim, const cpu::MiniCacheConfig& 
 
 }  // namespace
 
+uint32_t minicache_boundary(const Geometry& g, const kvsdk_policy& p) {
+  if (p.boundary_layer < 0) return g.n_layers / 2;
+  KVSDK_REQUIRE(uint32_t(p.boundary_layer) < g.n_layers, "policy.boundary_layer is ",
+                p.boundary_layer, " but the geometry has ", g.n_layers, " layers");
+  return uint32_t(p.boundary_layer);
+}
+
+void minicache_pair_to_record(const cpu::MiniCacheHeadPair& hp, TierRecord& r) {
+  merged_to_record(hp.keys, "keys.", r);
+  merged_to_record(hp.values, "values.", r);
+  r.add("positions").i32 = hp.positions;
+}
+
+cpu::MiniCacheHeadPair minicache_pair_from_record(size_t dim, const cpu::MiniCacheConfig& c,
+                                                  const TierRecord& r, uint32_t layer,
+                                                  uint32_t head) {
+  cpu::MiniCacheHeadPair hp(dim, c);
+  hp.keys = merged_from_record(dim, c, "keys.", r);
+  hp.values = merged_from_record(dim, c, "values.", r);
+  hp.positions = r.get("positions").i32;
+  if (hp.keys.size() != hp.positions.size() || hp.values.size() != hp.positions.size()) {
+    fail(KVSDK_E_CORRUPT, "MiniCache layer ", layer, " head ", head, ": ", hp.keys.size(),
+         " key and ", hp.values.size(), " value tokens for ", hp.positions.size(), " positions");
+  }
+  return hp;
+}
+
 MiniCacheRepresentation::MiniCacheRepresentation(const Geometry& g, const kvsdk_policy& p)
     : Representation(g, p),
-      boundary_(boundary_of(g, p)),
+      boundary_(minicache_boundary(g, p)),
       merge_{p.merge_t, p.retain_ratio},
       quant_(kivi_config(p)),
       kivi_(p.quant_bits != 0),
@@ -387,9 +407,7 @@ std::vector<TierRecord> MiniCacheRepresentation::save(uint32_t layer) const {
       kivi_store_to_record(p.kivi[h].directions(), "directions.", r);
     } else {
       r.kind = "minicache.pair";
-      merged_to_record(p.f16[h].keys, "keys.", r);
-      merged_to_record(p.f16[h].values, "values.", r);
-      r.add("positions").i32 = p.f16[h].positions;
+      minicache_pair_to_record(p.f16[h], r);
     }
     // This layer's waiting rows (empty unless it leads its partner).
     const bool mine = pending_of(p, side) > 0;
@@ -441,16 +459,7 @@ void MiniCacheRepresentation::restore(uint32_t layer, const std::vector<TierReco
       b.directions = kivi_store_from_record(dim, quant_, "directions.", r).buffers();
       built.kivi.push_back(cpu::MiniCacheKiviPair::restore(dim, merge_, quant_, std::move(b)));
     } else if (side == 0) {
-      cpu::MiniCacheHeadPair hp(dim, merge_);
-      hp.keys = merged_from_record(dim, merge_, "keys.", r);
-      hp.values = merged_from_record(dim, merge_, "values.", r);
-      hp.positions = r.get("positions").i32;
-      if (hp.keys.size() != hp.positions.size() || hp.values.size() != hp.positions.size()) {
-        fail(KVSDK_E_CORRUPT, "MiniCache layer ", layer, " head ", h, ": ", hp.keys.size(),
-             " key and ", hp.values.size(), " value tokens for ", hp.positions.size(),
-             " positions");
-      }
-      built.f16.push_back(std::move(hp));
+      built.f16.push_back(minicache_pair_from_record(dim, merge_, r, layer, h));
     }
     Pending& q = pending[h];
     q.k = r.get("pending.keys").u16;

@@ -36,6 +36,17 @@
 
 namespace kvsdk {
 
+// The first layer MiniCache merges (policy.boundary_layer, -1 = n_layers / 2). Throws
+// KVSDK_E_INVALID_ARG when it is beyond the geometry's layers.
+uint32_t minicache_boundary(const Geometry& geometry, const kvsdk_policy& policy);
+// One f16 pair head's part of its "minicache.pair" snapshot record (both tensors' buffers and the
+// positions), and the pair rebuilt from it (throws KVSDK_E_CORRUPT when inconsistent); shared
+// with the device store (src/repr/device_minicache.h), whose snapshots are this store's.
+void minicache_pair_to_record(const cpu::MiniCacheHeadPair& pair, TierRecord& record);
+cpu::MiniCacheHeadPair minicache_pair_from_record(size_t dim, const cpu::MiniCacheConfig& config,
+                                                  const TierRecord& record, uint32_t layer,
+                                                  uint32_t head);
+
 class MiniCacheRepresentation final : public Representation {
  public:
   // Throws KVSDK_E_INVALID_ARG when boundary_layer is beyond the geometry's layers.

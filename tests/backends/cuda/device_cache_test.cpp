@@ -592,12 +592,13 @@ TEST(DeviceCacheScoring, KeysStayOnTheDevice) {
 #endif
 
 // What does not run on CUDA yet is refused with KVSDK_E_UNSUPPORTED and a message, and a refused
-// call leaves everything as it was. (Policy kivi runs on CUDA: device_kivi_test.cpp; the eviction
-// presets and their '+kiviN' overlays above; the other methods do not.)
+// call leaves everything as it was. (Policy kivi runs on CUDA: device_kivi_test.cpp; minicache:
+// device_minicache_test.cpp; the eviction presets and their '+kiviN' overlays above; the other
+// methods do not.)
 TEST(DeviceCacheRefusals, UnsupportedCallsSayWhy) {
   const kvsdk_geometry g = kvsdk_test::make_geometry(2, 4, 2, 64);
   CUDA_CONTEXT_OR_SKIP(gpu, 4u << 20);
-  for (const char* spec : {"minicache", "minicache+kivi4", "spindlekv"}) {
+  for (const char* spec : {"minicache+kivi4", "spindlekv"}) {
     kvsdk_policy p;
     ASSERT_EQ(kvsdk_policy_parse(&p, spec), KVSDK_OK);
     kvsdk_cache* c = nullptr;
