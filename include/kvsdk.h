@@ -240,7 +240,9 @@ KVSDK_API kvsdk_status (kvsdk_context_options_init)(kvsdk_context_options *optio
  *  probabilities are computed with the reference CPU backend's bits where the proxy's rows are
  *  (on the GPU for a CUDA proxy), so the rows' scores and evictions are a reference cache's; an
  *  eviction rebuilds the heads it shrinks on a host copy, which kvsdk_policy.evict_slack makes
- *  rare), with head_dim 64, 128 or 256;
+ *  rare) or minicache without a KIVI overlay (each layer pair's merged store and its leading
+ *  layer's waiting rows in the arena; an append merges its tokens on the host with the CPU's
+ *  code and copies them in; minicache+kivi4 is refused), with head_dim 64, 128 or 256;
  *  kvsdk_cache_create refuses the rest with KVSDK_E_UNSUPPORTED
  *  (docs/gpu.md lists what runs on CUDA). Each cache (forks and conversations on a shared
  *  prefix included) holds a region of the arena; a region that must grow moves the others on
@@ -336,7 +338,8 @@ KVSDK_API kvsdk_status (kvsdk_geometry_init)(kvsdk_geometry *geometry);
 /** Compression methods: one preset per method, each from its paper (titles and arXiv ids in
  *  docs/papers.md). Numbers are never renumbered. Every method is implemented on the CPU backend
  *  (on KVSDK_BACKEND_CUDA: full, streaming_llm, h2o, snapkv, pyramidkv, xkv, their KIVI
- *  overlays, kivi, specache and smallkv in this version; see kvsdk_context_create). Not
+ *  overlays, kivi, specache, smallkv and minicache (not minicache+kivi4) in this version; see
+ *  kvsdk_context_create). Not
  *  implemented: a KIVI overlay (quant_bits != 0, e.g. "full+kivi2") on full, spindlekv or smallkv,
  *  for which kvsdk_cache_create returns KVSDK_E_UNSUPPORTED. Methods that "never evict" fail an
  *  append that does not fit the budget with KVSDK_E_BUDGET. */

@@ -1,8 +1,8 @@
 // The CUDA kernel table (cuda_ops.h). Memory entries are complete when they return; inside a
 // context's DeviceScope they run on the context's queue (cuda_queue.h: copy stream, pinned
 // staging), and attention is cuda_decode_attention's split-K kernel over one KV head's f16 rows
-// (and, for KIVI stores, its quantized blocks) on the queue's compute stream, which the next
-// transfer waits for.
+// (and, for KIVI stores, its quantized blocks; for MiniCache stores, a layer's merged rows) on
+// the queue's compute stream, which the next transfer waits for.
 #include <cuda_runtime.h>
 
 #include <algorithm>
