@@ -7,6 +7,17 @@
 
 namespace kvsdk {
 
+namespace {
+
+// Every region starts on 16 bytes: the stores read their rows with 16-byte vector loads from
+// their region's start, and a store's region may end anywhere (its 4-byte parts last; the
+// device MiniCache store found one after a DeviceRows region of 63 positions). So each region
+// but the last is followed by up to 12 bytes of padding.
+constexpr uint64_t kRegionAlignment = 16;
+uint64_t padded(uint64_t bytes) { return cuda::align_up(bytes, kRegionAlignment); }
+
+}  // namespace
+
 size_t ArenaRegions::index(const ArenaOwner* owner) const {
   for (size_t i = 0; i < regions_.size(); ++i) {
     if (regions_[i].owner == owner) return i;
@@ -16,7 +27,8 @@ size_t ArenaRegions::index(const ArenaOwner* owner) const {
 
 void ArenaRegions::join(ArenaOwner* owner) {
   const std::lock_guard<std::recursive_mutex> hold(lock_);
-  const uint64_t end = regions_.empty() ? 0 : regions_.back().offset + regions_.back().bytes;
+  const uint64_t end =
+      regions_.empty() ? 0 : regions_.back().offset + padded(regions_.back().bytes);
   regions_.push_back({owner, end, 0});
 }
 
@@ -43,7 +55,10 @@ uint64_t ArenaRegions::size(const ArenaOwner* owner) const {
 uint64_t ArenaRegions::room_for(const ArenaOwner* owner) const {
   const std::lock_guard<std::recursive_mutex> hold(lock_);
   uint64_t others = 0;
-  for (const Region& r : regions_) others += r.owner == owner ? 0 : r.bytes;
+  for (size_t j = 0; j < regions_.size(); ++j) {
+    const Region& r = regions_[j];
+    if (r.owner != owner) others += j + 1 < regions_.size() ? padded(r.bytes) : r.bytes;
+  }
   return bytes_ - std::min(bytes_, others);
 }
 
@@ -59,18 +74,21 @@ void ArenaRegions::grow(ArenaOwner* owner, uint64_t bytes) {
     return;
   }
   std::vector<uint64_t> sizes(regions_.size());
-  uint64_t total = 0;
-  for (size_t j = 0; j < regions_.size(); ++j) {
-    sizes[j] = j == i ? bytes : regions_[j].bytes;
-    total += sizes[j];
-  }
+  const auto packed = [&] {  // (the last region needs no padding after it)
+    uint64_t t = 0;
+    for (size_t j = 0; j < sizes.size(); ++j) {
+      t += j + 1 < sizes.size() ? padded(sizes[j]) : sizes[j];
+    }
+    return t;
+  };
+  for (size_t j = 0; j < regions_.size(); ++j) sizes[j] = j == i ? bytes : regions_[j].bytes;
+  uint64_t total = packed();
   if (total > bytes_) {  // the others give back what they hold beyond their rows
-    total = bytes;
     for (size_t j = 0; j < regions_.size(); ++j) {
       if (j == i) continue;
       sizes[j] = std::min(regions_[j].bytes, regions_[j].owner->shrink_to_fit());
-      total += sizes[j];
     }
+    total = packed();
   }
   if (total > bytes_) {
     // (The shrunk owners keep their regions; their rows sit at the start of them.)
@@ -89,7 +107,7 @@ void ArenaRegions::pack(const std::vector<uint64_t>& sizes) {
     from.slices.push_back({regions_[j].offset, regions_[j].bytes});
     to.slices.push_back({offset, sizes[j]});
     used[j] = std::min(regions_[j].bytes, sizes[j]);
-    offset += sizes[j];
+    offset += padded(sizes[j]);
   }
   for (const cuda::ArenaCopy& c : cuda::plan_repartition(from, to, used)) {
     ops_.copy(arena_ + c.dst, arena_ + c.src, size_t(c.bytes));

@@ -125,10 +125,7 @@ cuda::ArenaPartition DeviceMiniCache::layout_for(const std::vector<Capacity>& ca
       }
     }
   }
-  // The region ends on 16 bytes: the exact tier's region (DeviceRows) follows it in the arena
-  // and reads its rows with vector loads (at most 12 bytes of padding, within the 8 bytes of
-  // retention thresholds a head is charged once a pair merged).
-  p.reserved = cuda::align_up(offset, 16);
+  p.reserved = offset;
   return p;
 }
 

@@ -24,16 +24,13 @@
 // trip), and per (pair, head, tensor) the counts, the retention threshold, how many tokens fixed
 // it (truncation's rule) and the indices of the retained tokens (γ of them). The arena holds the
 // rest; laid out tight, it holds no more than the budget charges (the thresholds are charged but
-// host-side) but for the padding that ends the region on 16 bytes (up to 12 bytes, before the
-// first merge of a pair: a budget charged to the last bytes can then refuse an append here that
-// a CPU cache takes).
+// host-side).
 //
 // Arena layout (the cache's region, core/arena_regions.h): per (pair, head) capacities; the f16
 // parts of every (pair, head) first (head_dim 64/128/256: multiples of 16 bytes, read with vector
-// loads), then the 4-byte parts, without padding but at the region's end (16 bytes: the exact
-// tier's region follows). A head that outgrows a capacity grows it by half; when that does not
-// fit, every head is re-planned to what it holds. Re-planning moves the live bytes in place
-// (cuda::plan_repartition).
+// loads), then the 4-byte parts, without padding (the arena starts every region on 16 bytes).
+// A head that outgrows a capacity grows it by half; when that does not fit, every head is
+// re-planned to what it holds. Re-planning moves the live bytes in place (plan_repartition).
 #pragma once
 
 #include <cstddef>

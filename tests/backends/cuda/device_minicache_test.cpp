@@ -80,7 +80,9 @@ void expect_same_accounting(kvsdk_cache* a, kvsdk_cache* b, const kvsdk_geometry
 // A device cache and a CPU reference cache fed the same calls.
 struct Rig {
   kvsdk_geometry g{};
-  ContextPtr gpu, cpu;
+  ContextPtr gpu, cpu;  // (a fork's rig holds none: gctx, cctx are its parent's)
+  kvsdk_context* gctx = nullptr;
+  kvsdk_context* cctx = nullptr;
   CachePtr a, b;
   std::vector<int32_t> count;  // tokens appended per layer
   uint32_t seed = 100;
@@ -97,7 +99,7 @@ struct Rig {
     if (check) {
       expect_same_layer_rows(a.get(), b.get(), g, l);
       expect_same_accounting(a.get(), b.get(), g);
-      EXPECT_EQ(kvsdk_test::used(gpu.get()), kvsdk_test::used(cpu.get()));
+      EXPECT_EQ(kvsdk_test::used(gctx), kvsdk_test::used(cctx));
     }
     return sa;
   }
@@ -115,6 +117,8 @@ bool make_rig(Rig& r, uint32_t dim, uint32_t q_heads, uint32_t kv_heads, float r
   const kvsdk_policy p = minicache_policy(retain);
   if (cuda_context(budget, r.gpu) != KVSDK_OK) return false;
   r.cpu = kvsdk_test::make_context(budget, KVSDK_BACKEND_CPU_REFERENCE);
+  r.gctx = r.gpu.get();
+  r.cctx = r.cpu.get();
   r.a = kvsdk_test::make_cache(r.gpu.get(), r.g, &p);
   EXPECT_TRUE(r.a) << "minicache on CUDA: " << kvsdk_last_error();
   r.b = kvsdk_test::make_cache(r.cpu.get(), r.g, &p);
@@ -227,6 +231,39 @@ TEST(DeviceMiniCacheSnapshot, SavesAndLoadsBothWays) {
   r.attend_all(2, 7);
   r.attend_all(3, 8);
   EXPECT_TRUE(kvsdk_test::snapshot(r.a.get()) == kvsdk_test::snapshot(r.b.get()));
+}
+
+// Forks (the snapshot's records, without the bytes) continue like the CPU's, beside their parents
+// in the same arena.
+TEST(DeviceMiniCacheFork, ForksContinueLikeTheCpu) {
+  MINICACHE_RIG_OR_SKIP(r, 128, 2, 1, 0.2f, 16u << 20);
+  for (uint32_t l = 0; l < 5; ++l) ASSERT_EQ(r.step(l, 21, false), KVSDK_OK);
+  ASSERT_EQ(r.step(3, 3, false), KVSDK_OK);  // pending in layer 3
+  kvsdk_cache* fa = nullptr;
+  kvsdk_cache* fb = nullptr;
+  ASSERT_EQ(kvsdk_cache_fork(&fa, r.a.get()), KVSDK_OK) << kvsdk_last_error();
+  ASSERT_EQ(kvsdk_cache_fork(&fb, r.b.get()), KVSDK_OK) << kvsdk_last_error();
+  Rig f;
+  f.g = r.g;
+  f.gctx = r.gctx;
+  f.cctx = r.cctx;
+  f.a.reset(fa);
+  f.b.reset(fb);
+  f.count = r.count;
+  f.seed = 900;
+  expect_same_rows(f.a.get(), f.b.get(), f.g);
+  for (int t = 0; t < 4; ++t) {
+    for (uint32_t l = 0; l < 5; ++l) {
+      ASSERT_EQ(f.step(l, 1 + t % 2), KVSDK_OK);
+      ASSERT_EQ(r.step(l, 1), KVSDK_OK);  // the parents go on differently, on the same arenas
+    }
+  }
+  f.attend_all(2, 13);
+  f.attend_all(3, 14);
+  r.attend_all(3, 15);
+  EXPECT_TRUE(kvsdk_test::snapshot(f.a.get()) == kvsdk_test::snapshot(f.b.get()));
+  EXPECT_TRUE(kvsdk_test::snapshot(r.a.get()) == kvsdk_test::snapshot(r.b.get()));
+  EXPECT_FALSE(kvsdk_test::snapshot(r.a.get()) == kvsdk_test::snapshot(f.a.get()));
 }
 
 // Truncation: refused inside the first merge and for pending rows older than merged ones that
