@@ -1,7 +1,8 @@
 // The device arena of a device context (core/context.h) shared by its caches: each cache's store
 // (repr/device_rows.h) holds one contiguous region of it, in creation order (each starting on
-// 16 bytes: up to 12 bytes of padding between regions), and lays its layers' slices out inside. A region that must grow past its neighbour makes the regions move: they are
-// packed again in order, their live bytes copied on the device without overlap
+// 16 bytes: up to 12 bytes of padding between regions), and lays its layers' slices out inside.
+// A region that must grow past its neighbour makes the regions move: they are packed again in
+// order, their live bytes copied on the device without overlap
 // (cuda::plan_repartition), and when even that does not fit, the other owners first give back
 // the capacity they hold beyond their rows (shrink_to_fit). So the caches of a context never need
 // more device memory than the one allocation of the budget, whichever of them grows.

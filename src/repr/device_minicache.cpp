@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/cache.h"
 #include "repr/minicache_repr.h"
 #include "util/error.h"
 #include "util/growth.h"
