@@ -553,11 +553,8 @@ void DeviceMiniCache::read(uint32_t layer, uint32_t kv_head, float* k, float* v,
 
 std::string DeviceMiniCache::truncate_refusal(uint32_t layer, int32_t position) const {
   const Pair& p = pairs_[pair_of(layer)];
-  const uint32_t first = boundary_ + 2 * uint32_t(pair_of(layer));
   const auto refuse = [&](uint32_t h, const char* why) {
-    return "layer " + std::to_string(layer) + " (MiniCache pair " + std::to_string(first) + "+" +
-           std::to_string(first + 1) + ", KV head " + std::to_string(h) +
-           ") cannot remove its tokens at positions >= " + std::to_string(position) + ": " + why;
+    return minicache_truncate_refusal(layer, boundary_, h, position, why);
   };
   const size_t kept = cpu::minicache_kept_tokens(p.positions, position);
   const size_t kept_pending = cpu::minicache_kept_tokens(p.pending, position);

@@ -63,6 +63,14 @@ uint32_t minicache_boundary(const Geometry& g, const kvsdk_policy& p) {
   return uint32_t(p.boundary_layer);
 }
 
+std::string minicache_truncate_refusal(uint32_t layer, uint32_t boundary, uint32_t kv_head,
+                                       int32_t position, const char* why) {
+  const uint32_t first = boundary + (layer - boundary) / 2 * 2;
+  return "layer " + std::to_string(layer) + " (MiniCache pair " + std::to_string(first) + "+" +
+         std::to_string(first + 1) + ", KV head " + std::to_string(kv_head) +
+         ") cannot remove its tokens at positions >= " + std::to_string(position) + ": " + why;
+}
+
 void minicache_pair_to_record(const cpu::MiniCacheHeadPair& hp, TierRecord& r) {
   merged_to_record(hp.keys, "keys.", r);
   merged_to_record(hp.values, "values.", r);
@@ -334,11 +342,8 @@ void MiniCacheRepresentation::read(uint32_t layer, uint32_t kv_head, float* k, f
 
 std::string MiniCacheRepresentation::truncate_refusal(uint32_t layer, int32_t position) const {
   const Pair& p = pairs_[pair_of(layer)];
-  const uint32_t first = boundary_ + 2 * uint32_t(pair_of(layer));
   const auto refuse = [&](uint32_t h, const char* why) {
-    return "layer " + std::to_string(layer) + " (MiniCache pair " + std::to_string(first) + "+" +
-           std::to_string(first + 1) + ", KV head " + std::to_string(h) +
-           ") cannot remove its tokens at positions >= " + std::to_string(position) + ": " + why;
+    return minicache_truncate_refusal(layer, boundary_, h, position, why);
   };
   for (uint32_t h = 0; h < geometry_.n_kv_heads; ++h) {
     const std::vector<int32_t>& merged = kivi_ ? p.kivi[h].positions() : p.f16[h].positions;

@@ -39,6 +39,10 @@ namespace kvsdk {
 // The first layer MiniCache merges (policy.boundary_layer, -1 = n_layers / 2). Throws
 // KVSDK_E_INVALID_ARG when it is beyond the geometry's layers.
 uint32_t minicache_boundary(const Geometry& geometry, const kvsdk_policy& policy);
+// The message of a refused truncation of `layer` (KV head `kv_head`) at `position`, for both
+// stores (the host's and the device's): which pair, and `why`.
+std::string minicache_truncate_refusal(uint32_t layer, uint32_t boundary, uint32_t kv_head,
+                                       int32_t position, const char* why);
 // One f16 pair head's part of its "minicache.pair" snapshot record (both tensors' buffers and the
 // positions), and the pair rebuilt from it (throws KVSDK_E_CORRUPT when inconsistent); shared
 // with the device store (src/repr/device_minicache.h), whose snapshots are this store's.

@@ -1,4 +1,4 @@
-// Helpers of the device-cache tests (device_cache_test.cpp, device_kivi_test.cpp): caches on a
+// Helpers of the device-cache tests (device_cache_test.cpp and the device_*_test.cpp of each store): caches on a
 // CUDA context through the C API next to the same calls on the CPU reference backend. Built with
 // CUDA (cuda_backend_test) or against the host execution shim (cuda_host_cache_test), where the
 // shim's CUDA backend is installed in place of the build's missing one.
@@ -125,6 +125,21 @@ inline std::vector<float> attend(kvsdk_cache* c, const kvsdk_geometry& /*g*/, ui
 }
 
 // Appends one token per entry of `pos` to one layer (f32 host data from `seed`).
+// The same queries (one per entry of `qpos`, every query head) attended on both caches: within
+// 2e-4 (the decode kernels' tolerance against the reference backend).
+inline void expect_same_attention(kvsdk_cache* a, kvsdk_cache* b, const kvsdk_geometry& g,
+                                  uint32_t layer, const std::vector<int32_t>& qpos,
+                                  uint32_t seed) {
+  const auto q = kvsdk_test::random_floats(qpos.size() * g.n_q_heads * g.head_dim, seed);
+  const auto x = attend(a, g, layer, q, qpos), y = attend(b, g, layer, q, qpos);
+  ASSERT_EQ(x.size(), y.size());
+  const size_t row = size_t(g.n_q_heads) * g.head_dim;
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_NEAR(x[i], y[i], 2e-4) << "layer " << layer << " query " << i / row << " (position "
+                                  << qpos[i / row] << ") element " << i % row;
+  }
+}
+
 inline kvsdk_status append_at(kvsdk_cache* c, const kvsdk_geometry& g, uint32_t layer,
                               const std::vector<int32_t>& pos, uint32_t seed) {
   const size_t elems = pos.size() * g.n_kv_heads * g.head_dim;

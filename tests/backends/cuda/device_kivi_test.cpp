@@ -62,19 +62,6 @@ kvsdk_policy kivi_policy(uint32_t bits, int32_t group, int32_t residual) {
   return p;
 }
 
-// The same queries (one per entry of `qpos`, every query head) attended on both caches.
-void expect_same_attention(kvsdk_cache* a, kvsdk_cache* b, const kvsdk_geometry& g,
-                           uint32_t layer, const std::vector<int32_t>& qpos, uint32_t seed) {
-  const auto q = kvsdk_test::random_floats(qpos.size() * g.n_q_heads * g.head_dim, seed);
-  const auto x = attend(a, g, layer, q, qpos), y = attend(b, g, layer, q, qpos);
-  ASSERT_EQ(x.size(), y.size());
-  const size_t row = size_t(g.n_q_heads) * g.head_dim;
-  for (size_t i = 0; i < x.size(); ++i) {
-    ASSERT_NEAR(x[i], y[i], 2e-4) << "layer " << layer << " query " << i / row << " (position "
-                                  << qpos[i / row] << ") element " << i % row;
-  }
-}
-
 // Everything the API reports about a cache but its rows: the stats (bytes per tier, tokens, the
 // context's charges) and every layer's, and the budget planning numbers.
 void expect_same_accounting(kvsdk_cache* a, kvsdk_cache* b, const kvsdk_geometry& g) {
